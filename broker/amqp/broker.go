@@ -1,0 +1,102 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrDelayTooLong is returned for a delay beyond MaxDelay.
+var ErrDelayTooLong = errors.New("amqp: delay longer than the cascade's maximum")
+
+// Broker is sluice's RabbitMQ broker: one connection, one confirmed publisher shared by
+// every hand-off, and subscribers made per handler.
+type Broker struct {
+	cfg  Config
+	conn *connection
+	pub  *Publisher
+
+	cascadeMu       sync.Mutex
+	cascadeDeclared bool
+
+	subsMu sync.Mutex
+	subs   []*Subscriber
+}
+
+// New connects to RabbitMQ. The first connection must succeed; later losses are repaired
+// in the background.
+func New(ctx context.Context, cfg Config) (*Broker, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	conn, err := dialConnection(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Broker{cfg: cfg, conn: conn, pub: newPublisher(conn, cfg)}, nil
+}
+
+// Name returns "rabbitmq", the messaging.system of OpenTelemetry's conventions.
+func (b *Broker) Name() string { return "rabbitmq" }
+
+// Publisher returns the broker's confirmed publisher.
+func (b *Broker) Publisher() *Publisher { return b.pub }
+
+// DeclareQueue declares queue with its dead-letter queue and its place in the delay
+// cascade. Declaring is idempotent.
+func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
+	return b.declareQueue(ctx, queue)
+}
+
+// DeclareCascade declares the shared delay cascade alone.
+func (b *Broker) DeclareCascade(ctx context.Context) error { return b.declareCascade(ctx) }
+
+// Subscriber returns a subscriber with opts. Close closes it with the broker.
+func (b *Broker) Subscriber(opts SubscribeOptions) *Subscriber {
+	s := newSubscriber(b.conn, b.cfg, opts)
+	b.subsMu.Lock()
+	b.subs = append(b.subs, s)
+	b.subsMu.Unlock()
+	return s
+}
+
+// Delay hands msg to the delay cascade so that it is delivered to queue after d, exact to
+// DelayResolution; it returns once RabbitMQ confirmed the copy. Headers RabbitMQ owns
+// (x-death) are not carried, so they do not pile up from retry to retry.
+func (b *Broker) Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error {
+	if d < 0 {
+		d = 0
+	}
+	if d > MaxDelay {
+		return fmt.Errorf("delay %s for queue %q: %w (%s)", d, queue, ErrDelayTooLong, MaxDelay)
+	}
+	units := uint64((d + DelayResolution/2) / DelayResolution)
+	if err := b.declareCascade(ctx); err != nil {
+		return fmt.Errorf("delay message %s: %w", msg.UUID, err)
+	}
+	return b.pub.PublishTo(ctx, delayTopExchange(), delayRoutingKey(units, queue), msg)
+}
+
+// DeadLetter publishes msg to queue's dead-letter queue through sluice.dlx and returns once
+// RabbitMQ confirmed it.
+func (b *Broker) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
+	return b.pub.PublishTo(ctx, DeadLetterExchange, queue, msg)
+}
+
+// Close closes every subscriber (draining in-flight messages), the publisher and the
+// connection.
+func (b *Broker) Close() error {
+	b.subsMu.Lock()
+	subs := b.subs
+	b.subs = nil
+	b.subsMu.Unlock()
+	for _, s := range subs {
+		_ = s.Close()
+	}
+	_ = b.pub.Close()
+	return b.conn.close()
+}

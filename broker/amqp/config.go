@@ -1,0 +1,158 @@
+package amqp
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// QueueType is the RabbitMQ queue type sluice declares.
+type QueueType string
+
+// Queue types.
+const (
+	// QueueClassic is a classic durable queue.
+	QueueClassic QueueType = "classic"
+	// QueueQuorum is a replicated quorum queue (at-least-once dead-lettering, delivery limit).
+	QueueQuorum QueueType = "quorum"
+)
+
+// DefaultURL is the URL used when Config.URLs is empty and AMQP_URL is unset.
+const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// ErrNoURL is returned when no broker URL is configured.
+var ErrNoURL = errors.New("amqp: no broker URL configured")
+
+// Config configures a Broker. The zero value connects to AMQP_URL (or DefaultURL) with
+// classic queues and a quorum delay cascade.
+type Config struct {
+	// URLs are the nodes to connect to, tried in order and failed over between. Empty means
+	// AMQP_URL, which may itself hold a comma-separated list, else DefaultURL.
+	URLs []string
+	// TLS is used for amqps:// URLs. Nil means the system roots with the URL's host name.
+	TLS *tls.Config
+	// QueueType is the type of the consumed queues and their DLQs. Zero means classic.
+	QueueType QueueType
+	// DelayQueueType is the type of the delay cascade's queues. Zero means quorum, which
+	// gives at-least-once dead-lettering so a broker crash cannot drop a delayed message.
+	DelayQueueType QueueType
+	// DeliveryLimit is x-delivery-limit on quorum consumed queues: after that many
+	// redeliveries (consumer crashes, nacks) RabbitMQ dead-letters the message to Q.dlq
+	// instead of looping. Zero means 20; negative means no limit. Classic queues ignore it.
+	DeliveryLimit int
+	// PublishTimeout bounds a publish whose context has no deadline. Zero means 30s.
+	PublishTimeout time.Duration
+	// ReconnectMaxInterval caps the wait between reconnect attempts. Zero means 5s.
+	ReconnectMaxInterval time.Duration
+	// DrainTimeout is how long a closing subscriber waits for in-flight messages to be
+	// acked before it gives them back to the broker. Zero means 30s.
+	DrainTimeout time.Duration
+	// NackBackoffMax caps how long a subscriber holds a nacked message before it requeues
+	// it, so a failing hand-off (broker path broken) does not spin. Zero means 10s.
+	NackBackoffMax time.Duration
+	// Logger receives connection and consume events. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if len(c.URLs) == 0 {
+		env := os.Getenv("AMQP_URL")
+		if env == "" {
+			env = DefaultURL
+		}
+		for _, u := range strings.Split(env, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				c.URLs = append(c.URLs, u)
+			}
+		}
+	}
+	if len(c.URLs) == 0 {
+		return ErrNoURL
+	}
+	for _, u := range c.URLs {
+		parsed, err := url.Parse(u)
+		if err != nil {
+			return fmt.Errorf("amqp: invalid broker URL %q", MaskURL(u))
+		}
+		if parsed.Scheme != "amqp" && parsed.Scheme != "amqps" {
+			return fmt.Errorf("amqp: broker URL %q: scheme must be amqp or amqps", MaskURL(u))
+		}
+	}
+	if c.QueueType == "" {
+		c.QueueType = QueueClassic
+	}
+	if c.DelayQueueType == "" {
+		c.DelayQueueType = QueueQuorum
+	}
+	for _, qt := range []QueueType{c.QueueType, c.DelayQueueType} {
+		if qt != QueueClassic && qt != QueueQuorum {
+			return fmt.Errorf("amqp: unknown queue type %q (want classic or quorum)", qt)
+		}
+	}
+	if c.DeliveryLimit == 0 {
+		c.DeliveryLimit = 20
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 30 * time.Second
+	}
+	if c.ReconnectMaxInterval <= 0 {
+		c.ReconnectMaxInterval = 5 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.NackBackoffMax <= 0 {
+		c.NackBackoffMax = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// MaskURL returns u with its password replaced by "xxxxx", for logs and errors. A string
+// that does not parse as a URL is masked whole after the scheme, since it may still hold a
+// password.
+func MaskURL(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		if i := strings.Index(u, "://"); i >= 0 {
+			return u[:i+3] + "xxxxx"
+		}
+		return "xxxxx"
+	}
+	if parsed.User != nil {
+		if _, has := parsed.User.Password(); has {
+			parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
+		}
+	}
+	return parsed.String()
+}
+
+// MaskError returns err's text with every password of urls masked, for errors that
+// amqp091-go builds from a URL.
+func maskErr(err error, urls []string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	masked := msg
+	for _, u := range urls {
+		parsed, perr := url.Parse(u)
+		if perr != nil || parsed.User == nil {
+			continue
+		}
+		if pw, has := parsed.User.Password(); has && pw != "" {
+			masked = strings.ReplaceAll(masked, pw, "xxxxx")
+		}
+	}
+	if masked == msg {
+		return err
+	}
+	return errors.New(masked)
+}

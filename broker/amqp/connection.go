@@ -1,0 +1,218 @@
+package amqp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrClosed is returned by operations on a closed broker.
+var ErrClosed = errors.New("amqp: broker closed")
+
+// connection keeps one AMQP connection up, reconnecting and failing over between URLs.
+// Users wait for it with get; a lost connection is replaced in the background.
+type connection struct {
+	urls   []string
+	tls    *tls.Config
+	logger *slog.Logger
+	maxGap time.Duration
+
+	mu    sync.Mutex
+	conn  *amqp.Connection
+	ready chan struct{} // closed while conn is usable
+	next  int           // index of the URL to try first
+
+	closing chan struct{}
+	done    chan struct{}
+}
+
+func dialConnection(ctx context.Context, cfg Config) (*connection, error) {
+	c := &connection{
+		urls:    cfg.URLs,
+		tls:     cfg.TLS,
+		logger:  cfg.Logger,
+		maxGap:  cfg.ReconnectMaxInterval,
+		ready:   make(chan struct{}),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	// The first connection is made in the caller's goroutine so that a wrong URL or
+	// password is an error from New, not a silent retry loop.
+	conn, err := c.dialAny()
+	if err != nil {
+		return nil, err
+	}
+	c.setConn(conn)
+	go c.watch(conn)
+	return c, nil
+}
+
+func (c *connection) dialAny() (*amqp.Connection, error) {
+	var errs []error
+	for i := range c.urls {
+		idx := (c.next + i) % len(c.urls)
+		u := c.urls[idx]
+		conn, err := c.dial(u)
+		if err == nil {
+			c.next = idx
+			c.logger.Info("connected to RabbitMQ", "url", MaskURL(u))
+			return conn, nil
+		}
+		errs = append(errs, fmt.Errorf("connect to %s: %w", MaskURL(u), maskErr(err, c.urls)))
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (c *connection) dial(u string) (*amqp.Connection, error) {
+	cfg := amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: amqp.Table{"connection_name": "sluice"},
+	}
+	if parsed, err := url.Parse(u); err == nil && parsed.Scheme == "amqps" {
+		tlsCfg := c.tls
+		if tlsCfg == nil {
+			tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		cfg.TLSClientConfig = tlsCfg
+	}
+	return amqp.DialConfig(u, cfg)
+}
+
+func (c *connection) setConn(conn *amqp.Connection) {
+	c.mu.Lock()
+	c.conn = conn
+	close(c.ready)
+	c.mu.Unlock()
+}
+
+// watch waits for the connection to drop, then reconnects with backoff until Close.
+func (c *connection) watch(conn *amqp.Connection) {
+	defer close(c.done)
+	for {
+		closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+		select {
+		case <-c.closing:
+			return
+		case amqpErr := <-closed:
+			c.mu.Lock()
+			c.conn = nil
+			c.ready = make(chan struct{})
+			c.mu.Unlock()
+			c.logger.Warn("RabbitMQ connection lost; reconnecting", "error", maskErr(errorOrNil(amqpErr), c.urls))
+		}
+		bo := backoff.NewExponentialBackOff()
+		bo.InitialInterval = 100 * time.Millisecond
+		bo.MaxInterval = c.maxGap
+		bo.MaxElapsedTime = 0
+		for {
+			next, err := c.dialAny()
+			if err == nil {
+				conn = next
+				c.setConn(conn)
+				break
+			}
+			wait := bo.NextBackOff()
+			c.logger.Warn("reconnect to RabbitMQ failed", "error", err, "retry_in", wait)
+			t := time.NewTimer(wait)
+			select {
+			case <-c.closing:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			// Fail over: start the next round at the following node.
+			c.next = (c.next + 1) % len(c.urls)
+		}
+	}
+}
+
+func errorOrNil(e *amqp.Error) error {
+	if e == nil {
+		return errors.New("connection closed")
+	}
+	return e
+}
+
+// get returns the live connection, waiting for a reconnect within ctx.
+func (c *connection) get(ctx context.Context) (*amqp.Connection, error) {
+	for {
+		c.mu.Lock()
+		conn, ready := c.conn, c.ready
+		c.mu.Unlock()
+		if conn != nil && !conn.IsClosed() {
+			return conn, nil
+		}
+		select {
+		case <-c.closing:
+			return nil, ErrClosed
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for RabbitMQ connection: %w", ctx.Err())
+		case <-ready:
+		case <-time.After(50 * time.Millisecond):
+			// conn was closed but watch has not noticed yet; look again shortly.
+		}
+	}
+}
+
+// channel opens a channel on the live connection, waiting for a reconnect within ctx.
+func (c *connection) channel(ctx context.Context) (*amqp.Channel, error) {
+	for {
+		conn, err := c.get(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ch, err := conn.Channel()
+		if err == nil {
+			return ch, nil
+		}
+		if !errors.Is(err, amqp.ErrClosed) {
+			return nil, fmt.Errorf("open channel: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("open channel: %w", ctx.Err())
+		case <-c.closing:
+			return nil, ErrClosed
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (c *connection) isClosing() bool {
+	select {
+	case <-c.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *connection) close() error {
+	select {
+	case <-c.closing:
+		return nil
+	default:
+	}
+	close(c.closing)
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	var err error
+	if conn != nil && !conn.IsClosed() {
+		err = conn.Close()
+	}
+	<-c.done
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,319 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Publish errors.
+var (
+	// ErrUnroutable means RabbitMQ returned a mandatory message: no queue was bound for it.
+	ErrUnroutable = errors.New("amqp: message unroutable (returned by broker)")
+	// ErrNacked means RabbitMQ refused to take responsibility for a message (basic.nack).
+	ErrNacked = errors.New("amqp: message nacked by broker")
+	// errChannelLost means the channel closed before the confirm; the publish is retried.
+	errChannelLost = errors.New("amqp: channel closed before confirm")
+)
+
+// Publisher is a confirmed publisher: every message is published mandatory on a channel in
+// confirm mode, many in flight at once, and Publish returns only when each of its messages
+// is confirmed by RabbitMQ, or with an error on nack, return or timeout. It is safe for
+// concurrent callers. When the connection drops it waits for the reconnect within the
+// publish's deadline and publishes again what was not confirmed; it never reports success
+// for an unconfirmed message (a message confirmed twice is possible: at-least-once).
+//
+// Publish(topic) sends to the default exchange with the topic as routing key, i.e. to the
+// queue named topic. PublishTo sends to any exchange.
+type Publisher struct {
+	conn      *connection
+	marshaler Marshaler
+	cfg       Config
+
+	mu sync.Mutex
+	cc *confirmChannel
+}
+
+func newPublisher(conn *connection, cfg Config) *Publisher {
+	return &Publisher{conn: conn, cfg: cfg}
+}
+
+// Publish publishes messages to the queue named topic and waits for their confirms. The
+// deadline is the first message's context deadline, else Config.PublishTimeout.
+func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
+	ctx := context.Background()
+	if len(messages) > 0 && messages[0].Context() != nil {
+		// Keep the deadline, not the cancellation: a handler's context is cancelled right
+		// after it returns, while its output may still be confirming.
+		ctx = context.WithoutCancel(messages[0].Context())
+		if dl, ok := messages[0].Context().Deadline(); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, dl)
+			defer cancel()
+		}
+	}
+	return p.PublishTo(ctx, "", topic, messages...)
+}
+
+// PublishTo publishes messages to exchange with routingKey and waits for their confirms.
+func (p *Publisher) PublishTo(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error {
+	pubs := make([]amqp.Publishing, len(messages))
+	for i, m := range messages {
+		pub, err := p.marshaler.Marshal(m)
+		if err != nil {
+			return fmt.Errorf("marshal message %s: %w", m.UUID, err)
+		}
+		pubs[i] = pub
+	}
+	return p.publishRaw(ctx, exchange, routingKey, pubs)
+}
+
+func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string, pubs []amqp.Publishing) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.cfg.PublishTimeout)
+		defer cancel()
+	}
+	pending := pubs
+	for {
+		cc, err := p.channel(ctx)
+		if err != nil {
+			return fmt.Errorf("publish to exchange %q key %q: %w", exchange, routingKey, err)
+		}
+		waits := make([]<-chan error, len(pending))
+		for i := range pending {
+			w, err := cc.publish(ctx, exchange, routingKey, pending[i])
+			if err != nil {
+				// Publishes after a failed one are not attempted; they are retried below.
+				for j := i; j < len(pending); j++ {
+					waits[j] = nil
+				}
+				break
+			}
+			waits[i] = w
+		}
+		var retry []amqp.Publishing
+		for i, w := range waits {
+			if w == nil {
+				retry = append(retry, pending[i])
+				continue
+			}
+			select {
+			case err := <-w:
+				switch {
+				case err == nil:
+				case errors.Is(err, errChannelLost):
+					retry = append(retry, pending[i])
+				default:
+					return fmt.Errorf("publish message %s to exchange %q key %q: %w", pending[i].MessageId, exchange, routingKey, err)
+				}
+			case <-ctx.Done():
+				return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w", pending[i].MessageId, exchange, routingKey, ctx.Err())
+			}
+		}
+		if len(retry) == 0 {
+			return nil
+		}
+		p.dropChannel(cc)
+		pending = retry
+	}
+}
+
+// channel returns the shared confirm channel, opening one when there is none or it died.
+func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cc != nil && !p.cc.isClosed() {
+		return p.cc, nil
+	}
+	ch, err := p.conn.channel(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := newConfirmChannel(ch)
+	if err != nil {
+		return nil, err
+	}
+	p.cc = cc
+	return cc, nil
+}
+
+func (p *Publisher) dropChannel(cc *confirmChannel) {
+	p.mu.Lock()
+	if p.cc == cc {
+		p.cc = nil
+	}
+	p.mu.Unlock()
+	cc.close()
+}
+
+// Close closes the publisher's channel. Publishes still waiting fail.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	cc := p.cc
+	p.cc = nil
+	p.mu.Unlock()
+	if cc != nil {
+		cc.close()
+	}
+	return nil
+}
+
+// confirmChannel is one AMQP channel in confirm mode with its in-flight publishes.
+type confirmChannel struct {
+	ch *amqp.Channel
+
+	pubMu sync.Mutex // keeps sequence numbers in publish order
+
+	mu      sync.Mutex
+	pending map[uint64]*inflight
+	closed  bool
+
+	done chan struct{}
+}
+
+type inflight struct {
+	exchange, key, messageID string
+	returned                 bool
+	result                   chan error
+}
+
+func newConfirmChannel(ch *amqp.Channel) (*confirmChannel, error) {
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	cc := &confirmChannel{ch: ch, pending: map[uint64]*inflight{}, done: make(chan struct{})}
+	// Both are unbuffered and read by one goroutine: amqp091 delivers a basic.return
+	// before the basic.ack of the same message from its single reader goroutine, so the
+	// return is always recorded before that message's confirm is handled.
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
+	returns := ch.NotifyReturn(make(chan amqp.Return))
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go cc.dispatch(confirms, returns, closed)
+	return cc, nil
+}
+
+func (cc *confirmChannel) dispatch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closed <-chan *amqp.Error) {
+	defer close(cc.done)
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			cc.markReturned(r)
+		case c, ok := <-confirms:
+			if !ok {
+				cc.failAll(closeReason(closed))
+				// amqp091 closes returns with the channel; drain what is left so its
+				// reader is never blocked on us.
+				if returns != nil {
+					for range returns {
+					}
+				}
+				return
+			}
+			cc.mu.Lock()
+			f := cc.pending[c.DeliveryTag]
+			delete(cc.pending, c.DeliveryTag)
+			cc.mu.Unlock()
+			if f == nil {
+				continue
+			}
+			switch {
+			case f.returned:
+				f.result <- ErrUnroutable
+			case !c.Ack:
+				f.result <- ErrNacked
+			default:
+				f.result <- nil
+			}
+		}
+	}
+}
+
+// markReturned finds the oldest in-flight publish the return belongs to. A return carries
+// no delivery tag; exchange, routing key and message id identify it (two in-flight copies
+// with the same id and route are routable or not alike).
+func (cc *confirmChannel) markReturned(r amqp.Return) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	var best uint64
+	for tag, f := range cc.pending {
+		if f.returned || f.exchange != r.Exchange || f.key != r.RoutingKey || f.messageID != r.MessageId {
+			continue
+		}
+		if best == 0 || tag < best {
+			best = tag
+		}
+	}
+	if best != 0 {
+		cc.pending[best].returned = true
+	}
+}
+
+// closeReason says why a channel closed: a channel exception the broker raised for this
+// publish (no such exchange, access refused) is final; anything else (connection lost)
+// means publish again on a new channel.
+func closeReason(closed <-chan *amqp.Error) error {
+	select {
+	case e := <-closed:
+		if e != nil {
+			switch e.Code {
+			case amqp.NotFound, amqp.AccessRefused, amqp.PreconditionFailed:
+				return fmt.Errorf("broker closed the channel: %w", e)
+			}
+		}
+	default:
+	}
+	return errChannelLost
+}
+
+func (cc *confirmChannel) failAll(reason error) {
+	cc.mu.Lock()
+	cc.closed = true
+	pending := cc.pending
+	cc.pending = map[uint64]*inflight{}
+	cc.mu.Unlock()
+	for _, f := range pending {
+		f.result <- reason
+	}
+}
+
+func (cc *confirmChannel) publish(ctx context.Context, exchange, key string, pub amqp.Publishing) (<-chan error, error) {
+	f := &inflight{exchange: exchange, key: key, messageID: pub.MessageId, result: make(chan error, 1)}
+	cc.pubMu.Lock()
+	defer cc.pubMu.Unlock()
+	cc.mu.Lock()
+	if cc.closed {
+		cc.mu.Unlock()
+		return nil, errChannelLost
+	}
+	seq := cc.ch.GetNextPublishSeqNo()
+	cc.pending[seq] = f
+	cc.mu.Unlock()
+	if err := cc.ch.PublishWithContext(ctx, exchange, key, true, false, pub); err != nil {
+		cc.mu.Lock()
+		delete(cc.pending, seq)
+		cc.mu.Unlock()
+		return nil, errChannelLost
+	}
+	return f.result, nil
+}
+
+func (cc *confirmChannel) isClosed() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.closed || cc.ch.IsClosed()
+}
+
+func (cc *confirmChannel) close() {
+	_ = cc.ch.Close()
+	<-cc.done
+}

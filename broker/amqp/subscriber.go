@@ -1,0 +1,251 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// SubscribeOptions tune one subscription.
+type SubscribeOptions struct {
+	// Concurrency is how many deliveries are handed out at once, each waiting for its own
+	// ack. Zero means 1.
+	Concurrency int
+	// Prefetch is the channel's QoS prefetch count. Zero means Concurrency; a smaller
+	// value is raised to Concurrency.
+	Prefetch int
+}
+
+func (o SubscribeOptions) normalized() SubscribeOptions {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 1
+	}
+	if o.Prefetch < o.Concurrency {
+		o.Prefetch = o.Concurrency
+	}
+	return o
+}
+
+// Subscriber consumes queues that already exist (Broker.DeclareQueue). Each delivery becomes
+// a Watermill message; its ack or nack is sent to RabbitMQ when the handler decides. Up to
+// Concurrency messages are out at once. A nack requeues the delivery after a backoff that
+// grows with consecutive nacks, so a failing hand-off does not spin. When the connection
+// drops, unacked deliveries return to the queue (RabbitMQ's own rule) and consumption
+// resumes on the new connection.
+type Subscriber struct {
+	conn   *connection
+	opts   SubscribeOptions
+	cfg    Config
+	logger *slog.Logger
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	nacks atomic.Int64 // consecutive nacks, for the requeue backoff
+}
+
+func newSubscriber(conn *connection, cfg Config, opts SubscribeOptions) *Subscriber {
+	return &Subscriber{conn: conn, opts: opts.normalized(), cfg: cfg, logger: cfg.Logger, closing: make(chan struct{})}
+}
+
+// Subscribe starts consuming queue. The channel closes when ctx is done or Close is called,
+// after in-flight messages were acked or given back.
+func (s *Subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
+	select {
+	case <-s.closing:
+		return nil, ErrClosed
+	default:
+	}
+	// Fail fast on a queue that does not exist, instead of looping on channel errors.
+	if err := s.checkQueue(ctx, queue); err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		s.consumeLoop(ctx, queue, out)
+	}()
+	return out, nil
+}
+
+func (s *Subscriber) checkQueue(ctx context.Context, queue string) error {
+	ch, err := s.conn.channel(ctx)
+	if err != nil {
+		return fmt.Errorf("subscribe to queue %q: %w", queue, err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("subscribe to queue %q: %w", queue, err)
+	}
+	return nil
+}
+
+func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *message.Message) {
+	for {
+		err := s.consumeOnce(ctx, queue, out)
+		if s.stopping(ctx) {
+			return
+		}
+		s.logger.Warn("consumer stopped; resuming", "queue", queue, "error", err)
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-s.closing:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *Subscriber) stopping(ctx context.Context) bool {
+	select {
+	case <-s.closing:
+		return true
+	case <-ctx.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// consumeOnce consumes on one channel until it closes or the subscriber stops.
+func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message) error {
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-waitCtx.Done():
+		}
+	}()
+	ch, err := s.conn.channel(waitCtx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Qos(s.opts.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch %d: %w", s.opts.Prefetch, err)
+	}
+	tag := fmt.Sprintf("sluice-%s-%d", queue, rand.Uint64())
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume queue %q: %w", queue, err)
+	}
+	// Stop the consumer on Close so no new deliveries arrive while in-flight ones drain.
+	stopped := make(chan struct{})
+	go func() {
+		select {
+		case <-waitCtx.Done():
+			_ = ch.Cancel(tag, false)
+		case <-stopped:
+		}
+	}()
+	defer close(stopped)
+
+	var workers sync.WaitGroup
+	for i := 0; i < s.opts.Concurrency; i++ {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for d := range deliveries {
+				s.handle(ctx, d, out)
+			}
+		}()
+	}
+	workers.Wait()
+	return errors.New("delivery channel closed")
+}
+
+// handle hands one delivery out and settles it with RabbitMQ.
+func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message) {
+	msg := unmarshal(d)
+	msgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	msg.SetContext(msgCtx)
+
+	if s.stopping(ctx) {
+		_ = d.Nack(false, true)
+		return
+	}
+	select {
+	case out <- msg:
+	case <-s.closing:
+		_ = d.Nack(false, true)
+		return
+	case <-ctx.Done():
+		_ = d.Nack(false, true)
+		return
+	}
+
+	// The message is with a handler now: wait for its verdict. On Close it gets
+	// DrainTimeout to finish, then goes back to the queue.
+	var drain <-chan time.Time
+	closing := s.closing
+	for {
+		select {
+		case <-msg.Acked():
+			s.nacks.Store(0)
+			if err := d.Ack(false); err != nil {
+				s.logger.Warn("ack failed; RabbitMQ will redeliver", "queue", d.RoutingKey, "message_id", msg.UUID, "error", err)
+			}
+			return
+		case <-msg.Nacked():
+			s.requeueLater(d, msg)
+			return
+		case <-closing:
+			closing = nil
+			t := time.NewTimer(s.cfg.DrainTimeout)
+			defer t.Stop()
+			drain = t.C
+		case <-drain:
+			s.logger.Warn("handler did not finish within the drain timeout; message returned to the queue", "message_id", msg.UUID)
+			cancel()
+			_ = d.Nack(false, true)
+			return
+		}
+	}
+}
+
+// requeueLater nacks with requeue after a backoff that grows with consecutive nacks.
+func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message) {
+	n := s.nacks.Add(1)
+	wait := time.Duration(0)
+	if n > 1 {
+		wait = 50 * time.Millisecond << min(n-2, 10)
+		if wait > s.cfg.NackBackoffMax {
+			wait = s.cfg.NackBackoffMax
+		}
+		wait = wait/2 + rand.N(wait/2+1)
+	}
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-s.closing:
+			t.Stop()
+		}
+	}
+	if err := d.Nack(false, true); err != nil {
+		s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
+	}
+}
+
+// Close stops consuming, lets in-flight messages finish within DrainTimeout, and returns
+// once every goroutine of the subscriber has ended.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.wg.Wait()
+	return nil
+}

@@ -1,0 +1,227 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+)
+
+// Class says what the stack does with a handler's error.
+type Class int
+
+const (
+	// ClassNone is the class of a nil error: the message succeeded.
+	ClassNone Class = iota
+	// ClassRetryable is the class of any error not wrapped by one of the helpers below.
+	ClassRetryable
+	// ClassPermanent errors are never retried; the message goes to the dead-letter queue.
+	ClassPermanent
+	// ClassDiscard errors are acknowledged and logged; no retry, no dead-letter copy.
+	ClassDiscard
+	// ClassDefer is not a failure: the message is tried again later without using an attempt.
+	ClassDefer
+)
+
+// String returns the class name used in logs and span attributes.
+func (c Class) String() string {
+	switch c {
+	case ClassNone:
+		return "none"
+	case ClassRetryable:
+		return "retryable"
+	case ClassPermanent:
+		return "permanent"
+	case ClassDiscard:
+		return "discard"
+	case ClassDefer:
+		return "defer"
+	default:
+		return fmt.Sprintf("class(%d)", int(c))
+	}
+}
+
+// ErrDeferred is the error a Defer carries when it is given no reason.
+var ErrDeferred = errors.New("deferred")
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+type discardError struct{ err error }
+
+func (e *discardError) Error() string { return "discard: " + e.err.Error() }
+func (e *discardError) Unwrap() error { return e.err }
+
+// RetryAfterError is a retryable error whose next attempt waits exactly After.
+type RetryAfterError struct {
+	After time.Duration
+	Err   error
+}
+
+// Error returns the wrapped error's text with the wait.
+func (e *RetryAfterError) Error() string {
+	return fmt.Sprintf("retry after %s: %v", e.After, e.Err)
+}
+
+// Unwrap returns the wrapped error.
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// DeferError asks for the message to be tried again after After without using a retry
+// attempt. It is returned by steps (breaker open, key in flight) as much as by handlers.
+type DeferError struct {
+	After  time.Duration
+	Reason error
+}
+
+// Error returns the reason with the wait.
+func (e *DeferError) Error() string {
+	return fmt.Sprintf("deferred for %s: %v", e.After, e.Reason)
+}
+
+// Unwrap returns the reason.
+func (e *DeferError) Unwrap() error { return e.Reason }
+
+// Permanent marks err as never retryable: the message goes to the dead-letter queue on this
+// attempt. Use it for validation and decode failures and business refusals. Permanent(nil)
+// returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// Discard marks err as not worth keeping: the message is acknowledged and the error logged
+// at warn level, with no retry and no dead-letter copy. Discard(nil) returns nil.
+func Discard(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &discardError{err: err}
+}
+
+// RetryAfter marks err as retryable with the next attempt exactly d later, instead of the
+// backoff policy's delay (a 429's Retry-After). A non-positive d means "use the policy".
+// RetryAfter(d, nil) returns nil.
+func RetryAfter(d time.Duration, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &RetryAfterError{After: d, Err: err}
+}
+
+// Defer asks for the message to be tried again after d without counting an attempt. reason
+// may be nil. Deferral has its own bound (the retry step's maximum total age).
+func Defer(d time.Duration, reason error) error {
+	if reason == nil {
+		reason = ErrDeferred
+	}
+	return &DeferError{After: d, Reason: reason}
+}
+
+// ClassOf returns the class of err. The outermost marker in the chain wins, so
+// Permanent(RetryAfter(...)) is permanent.
+func ClassOf(err error) Class {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		switch e.(type) {
+		case *permanentError:
+			return ClassPermanent
+		case *discardError:
+			return ClassDiscard
+		case *DeferError:
+			return ClassDefer
+		case *RetryAfterError:
+			return ClassRetryable
+		}
+	}
+	if err == nil {
+		return ClassNone
+	}
+	return ClassRetryable
+}
+
+// IsPermanent reports whether err is in ClassPermanent.
+func IsPermanent(err error) bool { return ClassOf(err) == ClassPermanent }
+
+// IsDiscard reports whether err is in ClassDiscard.
+func IsDiscard(err error) bool { return ClassOf(err) == ClassDiscard }
+
+// IsRetryable reports whether err is in ClassRetryable.
+func IsRetryable(err error) bool { return ClassOf(err) == ClassRetryable }
+
+// TypedError is implemented by errors that name their own type for failure records,
+// metrics and spans (for example "insufficient_funds").
+type TypedError interface {
+	ErrorType() string
+}
+
+// HandoffError means a step could not hand the message over to the broker (the delayed or
+// dead-letter copy was not confirmed). The message must go back to the broker unacked and
+// be redelivered: it is never dead-lettered or acked on this attempt.
+type HandoffError struct{ Err error }
+
+// Error returns the failed hand-off's text.
+func (e *HandoffError) Error() string { return "hand-off failed: " + e.Err.Error() }
+
+// Unwrap returns the publish error.
+func (e *HandoffError) Unwrap() error { return e.Err }
+
+// Handoff wraps a failed hand-off publish. Handoff(nil) returns nil.
+func Handoff(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &HandoffError{Err: err}
+}
+
+// IsHandoff reports whether err is a failed hand-off somewhere in its chain.
+func IsHandoff(err error) bool {
+	var h *HandoffError
+	return errors.As(err, &h)
+}
+
+// PanicStack returns the stack of a recovered panic carried by err, if any.
+func PanicStack(err error) (string, bool) {
+	var p middleware.RecoveredPanicError
+	if errors.As(err, &p) {
+		return p.Stacktrace, true
+	}
+	var pp *middleware.RecoveredPanicError
+	if errors.As(err, &pp) && pp != nil {
+		return pp.Stacktrace, true
+	}
+	return "", false
+}
+
+// ErrorType returns the name recorded as an error's type: the ErrorType of the first error
+// in the chain that implements TypedError; "panic" for a recovered panic; else the Go type
+// of the innermost error, with plain errors.New and fmt.Errorf errors named "error".
+func ErrorType(err error) string {
+	if err == nil {
+		return ""
+	}
+	var typed TypedError
+	if errors.As(err, &typed) {
+		return typed.ErrorType()
+	}
+	if _, ok := PanicStack(err); ok {
+		return "panic"
+	}
+	inner := err
+	for {
+		next := errors.Unwrap(inner)
+		if next == nil {
+			break
+		}
+		inner = next
+	}
+	switch name := fmt.Sprintf("%T", inner); name {
+	case "*errors.errorString", "*fmt.wrapError", "*fmt.wrapErrors", "*errors.joinError":
+		return "error"
+	default:
+		return name
+	}
+}

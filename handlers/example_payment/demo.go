@@ -1,0 +1,335 @@
+package example_payment
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+)
+
+// ErrorTypePanic is the error type the expectations assume the stack's recoverer records
+// for a handler panic (TokenPanic).
+const ErrorTypePanic = "panic"
+
+// DemoMaxAttempts is the retry policy (attempts including the first) that DemoRequest.Expect
+// assumes: the fewest attempts under which every tok_flaky_N token still succeeds. For any
+// other policy use DemoRequest.ExpectWithin.
+const DemoMaxAttempts = MaxFlakyFailures + 1
+
+// ExpectedOutcome is where a demo request ends up when it runs through the full stack.
+type ExpectedOutcome string
+
+// The expected outcomes.
+const (
+	// ExpectSucceeded: one Succeeded event on QueueSucceeded and one charge.
+	ExpectSucceeded ExpectedOutcome = "succeeded"
+	// ExpectDeadLettered: the message lands on QueueDLQ; no event, no charge.
+	ExpectDeadLettered ExpectedOutcome = "dead_lettered"
+	// ExpectDuplicate: a second copy of a payment already requested; the idempotency step
+	// acknowledges it without calling the handler, so no second event and no second charge.
+	ExpectDuplicate ExpectedOutcome = "duplicate"
+)
+
+// Expectation is what the stack should do with one demo request.
+type Expectation struct {
+	Outcome ExpectedOutcome
+	// Attempts is the attempt, from 1, on which the outcome is reached: for
+	// ExpectSucceeded the event's attempts field; for ExpectDeadLettered the attempt that
+	// was dead-lettered (its x-retry-count is Attempts-1); 0 for ExpectDuplicate.
+	Attempts int
+	// ErrorType is the type of the error that dead-lettered the message (the failure
+	// record's x-last-error); empty unless Outcome is ExpectDeadLettered.
+	ErrorType string
+}
+
+// DemoKind is what a demo request exercises.
+type DemoKind string
+
+// The demo kinds. Each one is a source token or a way a request can be malformed.
+const (
+	// KindSuccess uses an ordinary token (tok_visa, tok_mastercard, tok_amex).
+	KindSuccess DemoKind = "success"
+	// KindInsufficientFunds uses TokenInsufficientFunds.
+	KindInsufficientFunds DemoKind = "insufficient_funds"
+	// KindFlaky uses a tok_flaky_N token.
+	KindFlaky DemoKind = "flaky"
+	// KindTimeout uses TokenTimeout.
+	KindTimeout DemoKind = "timeout"
+	// KindRateLimited uses TokenRateLimited.
+	KindRateLimited DemoKind = "rate_limited"
+	// KindPanic uses TokenPanic.
+	KindPanic DemoKind = "panic"
+	// KindDuplicate repeats, byte for byte, an earlier KindSuccess request of the mix.
+	KindDuplicate DemoKind = "duplicate"
+	// KindMalformedJSON is a body cut in the middle: not JSON.
+	KindMalformedJSON DemoKind = "malformed_json"
+	// KindMissingField lacks one required field (never payment_id).
+	KindMissingField DemoKind = "missing_field"
+	// KindEmptyField has order_id or source "".
+	KindEmptyField DemoKind = "empty_field"
+	// KindNonPositiveAmount has amount_cents 0 or negative.
+	KindNonPositiveAmount DemoKind = "non_positive_amount"
+	// KindBadCurrency has a currency that is not three capital letters.
+	KindBadCurrency DemoKind = "bad_currency"
+	// KindAmountString has amount_cents as a JSON string.
+	KindAmountString DemoKind = "amount_string"
+	// KindAmountFloat has amount_cents with a fraction.
+	KindAmountFloat DemoKind = "amount_float"
+)
+
+// DemoRequest is one message of a demo mix with the outcome it must reach.
+type DemoRequest struct {
+	Kind DemoKind
+	// PaymentID is the payment_id in Body. For KindMalformedJSON it is the ID the body
+	// was cut from, which neither the handler nor KeyFunc can read.
+	PaymentID string
+	// Source is the card token in Body; empty when Body has none that decodes.
+	Source string
+	// Body is the message payload to publish to QueueRequested.
+	Body []byte
+	// Expect is the expected outcome when the retry policy allows DemoMaxAttempts attempts
+	// and the stack runs the idempotency step with KeyFunc.
+	Expect Expectation
+}
+
+// ExpectWithin returns the expected outcome when the retry policy allows maxAttempts
+// attempts (including the first; values below 1 count as 1). A flaky or rate-limited
+// payment that needs more attempts is dead-lettered on the last one with the error of
+// that attempt; tok_timeout and tok_panic are dead-lettered on the last attempt.
+func (d DemoRequest) ExpectWithin(maxAttempts int) Expectation {
+	maxAttempts = max(maxAttempts, 1)
+	switch d.Kind {
+	case KindDuplicate:
+		return Expectation{Outcome: ExpectDuplicate}
+	case KindMalformedJSON:
+		return deadLettered(1, ErrorTypeDecode)
+	case KindMissingField, KindEmptyField, KindNonPositiveAmount, KindBadCurrency, KindAmountString, KindAmountFloat:
+		return deadLettered(1, ErrorTypeValidation)
+	}
+	switch {
+	case d.Source == TokenInsufficientFunds:
+		return deadLettered(1, ErrorTypeInsufficientFunds)
+	case d.Source == TokenTimeout:
+		return deadLettered(maxAttempts, ErrorTypeGatewayTimeout)
+	case d.Source == TokenPanic:
+		return deadLettered(maxAttempts, ErrorTypePanic)
+	case d.Source == TokenRateLimited:
+		return succeedsOn(2, maxAttempts, ErrorTypeRateLimited)
+	default:
+		return succeedsOn(flakyFailures(d.Source)+1, maxAttempts, ErrorTypeGatewayTimeout)
+	}
+}
+
+func deadLettered(attempt int, errorType string) Expectation {
+	return Expectation{Outcome: ExpectDeadLettered, Attempts: attempt, ErrorType: errorType}
+}
+
+// succeedsOn is the expectation of a payment that fails with failType until attempt n.
+func succeedsOn(n, maxAttempts int, failType string) Expectation {
+	if n > maxAttempts {
+		return deadLettered(maxAttempts, failType)
+	}
+	return Expectation{Outcome: ExpectSucceeded, Attempts: n}
+}
+
+// demoKindWeight is how often each kind appears in the part of a mix beyond its first
+// DemoMixMinimum requests: mostly successes, as in a real payment stream.
+var demoKindWeight = []struct {
+	kind   DemoKind
+	weight int
+}{
+	{KindSuccess, 55},
+	{KindFlaky, 12},
+	{KindDuplicate, 10},
+	{KindInsufficientFunds, 5},
+	{KindRateLimited, 5},
+	{KindTimeout, 3},
+	{KindPanic, 2},
+	{KindMalformedJSON, 2},
+	{KindMissingField, 1},
+	{KindEmptyField, 1},
+	{KindNonPositiveAmount, 1},
+	{KindBadCurrency, 1},
+	{KindAmountString, 1},
+	{KindAmountFloat, 1},
+}
+
+// demoCover lists the requests that make a mix cover every kind and every token; a flaky
+// entry is the N of its token.
+type demoSlot struct {
+	kind  DemoKind
+	flaky int
+}
+
+func demoCover() []demoSlot {
+	slots := []demoSlot{
+		{kind: KindSuccess}, {kind: KindInsufficientFunds}, {kind: KindTimeout},
+		{kind: KindRateLimited}, {kind: KindPanic}, {kind: KindDuplicate},
+		{kind: KindMalformedJSON}, {kind: KindMissingField}, {kind: KindEmptyField},
+		{kind: KindNonPositiveAmount}, {kind: KindBadCurrency}, {kind: KindAmountString},
+		{kind: KindAmountFloat},
+	}
+	for n := 1; n <= MaxFlakyFailures; n++ {
+		slots = append(slots, demoSlot{kind: KindFlaky, flaky: n})
+	}
+	return slots
+}
+
+// DemoMixMinimum is the smallest n for which DemoMix covers every kind and every token
+// (each tok_flaky_N included): one request for each of the 13 kinds other than KindFlaky,
+// and one per flaky token.
+const DemoMixMinimum = 13 + MaxFlakyFailures
+
+var (
+	demoSuccessTokens = []string{"tok_visa", "tok_mastercard", "tok_amex"}
+	demoCurrencies    = []string{"EUR", "USD", "GBP", "CHF", "JPY"}
+	demoBadCurrencies = []string{"eur", "EURO", "US", "E1R", "€UR"}
+)
+
+// DemoMix returns n demo requests, the same for the same n and seed (within one Go
+// release): for n >= DemoMixMinimum, at least one of every DemoKind and every token, then
+// a weighted random mix, all in a shuffled order. Payment IDs are unique except for
+// KindDuplicate, which repeats an earlier KindSuccess request (each at most once) and
+// always comes after it; only first-attempt successes are repeated, so the duplicate's
+// expectation does not depend on timing. The seed is part of every ID, so mixes with
+// different seeds can share a stack. n <= 0 returns nil.
+//
+// Under concurrency either copy of a duplicated payment may be the one that runs:
+// assert per payment ID (one event, ChargeCount 1), not per copy.
+func DemoMix(n int, seed int64) []DemoRequest {
+	if n <= 0 {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed_51c0_1ce))
+
+	slots := demoCover()
+	if n < len(slots) {
+		rng.Shuffle(len(slots), func(i, j int) { slots[i], slots[j] = slots[j], slots[i] })
+		slots = slots[:n]
+	}
+	for len(slots) < n {
+		slots = append(slots, randomSlot(rng))
+	}
+	rng.Shuffle(len(slots), func(i, j int) { slots[i], slots[j] = slots[j], slots[i] })
+	ensureSuccessBeforeDuplicate(slots)
+
+	tag := strconv.FormatUint(uint64(seed), 36)
+	out := make([]DemoRequest, 0, n)
+	var unrepeated []int // indexes in out of KindSuccess requests not yet duplicated
+	for i, s := range slots {
+		if s.kind == KindDuplicate {
+			if len(unrepeated) > 0 {
+				k := rng.IntN(len(unrepeated))
+				orig := out[unrepeated[k]]
+				unrepeated = append(unrepeated[:k], unrepeated[k+1:]...)
+				d := DemoRequest{Kind: KindDuplicate, PaymentID: orig.PaymentID, Source: orig.Source, Body: orig.Body}
+				d.Expect = d.ExpectWithin(DemoMaxAttempts)
+				out = append(out, d)
+				continue
+			}
+			// Nothing left to repeat: this slot becomes a fresh success.
+			s = demoSlot{kind: KindSuccess}
+		}
+		d := newDemoRequest(rng, s, fmt.Sprintf("pay_%s_%05d", tag, i), fmt.Sprintf("ord_%s_%05d", tag, i))
+		d.Expect = d.ExpectWithin(DemoMaxAttempts)
+		if d.Kind == KindSuccess {
+			unrepeated = append(unrepeated, len(out))
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func randomSlot(rng *rand.Rand) demoSlot {
+	total := 0
+	for _, w := range demoKindWeight {
+		total += w.weight
+	}
+	r := rng.IntN(total)
+	for _, w := range demoKindWeight {
+		if r < w.weight {
+			if w.kind == KindFlaky {
+				return demoSlot{kind: KindFlaky, flaky: 1 + rng.IntN(MaxFlakyFailures)}
+			}
+			return demoSlot{kind: w.kind}
+		}
+		r -= w.weight
+	}
+	return demoSlot{kind: KindSuccess}
+}
+
+// ensureSuccessBeforeDuplicate swaps the first duplicate with the first success when the
+// shuffle put the duplicate first, so the mix's covering duplicate has an original.
+func ensureSuccessBeforeDuplicate(slots []demoSlot) {
+	dup, succ := -1, -1
+	for i, s := range slots {
+		if s.kind == KindDuplicate && dup < 0 {
+			dup = i
+		}
+		if s.kind == KindSuccess && succ < 0 {
+			succ = i
+		}
+	}
+	if dup >= 0 && succ > dup {
+		slots[dup], slots[succ] = slots[succ], slots[dup]
+	}
+}
+
+func newDemoRequest(rng *rand.Rand, s demoSlot, paymentID, orderID string) DemoRequest {
+	req := Request{
+		PaymentID:   paymentID,
+		OrderID:     orderID,
+		AmountCents: 100 + rng.Int64N(99_900),
+		Currency:    demoCurrencies[rng.IntN(len(demoCurrencies))],
+		Source:      demoSuccessTokens[rng.IntN(len(demoSuccessTokens))],
+	}
+	switch s.kind {
+	case KindInsufficientFunds:
+		req.Source = TokenInsufficientFunds
+	case KindFlaky:
+		req.Source = FlakyToken(s.flaky)
+	case KindTimeout:
+		req.Source = TokenTimeout
+	case KindRateLimited:
+		req.Source = TokenRateLimited
+	case KindPanic:
+		req.Source = TokenPanic
+	}
+	d := DemoRequest{Kind: s.kind, PaymentID: paymentID, Source: req.Source}
+
+	// Malformed requests are built as field maps, so a field can be absent or mistyped.
+	fields := map[string]any{
+		fieldPaymentID:   req.PaymentID,
+		fieldOrderID:     req.OrderID,
+		fieldAmountCents: req.AmountCents,
+		fieldCurrency:    req.Currency,
+		fieldSource:      req.Source,
+	}
+	switch s.kind {
+	case KindMissingField:
+		missing := []string{fieldOrderID, fieldAmountCents, fieldCurrency, fieldSource}[rng.IntN(4)]
+		delete(fields, missing)
+	case KindEmptyField:
+		fields[[]string{fieldOrderID, fieldSource}[rng.IntN(2)]] = ""
+	case KindNonPositiveAmount:
+		fields[fieldAmountCents] = -rng.Int64N(1000) // 0 included
+	case KindBadCurrency:
+		fields[fieldCurrency] = demoBadCurrencies[rng.IntN(len(demoBadCurrencies))]
+	case KindAmountString:
+		fields[fieldAmountCents] = strconv.FormatInt(req.AmountCents, 10)
+	case KindAmountFloat:
+		fields[fieldAmountCents] = float64(req.AmountCents) + 0.5
+	}
+	body, err := json.Marshal(fields)
+	if err != nil {
+		panic(fmt.Sprintf("example_payment: encode demo request %s: %v", paymentID, err)) // plain values: unreachable
+	}
+	if s.kind == KindMalformedJSON {
+		body = body[:len(body)/2]
+	}
+	if src, ok := fields[fieldSource]; !ok || src == "" || s.kind == KindMalformedJSON {
+		d.Source = "" // no token the handler could read
+	}
+	d.Body = body
+	return d
+}

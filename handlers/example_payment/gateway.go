@@ -1,0 +1,266 @@
+package example_payment
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	sluice "github.com/sluice-go/sluice"
+)
+
+// Card test tokens the simulated gateway recognises in Request.Source. Any other token is
+// charged successfully on the first attempt.
+const (
+	// TokenInsufficientFunds is declined for insufficient funds on every attempt: a
+	// permanent refusal, dead-lettered without retry.
+	TokenInsufficientFunds = "tok_insufficient_funds"
+	// TokenTimeout times out on every attempt, so the message exhausts its retries.
+	TokenTimeout = "tok_timeout"
+	// TokenRateLimited is refused with a rate limit on the first attempt, with a
+	// Retry-After of RateLimitRetryAfter; the next attempt succeeds.
+	TokenRateLimited = "tok_rate_limited"
+	// TokenPanic makes Charge panic on every attempt, like a crashing client library.
+	TokenPanic = "tok_panic"
+	// TokenFlakyPrefix starts the tokens tok_flaky_1 … tok_flaky_9: the first N attempts
+	// for a payment time out, then it succeeds. See FlakyToken.
+	TokenFlakyPrefix = "tok_flaky_"
+)
+
+// RateLimitRetryAfter is the Retry-After the gateway gives with TokenRateLimited.
+const RateLimitRetryAfter = 2 * time.Second
+
+// MaxFlakyFailures is the largest N of a tok_flaky_N token.
+const MaxFlakyFailures = 9
+
+// Error types of the gateway's refusals, as sluice.ErrorType reports them.
+const (
+	// ErrorTypeInsufficientFunds is the type of a decline for insufficient funds.
+	ErrorTypeInsufficientFunds = "insufficient_funds"
+	// ErrorTypeGatewayTimeout is the type of a gateway timeout.
+	ErrorTypeGatewayTimeout = "gateway_timeout"
+	// ErrorTypeRateLimited is the type of a rate-limit refusal.
+	ErrorTypeRateLimited = "rate_limited"
+)
+
+// FlakyToken returns the token whose first n attempts time out, "tok_flaky_<n>". Only n
+// in 1..MaxFlakyFailures makes a flaky token; the gateway treats any other result as an
+// ordinary token that succeeds at once.
+func FlakyToken(n int) string { return TokenFlakyPrefix + strconv.Itoa(n) }
+
+// flakyFailures returns N of a tok_flaky_N token, or 0 when source is not one. Exactly one
+// digit 1..9 counts, so "tok_flaky_10" and "tok_flaky_01" are ordinary tokens.
+func flakyFailures(source string) int {
+	rest, ok := strings.CutPrefix(source, TokenFlakyPrefix)
+	if !ok || len(rest) != 1 || rest[0] < '1' || rest[0] > '0'+MaxFlakyFailures {
+		return 0
+	}
+	return int(rest[0] - '0')
+}
+
+// InsufficientFundsError is the gateway's decline of TokenInsufficientFunds. Charge returns
+// it wrapped in sluice.Permanent: retrying a decline only annoys the card holder.
+type InsufficientFundsError struct {
+	PaymentID   string
+	AmountCents int64
+	Currency    string
+}
+
+// Error names the payment and the amount declined.
+func (e *InsufficientFundsError) Error() string {
+	return fmt.Sprintf("payment %q declined: insufficient funds for %d %s", e.PaymentID, e.AmountCents, e.Currency)
+}
+
+// ErrorType returns ErrorTypeInsufficientFunds.
+func (e *InsufficientFundsError) ErrorType() string { return ErrorTypeInsufficientFunds }
+
+// GatewayTimeoutError is a gateway timeout: retryable, because the next attempt may pass.
+type GatewayTimeoutError struct {
+	PaymentID string
+	// Attempt is the gateway's count of attempts for the payment, from 1; 0 when the
+	// attempt never reached the gateway's decision (the caller's context ended first).
+	Attempt int
+	// Err is the caller's context error when that context ended first; otherwise nil.
+	Err error
+}
+
+// Error names the payment and the attempt.
+func (e *GatewayTimeoutError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("charge payment %q: gateway did not answer: %v", e.PaymentID, e.Err)
+	}
+	return fmt.Sprintf("charge payment %q: gateway timeout on attempt %d", e.PaymentID, e.Attempt)
+}
+
+// Unwrap returns the caller's context error, if that is what ended the attempt.
+func (e *GatewayTimeoutError) Unwrap() error { return e.Err }
+
+// ErrorType returns ErrorTypeGatewayTimeout.
+func (e *GatewayTimeoutError) ErrorType() string { return ErrorTypeGatewayTimeout }
+
+// RateLimitedError is the gateway's rate-limit refusal. Charge returns it wrapped in
+// sluice.RetryAfter(RetryAfter, ...), so the retry step waits exactly that long.
+type RateLimitedError struct {
+	PaymentID  string
+	RetryAfter time.Duration
+}
+
+// Error names the payment and the wait the gateway asked for.
+func (e *RateLimitedError) Error() string {
+	return fmt.Sprintf("charge payment %q: rate limited by gateway, retry after %s", e.PaymentID, e.RetryAfter)
+}
+
+// ErrorType returns ErrorTypeRateLimited.
+func (e *RateLimitedError) ErrorType() string { return ErrorTypeRateLimited }
+
+// Charge is one successful charge in the gateway's ledger.
+type Charge struct {
+	// ID is "ch_" and the gateway's sequence number of the charge.
+	ID          string
+	PaymentID   string
+	OrderID     string
+	AmountCents int64
+	Currency    string
+	Source      string
+	// Attempt is the gateway's count of attempts for the payment when it was charged.
+	Attempt int
+}
+
+// Gateway is a simulated card gateway that decides by the request's Source, the way card
+// test tokens work (see the Token constants). It keeps, in memory, the number of attempts
+// per payment ID, so tok_flaky_N and tok_rate_limited behave the same whatever headers a
+// message carries, and a ledger of every successful charge.
+//
+// The gateway is deliberately not idempotent: charging a payment ID twice records two
+// charges, so tests can prove that the stack's idempotency step is what prevents double
+// charges (ChargeCount, TotalCharges). Its memory grows with every payment; it is a
+// simulation, not a cache.
+//
+// The zero Gateway is ready to use. It is safe for concurrent use; set Latency before the
+// first Charge.
+type Gateway struct {
+	// Latency is how long each Charge takes before the gateway decides, honouring the
+	// caller's context. Zero answers at once. It makes the gateway visible in traces and
+	// gives handler timeouts something to cut.
+	Latency time.Duration
+
+	mu       sync.Mutex
+	attempts map[string]int
+	ledger   []Charge
+	perID    map[string]int
+}
+
+// NewGateway returns an empty gateway that answers at once.
+func NewGateway() *Gateway { return &Gateway{} }
+
+// Charge attempts to charge req and returns the recorded charge. The attempt is counted
+// for req.PaymentID, then the source decides:
+//
+//   - TokenInsufficientFunds: sluice.Permanent(*InsufficientFundsError);
+//   - tok_flaky_N: attempts 1..N return a retryable *GatewayTimeoutError, later ones succeed;
+//   - TokenTimeout: every attempt returns a retryable *GatewayTimeoutError;
+//   - TokenRateLimited: attempt 1 returns sluice.RetryAfter(RateLimitRetryAfter,
+//     *RateLimitedError), later ones succeed;
+//   - TokenPanic: Charge panics, on every attempt;
+//   - any other token: success.
+//
+// When ctx ends before the gateway decides (before the call, or during Latency), Charge
+// returns a retryable *GatewayTimeoutError wrapping ctx.Err() and counts no attempt: the
+// request never reached the gateway's decision.
+func (g *Gateway) Charge(ctx context.Context, req Request) (Charge, error) {
+	if err := g.wait(ctx); err != nil {
+		return Charge{}, &GatewayTimeoutError{PaymentID: req.PaymentID, Err: err}
+	}
+
+	g.mu.Lock()
+	if g.attempts == nil {
+		g.attempts = make(map[string]int)
+		g.perID = make(map[string]int)
+	}
+	g.attempts[req.PaymentID]++
+	attempt := g.attempts[req.PaymentID]
+
+	var err error
+	switch source := req.Source; {
+	case source == TokenPanic:
+		// Unlock first: the panic must not leave the gateway locked for the next attempt.
+		g.mu.Unlock()
+		panic(fmt.Sprintf("example_payment: simulated gateway client crash charging payment %q (source %s, attempt %d)",
+			req.PaymentID, source, attempt))
+	case source == TokenInsufficientFunds:
+		err = sluice.Permanent(&InsufficientFundsError{PaymentID: req.PaymentID, AmountCents: req.AmountCents, Currency: req.Currency})
+	case source == TokenTimeout:
+		err = &GatewayTimeoutError{PaymentID: req.PaymentID, Attempt: attempt}
+	case source == TokenRateLimited && attempt == 1:
+		err = sluice.RetryAfter(RateLimitRetryAfter, &RateLimitedError{PaymentID: req.PaymentID, RetryAfter: RateLimitRetryAfter})
+	case attempt <= flakyFailures(source):
+		err = &GatewayTimeoutError{PaymentID: req.PaymentID, Attempt: attempt}
+	}
+	if err != nil {
+		g.mu.Unlock()
+		return Charge{}, err
+	}
+
+	ch := Charge{
+		ID:          fmt.Sprintf("ch_%08d", len(g.ledger)+1),
+		PaymentID:   req.PaymentID,
+		OrderID:     req.OrderID,
+		AmountCents: req.AmountCents,
+		Currency:    req.Currency,
+		Source:      req.Source,
+		Attempt:     attempt,
+	}
+	g.ledger = append(g.ledger, ch)
+	g.perID[req.PaymentID]++
+	g.mu.Unlock()
+	return ch, nil
+}
+
+// wait returns ctx's error if ctx ends before Latency has passed.
+func (g *Gateway) wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if g.Latency <= 0 {
+		return nil
+	}
+	t := time.NewTimer(g.Latency)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Attempts returns how many attempts the gateway has decided for paymentID.
+func (g *Gateway) Attempts(paymentID string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.attempts[paymentID]
+}
+
+// ChargeCount returns how many times paymentID has been charged. More than 1 is a double
+// charge.
+func (g *Gateway) ChargeCount(paymentID string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.perID[paymentID]
+}
+
+// TotalCharges returns the number of successful charges of all payments.
+func (g *Gateway) TotalCharges() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.ledger)
+}
+
+// Charges returns a copy of the ledger, oldest charge first.
+func (g *Gateway) Charges() []Charge {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]Charge(nil), g.ledger...)
+}

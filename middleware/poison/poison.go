@@ -1,0 +1,160 @@
+// Package poison is sluice's dead-letter step. What the retry step returns — a Permanent
+// error, or a retryable one whose retries are exhausted — is published to the queue's
+// dead-letter queue with a full failure record, and the original is acked only after
+// RabbitMQ confirmed the copy. Watermill's PoisonQueue keeps only the error string;
+// RabbitMQ's own dead-lettering only x-death. The record here is what an operator needs to
+// find the cause and replay the message (see cmd/sluice dlq).
+//
+// The dead-letter copy keeps the payload byte for byte, the message id, its headers and
+// AMQP properties, and adds (metadata keys of package sluice):
+//
+//	x-error-type, x-error-class, x-error-message (truncated to MaxErrorMessageBytes),
+//	x-error-stack (a recovered panic's stack, truncated to MaxStackBytes),
+//	x-original-queue, x-handler, x-retry-count, x-retry-history (this failure included),
+//	x-first-failure-time, x-last-failure-time, x-failed-at, x-failed-host, x-failed-pid.
+//
+// If the dead-letter publish fails, the step returns a sluice.HandoffError: the original is
+// nacked and redelivered later, never lost, and the subscriber backs off between nacks so
+// the consumer does not spin. Discard errors are acked and logged at warn level, no copy.
+package poison
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice"
+)
+
+// MaxStackBytes is the size a panic's stack is truncated to in the record.
+const MaxStackBytes = 16 << 10
+
+// ErrNoDeadLetterer is returned by New without a DeadLetterer.
+var ErrNoDeadLetterer = errors.New("poison: Config.DeadLetterer is required")
+
+// DeadLetterer publishes a message to queue's dead-letter queue and returns only once the
+// broker confirmed it.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
+}
+
+// Event describes one dead-lettered message, for OnDeadLetter.
+type Event struct {
+	Queue     string
+	MessageID string
+	ErrorType string
+	Retries   int
+	Err       error
+}
+
+// Config configures the step.
+type Config struct {
+	// DeadLetterer is the broker's dead-letter publish. Required.
+	DeadLetterer DeadLetterer
+	// OnDeadLetter is called after each confirmed dead-letter publish.
+	OnDeadLetter func(Event)
+	// Logger receives dead letters (error level) and discards (warn). Nil means
+	// slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Nil means time.Now.
+	Now func() time.Time
+	// Host is recorded as x-failed-host. Empty means os.Hostname().
+	Host string
+}
+
+// Poison is the dead-letter step.
+type Poison struct {
+	cfg Config
+	pid string
+}
+
+// New returns the step, or an error naming what is missing.
+func New(cfg Config) (*Poison, error) {
+	if cfg.DeadLetterer == nil {
+		return nil, ErrNoDeadLetterer
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Host == "" {
+		cfg.Host, _ = os.Hostname()
+	}
+	return &Poison{cfg: cfg, pid: strconv.Itoa(os.Getpid())}, nil
+}
+
+// Middleware returns h wrapped by the dead-letter step.
+func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err == nil || sluice.IsHandoff(err) {
+			return out, err
+		}
+		ctx := msg.Context()
+		queue := message.SubscribeTopicFromCtx(ctx)
+		if sluice.IsDiscard(err) {
+			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", err)
+			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
+			return nil, nil
+		}
+		record := p.Record(msg, queue, err)
+		if derr := p.cfg.DeadLetterer.DeadLetter(ctx, queue, record); derr != nil {
+			derr = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, queue, derr)
+			p.cfg.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", queue, "message_id", msg.UUID, "error", derr)
+			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})
+			return nil, sluice.Handoff(derr)
+		}
+		retries := sluice.RetryCount(msg.Metadata)
+		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
+		p.cfg.Logger.Error("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,
+			"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", retries, "error", err)
+		if p.cfg.OnDeadLetter != nil {
+			p.cfg.OnDeadLetter(Event{Queue: queue, MessageID: msg.UUID, ErrorType: record.Metadata.Get(sluice.HeaderErrorType), Retries: retries, Err: err})
+		}
+		return nil, nil
+	}
+}
+
+// Record returns the dead-letter copy of msg for err: msg's id, payload and metadata with
+// the failure record added.
+func (p *Poison) Record(msg *message.Message, queue string, err error) *message.Message {
+	now := p.cfg.Now()
+	rec := sluice.CopyMessage(msg)
+	md := rec.Metadata
+	retries := sluice.RetryCount(msg.Metadata)
+	errType := sluice.ErrorType(err)
+	md.Set(sluice.HeaderErrorType, errType)
+	md.Set(sluice.HeaderErrorClass, sluice.ClassOf(err).String())
+	md.Set(sluice.HeaderErrorMessage, sluice.Truncate(err.Error(), sluice.MaxErrorMessageBytes))
+	if stack, ok := sluice.PanicStack(err); ok {
+		md.Set(sluice.HeaderErrorStack, sluice.Truncate(stack, MaxStackBytes))
+	} else {
+		delete(md, sluice.HeaderErrorStack)
+	}
+	if md.Get(sluice.HeaderOriginalQueue) == "" {
+		md.Set(sluice.HeaderOriginalQueue, queue)
+	}
+	md.Set(sluice.HeaderHandler, message.HandlerNameFromCtx(msg.Context()))
+	md.Set(sluice.HeaderRetryCount, strconv.Itoa(retries))
+	if _, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); !ok {
+		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(now))
+	}
+	md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
+	md.Set(sluice.HeaderLastError, errType)
+	md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(err.Error(), sluice.MaxErrorMessageBytes))
+	md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
+		At: now.UTC(), Attempt: retries + 1, Type: errType, Message: err.Error(),
+	}))
+	md.Set(sluice.HeaderFailedAt, sluice.FormatTime(now))
+	md.Set(sluice.HeaderFailedHost, p.cfg.Host)
+	md.Set(sluice.HeaderFailedPID, p.pid)
+	return rec
+}

@@ -1,0 +1,70 @@
+package sluice
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Outcome is what happened to one delivery attempt. Steps report it; telemetry records it.
+type Outcome string
+
+// The outcomes of an attempt.
+const (
+	OutcomeAck        Outcome = "ack"
+	OutcomeRetry      Outcome = "retry"
+	OutcomeDeadLetter Outcome = "dead_letter"
+	OutcomeDiscard    Outcome = "discard"
+	OutcomeDuplicate  Outcome = "duplicate"
+	OutcomeDeferred   Outcome = "deferred"
+	// OutcomeNack means the message goes back to the broker unprocessed (a hand-off or
+	// dead-letter publish failed, or the stack is shutting down) and will be redelivered.
+	OutcomeNack Outcome = "nack"
+)
+
+// Report is what the steps learned about one attempt.
+type Report struct {
+	Outcome Outcome
+	// Delay is the broker-side delay of a retry or deferral.
+	Delay time.Duration
+	// Attempt counts from 1.
+	Attempt int
+	// Err is the error behind a non-ack outcome.
+	Err error
+}
+
+// Reporter collects the Report of one attempt. The outermost step (telemetry) puts one in
+// the message context; inner steps fill it. The last Set wins.
+type Reporter struct {
+	mu sync.Mutex
+	r  Report
+	ok bool
+}
+
+// Set records the attempt's report.
+func (r *Reporter) Set(rep Report) {
+	r.mu.Lock()
+	r.r, r.ok = rep, true
+	r.mu.Unlock()
+}
+
+// Get returns the report and whether any step set one.
+func (r *Reporter) Get() (Report, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.r, r.ok
+}
+
+type reporterKey struct{}
+
+// WithReporter returns ctx carrying r.
+func WithReporter(ctx context.Context, r *Reporter) context.Context {
+	return context.WithValue(ctx, reporterKey{}, r)
+}
+
+// ReportOutcome records rep in the Reporter carried by ctx, if there is one.
+func ReportOutcome(ctx context.Context, rep Report) {
+	if r, ok := ctx.Value(reporterKey{}).(*Reporter); ok {
+		r.Set(rep)
+	}
+}

@@ -1,0 +1,315 @@
+// Package router is the sluice stack: it wires a broker to the failure-handling steps in a
+// fixed order and runs the user's handlers inside them.
+//
+// The order, outermost first (see DESIGN.md), and why:
+//
+//  1. tracing — one consumer span per delivery attempt, continued from the message's trace
+//  2. recoverer — a panic in a step becomes an error (the message is nacked, not lost)
+//  3. poison — a permanent error, or one retry gave up on, goes to the DLQ; then ack
+//  4. retry — a retryable error with attempts left goes back to the broker delayed; then ack
+//  5. idempotency — a key already done is acked without calling the handler
+//  6. output — the handler's output messages are published, confirmed (so idempotency marks
+//     a key done only once its outputs are safe, and a failed output publish is retried)
+//  7. breaker — while open, the call is not made; the message is deferred
+//  8. timeout — the handler's context carries a deadline
+//  9. the handler, whose own panic becomes an error carrying its stack, so retry and poison
+//     treat it like any failure
+//
+// Steps that are not configured are absent, not stubs.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/sluice-go/sluice/middleware/poison"
+	"github.com/sluice-go/sluice/middleware/retry"
+)
+
+// Errors of the stack.
+var (
+	// ErrNoBroker is returned by New without a broker.
+	ErrNoBroker = errors.New("router: a broker is required")
+	// ErrDuplicateHandler is returned when two handlers share a name.
+	ErrDuplicateHandler = errors.New("router: handler name already registered")
+	// ErrRunning is returned when handlers are added after Run.
+	ErrRunning = errors.New("router: stack already running")
+)
+
+// Config configures the stack. The zero value (with a broker) gives the defaults named on
+// each field and each step's own defaults.
+type Config struct {
+	// Logger is used by the stack, its steps and Watermill (through its slog adapter).
+	// Nil means slog.Default().
+	Logger *slog.Logger
+	// Retry configures the retry step; its Delayer is the broker.
+	Retry retry.Config
+	// Poison configures the dead-letter step; its DeadLetterer is the broker.
+	Poison poison.Config
+	// HandlerTimeout is the deadline of the handler's context. Zero means 30s.
+	HandlerTimeout time.Duration
+	// CloseTimeout is how long Close waits for in-flight handlers. Zero means 30s.
+	CloseTimeout time.Duration
+	// Concurrency is the default number of messages a handler works on at once. Zero
+	// means 1.
+	Concurrency int
+	// Prefetch is the default prefetch count. Zero means Concurrency.
+	Prefetch int
+	// Telemetry, when set, adds the tracing step and decorates every publish.
+	Telemetry Telemetry
+	// Breakers, when set, gives each handler a circuit breaker (see WithBreaker).
+	Breakers Breakers
+	// Idempotency, when set, adds the idempotency step to every handler.
+	Idempotency Idempotency
+}
+
+// Telemetry is what the stack needs from package telemetry: the consumer middleware and
+// decorators for every publish the stack makes.
+type Telemetry interface {
+	Middleware(h message.HandlerFunc) message.HandlerFunc
+	WrapPublisher(message.Publisher) message.Publisher
+	WrapDelayer(retry.Delayer) retry.Delayer
+	WrapDeadLetterer(poison.DeadLetterer) poison.DeadLetterer
+}
+
+// Breakers hands out the breaker step for a dependency name (package breaker's Registry).
+type Breakers interface {
+	Middleware(dependency string) message.HandlerMiddleware
+}
+
+// Idempotency is the idempotency step (package idempotency) with a per-handler key.
+type Idempotency interface {
+	Middleware(key func(*message.Message) (string, error)) message.HandlerMiddleware
+}
+
+// HandlerOption tunes one handler.
+type HandlerOption func(*handlerConfig)
+
+type handlerConfig struct {
+	concurrency int
+	prefetch    int
+	keyFunc     func(*message.Message) (string, error)
+	breaker     string
+}
+
+// WithConcurrency sets how many messages the handler works on at once.
+func WithConcurrency(n int) HandlerOption { return func(c *handlerConfig) { c.concurrency = n } }
+
+// WithPrefetch sets the handler's prefetch count (at least its concurrency).
+func WithPrefetch(n int) HandlerOption { return func(c *handlerConfig) { c.prefetch = n } }
+
+// WithIdempotencyKey sets the function that extracts the handler's idempotency key, used
+// when a message has no idempotency-key header.
+func WithIdempotencyKey(f func(*message.Message) (string, error)) HandlerOption {
+	return func(c *handlerConfig) { c.keyFunc = f }
+}
+
+// WithBreaker names the dependency whose breaker guards the handler; handlers naming the
+// same dependency share one breaker. Without it the handler's name is used.
+func WithBreaker(dependency string) HandlerOption {
+	return func(c *handlerConfig) { c.breaker = dependency }
+}
+
+// Stack is a running set of handlers behind sluice's steps.
+type Stack struct {
+	cfg    Config
+	broker Broker
+	logger *slog.Logger
+	router *message.Router
+	retry  *retry.Retry
+	poison *poison.Poison
+	output message.Publisher
+
+	mu      sync.Mutex
+	names   map[string]bool
+	queues  []string
+	outputs []string
+	started bool
+}
+
+// New builds a stack on broker.
+func New(broker Broker, cfg Config) (*Stack, error) {
+	if broker == nil {
+		return nil, ErrNoBroker
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HandlerTimeout <= 0 {
+		cfg.HandlerTimeout = 30 * time.Second
+	}
+	if cfg.CloseTimeout <= 0 {
+		cfg.CloseTimeout = 30 * time.Second
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 1
+	}
+	var delayer retry.Delayer = broker
+	var dead poison.DeadLetterer = broker
+	output := broker.Publisher()
+	if cfg.Telemetry != nil {
+		delayer = cfg.Telemetry.WrapDelayer(delayer)
+		dead = cfg.Telemetry.WrapDeadLetterer(dead)
+		output = cfg.Telemetry.WrapPublisher(output)
+	}
+	cfg.Retry.Delayer = delayer
+	if cfg.Retry.Logger == nil {
+		cfg.Retry.Logger = cfg.Logger
+	}
+	r, err := retry.New(cfg.Retry)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Poison.DeadLetterer = dead
+	if cfg.Poison.Logger == nil {
+		cfg.Poison.Logger = cfg.Logger
+	}
+	p, err := poison.New(cfg.Poison)
+	if err != nil {
+		return nil, err
+	}
+	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, watermill.NewSlogLogger(cfg.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	return &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{}}, nil
+}
+
+// Retry returns the retry step in force (for its policy, e.g. Backoff).
+func (s *Stack) Retry() *retry.Retry { return s.retry }
+
+// Handle registers h to consume queue. It produces no output messages.
+func (s *Stack) Handle(name, queue string, h message.NoPublishHandlerFunc, opts ...HandlerOption) error {
+	return s.add(name, queue, "", func(m *message.Message) ([]*message.Message, error) { return nil, h(m) }, opts)
+}
+
+// HandleWithOutput registers h to consume queue; the messages it returns are published to
+// the queue outputTopic, confirmed, before the consumed message is acked.
+func (s *Stack) HandleWithOutput(name, queue, outputTopic string, h message.HandlerFunc, opts ...HandlerOption) error {
+	return s.add(name, queue, outputTopic, h, opts)
+}
+
+func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts []HandlerOption) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return ErrRunning
+	}
+	if s.names[name] {
+		return fmt.Errorf("%w: %q", ErrDuplicateHandler, name)
+	}
+	hc := handlerConfig{concurrency: s.cfg.Concurrency, prefetch: s.cfg.Prefetch, breaker: name}
+	for _, o := range opts {
+		o(&hc)
+	}
+	s.names[name] = true
+	s.queues = append(s.queues, queue)
+	if outputTopic != "" {
+		s.outputs = append(s.outputs, outputTopic)
+	}
+	stack := s.compose(h, outputTopic, hc)
+	sub := s.broker.Subscriber(hc.concurrency, hc.prefetch)
+	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
+		_, err := stack(m)
+		return err
+	})
+	return nil
+}
+
+// compose builds the fixed order; see the package documentation.
+func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerConfig) message.HandlerFunc {
+	h = recoverHandlerPanic(h)
+	h = timeout(s.cfg.HandlerTimeout)(h)
+	if s.cfg.Breakers != nil {
+		h = s.cfg.Breakers.Middleware(hc.breaker)(h)
+	}
+	if outputTopic != "" {
+		h = publishOutputs(s.output, outputTopic)(h)
+	}
+	if s.cfg.Idempotency != nil {
+		h = s.cfg.Idempotency.Middleware(hc.keyFunc)(h)
+	}
+	h = s.retry.Middleware(h)
+	h = s.poison.Middleware(h)
+	h = middleware.Recoverer(h)
+	if s.cfg.Telemetry != nil {
+		h = s.cfg.Telemetry.Middleware(h)
+	}
+	return h
+}
+
+// Run declares every queue the handlers use and consumes until ctx is done or Close is
+// called.
+func (s *Stack) Run(ctx context.Context) error {
+	s.mu.Lock()
+	s.started = true
+	queues := append(append([]string(nil), s.queues...), s.outputs...)
+	s.mu.Unlock()
+	for _, q := range queues {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := s.broker.DeclareQueue(dctx, q)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("declare queue %q: %w", q, err)
+		}
+	}
+	return s.router.Run(ctx)
+}
+
+// Running is closed once every handler consumes.
+func (s *Stack) Running() chan struct{} { return s.router.Running() }
+
+// Close stops consuming, waits up to CloseTimeout for in-flight handlers and closes the
+// subscribers. Messages not finished are returned to the broker and redelivered later. The
+// broker itself stays open: its owner closes it.
+func (s *Stack) Close() error { return s.router.Close() }
+
+// timeout gives the handler's context a deadline and restores the message's own context
+// after it returns: outer steps publish hand-offs with it, which must not be cancelled.
+func timeout(d time.Duration) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			parent := msg.Context()
+			ctx, cancel := context.WithTimeout(parent, d)
+			defer cancel()
+			msg.SetContext(ctx)
+			defer msg.SetContext(parent)
+			return h(msg)
+		}
+	}
+}
+
+// recoverHandlerPanic turns the handler's panic into an error carrying its stack (Watermill's
+// RecoveredPanicError), so it is retried and dead-lettered like any failure.
+func recoverHandlerPanic(h message.HandlerFunc) message.HandlerFunc {
+	return middleware.Recoverer(h)
+}
+
+// publishOutputs publishes the handler's output to topic, confirmed, before the stack acks.
+// A failed publish is an ordinary retryable error: the message is retried, and idempotency
+// does not mark its key done.
+func publishOutputs(pub message.Publisher, topic string) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err != nil || len(out) == 0 {
+				return nil, err
+			}
+			for _, o := range out {
+				o.SetContext(msg.Context())
+			}
+			if err := pub.Publish(topic, out...); err != nil {
+				return nil, fmt.Errorf("publish %d output message(s) to %q: %w", len(out), topic, err)
+			}
+			return nil, nil
+		}
+	}
+}
