@@ -30,8 +30,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/telemetry"
 )
 
 // Errors of the stack.
@@ -63,26 +67,13 @@ type Config struct {
 	Concurrency int
 	// Prefetch is the default prefetch count. Zero means Concurrency.
 	Prefetch int
-	// Telemetry, when set, adds the tracing step and decorates every publish.
-	Telemetry Telemetry
+	// Telemetry, when set, adds the tracing step, decorates every publish the stack makes
+	// (output, retry hand-off, dead letter) and reports breaker states as a metric.
+	Telemetry *telemetry.Instrumentation
 	// Breakers, when set, gives each handler a circuit breaker (see WithBreaker).
-	Breakers Breakers
+	Breakers *breaker.Registry
 	// Idempotency, when set, adds the idempotency step to every handler.
 	Idempotency Idempotency
-}
-
-// Telemetry is what the stack needs from package telemetry: the consumer middleware and
-// decorators for every publish the stack makes.
-type Telemetry interface {
-	Middleware(h message.HandlerFunc) message.HandlerFunc
-	WrapPublisher(message.Publisher) message.Publisher
-	WrapDelayer(retry.Delayer) retry.Delayer
-	WrapDeadLetterer(poison.DeadLetterer) poison.DeadLetterer
-}
-
-// Breakers hands out the breaker step for a dependency name (package breaker's Registry).
-type Breakers interface {
-	Middleware(dependency string) message.HandlerMiddleware
 }
 
 // Idempotency is the idempotency step (package idempotency) with a per-handler key.
@@ -127,6 +118,7 @@ type Stack struct {
 	retry  *retry.Retry
 	poison *poison.Poison
 	output message.Publisher
+	gauge  metric.Registration
 
 	mu      sync.Mutex
 	names   map[string]bool
@@ -176,11 +168,26 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
+	var gauge metric.Registration
+	if cfg.Telemetry != nil && cfg.Breakers != nil {
+		reg := cfg.Breakers
+		gauge, err = cfg.Telemetry.RegisterBreakerState(func() map[string]int {
+			states := reg.States()
+			out := make(map[string]int, len(states))
+			for name, st := range states {
+				out[name] = int(st)
+			}
+			return out
+		})
+		if err != nil {
+			return nil, fmt.Errorf("router: breaker state metric: %w", err)
+		}
+	}
 	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, watermill.NewSlogLogger(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	return &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{}}, nil
+	return &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}, nil
 }
 
 // Retry returns the retry step in force (for its policy, e.g. Backoff).
@@ -270,7 +277,13 @@ func (s *Stack) Running() chan struct{} { return s.router.Running() }
 // Close stops consuming, waits up to CloseTimeout for in-flight handlers and closes the
 // subscribers. Messages not finished are returned to the broker and redelivered later. The
 // broker itself stays open: its owner closes it.
-func (s *Stack) Close() error { return s.router.Close() }
+func (s *Stack) Close() error {
+	err := s.router.Close()
+	if s.gauge != nil {
+		_ = s.gauge.Unregister()
+	}
+	return err
+}
 
 // timeout gives the handler's context a deadline and restores the message's own context
 // after it returns: outer steps publish hand-offs with it, which must not be cancelled.

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -14,32 +15,46 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/middleware/breaker"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
 
-// breakerDeliveries stands in the telemetry slot, the outermost step, to count every
-// delivery attempt of every message (by payload, which survives hand-offs unchanged).
+// breakerDeliveries counts every delivery of every message at the broker boundary (by
+// payload, which survives hand-offs unchanged): it wraps the broker's subscribers.
 type breakerDeliveries struct {
+	router.Broker
 	total atomic.Int64
 	mu    sync.Mutex
 	per   map[string]int
 }
 
-func (d *breakerDeliveries) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		d.total.Add(1)
-		d.mu.Lock()
-		d.per[string(msg.Payload)]++
-		d.mu.Unlock()
-		return h(msg)
-	}
+func (d *breakerDeliveries) Subscriber(concurrency, prefetch int) message.Subscriber {
+	return countingSubscriber{Subscriber: d.Broker.Subscriber(concurrency, prefetch), d: d}
 }
 
-func (d *breakerDeliveries) WrapPublisher(p message.Publisher) message.Publisher        { return p }
-func (d *breakerDeliveries) WrapDelayer(x retry.Delayer) retry.Delayer                  { return x }
-func (d *breakerDeliveries) WrapDeadLetterer(x poison.DeadLetterer) poison.DeadLetterer { return x }
+type countingSubscriber struct {
+	message.Subscriber
+	d *breakerDeliveries
+}
+
+func (c countingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := c.Subscriber.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for msg := range in {
+			c.d.total.Add(1)
+			c.d.mu.Lock()
+			c.d.per[string(msg.Payload)]++
+			c.d.mu.Unlock()
+			out <- msg
+		}
+	}()
+	return out, nil
+}
 
 func (d *breakerDeliveries) max() (string, int) {
 	d.mu.Lock()
@@ -128,13 +143,13 @@ func TestBreaker_OutageThenRecovery(t *testing.T) {
 		require.NoError(t, err)
 
 		dep := &breakerOutageDep{outage: outage, done: map[string]bool{}}
-		deliveries := &breakerDeliveries{per: map[string]int{}}
+		deliveries := &breakerDeliveries{Broker: e.broker, per: map[string]int{}}
+		e.broker = deliveries
 		var deferrals, retries atomic.Int64
 		start(t, e, router.Config{
 			Concurrency: concurrency,
 			Prefetch:    2 * concurrency,
 			Breakers:    reg,
-			Telemetry:   deliveries,
 			Retry: retry.Config{
 				MaxRetries:   maxRetries,
 				InitialDelay: 100 * time.Millisecond,

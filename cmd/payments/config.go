@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/middleware/retry"
+)
+
+// config is the service's configuration, read from the environment (see README).
+type config struct {
+	retry       retry.Config
+	serviceName string
+	concurrency int
+	// queue and output are the consumed and success queues; tests rename them to run side
+	// by side on one broker.
+	queue, output string
+	// metricsAddr serves Prometheus metrics when set (METRICS_ADDR).
+	metricsAddr string
+}
+
+func loadConfig() (config, error) {
+	c := config{
+		serviceName: envOr("OTEL_SERVICE_NAME", "payments"),
+		queue:       envOr("PAYMENTS_QUEUE", example_payment.QueueRequested),
+		output:      envOr("PAYMENTS_OUTPUT_QUEUE", example_payment.QueueSucceeded),
+		metricsAddr: os.Getenv("METRICS_ADDR"),
+	}
+	var err error
+	if c.retry.MaxRetries, err = envInt("RETRY_MAX_RETRIES", 5); err != nil {
+		return c, err
+	}
+	if c.retry.MaxRetries == 0 {
+		c.retry.MaxRetries = -1 // the variable says "no retries"; retry.Config reads 0 as its default
+	}
+	if c.retry.InitialDelay, err = envDuration("RETRY_INITIAL_DELAY", time.Second); err != nil {
+		return c, err
+	}
+	if c.retry.MaxDelay, err = envDuration("RETRY_MAX_DELAY", time.Minute); err != nil {
+		return c, err
+	}
+	if c.retry.Multiplier, err = envFloat("RETRY_MULTIPLIER", 2); err != nil {
+		return c, err
+	}
+	if c.retry.Jitter, err = envFloat("RETRY_JITTER", 0.1); err != nil {
+		return c, err
+	}
+	if c.retry.Jitter == 0 {
+		c.retry.Jitter = -1 // 0 in the environment means no jitter
+	}
+	if c.concurrency, err = envInt("PAYMENTS_CONCURRENCY", 8); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(key string, def int) (int, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s=%q: want a non-negative whole number", key, v)
+	}
+	return n, nil
+}
+
+func envFloat(key string, def float64) (float64, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return def, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 {
+		return 0, fmt.Errorf("%s=%q: want a non-negative number", key, v)
+	}
+	return f, nil
+}
+
+func envDuration(key string, def time.Duration) (time.Duration, error) {
+	v := os.Getenv(key)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive duration such as 500ms or 2s", key, v)
+	}
+	return d, nil
+}

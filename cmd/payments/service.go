@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/middleware/breaker"
+	"github.com/sluice-go/sluice/middleware/poison"
+	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/telemetry"
+)
+
+// hooks lets the demo watch outcomes; the service itself only logs them.
+type hooks struct {
+	onRetry      func(retry.Event)
+	onDeadLetter func(poison.Event)
+	onDuplicate  func(key string)
+}
+
+// service is the payment consumer: queue payments.requested, successes to
+// payments.succeeded, dead letters to payments.requested.dlq.
+type service struct {
+	broker  router.Broker
+	stack   *router.Stack
+	gateway *example_payment.Gateway
+	closers []func() error
+}
+
+func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (*service, error) {
+	b, err := router.Connect(ctx, logger)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the broker: %w", err)
+	}
+	svc := &service{broker: b, gateway: example_payment.NewGateway()}
+	svc.closers = append(svc.closers, b.Close)
+
+	// Traces go to OTEL_EXPORTER_OTLP_ENDPOINT when it is set; metrics are served on
+	// METRICS_ADDR when it is set.
+	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr})
+	if err != nil {
+		_ = b.Close()
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	svc.closers = append(svc.closers, func() error {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return providers.Shutdown(sctx)
+	})
+	inst, err := providers.Instrumentation()
+	if err != nil {
+		_ = svc.close()
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+
+	rcfg := cfg.retry
+	rcfg.OnRetry = h.onRetry
+	// The example's gateway declines and times out per payment, which says nothing about
+	// its health; only an outage-like rate at volume (95% of at least 200 calls in 30s)
+	// opens the breaker. Then calls stop for 5s and 10 probes test the way back.
+	breakers, err := breaker.New(breaker.Config{
+		FailureRatio:   0.95,
+		MinRequests:    200,
+		Interval:       30 * time.Second,
+		OpenTimeout:    5 * time.Second,
+		HalfOpenProbes: 10,
+		Logger:         logger,
+	})
+	if err != nil {
+		_ = svc.close()
+		return nil, err
+	}
+	stack, err := router.New(b, router.Config{
+		Telemetry:   inst,
+		Logger:      logger,
+		Retry:       rcfg,
+		Poison:      poison.Config{OnDeadLetter: h.onDeadLetter},
+		Concurrency: cfg.concurrency,
+		Prefetch:    cfg.concurrency * 4,
+		Breakers:    breakers,
+	})
+	if err != nil {
+		_ = svc.close()
+		return nil, err
+	}
+	svc.stack = stack
+	handler := example_payment.NewHandler(svc.gateway)
+	if err := stack.HandleWithOutput("payments", cfg.queue, cfg.output, handler.Handle,
+		router.WithIdempotencyKey(example_payment.KeyFunc),
+		router.WithBreaker("payment-gateway"),
+	); err != nil {
+		_ = svc.close()
+		return nil, err
+	}
+	return svc, nil
+}
+
+// close stops consuming (in-flight payments finish) and closes the broker.
+func (s *service) close() error {
+	var err error
+	if s.stack != nil {
+		err = s.stack.Close()
+	}
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		if cerr := s.closers[i](); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

@@ -1,0 +1,108 @@
+package telemetry
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-go/sluice"
+)
+
+// Delayer hands a message to the broker to be delivered to queue after d. It has the
+// shape of the retry step's broker interface, which this package does not import.
+type Delayer interface {
+	Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error
+}
+
+// DeadLetterer publishes a message to queue's dead-letter queue. It has the shape of the
+// poison step's broker interface, which this package does not import.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
+}
+
+// WrapDelayer returns d traced by the Instrumentation that opts configure (Default when
+// there are none). See Instrumentation.WrapDelayer.
+func WrapDelayer(d Delayer, opts ...Option) Delayer {
+	return instrumentation(opts).WrapDelayer(d)
+}
+
+// WrapDeadLetterer returns d traced by the Instrumentation that opts configure (Default
+// when there are none). See Instrumentation.WrapDeadLetterer.
+func WrapDeadLetterer(d DeadLetterer, opts ...Option) DeadLetterer {
+	return instrumentation(opts).WrapDeadLetterer(d)
+}
+
+// WrapDelayer returns a Delayer that starts a producer span "send sluice.delay" (a child
+// of ctx's span, which is the consumer span of the attempt that failed) and injects the
+// span's context into msg's headers before handing msg to d. The next attempt's consumer
+// span is therefore a child of this hand-off, and all attempts of a message form one
+// trace. The span is ended with an error status if d fails.
+func (in *Instrumentation) WrapDelayer(d Delayer) Delayer {
+	return &delayer{in: in, next: d}
+}
+
+// WrapDeadLetterer returns a DeadLetterer that starts a producer span "send <queue>.dlq"
+// (a child of ctx's span) and injects its context into msg's headers, so that whatever
+// later consumes or replays the dead-lettered message continues the message's trace. The
+// span is ended with an error status if d fails.
+func (in *Instrumentation) WrapDeadLetterer(d DeadLetterer) DeadLetterer {
+	return &deadLetterer{in: in, next: d}
+}
+
+type delayer struct {
+	in   *Instrumentation
+	next Delayer
+}
+
+// Delay traces the hand-off of msg to the delay infrastructure.
+func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, msg *message.Message) error {
+	attrs := append(d.in.messageAttrs(semconv.MessagingOperationTypeSend, "send", DelayDestination, msg),
+		AttrQueue.String(queue),
+		AttrRetryDelayMS.Int64(delay.Milliseconds()),
+		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
+	)
+	return d.in.handOff(ctx, spanName("send", DelayDestination), msg, attrs, func(ctx context.Context) error {
+		return d.next.Delay(ctx, queue, delay, msg)
+	})
+}
+
+type deadLetterer struct {
+	in   *Instrumentation
+	next DeadLetterer
+}
+
+// DeadLetter traces the hand-off of msg to queue's dead-letter queue.
+func (d *deadLetterer) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
+	dlq := queue + DeadLetterSuffix
+	attrs := append(d.in.messageAttrs(semconv.MessagingOperationTypeSend, "send", dlq, msg),
+		AttrQueue.String(queue),
+		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
+	)
+	if last := msg.Metadata.Get(sluice.HeaderLastError); last != "" {
+		attrs = append(attrs, AttrLastError.String(sluice.Truncate(last, sluice.MaxHistoryMessageBytes)))
+	}
+	return d.in.handOff(ctx, spanName("send", dlq), msg, attrs, func(ctx context.Context) error {
+		return d.next.DeadLetter(ctx, queue, msg)
+	})
+}
+
+// handOff runs send inside a producer span whose context is injected into msg first: the
+// broker marshals the headers when it publishes, so they must be written before.
+func (in *Instrumentation) handOff(ctx context.Context, name string, msg *message.Message,
+	attrs []attribute.KeyValue, send func(context.Context) error) error {
+	ctx, span := in.tracer.Start(in.parent(msg, ctx, msg.Context()), name,
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	defer span.End()
+	in.inject(ctx, msg)
+	err := send(ctx)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}

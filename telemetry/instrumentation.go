@@ -1,0 +1,314 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-go/sluice"
+)
+
+// ScopeName is the instrumentation scope of sluice's tracer and meter.
+const ScopeName = "github.com/sluice-go/sluice/telemetry"
+
+// DelayDestination is the destination name of a retry or deferral hand-off: the broker's
+// delay infrastructure, whatever queue the message returns to afterwards.
+const DelayDestination = "sluice.delay"
+
+// DeadLetterSuffix is appended to a queue's name to name its dead-letter queue.
+const DeadLetterSuffix = ".dlq"
+
+// Span and metric attributes that are sluice's own, beside the messaging conventions.
+const (
+	// AttrAttempt is the attempt number, counting from 1: x-retry-count + 1 of the message
+	// consumed, or on a hand-off span of the message handed off.
+	AttrAttempt = attribute.Key("sluice.attempt")
+	// AttrOutcome is the sluice.Outcome of a consumer attempt.
+	AttrOutcome = attribute.Key("sluice.outcome")
+	// AttrRetryDelayMS is the broker-side delay of a retry or deferral, in milliseconds.
+	AttrRetryDelayMS = attribute.Key("sluice.retry.delay_ms")
+	// AttrHandler is the name of the handler that processed the message.
+	AttrHandler = attribute.Key("sluice.handler")
+	// AttrQueue is the queue a delayed or dead-lettered message belongs to.
+	AttrQueue = attribute.Key("sluice.queue")
+	// AttrDeferReason is the reason of a deferral (a deferral is not a failure).
+	AttrDeferReason = attribute.Key("sluice.defer.reason")
+	// AttrLastError is the error type recorded on a message sent to its dead-letter queue.
+	AttrLastError = attribute.Key("sluice.last_error")
+)
+
+// Metric attribute keys. They are short because they become Prometheus labels.
+const (
+	// MetricAttrQueue is the queue a metric was recorded for.
+	MetricAttrQueue = attribute.Key("queue")
+	// MetricAttrHandler is the handler a metric was recorded for.
+	MetricAttrHandler = attribute.Key("handler")
+	// MetricAttrOutcome is the outcome a metric was recorded for.
+	MetricAttrOutcome = attribute.Key("outcome")
+	// MetricAttrBreaker is the circuit breaker a state was observed for.
+	MetricAttrBreaker = attribute.Key("breaker")
+)
+
+// Metric instrument names.
+const (
+	// MetricMessages counts attempts by queue, handler and outcome.
+	MetricMessages = "sluice.messages"
+	// MetricRetries counts attempts handed off for a retry.
+	MetricRetries = "sluice.retries"
+	// MetricDeadLetters counts messages sent to a dead-letter queue.
+	MetricDeadLetters = "sluice.dead_letters"
+	// MetricIdempotencyHits counts duplicates acknowledged without calling the handler.
+	MetricIdempotencyHits = "sluice.idempotency.hits"
+	// MetricHandlerDuration is the time an attempt spent in the stack below telemetry.
+	MetricHandlerDuration = "sluice.handler.duration"
+	// MetricInFlight is the number of attempts being processed.
+	MetricInFlight = "sluice.messages.in_flight"
+	// MetricBreakerState is each circuit breaker's state: 0 closed, 1 half-open, 2 open.
+	MetricBreakerState = "sluice.breaker.state"
+)
+
+// durationBuckets are the semantic conventions' recommended boundaries for durations in
+// seconds; the SDK's defaults are meant for milliseconds and would put every attempt
+// below 5 s in the first bucket.
+var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+
+// Option configures an Instrumentation.
+type Option func(*options)
+
+type options struct {
+	tp         trace.TracerProvider
+	mp         metric.MeterProvider
+	prop       propagation.TextMapPropagator
+	system     string
+	routingKey func(destination string, msg *message.Message) string
+}
+
+// WithTracerProvider sets the tracer provider. The default is the global one, which
+// follows whatever Setup or otel.SetTracerProvider installs later.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tp = tp }
+}
+
+// WithMeterProvider sets the meter provider. The default is the global one.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(o *options) { o.mp = mp }
+}
+
+// WithPropagator sets the propagator that reads and writes trace context in message
+// headers. The default is the global one (W3C TraceContext and Baggage after Setup).
+func WithPropagator(p propagation.TextMapPropagator) Option {
+	return func(o *options) { o.prop = p }
+}
+
+// WithMessagingSystem sets messaging.system on every span. The default is "rabbitmq";
+// the in-memory broker may set something else.
+func WithMessagingSystem(system string) Option {
+	return func(o *options) { o.system = system }
+}
+
+// WithRoutingKey sets a function that returns a message's RabbitMQ routing key for the
+// messaging.rabbitmq.destination.routing_key attribute; destination is the topic or queue
+// of the span. An empty result omits the attribute. By default it is omitted, because
+// only the broker knows how it maps topics to routing keys.
+func WithRoutingKey(fn func(destination string, msg *message.Message) string) Option {
+	return func(o *options) { o.routingKey = fn }
+}
+
+// Instrumentation creates the spans and records the metrics of sluice's message flow. It
+// is safe for concurrent use.
+//
+// Metrics (names as in OpenTelemetry; the Prometheus exporter writes them as
+// sluice_messages_total, sluice_retries_total, sluice_dead_letters_total,
+// sluice_idempotency_hits_total, sluice_handler_duration_seconds,
+// sluice_messages_in_flight and sluice_breaker_state):
+//   - sluice.messages (counter; queue, handler, outcome)
+//   - sluice.retries, sluice.dead_letters, sluice.idempotency.hits (counters; queue, handler)
+//   - sluice.handler.duration (histogram, seconds; queue, handler, outcome)
+//   - sluice.messages.in_flight (up-down counter; queue, handler)
+//   - sluice.breaker.state (gauge; breaker), see RegisterBreakerState.
+type Instrumentation struct {
+	tracer     trace.Tracer
+	meter      metric.Meter
+	prop       propagation.TextMapPropagator
+	system     attribute.KeyValue
+	routingKey func(string, *message.Message) string
+
+	messages    metric.Int64Counter
+	retries     metric.Int64Counter
+	deadLetters metric.Int64Counter
+	idemHits    metric.Int64Counter
+	duration    metric.Float64Histogram
+	inFlight    metric.Int64UpDownCounter
+	breaker     metric.Int64ObservableGauge
+}
+
+// New returns an Instrumentation over the given (or the global) providers. It fails only
+// if the meter provider rejects an instrument.
+func New(opts ...Option) (*Instrumentation, error) {
+	o := options{system: "rabbitmq"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tp == nil {
+		o.tp = otel.GetTracerProvider()
+	}
+	if o.mp == nil {
+		o.mp = otel.GetMeterProvider()
+	}
+	in := &Instrumentation{
+		tracer:     o.tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
+		meter:      o.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL)),
+		prop:       o.prop,
+		system:     semconv.MessagingSystemKey.String(o.system),
+		routingKey: o.routingKey,
+	}
+	if err := in.createInstruments(); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+func (in *Instrumentation) createInstruments() error {
+	var err error
+	counter := func(name, desc string) metric.Int64Counter {
+		if err != nil {
+			return nil
+		}
+		var c metric.Int64Counter
+		c, err = in.meter.Int64Counter(name, metric.WithDescription(desc), metric.WithUnit("{message}"))
+		if err != nil {
+			err = fmt.Errorf("create counter %s: %w", name, err)
+		}
+		return c
+	}
+	in.messages = counter(MetricMessages, "Delivery attempts by outcome.")
+	in.retries = counter(MetricRetries, "Attempts handed off to the broker for a delayed retry.")
+	in.deadLetters = counter(MetricDeadLetters, "Messages sent to a dead-letter queue.")
+	in.idemHits = counter(MetricIdempotencyHits, "Duplicates acknowledged without calling the handler.")
+	if err != nil {
+		return err
+	}
+	in.duration, err = in.meter.Float64Histogram(MetricHandlerDuration,
+		metric.WithDescription("Time an attempt spent in the stack below telemetry, handler included."),
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return fmt.Errorf("create histogram %s: %w", MetricHandlerDuration, err)
+	}
+	in.inFlight, err = in.meter.Int64UpDownCounter(MetricInFlight,
+		metric.WithDescription("Attempts being processed."), metric.WithUnit("{message}"))
+	if err != nil {
+		return fmt.Errorf("create up-down counter %s: %w", MetricInFlight, err)
+	}
+	in.breaker, err = in.meter.Int64ObservableGauge(MetricBreakerState,
+		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
+	if err != nil {
+		return fmt.Errorf("create gauge %s: %w", MetricBreakerState, err)
+	}
+	return nil
+}
+
+// propagator is resolved per use so that an Instrumentation created before Setup still
+// uses the propagators Setup installs.
+func (in *Instrumentation) propagator() propagation.TextMapPropagator {
+	if in.prop != nil {
+		return in.prop
+	}
+	return otel.GetTextMapPropagator()
+}
+
+// parent returns the context a producer span for msg starts from: the first of ctxs that
+// carries a valid span, else the trace context in msg's headers (a message being
+// re-published, such as a dead-letter replay, continues its trace), else a new root.
+func (in *Instrumentation) parent(msg *message.Message, ctxs ...context.Context) context.Context {
+	for _, ctx := range ctxs {
+		if trace.SpanContextFromContext(ctx).IsValid() {
+			return ctx
+		}
+	}
+	return in.propagator().Extract(ctxs[0], MetadataCarrier(msg.Metadata))
+}
+
+// inject writes ctx's trace context into msg's headers. The old traceparent and tracestate
+// are removed first: the propagator writes no tracestate for an empty one, and a stale
+// tracestate must not travel with a new traceparent.
+func (in *Instrumentation) inject(ctx context.Context, msg *message.Message) {
+	if msg.Metadata == nil {
+		msg.Metadata = make(message.Metadata)
+	}
+	delete(msg.Metadata, sluice.HeaderTraceParent)
+	delete(msg.Metadata, sluice.HeaderTraceState)
+	in.propagator().Inject(ctx, MetadataCarrier(msg.Metadata))
+}
+
+// messageAttrs are the messaging attributes every span about msg carries.
+func (in *Instrumentation) messageAttrs(op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{
+		in.system,
+		op,
+		semconv.MessagingOperationName(opName),
+		semconv.MessagingMessageBodySize(len(msg.Payload)),
+	}
+	if destination != "" {
+		attrs = append(attrs, semconv.MessagingDestinationName(destination))
+	}
+	if msg.UUID != "" {
+		attrs = append(attrs, semconv.MessagingMessageID(msg.UUID))
+	}
+	if in.routingKey != nil {
+		if rk := in.routingKey(destination, msg); rk != "" {
+			attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(rk))
+		}
+	}
+	return attrs
+}
+
+// spanName follows the messaging conventions: "{operation} {destination}", or the
+// operation alone when the destination is unknown.
+func spanName(op, destination string) string {
+	if destination == "" {
+		return op
+	}
+	return op + " " + destination
+}
+
+var (
+	defaultOnce sync.Once
+	defaultIn   *Instrumentation
+)
+
+// Default returns the Instrumentation over the global providers that the package-level
+// functions use. Because the global providers delegate to whatever is installed later,
+// it may be used before Setup.
+func Default() *Instrumentation {
+	defaultOnce.Do(func() {
+		in, err := New()
+		if err != nil {
+			// The instrument names are constants the global delegating meter accepts,
+			// so this is a programming error, not an operational one.
+			panic(fmt.Sprintf("telemetry: create default instrumentation: %v", err))
+		}
+		defaultIn = in
+	})
+	return defaultIn
+}
+
+// instrumentation returns Default() when no options are given, else a new one.
+func instrumentation(opts []Option) *Instrumentation {
+	if len(opts) == 0 {
+		return Default()
+	}
+	in, err := New(opts...)
+	if err != nil {
+		otel.Handle(err)
+		return Default()
+	}
+	return in
+}

@@ -1,0 +1,147 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-go/sluice"
+)
+
+// errPanicked is recorded on the span of an attempt whose handler panicked past every
+// recoverer; the panic itself keeps unwinding.
+var errPanicked = errors.New("handler panicked")
+
+// Middleware traces h with Default(). See Instrumentation.Middleware.
+func Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return Default().Middleware(h)
+}
+
+// Middleware is a watermill message.HandlerMiddleware that must be the outermost step of
+// the stack. For every delivery attempt it:
+//
+//   - extracts the trace context from the message's traceparent and tracestate headers
+//     (and only from them: a span in the subscriber's context is not a parent). An absent
+//     or invalid traceparent starts a new trace; it is not an error;
+//   - starts a consumer span "process <queue>", the queue being
+//     message.SubscribeTopicFromCtx, and puts a *sluice.Reporter into the context; both are
+//     set on the message with msg.SetContext before h runs, so inner steps see them;
+//   - after h returns, sets the span's attributes from the reported sluice.Report: the
+//     outcome (when no step reported one, "ack" for a nil error, "nack" otherwise), the
+//     attempt, the retry delay and the handler, and marks the span as failed (error status
+//     and the error recorded) for the outcomes retry, dead_letter and nack or a non-nil
+//     error;
+//   - records the sluice.* metrics.
+//
+// Output messages that h returns without a span in their context get the consumer span as
+// parent, so that the publisher decorator continues the trace.
+func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		base := msg.Context()
+		queue := message.SubscribeTopicFromCtx(base)
+		handler := message.HandlerNameFromCtx(base)
+		attempt := sluice.RetryCount(msg.Metadata) + 1
+
+		// A span in base is the subscriber's (from whatever context ran the router), not
+		// this message's: drop it, or every message would join one trace.
+		parent := in.propagator().Extract(trace.ContextWithSpanContext(base, trace.SpanContext{}),
+			MetadataCarrier(msg.Metadata))
+		attrs := append(in.messageAttrs(semconv.MessagingOperationTypeProcess, "process", queue, msg),
+			AttrAttempt.Int(attempt))
+		if handler != "" {
+			attrs = append(attrs, AttrHandler.String(handler))
+		}
+		ctx, span := in.tracer.Start(parent, spanName("process", queue),
+			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+
+		reporter := new(sluice.Reporter)
+		ctx = sluice.WithReporter(ctx, reporter)
+		msg.SetContext(ctx)
+
+		flightAttrs := metric.WithAttributeSet(attribute.NewSet(MetricAttrQueue.String(queue), MetricAttrHandler.String(handler)))
+		in.inFlight.Add(ctx, 1, flightAttrs)
+		finished := false
+		defer func() {
+			in.inFlight.Add(ctx, -1, flightAttrs)
+			if !finished {
+				// The panic keeps unwinding; the span and metrics must not be lost with it.
+				in.finish(ctx, span, start, queue, handler, sluice.Report{Outcome: sluice.OutcomeNack, Err: errPanicked}, errPanicked)
+			}
+		}()
+
+		outs, err := h(msg)
+		finished = true
+
+		rep, _ := reporter.Get()
+		if rep.Outcome == "" {
+			rep.Outcome = sluice.OutcomeAck
+			if err != nil {
+				rep.Outcome = sluice.OutcomeNack
+			}
+		}
+		in.finish(ctx, span, start, queue, handler, rep, err)
+
+		for _, out := range outs {
+			if out != nil && !trace.SpanContextFromContext(out.Context()).IsValid() {
+				out.SetContext(trace.ContextWithSpan(out.Context(), span))
+			}
+		}
+		return outs, err
+	}
+}
+
+// finish sets the outcome attributes and status on span, ends it, and records metrics.
+func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start time.Time,
+	queue, handler string, rep sluice.Report, err error) {
+	span.SetAttributes(AttrOutcome.String(string(rep.Outcome)))
+	if rep.Delay > 0 {
+		span.SetAttributes(AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
+	}
+
+	cause := rep.Err
+	if cause == nil {
+		cause = err
+	}
+	switch {
+	case rep.Outcome == sluice.OutcomeRetry || rep.Outcome == sluice.OutcomeDeadLetter ||
+		rep.Outcome == sluice.OutcomeNack || err != nil:
+		if cause == nil {
+			// A step reported a failure without saying why; the span must still say failed.
+			cause = errors.New(string(rep.Outcome))
+		}
+		span.RecordError(cause)
+		span.SetAttributes(semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
+		span.SetStatus(codes.Error, cause.Error())
+	case rep.Outcome == sluice.OutcomeDeferred:
+		// A deferral is not a failure: say why, without an error status.
+		if cause != nil {
+			span.SetAttributes(AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
+		}
+	case rep.Outcome == sluice.OutcomeDiscard && cause != nil:
+		// Discarded on purpose: keep the error on the span, but the attempt did what it should.
+		span.RecordError(cause)
+		span.SetAttributes(semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
+	}
+	span.End()
+
+	base := []attribute.KeyValue{MetricAttrQueue.String(queue), MetricAttrHandler.String(handler)}
+	withOutcome := metric.WithAttributes(append(base, MetricAttrOutcome.String(string(rep.Outcome)))...)
+	in.messages.Add(ctx, 1, withOutcome)
+	in.duration.Record(ctx, time.Since(start).Seconds(), withOutcome)
+	switch rep.Outcome {
+	case sluice.OutcomeRetry:
+		in.retries.Add(ctx, 1, metric.WithAttributes(base...))
+	case sluice.OutcomeDeadLetter:
+		in.deadLetters.Add(ctx, 1, metric.WithAttributes(base...))
+	case sluice.OutcomeDuplicate:
+		in.idemHits.Add(ctx, 1, metric.WithAttributes(base...))
+	}
+}
