@@ -83,7 +83,9 @@ func RetryCount(md message.Metadata) int {
 	n, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil {
 		// A number too large for int64 parses as a range error: it is huge, not garbage.
-		if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange && !strings.HasPrefix(raw, "-") {
+		// ParseInt reports the overflow before it reaches a later invalid character, so
+		// "99999999999999999999x" is a range error too: it is garbage all the same.
+		if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange && isDigits(strings.TrimPrefix(raw, "+")) {
 			return MaxRetryCountHeader
 		}
 		return 0
@@ -95,6 +97,19 @@ func RetryCount(md message.Metadata) int {
 		return MaxRetryCountHeader
 	}
 	return int(n)
+}
+
+// isDigits reports whether s is a non-empty run of ASCII digits.
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // Time reads an RFC 3339 time header. A missing or unparseable value, or one later than

@@ -18,6 +18,9 @@ type Broker interface {
 	Name() string
 	// DeclareQueue declares a consumed queue with its dead-letter queue and delay route.
 	DeclareQueue(ctx context.Context, queue string) error
+	// DeclarePartitioned declares queue as partitions key-partitioned queues (see
+	// WithPartitions) with their shared dead-letter queue and delay routes.
+	DeclarePartitioned(ctx context.Context, queue string, partitions int) error
 	// Delay delivers a copy of msg to queue after d; it returns once the copy is confirmed.
 	Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error
 	// DeadLetter publishes msg to queue's dead-letter queue; it returns once confirmed.

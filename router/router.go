@@ -89,6 +89,7 @@ type handlerConfig struct {
 	prefetch    int
 	keyFunc     func(*message.Message) (string, error)
 	breaker     string
+	partitions  int // WithPartitions (partition.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -124,6 +125,7 @@ type Stack struct {
 	names   map[string]bool
 	queues  []string
 	outputs []string
+	parted  []partitioned // partition.go
 	started bool
 }
 
@@ -217,6 +219,9 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	for _, o := range opts {
 		o(&hc)
 	}
+	if hc.partitions != 0 {
+		return s.addPartitioned(name, queue, outputTopic, h, hc)
+	}
 	s.names[name] = true
 	s.queues = append(s.queues, queue)
 	if outputTopic != "" {
@@ -267,6 +272,9 @@ func (s *Stack) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("declare queue %q: %w", q, err)
 		}
+	}
+	if err := s.declarePartitioned(ctx); err != nil {
+		return err
 	}
 	return s.router.Run(ctx)
 }

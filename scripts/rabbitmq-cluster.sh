@@ -73,8 +73,8 @@ as_user() {
 		"LC_ALL=C.UTF-8"
 		"ERL_EPMD_ADDRESS=127.0.0.1"
 		"RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf"
-		"RABBITMQ_CTL_DIST_PORT_MIN=$((dist_base + 10000))"
-		"RABBITMQ_CTL_DIST_PORT_MAX=$((dist_base + 10030))"
+		"RABBITMQ_CTL_DIST_PORT_MIN=$((dist_base + 10010))"
+		"RABBITMQ_CTL_DIST_PORT_MAX=$((dist_base + 10040))"
 	)
 	if [ "$n" != 0 ]; then
 		vars+=(

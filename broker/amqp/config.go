@@ -82,6 +82,11 @@ func (c *Config) setDefaults() error {
 		if parsed.Scheme != "amqp" && parsed.Scheme != "amqps" {
 			return fmt.Errorf("amqp: broker URL %q: scheme must be amqp or amqps", MaskURL(u))
 		}
+		// "amqp:user:pass@host" (no "//") parses as an opaque URL without host or user,
+		// which amqp091 would dial as guest@localhost: a typo must not connect elsewhere.
+		if parsed.Opaque != "" {
+			return fmt.Errorf("amqp: broker URL %q: want %s://[user:password@]host[:port]/[vhost]", MaskURL(u), parsed.Scheme)
+		}
 	}
 	if c.QueueType == "" {
 		c.QueueType = QueueClassic
@@ -117,7 +122,9 @@ func (c *Config) setDefaults() error {
 
 // MaskURL returns u with its password replaced by "xxxxx", for logs and errors. A string
 // that does not parse as a URL is masked whole after the scheme, since it may still hold a
-// password.
+// password. So is anything before an "@" that the URL parser did not take for user
+// information: "amqp:user:secret@host" parses as an opaque URL, and
+// "amqp://user:12/secret@host" as host "user", port 12 and a path.
 func MaskURL(u string) string {
 	parsed, err := url.Parse(u)
 	if err != nil {
@@ -130,6 +137,16 @@ func MaskURL(u string) string {
 		if _, has := parsed.User.Password(); has {
 			parsed.User = url.UserPassword(parsed.User.Username(), "xxxxx")
 		}
+		return parsed.String()
+	}
+	if at := strings.LastIndex(u, "@"); at >= 0 {
+		start := 0
+		if i := strings.Index(u, "://"); i >= 0 && i < at {
+			start = i + 3
+		} else if i := strings.Index(u, ":"); i >= 0 && i < at {
+			start = i + 1
+		}
+		return u[:start] + "xxxxx" + u[at:]
 	}
 	return parsed.String()
 }
@@ -149,10 +166,31 @@ func maskErr(err error, urls []string) error {
 		}
 		if pw, has := parsed.User.Password(); has && pw != "" {
 			masked = strings.ReplaceAll(masked, pw, "xxxxx")
+			// An error may quote the URL as written, with the password percent-encoded.
+			if raw := rawPassword(u); raw != "" {
+				masked = strings.ReplaceAll(masked, raw, "xxxxx")
+			}
 		}
 	}
 	if masked == msg {
 		return err
 	}
 	return errors.New(masked)
+}
+
+// rawPassword returns the password of u as written in it, percent-encoding and all.
+func rawPassword(u string) string {
+	rest := u
+	if i := strings.Index(rest, "://"); i >= 0 {
+		rest = rest[i+3:]
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return ""
+	}
+	_, pw, ok := strings.Cut(rest[:at], ":")
+	if !ok {
+		return ""
+	}
+	return pw
 }

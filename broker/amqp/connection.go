@@ -78,9 +78,13 @@ func (c *connection) dial(u string) (*amqp.Connection, error) {
 		Properties: amqp.Table{"connection_name": "sluice"},
 	}
 	if parsed, err := url.Parse(u); err == nil && parsed.Scheme == "amqps" {
-		tlsCfg := c.tls
-		if tlsCfg == nil {
-			tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		// amqp091 writes the URL's host into the ServerName of the config it is given
+		// when that is empty. A clone per dial keeps the caller's config untouched (it
+		// may be shared with other goroutines) and verifies each URL of a failover list
+		// against its own host, not against the first one dialled.
+		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.tls != nil {
+			tlsCfg = c.tls.Clone()
 		}
 		cfg.TLSClientConfig = tlsCfg
 	}

@@ -9,10 +9,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice"
 )
 
 // Metadata keys that carry AMQP properties. The marshaler fills them on consume and turns
@@ -41,6 +44,27 @@ const (
 
 	// UUIDHeader is Watermill's message id header, kept for interoperability.
 	UUIDHeader = "_watermill_message_uuid"
+
+	// HeaderDroppedHeaders lists, comma-separated, the headers and properties Marshal had
+	// to leave out because AMQP cannot carry them (see Marshaler).
+	HeaderDroppedHeaders = "x-dropped-headers"
+)
+
+// Limits of the AMQP encoding that Marshal keeps to.
+const (
+	// DefaultFrameMax is RabbitMQ's default frame_max, the Marshaler's when FrameMax is 0.
+	DefaultFrameMax = 131072
+	// maxShortstr is the longest AMQP short string: property values and table keys.
+	maxShortstr = 255
+	// frameOverhead is a frame's type, channel, size and end octets; RabbitMQ refuses a
+	// frame whose payload exceeds frame_max minus this.
+	frameOverhead = 8
+	// headerFrameFixed is a content header's class, weight, body size and property flags.
+	headerFrameFixed = 14
+	// maxDroppedList bounds HeaderDroppedHeaders.
+	maxDroppedList = 1024
+	// maxDroppedName bounds one name in HeaderDroppedHeaders.
+	maxDroppedName = 64
 )
 
 // readOnlyMetadata are filled on consume and never published as headers.
@@ -69,49 +93,80 @@ func BrokerOwnedHeader(key string) bool {
 //   - a string header becomes metadata as it is;
 //   - any other header (integers, booleans, floats, decimals, timestamps, byte arrays,
 //     tables, arrays) becomes metadata in a text form — decimal numbers, "true"/"false",
-//     RFC 3339 times, base64 bytes, JSON for tables and arrays — and its AMQP type is
-//     recorded in MetadataHeaderTypes, so a republished copy carries the same type again;
+//     "value/scale" decimals, RFC 3339 times (Unix seconds for a year outside 0–9999),
+//     base64 bytes, JSON for tables and arrays — and its AMQP type is recorded in
+//     MetadataHeaderTypes, so a republished copy carries the same type again. A value a
+//     step rewrote so that it no longer fits that type is widened (an int8 header set to
+//     "300" goes out as int64) or, when it is not a number at all, sent as a string; so is
+//     a NaN or infinite float, which RabbitMQ cannot parse (it closes the connection). Inside
+//     tables and arrays only JSON's types survive: nested integers come back as int64,
+//     nested bytes, times and decimals as their text, and invalid UTF-8 as U+FFFD;
 //   - headers RabbitMQ owns (see BrokerOwnedHeader) are readable as metadata but never
 //     republished;
-//   - the message id is Watermill's _watermill_message_uuid header, else the AMQP
+//   - the message id is Watermill's _watermill_message_uuid header when it is a non-empty
+//     string of at most 255 bytes (what fits AMQP's message-id property), else the AMQP
 //     message-id property, else a new UUID (then a redelivery gets another id).
 //
 // AMQP properties travel in the amqp-* metadata keys above. Expiration and user-id are not
 // carried: a per-message TTL would expire a delayed copy inside the delay cascade, and
 // RabbitMQ rejects a user-id that is not the publishing connection's user.
-type Marshaler struct{}
+//
+// Marshal always returns a publishing RabbitMQ accepts, because one it refuses (a header
+// frame over frame_max, a short string over 255 bytes) closes the publishing connection,
+// and the hand-off would close it again on every redelivery. So it leaves out, and names
+// in HeaderDroppedHeaders: metadata keys longer than 255 bytes, property values longer
+// than 255 bytes, and — while the content header would exceed FrameMax — the largest
+// headers, those that sluice itself writes (sluice.Header*) last. A producer can send a
+// message whose headers nearly fill frame_max; this is how its retry and dead-letter
+// copies, which add sluice's headers, still get through.
+type Marshaler struct {
+	// FrameMax is the connection's negotiated frame_max. Zero means DefaultFrameMax.
+	FrameMax int
+}
 
-// Marshal builds the publishing for msg.
-func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+// Marshal builds the publishing for msg. It never fails; see Marshaler for what it leaves
+// out so that RabbitMQ accepts the result.
+func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	types := map[string]string{}
 	if raw := msg.Metadata.Get(MetadataHeaderTypes); raw != "" {
 		_ = json.Unmarshal([]byte(raw), &types) // unreadable types: send strings
 	}
 	headers := make(amqp.Table, len(msg.Metadata)+1)
 	pub := amqp.Publishing{
-		MessageId:    msg.UUID,
 		DeliveryMode: amqp.Persistent,
 		Body:         msg.Payload,
+	}
+	var dropped []string
+	// shortstr keeps a property only if AMQP can carry it.
+	shortstr := func(key, v string) string {
+		if len(v) > maxShortstr {
+			dropped = append(dropped, key)
+			return ""
+		}
+		return v
+	}
+	if len(msg.UUID) <= maxShortstr {
+		pub.MessageId = msg.UUID
 	}
 	for k, v := range msg.Metadata {
 		switch k {
 		case MetadataContentType:
-			pub.ContentType = v
+			pub.ContentType = shortstr(k, v)
 			continue
 		case MetadataContentEncoding:
-			pub.ContentEncoding = v
+			pub.ContentEncoding = shortstr(k, v)
 			continue
 		case MetadataCorrelationID:
-			pub.CorrelationId = v
+			pub.CorrelationId = shortstr(k, v)
 			continue
 		case MetadataReplyTo:
-			pub.ReplyTo = v
+			pub.ReplyTo = shortstr(k, v)
 			continue
 		case MetadataType:
-			pub.Type = v
+			pub.Type = shortstr(k, v)
 			continue
 		case MetadataAppID:
-			pub.AppId = v
+			pub.AppId = shortstr(k, v)
 			continue
 		case MetadataPriority:
 			if p, err := strconv.ParseUint(v, 10, 8); err == nil {
@@ -124,22 +179,178 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 			}
 			continue
 		case MetadataTimestamp:
-			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			if t, ok := parseTimestamp(v); ok {
 				pub.Timestamp = t
 			}
 			continue
 		}
-		if readOnlyMetadata[k] || BrokerOwnedHeader(k) || k == UUIDHeader {
+		if readOnlyMetadata[k] || BrokerOwnedHeader(k) || k == UUIDHeader || k == HeaderDroppedHeaders {
 			continue
 		}
-		headers[k] = restoreHeader(v, types[k])
+		if len(k) > maxShortstr {
+			dropped = append(dropped, k)
+			continue
+		}
+		headers[k] = restoreHeader(v, types[typeKey(k)])
 	}
 	headers[UUIDHeader] = msg.UUID
 	if pub.Timestamp.IsZero() {
 		pub.Timestamp = time.Now().UTC().Truncate(time.Second)
 	}
 	pub.Headers = headers
+	m.fit(&pub, msg.Metadata.Get(HeaderDroppedHeaders), dropped)
 	return pub, nil
+}
+
+// fit drops the largest headers until pub's content header fits in one frame, and records
+// what was dropped (here or, in previous, by an earlier copy) in HeaderDroppedHeaders.
+func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) {
+	frameMax := m.FrameMax
+	if frameMax <= 0 {
+		frameMax = DefaultFrameMax
+	}
+	limit := frameMax - frameOverhead
+	// Room for the record of what was dropped, which is itself bounded.
+	reserve := 1 + len(HeaderDroppedHeaders) + fieldSize(strings.Repeat("x", maxDroppedList))
+	if headerFrameSize(*pub) > limit-reserve {
+		keys := make([]string, 0, len(pub.Headers))
+		for k := range pub.Headers {
+			if k != UUIDHeader {
+				keys = append(keys, k)
+			}
+		}
+		// Producer headers first, sluice's own last; within each, the largest first.
+		sort.Slice(keys, func(i, j int) bool {
+			oi, oj := sluiceHeaders[keys[i]], sluiceHeaders[keys[j]]
+			if oi != oj {
+				return oj
+			}
+			si, sj := entrySize(keys[i], pub.Headers[keys[i]]), entrySize(keys[j], pub.Headers[keys[j]])
+			if si != sj {
+				return si > sj
+			}
+			return keys[i] < keys[j]
+		})
+		size := headerFrameSize(*pub)
+		for _, k := range keys {
+			if size <= limit-reserve {
+				break
+			}
+			size -= entrySize(k, pub.Headers[k])
+			delete(pub.Headers, k)
+			dropped = append(dropped, k)
+		}
+		if size > limit-reserve {
+			// Only the id is left and it alone is too large (a frame_max near the AMQP
+			// minimum): the id still travels as the message-id property when it fits.
+			delete(pub.Headers, UUIDHeader)
+			dropped = append(dropped, UUIDHeader)
+		}
+	}
+	if len(dropped) == 0 && previous == "" {
+		return
+	}
+	names := make([]string, 0, len(dropped)+1)
+	if previous != "" {
+		names = append(names, previous)
+	}
+	for _, k := range dropped {
+		names = append(names, sluice.Truncate(k, maxDroppedName))
+	}
+	pub.Headers[HeaderDroppedHeaders] = sluice.Truncate(strings.Join(names, ","), maxDroppedList)
+}
+
+// sluiceHeaders are the headers sluice writes; Marshal drops them only after every other.
+var sluiceHeaders = map[string]bool{
+	HeaderDroppedHeaders:          true,
+	sluice.HeaderRetryCount:       true,
+	sluice.HeaderFirstFailureTime: true,
+	sluice.HeaderLastFailureTime:  true,
+	sluice.HeaderLastError:        true,
+	sluice.HeaderLastErrorMessage: true,
+	sluice.HeaderOriginalQueue:    true,
+	sluice.HeaderRetryHistory:     true,
+	sluice.HeaderDeferCount:       true,
+	sluice.HeaderFirstDeferTime:   true,
+	sluice.HeaderIdempotencyKey:   true,
+	sluice.HeaderErrorType:        true,
+	sluice.HeaderErrorMessage:     true,
+	sluice.HeaderErrorStack:       true,
+	sluice.HeaderHandler:          true,
+	sluice.HeaderFailedAt:         true,
+	sluice.HeaderFailedHost:       true,
+	sluice.HeaderFailedPID:        true,
+	sluice.HeaderErrorClass:       true,
+	sluice.HeaderReplayCount:      true,
+	sluice.HeaderTraceParent:      true,
+	sluice.HeaderTraceState:       true,
+}
+
+// headerFrameSize is the payload size of the content header frame amqp091 writes for pub.
+func headerFrameSize(pub amqp.Publishing) int {
+	n := headerFrameFixed
+	for _, s := range []string{pub.ContentType, pub.ContentEncoding, pub.CorrelationId, pub.ReplyTo,
+		pub.Expiration, pub.MessageId, pub.Type, pub.UserId, pub.AppId} {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	if len(pub.Headers) > 0 {
+		n += tableSize(pub.Headers)
+	}
+	if pub.DeliveryMode > 0 {
+		n++
+	}
+	if pub.Priority > 0 {
+		n++
+	}
+	if !pub.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
+}
+
+// tableSize is the encoded size of a field table: its length and its entries.
+func tableSize(t amqp.Table) int {
+	n := 4
+	for k, v := range t {
+		n += entrySize(k, v)
+	}
+	return n
+}
+
+func entrySize(k string, v any) int { return 1 + len(k) + fieldSize(v) }
+
+// fieldSize is the encoded size of a field value: its type octet and its value.
+func fieldSize(v any) int {
+	switch x := v.(type) {
+	case nil:
+		return 1
+	case bool, uint8, int8:
+		return 2
+	case int16, uint16:
+		return 3
+	case int, int32, uint32, float32:
+		return 5
+	case amqp.Decimal:
+		return 6
+	case int64, float64, time.Time:
+		return 9
+	case string:
+		return 5 + len(x)
+	case []byte:
+		return 5 + len(x)
+	case []any:
+		n := 5
+		for _, e := range x {
+			n += fieldSize(e)
+		}
+		return n
+	case amqp.Table:
+		return 1 + tableSize(x)
+	default:
+		return 0 // not a field amqp091 can write; restoreHeader never makes one
+	}
 }
 
 // Unmarshal builds a Watermill message from a delivery. It never fails.
@@ -149,7 +360,7 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 
 func unmarshal(d amqp.Delivery) *message.Message {
 	id := ""
-	if v, ok := d.Headers[UUIDHeader].(string); ok && v != "" {
+	if v, ok := d.Headers[UUIDHeader].(string); ok && v != "" && len(v) <= maxShortstr {
 		id = v
 	} else if d.MessageId != "" {
 		id = d.MessageId
@@ -170,7 +381,7 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		text, typ := headerText(v)
 		md[k] = text
 		if !BrokerOwnedHeader(k) {
-			types[k] = typ
+			types[typeKey(k)] = typ
 		}
 	}
 	if len(types) > 0 {
@@ -198,13 +409,23 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		md[MetadataDeliveryMode] = strconv.Itoa(int(d.DeliveryMode))
 	}
 	if !d.Timestamp.IsZero() {
-		md[MetadataTimestamp] = d.Timestamp.UTC().Format(time.RFC3339Nano)
+		md[MetadataTimestamp] = timestampText(d.Timestamp)
 	}
 	if d.Redelivered {
 		md[MetadataRedelivered] = "true"
 	}
 	msg.Metadata = md
 	return msg
+}
+
+// typeKey is a header's name in the MetadataHeaderTypes record. That record is JSON, which
+// cannot hold invalid UTF-8 (it would become U+FFFD and no longer match the header), and
+// a header name is any byte string; such a name is recorded base64-encoded.
+func typeKey(k string) string {
+	if utf8.ValidString(k) {
+		return k
+	}
+	return "\ufffdbase64:" + base64.StdEncoding.EncodeToString([]byte(k))
 }
 
 // headerText returns the metadata text of a non-string header value and its type name.
@@ -237,7 +458,7 @@ func headerText(v any) (string, string) {
 	case amqp.Decimal:
 		return fmt.Sprintf("%d/%d", x.Value, x.Scale), "decimal"
 	case time.Time:
-		return x.UTC().Format(time.RFC3339), "timestamp"
+		return timestampText(x), "timestamp"
 	case []byte:
 		return base64.StdEncoding.EncodeToString(x), "bytes"
 	case amqp.Table, []any:
@@ -291,20 +512,44 @@ func jsonable(v any) any {
 	}
 }
 
+// timestampText writes an AMQP timestamp (whole seconds) as RFC 3339, or as Unix seconds
+// when its year has no RFC 3339 form: an AMQP timestamp is any 64-bit number of seconds.
+func timestampText(t time.Time) string {
+	if y := t.UTC().Year(); y < 0 || y > 9999 {
+		return strconv.FormatInt(t.Unix(), 10)
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// parseTimestamp reads what timestampText writes (and any RFC 3339 time a step wrote).
+func parseTimestamp(text string) (time.Time, bool) {
+	if t, err := time.Parse(time.RFC3339Nano, text); err == nil {
+		return t, true
+	}
+	if sec, err := strconv.ParseInt(text, 10, 64); err == nil {
+		return time.Unix(sec, 0).UTC(), true
+	}
+	return time.Time{}, false
+}
+
 // restoreHeader turns metadata text back into a header of the recorded type. Text that no
-// longer parses as that type (a step rewrote it) is sent as a string.
+// longer fits that type (a step rewrote it) is widened to int64 or float64 when it is
+// still a number, and sent as a string otherwise: a typed header never wraps around.
 func restoreHeader(text, typ string) any {
 	switch typ {
 	case "", "string":
 		return text
 	case "void":
-		return nil
+		if text == "" {
+			return nil
+		}
 	case "bool":
 		if b, err := strconv.ParseBool(text); err == nil {
 			return b
 		}
 	case "int8", "int16", "int32", "int64":
-		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+		bits := map[string]int{"int8": 8, "int16": 16, "int32": 32, "int64": 64}[typ]
+		if n, err := strconv.ParseInt(text, 10, bits); err == nil {
 			switch typ {
 			case "int8":
 				return int8(n)
@@ -315,8 +560,10 @@ func restoreHeader(text, typ string) any {
 			}
 			return n
 		}
+		return widened(text)
 	case "uint8", "uint16", "uint32":
-		if n, err := strconv.ParseUint(text, 10, 32); err == nil {
+		bits := map[string]int{"uint8": 8, "uint16": 16, "uint32": 32}[typ]
+		if n, err := strconv.ParseUint(text, 10, bits); err == nil {
 			switch typ {
 			case "uint8":
 				return uint8(n)
@@ -325,21 +572,28 @@ func restoreHeader(text, typ string) any {
 			}
 			return uint32(n)
 		}
+		return widened(text)
 	case "float32":
-		if f, err := strconv.ParseFloat(text, 32); err == nil {
+		if f, err := strconv.ParseFloat(text, 32); err == nil && finite(f) {
 			return float32(f)
 		}
+		if f, err := strconv.ParseFloat(text, 64); err == nil && finite(f) {
+			return f
+		}
 	case "float64":
-		if f, err := strconv.ParseFloat(text, 64); err == nil {
+		if f, err := strconv.ParseFloat(text, 64); err == nil && finite(f) {
 			return f
 		}
 	case "decimal":
-		var d amqp.Decimal
-		if _, err := fmt.Sscanf(text, "%d/%d", &d.Value, &d.Scale); err == nil {
-			return d
+		if v, s, ok := strings.Cut(text, "/"); ok {
+			value, verr := strconv.ParseInt(v, 10, 32)
+			scale, serr := strconv.ParseUint(s, 10, 8)
+			if verr == nil && serr == nil {
+				return amqp.Decimal{Scale: uint8(scale), Value: int32(value)}
+			}
 		}
 	case "timestamp":
-		if t, err := time.Parse(time.RFC3339, text); err == nil {
+		if t, ok := parseTimestamp(text); ok {
 			return t
 		}
 	case "bytes":
@@ -359,6 +613,20 @@ func restoreHeader(text, typ string) any {
 	return text
 }
 
+// finite reports whether f is neither NaN nor infinite. RabbitMQ cannot parse a NaN or
+// infinite float in a header: it closes the publishing connection (541 INTERNAL_ERROR), so
+// such a value is sent as its text.
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// widened returns integer text that does not fit its recorded type as an int64, else as a
+// string.
+func widened(text string) any {
+	if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+		return n
+	}
+	return text
+}
+
 // tableValue converts decoded JSON to AMQP table types; numbers become int64 when integral.
 func tableValue(v any) any {
 	switch x := v.(type) {
@@ -370,7 +638,9 @@ func tableValue(v any) any {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			t[k] = tableValue(x[k])
+			// A key JSON re-encoded (invalid UTF-8 becomes U+FFFD, three bytes) may no
+			// longer fit AMQP's short string; amqp091 would refuse the whole publish.
+			t[sluice.Truncate(k, maxShortstr)] = tableValue(x[k])
 		}
 		return t
 	case []any:

@@ -154,13 +154,21 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	}()
 	defer close(stopped)
 
+	// closed ends the nack backoff early: once the channel is gone RabbitMQ has requeued
+	// every unacked delivery itself, and waiting would only delay the new consumer.
+	closed := make(chan struct{})
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		<-chClosed
+		close(closed)
+	}()
 	var workers sync.WaitGroup
 	for i := 0; i < s.opts.Concurrency; i++ {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
 			for d := range deliveries {
-				s.handle(ctx, d, out)
+				s.handle(ctx, d, out, closed)
 			}
 		}()
 	}
@@ -169,7 +177,7 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 }
 
 // handle hands one delivery out and settles it with RabbitMQ.
-func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message) {
+func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, chClosed <-chan struct{}) {
 	msg := unmarshal(d)
 	msgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -202,7 +210,7 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 			}
 			return
 		case <-msg.Nacked():
-			s.requeueLater(d, msg)
+			s.requeueLater(d, msg, chClosed)
 			return
 		case <-closing:
 			closing = nil
@@ -219,7 +227,7 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 }
 
 // requeueLater nacks with requeue after a backoff that grows with consecutive nacks.
-func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message) {
+func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed <-chan struct{}) {
 	n := s.nacks.Add(1)
 	wait := time.Duration(0)
 	if n > 1 {
@@ -235,6 +243,9 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message) {
 		case <-t.C:
 		case <-s.closing:
 			t.Stop()
+		case <-chClosed:
+			t.Stop()
+			return // RabbitMQ already requeued it with the channel
 		}
 	}
 	if err := d.Nack(false, true); err != nil {

@@ -25,6 +25,10 @@ type Config struct {
 	// NackBackoffMax caps how long a nacked message waits before it is requeued, so a
 	// failing hand-off does not spin. Zero means 10s.
 	NackBackoffMax time.Duration
+	// DrainTimeout is how long a closing subscriber (or broker) waits for the verdict on a
+	// message a handler holds before it returns the message to its queue and cancels the
+	// message's context, as the RabbitMQ subscriber does. Zero means 30s.
+	DrainTimeout time.Duration
 	// Logger receives broker events. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -44,6 +48,7 @@ type Broker struct {
 
 	mu     sync.Mutex
 	queues map[string]*queue
+	parts  partitionSet // partitioned queues (partition.go)
 
 	sched   scheduleHeap
 	wake    chan struct{}
@@ -56,6 +61,9 @@ type Broker struct {
 func New(cfg Config) *Broker {
 	if cfg.NackBackoffMax <= 0 {
 		cfg.NackBackoffMax = 10 * time.Second
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -152,6 +160,9 @@ func (b *Broker) Publish(topic string, messages ...*message.Message) error {
 	if b.closed() {
 		return ErrClosed
 	}
+	if b.parts.count(topic) > 0 {
+		return fmt.Errorf("publish to queue %q: %w", topic, ErrPartitioned)
+	}
 	q := b.queue(topic)
 	for _, m := range messages {
 		q.push(copyMessage(m), false)
@@ -174,12 +185,13 @@ func (b *Broker) Delay(_ context.Context, queue string, d time.Duration, msg *me
 	return nil
 }
 
-// DeadLetter puts a copy of msg in queue's dead-letter queue.
+// DeadLetter puts a copy of msg in queue's dead-letter queue (a partition's is the one its
+// partitioned queue's partitions share).
 func (b *Broker) DeadLetter(_ context.Context, queue string, msg *message.Message) error {
 	if b.closed() {
 		return ErrClosed
 	}
-	b.queue(DLQName(queue)).push(copyMessage(msg), false)
+	b.queue(b.parts.dlq(queue)).push(copyMessage(msg), false)
 	return nil
 }
 
@@ -316,15 +328,40 @@ func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Mes
 			cancel()
 			return
 		}
+		s.settle(q, m, msg)
+		cancel()
+	}
+}
+
+// settle waits for the handler's verdict on msg (a copy of m, the queued message). When the
+// subscriber or the broker closes first, the handler gets DrainTimeout to finish; then m
+// goes back to the head of its queue, as RabbitMQ returns an unacked delivery when its
+// channel closes. Without this, Close waited forever for a handler that never decides.
+func (s *subscriber) settle(q *queue, m, msg *message.Message) {
+	closing, brokerClosing := s.closing, s.b.closing
+	var drain <-chan time.Time
+	for {
 		select {
 		case <-msg.Acked():
 			s.nackMu.Lock()
 			s.nacks = 0
 			s.nackMu.Unlock()
+			return
 		case <-msg.Nacked():
 			s.requeueLater(q, m)
+			return
+		case <-closing:
+		case <-brokerClosing:
+		case <-drain:
+			s.b.cfg.Logger.Warn("handler did not finish within the drain timeout; message returned to the queue", "message_id", m.UUID)
+			q.push(m, true)
+			return
 		}
-		cancel()
+		// Closing: start the drain once.
+		closing, brokerClosing = nil, nil
+		t := time.NewTimer(s.b.cfg.DrainTimeout)
+		defer t.Stop()
+		drain = t.C
 	}
 }
 

@@ -20,6 +20,16 @@ type config struct {
 	queue, output string
 	// metricsAddr serves Prometheus metrics when set (METRICS_ADDR).
 	metricsAddr string
+	// partitions consumes queue as that many key-partitioned queues (PAYMENTS_PARTITIONS;
+	// 0: the plain queue); queueType is RabbitMQ's queue type (AMQP_QUEUE_TYPE).
+	partitions int
+	queueType  string
+	// idempotencySnapshot is where the idempotency store is saved on a graceful stop and
+	// loaded at start (IDEMPOTENCY_SNAPSHOT); empty keeps it in memory only.
+	idempotencySnapshot string
+	// snapshotEvery also writes it periodically (IDEMPOTENCY_SNAPSHOT_INTERVAL, default
+	// 1s), so a crash forgets only the last interval.
+	snapshotEvery time.Duration
 }
 
 func loadConfig() (config, error) {
@@ -28,6 +38,8 @@ func loadConfig() (config, error) {
 		queue:       envOr("PAYMENTS_QUEUE", example_payment.QueueRequested),
 		output:      envOr("PAYMENTS_OUTPUT_QUEUE", example_payment.QueueSucceeded),
 		metricsAddr: os.Getenv("METRICS_ADDR"),
+
+		idempotencySnapshot: os.Getenv("IDEMPOTENCY_SNAPSHOT"),
 	}
 	var err error
 	if c.retry.MaxRetries, err = envInt("RETRY_MAX_RETRIES", 5); err != nil {
@@ -51,8 +63,17 @@ func loadConfig() (config, error) {
 	if c.retry.Jitter == 0 {
 		c.retry.Jitter = -1 // 0 in the environment means no jitter
 	}
+	if c.snapshotEvery, err = envDuration("IDEMPOTENCY_SNAPSHOT_INTERVAL", time.Second); err != nil {
+		return c, err
+	}
 	if c.concurrency, err = envInt("PAYMENTS_CONCURRENCY", 8); err != nil {
 		return c, err
+	}
+	if c.partitions, err = envInt("PAYMENTS_PARTITIONS", 0); err != nil {
+		return c, err
+	}
+	if c.queueType = os.Getenv("AMQP_QUEUE_TYPE"); c.queueType != "" && c.queueType != "classic" && c.queueType != "quorum" {
+		return c, fmt.Errorf("AMQP_QUEUE_TYPE=%q: want classic or quorum", c.queueType)
 	}
 	return c, nil
 }

@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -188,7 +187,7 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	for i, r := range reqs {
 		m := message.NewMessage(ids[i], r.Body)
 		m.Metadata.Set(amqp.MetadataContentType, example_payment.ContentTypeJSON)
-		if err := pub.Publish(cfg.queue, m); err != nil {
+		if err := publishRequest(ctx, svc.broker, pub, cfg, m); err != nil {
 			fmt.Fprintf(os.Stderr, "\npayments demo: publish request %d: %v\n", i, err)
 			return 1
 		}
@@ -268,14 +267,13 @@ func (t *tally) printSummary(w io.Writer, want expected) bool {
 	}
 	t.mu.Unlock()
 
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "outcome\texpected\tobserved\t")
+	fmt.Fprintf(w, "\n%-36s %9s %9s\n", "outcome", "expected", "observed")
 	row := func(name string, exp, got int) bool {
 		mark := ""
 		if exp != got {
-			mark = "  <-- mismatch"
+			mark = "   <-- mismatch"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", name, exp, got, mark)
+		fmt.Fprintf(w, "%-36s %9d %9d%s\n", name, exp, got, mark)
 		return exp == got
 	}
 	ok := row("succeeded", want.succeeded, s.succeeded)
@@ -298,7 +296,6 @@ func (t *tally) printSummary(w io.Writer, want expected) bool {
 	}
 	ok = row("duplicates absorbed", want.duplicates, s.duplicates) && ok
 	ok = row("double charges", 0, s.doubleCharges) && ok
-	_ = tw.Flush()
 	if ok {
 		fmt.Fprintln(w, "every request settled as the contract says")
 	} else {

@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+
 	"github.com/sluice-go/sluice/middleware/breaker"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -31,7 +34,7 @@ type service struct {
 }
 
 func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (*service, error) {
-	b, err := router.Connect(ctx, logger)
+	b, err := connectBroker(ctx, cfg, logger)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the broker: %w", err)
 	}
@@ -73,8 +76,26 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		_ = svc.close()
 		return nil, err
 	}
+	// Requests are idempotent by payment_id (the handler's key function). The store can
+	// survive a graceful restart through IDEMPOTENCY_SNAPSHOT; a crash forgets it.
+	guard, err := idempotency.New(idempotency.Config{
+		SnapshotPath:     cfg.idempotencySnapshot,
+		SnapshotInterval: cfg.snapshotEvery,
+		OnDuplicate: func(_ *message.Message, key string) {
+			if h.onDuplicate != nil {
+				h.onDuplicate(key)
+			}
+		},
+	})
+	if err != nil {
+		_ = svc.close()
+		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	// Closed after the stack (closers run in reverse), so the snapshot holds every completion.
+	svc.closers = append(svc.closers, guard.Close)
 	stack, err := router.New(b, router.Config{
 		Telemetry:   inst,
+		Idempotency: guard,
 		Logger:      logger,
 		Retry:       rcfg,
 		Poison:      poison.Config{OnDeadLetter: h.onDeadLetter},
@@ -91,6 +112,7 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	if err := stack.HandleWithOutput("payments", cfg.queue, cfg.output, handler.Handle,
 		router.WithIdempotencyKey(example_payment.KeyFunc),
 		router.WithBreaker("payment-gateway"),
+		router.WithPartitions(cfg.partitions),
 	); err != nil {
 		_ = svc.close()
 		return nil, err

@@ -78,15 +78,15 @@ type drawing struct {
 	total    time.Duration
 	children map[string][]jaeger.Span
 
-	message     string         // the message the summary is about
-	service     string         // the service that consumed it
-	attempts    []jaeger.Span  // its consumer spans, in start order
-	deadLetters []jaeger.Span  // its dead-letter hand-offs, in start order
-	isAttempt   map[string]int // span ID -> index in attempts
+	message      string         // the message the summary is about
+	service      string         // the service that consumed it
+	attempts     []jaeger.Span  // its consumer spans, in start order
+	deadLetters  []jaeger.Span  // its dead-letter hand-offs, in start order
+	attemptIndex map[string]int // span ID -> index in attempts
 }
 
 func newDrawing(t jaeger.Trace, width int, messageID string) *drawing {
-	d := &drawing{t: t, width: width, children: map[string][]jaeger.Span{}, isAttempt: map[string]int{}}
+	d := &drawing{t: t, width: width, children: map[string][]jaeger.Span{}, attemptIndex: map[string]int{}}
 	d.start = t.Spans[0].StartTime
 	var end time.Time
 	for _, s := range t.Spans {
@@ -125,7 +125,7 @@ func newDrawing(t jaeger.Trace, width int, messageID string) *drawing {
 		}
 		switch {
 		case isSluiceAttempt(s):
-			d.isAttempt[s.SpanID] = len(d.attempts)
+			d.attemptIndex[s.SpanID] = len(d.attempts)
 			d.attempts = append(d.attempts, s)
 		case isDeadLetter(s):
 			d.deadLetters = append(d.deadLetters, s)
@@ -160,23 +160,26 @@ func (d *drawing) header(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "Started %s · took %s · %s\n", d.start.UTC().Format("2006-01-02 15:04:05.000000 MST"),
 		fmtDuration(d.total), plural(len(d.t.Spans), "span", "spans"))
+	missing := map[string]bool{}
 	for _, r := range d.t.Roots() {
-		if r.ParentSpanID != "" {
-			fmt.Fprintf(b, "Continued from span %s, which is not in this trace (a producer outside it)\n", r.ParentSpanID)
+		if r.ParentSpanID != "" && !missing[r.ParentSpanID] {
+			missing[r.ParentSpanID] = true
+			fmt.Fprintf(b, "Continued from span %s, which is not in this trace (a producer outside sluice, or not in Jaeger yet)\n", r.ParentSpanID)
 		}
 	}
 	b.WriteString(d.outcome() + "\n")
 	for _, dl := range d.deadLetters {
 		line := fmt.Sprintf("Dead letter: sent to %s at +%s", dl.TagString("messaging.destination.name"), fmtDuration(dl.StartTime.Sub(d.start)))
-		if i, ok := d.isAttempt[dl.ParentSpanID]; ok {
-			line += fmt.Sprintf(" by attempt %s", attemptNumber(d.attempts[i], i))
+		if i, ok := d.attemptIndex[dl.ParentSpanID]; ok {
+			line += " by attempt " + d.attempts[i].TagString(string(telemetry.AttrAttempt))
 		}
 		if dl.Failed() {
 			line += " " + markFailed + " the publish failed: " + firstLine(errorText(dl))
 		}
-		for _, a := range d.attempts {
-			if a.StartTime.After(dl.StartTime.Add(dl.Duration)) {
-				line += fmt.Sprintf(", replayed %s later", fmtDuration(a.StartTime.Sub(dl.StartTime.Add(dl.Duration))))
+		// A replay keeps the dead letter's trace context: the next attempt is its child.
+		for _, c := range d.children[dl.SpanID] {
+			if isSluiceAttempt(c) {
+				line += fmt.Sprintf(", replayed %s later", fmtDuration(c.StartTime.Sub(dl.StartTime.Add(dl.Duration))))
 				break
 			}
 		}
@@ -322,14 +325,22 @@ func (d *drawing) spanRow(tree string, s jaeger.Span) row {
 	if s.Service != "" && s.Service != d.service {
 		detail = append(detail, "["+s.Service+"]")
 	}
-	if i, ok := d.isAttempt[s.SpanID]; ok {
+	if id := messageOf(s); id != "" && id != d.message {
+		detail = append(detail, "message "+id)
+	}
+	if isSluiceAttempt(s) {
 		if mark == "" {
 			mark = markOK + " "
 		}
-		detail = append(detail, "attempt "+attemptNumber(s, i))
+		detail = append(detail, "attempt "+s.TagString(string(telemetry.AttrAttempt)))
 		outcome := s.TagString(string(telemetry.AttrOutcome))
-		if delay := delayOf(s); delay != "" && (outcome == "retry" || outcome == "deferred") {
-			outcome += " in " + delay
+		if delay := delayOf(s); delay != "" {
+			switch outcome {
+			case "retry":
+				outcome += " in " + delay
+			case "deferred":
+				outcome += " for " + delay
+			}
 		}
 		if outcome != "" {
 			detail = append(detail, outcome)
@@ -352,9 +363,6 @@ func (d *drawing) spanRow(tree string, s jaeger.Span) row {
 				text += " (error type " + typ + ")"
 			}
 			detail = append(detail, text)
-		}
-		if id := messageOf(s); id != "" && id != d.message {
-			detail = append(detail, "message "+id)
 		}
 		if s.Failed() {
 			if text := errorText(s); text != "" {
@@ -459,15 +467,6 @@ func isDeadLetter(s jaeger.Span) bool {
 }
 
 func messageOf(s jaeger.Span) string { return s.TagString("messaging.message.id") }
-
-// attemptNumber is sluice.attempt (a replayed message counts from 1 again), or the
-// attempt's position in the trace if the tag is missing.
-func attemptNumber(s jaeger.Span, i int) string {
-	if n := s.TagString(string(telemetry.AttrAttempt)); n != "" {
-		return n
-	}
-	return fmt.Sprint(i + 1)
-}
 
 // delayOf is sluice.retry.delay_ms as a duration, or "".
 func delayOf(s jaeger.Span) string {

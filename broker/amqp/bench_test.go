@@ -1,0 +1,305 @@
+package amqp_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/testenv"
+)
+
+// Benchmarks against the local RabbitMQ, every message 1 KiB and persistent. Sub-benchmarks
+// named sluice, raw and watermill under one parent are one comparison; internal/benchtable
+// (make bench) puts them side by side. Figures of one run are comparable with each other,
+// never with another machine's or another moment's: the broker is shared.
+
+// publishInFlight is how many confirms are outstanding at once: the number of concurrent
+// sluice and watermill callers (each waits for its own confirm), and raw's window.
+const publishInFlight = 128
+
+var benchPayload = func() []byte {
+	p := make([]byte, 1024)
+	for i := range p {
+		p[i] = 'a' + byte(i%26)
+	}
+	return p
+}()
+
+// BenchmarkConfirmedPublish publishes 1 KiB persistent messages, each confirmed by RabbitMQ,
+// from publishInFlight concurrent callers:
+//   - sluice: Broker.Publisher().Publish, one message per call (mandatory, confirmed);
+//   - raw: amqp091-go on one channel, PublishWithDeferredConfirm with a window of
+//     publishInFlight confirms outstanding, the ceiling a client can reach;
+//   - watermill: watermill-amqp's publisher, NewDurableQueueConfig with
+//     Publish.ConfirmDelivery, one message per Publish call as it does.
+func BenchmarkConfirmedPublish(b *testing.B) {
+	url := testenv.AMQPURL(b)
+	b.Run("sluice", func(b *testing.B) {
+		br := benchBroker(b, url)
+		q := testenv.Name("bench.publish.sluice")
+		r := testenv.NewRabbit(b)
+		r.DeleteQueues(q, amqp.DLQName(q))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := br.DeclareQueue(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+		pub := br.Publisher()
+		if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+			b.Fatal(err) // also opens the confirm channel outside the timer
+		}
+		parallelCallers(b, benchCallers())
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		reportRate(b)
+	})
+	b.Run("raw", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		q := plainQueue(b, r, "bench.publish.raw")
+		ch, err := r.Conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ch.Close()
+		if err := ch.Confirm(false); err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.ResetTimer()
+		window := make(chan *amqp091.DeferredConfirmation, publishInFlight-1)
+		waited := make(chan int)
+		go func() {
+			nacked := 0
+			for dc := range window {
+				if !dc.Wait() {
+					nacked++
+				}
+			}
+			waited <- nacked
+		}()
+		for i := 0; i < b.N; i++ {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp091.Publishing{
+				DeliveryMode: amqp091.Persistent,
+				Body:         benchPayload,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			window <- dc
+		}
+		close(window)
+		if n := <-waited; n > 0 {
+			b.Fatalf("%d publishes nacked", n)
+		}
+		reportRate(b)
+	})
+	b.Run("watermill", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		q := plainQueue(b, r, "bench.publish.watermill")
+		cfg := wamqp.NewDurableQueueConfig(url)
+		cfg.Publish.ConfirmDelivery = true
+		pub, err := wamqp.NewPublisher(cfg, watermill.NopLogger{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pub.Close()
+		if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+			b.Fatal(err)
+		}
+		parallelCallers(b, benchCallers())
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		reportRate(b)
+	})
+}
+
+// BenchmarkDelayAccuracy hands 240 messages to Broker.Delay at once, their delays spread
+// geometrically from 100ms to 20s, and reports how late each arrives: actual minus
+// requested delay, from just before the Delay call to the delivery, p50, p99 and max in
+// milliseconds. One round takes about 21s, so b.N is 1.
+func BenchmarkDelayAccuracy(b *testing.B) {
+	url := testenv.AMQPURL(b)
+	b.Run("sluice", func(b *testing.B) {
+		br := benchBroker(b, url)
+		q := testenv.Name("bench.delay")
+		r := testenv.NewRabbit(b)
+		r.DeleteQueues(q, amqp.DLQName(q))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := br.DeclareQueue(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+		sub := br.Subscriber(amqp.SubscribeOptions{Concurrency: 16, Prefetch: 64})
+		msgs, err := sub.Subscribe(ctx, q)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var late []time.Duration
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			late = append(late, delayRound(ctx, b, msgs, func(d time.Duration, m *message.Message) error {
+				return br.Delay(ctx, q, d, m)
+			})...)
+		}
+		b.StopTimer()
+		reportLateness(b, late)
+	})
+}
+
+// delayRound delays 240 messages at once and returns how late each arrived.
+func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) []time.Duration {
+	const n = 240
+	const lo, hi = 100 * time.Millisecond, 20 * time.Second
+	type sent struct {
+		at        time.Time
+		requested time.Duration
+	}
+	var mu sync.Mutex
+	sentAt := make(map[string]sent, n)
+	delays := make([]time.Duration, n)
+	for i := range delays {
+		delays[i] = time.Duration(float64(lo) * math.Pow(float64(hi)/float64(lo), float64(i)/float64(n-1)))
+	}
+	rand.Shuffle(n, func(i, j int) { delays[i], delays[j] = delays[j], delays[i] })
+
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i, d := range delays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := message.NewMessage(fmt.Sprintf("delay-%d-%s", i, watermill.NewShortUUID()), benchPayload)
+			mu.Lock()
+			sentAt[m.UUID] = sent{at: time.Now(), requested: d}
+			mu.Unlock()
+			if err := delay(d, m); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+
+	late := make([]time.Duration, 0, n)
+	deadline := time.After(hi + 30*time.Second)
+	for len(late) < n {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				b.Fatalf("subscription closed after %d of %d delayed messages", len(late), n)
+			}
+			arrived := time.Now()
+			m.Ack()
+			mu.Lock()
+			s, ok := sentAt[m.UUID]
+			delete(sentAt, m.UUID)
+			mu.Unlock()
+			if ok { // a redelivered duplicate is not measured twice
+				late = append(late, arrived.Sub(s.at)-s.requested)
+			}
+		case <-deadline:
+			b.Fatalf("only %d of %d delayed messages arrived", len(late), n)
+		case <-ctx.Done():
+			b.Fatal(ctx.Err())
+		}
+	}
+	return late
+}
+
+// reportLateness reports p50, p99 and max of late in milliseconds.
+func reportLateness(b *testing.B, late []time.Duration) {
+	if len(late) == 0 {
+		return
+	}
+	sort.Slice(late, func(i, j int) bool { return late[i] < late[j] })
+	at := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(late)))) - 1
+		return float64(late[max(i, 0)]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(at(0.50), "p50-late-ms")
+	b.ReportMetric(at(0.99), "p99-late-ms")
+	b.ReportMetric(at(1), "max-late-ms")
+}
+
+func benchBroker(b *testing.B, url string) *amqp.Broker {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = br.Close() })
+	return br
+}
+
+// plainQueue declares a durable classic queue without sluice's arguments, as watermill-amqp
+// declares it, and deletes it when b ends.
+func plainQueue(b *testing.B, r *testenv.Rabbit, prefix string) string {
+	b.Helper()
+	q := testenv.Name(prefix)
+	r.DeleteQueues(q)
+	ch, err := r.Conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	return q
+}
+
+// parallelCallers makes RunParallel use about n goroutines.
+func parallelCallers(b *testing.B, n int) {
+	b.SetParallelism(max(1, (n+runtime.GOMAXPROCS(0)-1)/runtime.GOMAXPROCS(0)))
+}
+
+func reportRate(b *testing.B) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(b.N)/s, "msgs/s")
+	}
+}
+
+func benchCallers() int {
+	if v := os.Getenv("SLUICE_BENCH_CALLERS"); v != "" {
+		n, _ := strconv.Atoi(v)
+		return n
+	}
+	return publishInFlight
+}

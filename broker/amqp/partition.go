@@ -1,0 +1,200 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Key-partitioned consumption (see the package documentation, "Partitioned queues").
+const (
+	// ConsistentHashExchangeType is the exchange type of RabbitMQ's consistent-hash plugin,
+	// rabbitmq_consistent_hash_exchange, which routes a partitioned queue's messages.
+	ConsistentHashExchangeType = "x-consistent-hash"
+	// MaxPartitionKeyBytes is the longest partition key: it travels as the routing key,
+	// which AMQP 0-9-1 limits to 255 bytes.
+	MaxPartitionKeyBytes = 255
+)
+
+// Partition errors.
+var (
+	// ErrConsistentHashUnavailable means the node refused the x-consistent-hash exchange
+	// type: the plugin is not enabled there.
+	ErrConsistentHashUnavailable = errors.New("amqp: RabbitMQ's consistent-hash exchange is not available: " +
+		"enable it with rabbitmq-plugins enable rabbitmq_consistent_hash_exchange (on every node of a cluster)")
+	// ErrPartitionCount means the broker holds more partitions of a queue than declared:
+	// the exchange would keep routing keys to partitions that nobody consumes.
+	ErrPartitionCount = errors.New("amqp: more partitions exist than declared")
+	// ErrPartitionKey means a partitioned publish had an empty or too long key.
+	ErrPartitionKey = errors.New("amqp: partition key must be 1 to 255 bytes")
+)
+
+// PartitionQueue returns the name of partition k of queue: "<queue>.p<k>".
+func PartitionQueue(queue string, k int) string { return queue + ".p" + strconv.Itoa(k) }
+
+// PartitionExchange returns the consistent-hash exchange producers publish queue's messages
+// to, with the partition key as routing key. It has the queue's own name: exchanges and
+// queues are separate namespaces, and a producer needs to know only one name.
+func PartitionExchange(queue string) string { return queue }
+
+// consistentHashType is the exchange type DeclarePartitioned declares; tests point it at a
+// type no broker has, to exercise the missing-plugin path on any RabbitMQ.
+var consistentHashType = ConsistentHashExchangeType
+
+// DeclarePartitioned declares queue as partitions key-partitioned queues: the
+// consistent-hash exchange PartitionExchange(queue); the queues PartitionQueue(queue, 0 …
+// partitions-1), each with single-active-consumer and bound to the exchange with weight 1;
+// each partition's route back from the delay cascade; and one dead-letter queue
+// DLQName(queue) that every partition's dead letters go to. It is idempotent.
+//
+// The declarations run on a connection of their own: RabbitMQ answers an exchange type it
+// does not know (the plugin is off) by closing the whole connection, which must not take
+// the broker's consumers and publishes with it. That case is ErrConsistentHashUnavailable;
+// a queue that exists with partition number partitions or above is ErrPartitionCount.
+func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partitions int) error {
+	if partitions < 1 {
+		return fmt.Errorf("amqp: partitions of queue %q: %d, want at least 1", queue, partitions)
+	}
+	if err := b.declareCascade(ctx); err != nil {
+		return err
+	}
+	conn, url, err := b.conn.dialSide(ctx)
+	if err != nil {
+		return fmt.Errorf("declare partitioned queue %q: %w", queue, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("declare partitioned queue %q: open channel: %w", queue, err)
+	}
+	defer ch.Close()
+
+	exchange := PartitionExchange(queue)
+	if err := ch.ExchangeDeclare(exchange, consistentHashType, true, false, false, false, nil); err != nil {
+		var amqpErr *amqp.Error
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.CommandInvalid && strings.Contains(amqpErr.Reason, "exchange type") {
+			return fmt.Errorf("declare exchange %q of type %s on %s: %s: %w", exchange, consistentHashType, MaskURL(url), amqpErr.Reason, ErrConsistentHashUnavailable)
+		}
+		return fmt.Errorf("declare exchange %q of type %s (an exchange of that name with another type exists?): %w", exchange, consistentHashType, err)
+	}
+	if err := ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", DeadLetterExchange, err)
+	}
+	dlq := DLQName(queue)
+	if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
+		return fmt.Errorf("declare queue %q (type %s): %w", dlq, b.cfg.QueueType, err)
+	}
+	for k := 0; k < partitions; k++ {
+		if err := b.declarePartition(ch, queue, k); err != nil {
+			return err
+		}
+	}
+	return checkNoPartition(conn, queue, partitions)
+}
+
+func (b *Broker) declarePartition(ch *amqp.Channel, queue string, k int) error {
+	part := PartitionQueue(queue, k)
+	dlq := DLQName(queue)
+	// The dead letters of every partition share Q.dlq; their x-original-queue names the
+	// partition, so a replay goes back to the partition that owns the key.
+	if err := ch.QueueBind(dlq, part, DeadLetterExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q with key %q: %w", dlq, DeadLetterExchange, part, err)
+	}
+	extra := amqp.Table{
+		// One consumer at a time gets the partition, so one instance's in-memory
+		// idempotency sees every message of a key; RabbitMQ hands the partition to a
+		// waiting consumer when the active one goes away.
+		"x-single-active-consumer":  true,
+		"x-dead-letter-exchange":    DeadLetterExchange,
+		"x-dead-letter-routing-key": part,
+	}
+	if b.cfg.QueueType == QueueQuorum && b.cfg.DeliveryLimit > 0 {
+		extra["x-delivery-limit"] = int64(b.cfg.DeliveryLimit)
+	}
+	if _, err := ch.QueueDeclare(part, true, false, false, false, queueArgs(b.cfg.QueueType, extra)); err != nil {
+		return fmt.Errorf("declare partition queue %q (type %s, single active consumer): %w", part, b.cfg.QueueType, err)
+	}
+	// The binding key of a consistent-hash exchange is the partition's weight: equal
+	// weights give each partition an equal share of the keys.
+	if err := ch.QueueBind(part, "1", PartitionExchange(queue), false, nil); err != nil {
+		return fmt.Errorf("bind partition queue %q to exchange %q: %w", part, PartitionExchange(queue), err)
+	}
+	if err := ch.QueueBind(part, deliveryBindingKey(part), DelayDeliveryExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", part, DelayDeliveryExchange, err)
+	}
+	return nil
+}
+
+// checkNoPartition fails when partition number partitions exists: it was declared by a
+// configuration with more partitions, and stays bound to the exchange, which would route
+// a share of the keys to it while nobody consumes it.
+func checkNoPartition(conn *amqp.Connection, queue string, partitions int) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("check partitions of queue %q: open channel: %w", queue, err)
+	}
+	// A passive declare of a missing queue closes its channel: this one is for that alone.
+	defer ch.Close()
+	extra := PartitionQueue(queue, partitions)
+	_, err = ch.QueueDeclarePassive(extra, true, false, false, false, nil)
+	if err == nil {
+		return fmt.Errorf("queue %q exists beside the %d partitions declared for %q: %w; "+
+			"move its messages and delete it (and any later partition) before running with fewer partitions",
+			extra, partitions, queue, ErrPartitionCount)
+	}
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+		return nil
+	}
+	return fmt.Errorf("check partitions of queue %q: %w", queue, err)
+}
+
+// PublishPartitioned publishes messages to the partitioned queue with key as partition key
+// (routing key of its consistent-hash exchange), so every message of a key lands in the same
+// partition, and waits for their confirms. Use the key the consumer's idempotency step uses.
+func (b *Broker) PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error {
+	if key == "" || len(key) > MaxPartitionKeyBytes {
+		return fmt.Errorf("publish to partitioned queue %q: key of %d bytes: %w", queue, len(key), ErrPartitionKey)
+	}
+	return b.pub.PublishTo(ctx, PartitionExchange(queue), key, messages...)
+}
+
+// dialSide opens a short-lived connection of its own to the first node that answers, for
+// declarations that could make RabbitMQ close their connection. It returns the URL used.
+func (c *connection) dialSide(ctx context.Context) (*amqp.Connection, string, error) {
+	var errs []error
+	for _, u := range c.urls {
+		if err := ctx.Err(); err != nil {
+			return nil, "", err
+		}
+		conn, err := c.dial(u)
+		if err == nil {
+			return conn, u, nil
+		}
+		errs = append(errs, fmt.Errorf("connect to %s: %w", MaskURL(u), maskErr(err, c.urls)))
+	}
+	return nil, "", errors.Join(errs...)
+}
+
+// ConsumerCount returns how many consumers queue has, as RabbitMQ reports it: all of them
+// on a classic queue; on a quorum queue with single-active-consumer only the active one,
+// so 0 means nobody consumes it. The stack uses it to claim partitions (see
+// router.WithPartitions).
+func (b *Broker) ConsumerCount(ctx context.Context, queue string) (int, error) {
+	ch, err := b.conn.channel(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// A passive declare of a missing queue closes its channel: this one is for that alone.
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("count consumers of queue %q: %w", queue, err)
+	}
+	return q.Consumers, nil
+}

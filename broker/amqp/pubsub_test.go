@@ -1,0 +1,231 @@
+package amqp_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/testenv"
+)
+
+// TestUniversalPubSub runs Watermill's universal Pub/Sub suite against the RabbitMQ wiring:
+// Broker.Publisher() and Broker.Subscriber(SubscribeOptions), each constructor call with its
+// own Broker (its own connection), so "instances" in the suite's sense are separate clients
+// of one RabbitMQ. sluice consumes queues that exist, so a small adapter declares a topic's
+// queue (Broker.DeclareQueue) on its first use; every declared queue and its .dlq are
+// deleted when the test ends.
+//
+// Features, as RabbitMQ queues behind sluice truly give them:
+//   - ConsumerGroups: false. A topic is one queue with competing consumers; sluice has no
+//     fan-out of a topic to a queue per group.
+//   - ExactlyOnceDelivery: false. At-least-once: an unacked delivery returns to the queue
+//     when its channel closes, and a publish retried after a lost confirm may be duplicated.
+//   - GuaranteedOrder: true only with Concurrency 1 and a single subscriber (prefetch 1, one
+//     delivery out at a time, a requeued message keeps its place in a classic queue); with
+//     Concurrency > 1 deliveries are handled in parallel and order is not guaranteed.
+//   - Persistent: true. Durable queues, persistent messages: what one client did not ack,
+//     the next consumes.
+//   - RequireSingleInstance: false. Any number of clients compete for a queue.
+//   - NewSubscriberReceivesOldMessages: false. A queue forgets what was acked.
+//   - ContextPreserved: false. A message's context does not travel over AMQP.
+//   - RestartServiceCommand: none. The shared RabbitMQ is never restarted from tests; the
+//     chaos test (test/chaos) covers reconnects.
+//
+// Two settings differ from the defaults, for the suite's expectations, not to hide a fault:
+//   - DrainTimeout 1s: the suite expects the context of a message a handler still holds to
+//     be cancelled soon after its subscriber closes (within 15s); the default drain, which
+//     lets handlers finish during a shutdown, is 30s.
+//   - NackBackoffMax 5ms: sluice holds a nacked delivery for a backoff that grows with
+//     consecutive nacks, up to 10s by default, because in sluice a nack means the broker
+//     hand-off failed and spinning would not help. The suite nacks 300 times in a row and
+//     waits at most 15s for each redelivery; with a 10s cap that alone would take ~40 min.
+func TestUniversalPubSub(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	cases := []struct {
+		name     string
+		opts     amqp.SubscribeOptions
+		features tests.Features
+	}{
+		{
+			name: "concurrency=1",
+			opts: amqp.SubscribeOptions{Concurrency: 1},
+			features: tests.Features{
+				GuaranteedOrder:                     true,
+				GuaranteedOrderWithSingleSubscriber: true,
+				Persistent:                          true,
+			},
+		},
+		{
+			name: "concurrency=8",
+			opts: amqp.SubscribeOptions{Concurrency: 8, Prefetch: 16},
+			features: tests.Features{
+				Persistent: true,
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSuiteEnv(t, url, tc.opts)
+			tests.TestPubSub(t, tc.features, s.newPubSub, nil)
+		})
+	}
+}
+
+// suiteEnv makes the suite's publishers and subscribers and remembers every queue they
+// declared, to delete them at the end.
+type suiteEnv struct {
+	url  string
+	opts amqp.SubscribeOptions
+
+	mu     sync.Mutex
+	queues map[string]*declaration
+}
+
+type declaration struct {
+	once sync.Once
+	err  error
+}
+
+func newSuiteEnv(t *testing.T, url string, opts amqp.SubscribeOptions) *suiteEnv {
+	s := &suiteEnv{url: url, opts: opts, queues: map[string]*declaration{}}
+	t.Cleanup(func() { s.deleteQueues(t) })
+	return s
+}
+
+func (s *suiteEnv) newPubSub(t *testing.T) (message.Publisher, message.Subscriber) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := amqp.New(ctx, amqp.Config{
+		URLs:           []string{s.url},
+		DrainTimeout:   time.Second,
+		NackBackoffMax: 5 * time.Millisecond,
+		Logger:         quietLogger(),
+	})
+	require.NoError(t, err)
+	c := &closer{b: b}
+	c.open.Store(2)
+	return &suitePublisher{s: s, b: b, c: c}, &suiteSubscriber{s: s, b: b, c: c, sub: b.Subscriber(s.opts)}
+}
+
+// declare declares queue once for the whole run, whichever broker asks first.
+func (s *suiteEnv) declare(b *amqp.Broker, queue string) error {
+	s.mu.Lock()
+	d, ok := s.queues[queue]
+	if !ok {
+		d = &declaration{}
+		s.queues[queue] = d
+	}
+	s.mu.Unlock()
+	d.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		d.err = b.DeclareQueue(ctx, queue)
+	})
+	return d.err
+}
+
+func (s *suiteEnv) deleteQueues(t *testing.T) {
+	s.mu.Lock()
+	names := make([]string, 0, 2*len(s.queues))
+	for q := range s.queues {
+		names = append(names, q, amqp.DLQName(q))
+	}
+	s.mu.Unlock()
+	sort.Strings(names)
+	conn, err := amqp091.Dial(s.url)
+	if err != nil {
+		t.Errorf("delete %d test queues: %v", len(names), err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Errorf("delete %d test queues: %v", len(names), err)
+		return
+	}
+	defer ch.Close()
+	for _, q := range names {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			t.Errorf("delete test queue %q: %v", q, err)
+			return
+		}
+	}
+}
+
+// closer closes the broker once both its publisher and its subscriber are closed; the
+// suite closes them in either order, and sometimes twice.
+type closer struct {
+	b    *amqp.Broker
+	open atomic.Int32
+}
+
+func (c *closer) done(once *sync.Once) error {
+	var err error
+	once.Do(func() {
+		if c.open.Add(-1) == 0 {
+			err = c.b.Close()
+		}
+	})
+	return err
+}
+
+type suitePublisher struct {
+	s    *suiteEnv
+	b    *amqp.Broker
+	c    *closer
+	once sync.Once
+}
+
+func (p *suitePublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.s.declare(p.b, topic); err != nil {
+		return err
+	}
+	return p.b.Publisher().Publish(topic, msgs...)
+}
+
+func (p *suitePublisher) Close() error { return p.c.done(&p.once) }
+
+type suiteSubscriber struct {
+	s    *suiteEnv
+	b    *amqp.Broker
+	c    *closer
+	sub  *amqp.Subscriber
+	once sync.Once
+}
+
+func (s *suiteSubscriber) SubscribeInitialize(topic string) error { return s.s.declare(s.b, topic) }
+
+func (s *suiteSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := s.s.declare(s.b, topic); err != nil {
+		return nil, err
+	}
+	return s.sub.Subscribe(ctx, topic)
+}
+
+func (s *suiteSubscriber) Close() error {
+	err := s.sub.Close()
+	if cerr := s.c.done(&s.once); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// quietLogger keeps the suite's output readable; SLUICE_TEST_DEBUG=1 shows everything.
+func quietLogger() *slog.Logger {
+	level := slog.LevelError
+	if os.Getenv("SLUICE_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/router"
+)
+
+// connectBroker is router.Connect with the queue type of AMQP_QUEUE_TYPE (quorum on a
+// cluster, so the queues survive a node).
+func connectBroker(ctx context.Context, cfg config, logger *slog.Logger) (router.Broker, error) {
+	if cfg.queueType == "" || os.Getenv("AMQP_URL") == "" {
+		return router.Connect(ctx, logger)
+	}
+	b, err := amqp.New(ctx, amqp.Config{Logger: logger, QueueType: amqp.QueueType(cfg.queueType)})
+	if err != nil {
+		return nil, err
+	}
+	return router.FromAMQP(b), nil
+}
+
+// publishRequest publishes a payment request: to the queue, or, when the service runs
+// partitioned, to the partition its payment_id hashes to, which is how a producer must
+// publish so that one instance sees every request of a payment.
+func publishRequest(ctx context.Context, b router.Broker, pub message.Publisher, cfg config, m *message.Message) error {
+	if cfg.partitions == 0 {
+		return pub.Publish(cfg.queue, m)
+	}
+	pp, ok := b.(router.PartitionPublisher)
+	if !ok {
+		return fmt.Errorf("the %s broker cannot publish to partitions", b.Name())
+	}
+	key, err := example_payment.KeyFunc(m)
+	if err != nil || key == "" {
+		key = m.UUID // a body without a payment_id is dead-lettered whichever partition it is in
+	}
+	return pp.PublishPartitioned(ctx, cfg.queue, key, m)
+}

@@ -1,0 +1,175 @@
+package dlq
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Inspector reads dead-letter queues without consuming them (see the package doc).
+type Inspector struct {
+	conn *amqp.Connection
+	// Now is the clock ages are measured against. Nil means time.Now.
+	Now func() time.Time
+}
+
+// NewInspector returns an Inspector on conn. The caller owns conn.
+func NewInspector(conn *amqp.Connection) *Inspector { return &Inspector{conn: conn} }
+
+// Listing is the head of a DLQ.
+type Listing struct {
+	// Queue is the consumed queue Q; DLQ is Q.dlq.
+	Queue string `json:"queue"`
+	DLQ   string `json:"dlq"`
+	// Total is the number of ready messages the DLQ held when the listing started.
+	Total int `json:"total"`
+	// Records are the messages read, head first.
+	Records []Record `json:"messages"`
+}
+
+// List returns up to limit records from the head of queue's DLQ (limit <= 0: all).
+func (i *Inspector) List(ctx context.Context, queue string, limit int) (Listing, error) {
+	l := Listing{Queue: queue, DLQ: DLQName(queue), Records: []Record{}}
+	total, err := scan(ctx, i.conn, queue, now(i.Now), func(r Record) bool {
+		l.Records = append(l.Records, r)
+		return limit <= 0 || len(l.Records) < limit
+	})
+	l.Total = total
+	return l, err
+}
+
+// Show returns the record of the first message of queue's DLQ whose id is id, or an error
+// matching ErrMessageNotFound.
+func (i *Inspector) Show(ctx context.Context, queue, id string) (Record, error) {
+	var found *Record
+	_, err := scan(ctx, i.conn, queue, now(i.Now), func(r Record) bool {
+		if r.ID == id {
+			found = &r
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	if found == nil {
+		return Record{}, fmt.Errorf("message %q in %q: %w", id, DLQName(queue), ErrMessageNotFound)
+	}
+	return *found, nil
+}
+
+// Stats summarizes a DLQ.
+type Stats struct {
+	Queue string `json:"queue"`
+	DLQ   string `json:"dlq"`
+	// Total is the number of messages counted.
+	Total int `json:"total"`
+	// Oldest is the largest age among them (zero when none has a known age).
+	Oldest time.Duration `json:"-"`
+	// ByErrorType counts them by error type, most frequent first.
+	ByErrorType []TypeStats `json:"by_error_type"`
+}
+
+// TypeStats counts the messages of one error type.
+type TypeStats struct {
+	ErrorType string `json:"error_type"`
+	Count     int    `json:"count"`
+	// Oldest is the largest age among them.
+	Oldest time.Duration `json:"-"`
+}
+
+// MarshalJSON writes Oldest as oldest_age_seconds.
+func (s Stats) MarshalJSON() ([]byte, error) {
+	type plain Stats
+	return json.Marshal(struct {
+		plain
+		OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	}{plain(s), s.Oldest.Seconds()})
+}
+
+// MarshalJSON writes Oldest as oldest_age_seconds.
+func (t TypeStats) MarshalJSON() ([]byte, error) {
+	type plain TypeStats
+	return json.Marshal(struct {
+		plain
+		OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	}{plain(t), t.Oldest.Seconds()})
+}
+
+// Stats reads every message of queue's DLQ and counts them by error type. A message
+// without an error type counts under "".
+func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
+	s := Stats{Queue: queue, DLQ: DLQName(queue), ByErrorType: []TypeStats{}}
+	byType := map[string]*TypeStats{}
+	_, err := scan(ctx, i.conn, queue, now(i.Now), func(r Record) bool {
+		s.Total++
+		ts := byType[r.ErrorType]
+		if ts == nil {
+			ts = &TypeStats{ErrorType: r.ErrorType}
+			byType[r.ErrorType] = ts
+		}
+		ts.Count++
+		if r.HasAge {
+			ts.Oldest = max(ts.Oldest, r.Age)
+			s.Oldest = max(s.Oldest, r.Age)
+		}
+		return true
+	})
+	if err != nil {
+		return Stats{}, err
+	}
+	for _, ts := range byType {
+		s.ByErrorType = append(s.ByErrorType, *ts)
+	}
+	sort.Slice(s.ByErrorType, func(a, b int) bool {
+		x, y := s.ByErrorType[a], s.ByErrorType[b]
+		if x.Count != y.Count {
+			return x.Count > y.Count
+		}
+		return x.ErrorType < y.ErrorType
+	})
+	return s, nil
+}
+
+// scan reads queue's DLQ from the head with basic.get, acknowledging nothing, and calls
+// visit for each record until visit returns false or the DLQ has no ready message left.
+// Once visit is done it still reads (without decoding) up to the number of messages the
+// DLQ held at the start: on quorum queues RabbitMQ puts a returned message at the tail, so
+// only giving back all of them, in order, keeps the order. Closing the channel gives every
+// message back. It returns the number of ready messages the DLQ had at the start.
+func scan(ctx context.Context, conn *amqp.Connection, queue string, now time.Time, visit func(Record) bool) (int, error) {
+	ch, total, err := openDLQ(conn, queue)
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close() // gives back everything read, in order
+	dlq := DLQName(queue)
+	visiting := true
+	for n := 0; visiting || n < total; n++ {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		d, ok, err := ch.Get(dlq, false)
+		if err != nil {
+			return total, fmt.Errorf("read %q: %w", dlq, err)
+		}
+		if !ok {
+			break
+		}
+		if visiting {
+			visiting = visit(NewRecord(d, queue, n+1, now))
+		}
+	}
+	return total, nil
+}
+
+func now(clock func() time.Time) time.Time {
+	if clock == nil {
+		return time.Now()
+	}
+	return clock()
+}

@@ -1,0 +1,238 @@
+package dlq
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice"
+	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+)
+
+// Record is one dead-lettered message as an operator sees it: its failure record (the
+// headers package poison writes), its other headers, AMQP properties and payload.
+type Record struct {
+	// ID identifies the message (see the package doc for the fallbacks).
+	ID string `json:"id"`
+	// Position is the message's place in the DLQ when it was read, the head being 1.
+	Position int `json:"position"`
+	// OriginalQueue is where a replay sends the message: x-original-queue, else Q.
+	OriginalQueue string `json:"original_queue"`
+	// Handler is the Watermill handler that failed (x-handler).
+	Handler string `json:"handler,omitempty"`
+	// ErrorType is x-error-type, else x-last-error, else "rabbitmq.<reason>" for a message
+	// RabbitMQ dead-lettered itself (x-first-death-reason), else empty.
+	ErrorType string `json:"error_type"`
+	// ErrorClass is x-error-class ("permanent", "retryable", ...).
+	ErrorClass string `json:"error_class,omitempty"`
+	// ErrorMessage is x-error-message, else x-last-error-message.
+	ErrorMessage string `json:"error_message"`
+	// ErrorStack is a recovered panic's stack (x-error-stack).
+	ErrorStack string `json:"error_stack,omitempty"`
+	// Retries is the retry count the message had when it was dead-lettered.
+	Retries int `json:"retries"`
+	// Replays is how many times the message was replayed before (x-replay-count).
+	Replays int `json:"replays"`
+	// FailedAt is x-failed-at, else the AMQP timestamp; zero when neither is usable.
+	FailedAt time.Time `json:"-"`
+	// FirstFailureAt is x-first-failure-time; zero when absent.
+	FirstFailureAt time.Time `json:"-"`
+	// Age is how long ago FailedAt was when the record was read; valid when HasAge.
+	Age    time.Duration `json:"-"`
+	HasAge bool          `json:"-"`
+	// FailedHost and FailedPID say which process dead-lettered the message.
+	FailedHost string `json:"failed_host,omitempty"`
+	FailedPID  string `json:"failed_pid,omitempty"`
+	// History is the bounded list of failed attempts (x-retry-history).
+	History []sluice.HistoryEntry `json:"history,omitempty"`
+	// Headers are all AMQP headers in text form (see broker/amqp.Marshaler), the failure
+	// record included; Watermill's id header is in ID.
+	Headers map[string]string `json:"headers"`
+	// Properties are the AMQP basic properties.
+	Properties Properties `json:"properties"`
+	// Payload is the body, byte for byte.
+	Payload []byte `json:"-"`
+}
+
+// Properties are a message's AMQP basic properties.
+type Properties struct {
+	ContentType     string    `json:"content_type,omitempty"`
+	ContentEncoding string    `json:"content_encoding,omitempty"`
+	DeliveryMode    uint8     `json:"delivery_mode,omitempty"`
+	Priority        uint8     `json:"priority,omitempty"`
+	CorrelationID   string    `json:"correlation_id,omitempty"`
+	ReplyTo         string    `json:"reply_to,omitempty"`
+	Expiration      string    `json:"expiration,omitempty"`
+	MessageID       string    `json:"message_id,omitempty"`
+	Timestamp       time.Time `json:"timestamp,omitzero"`
+	Type            string    `json:"type,omitempty"`
+	UserID          string    `json:"user_id,omitempty"`
+	AppID           string    `json:"app_id,omitempty"`
+}
+
+// MarshalJSON adds the computed fields: age_seconds (null when unknown), failed_at and
+// first_failure_at (RFC 3339, omitted when unknown), and the payload as text
+// (payload_encoding "utf-8") or, when it is not valid UTF-8, as base64 ("base64").
+func (r Record) MarshalJSON() ([]byte, error) {
+	type plain Record // drops this method, keeps the field tags
+	out := struct {
+		plain
+		AgeSeconds      *float64   `json:"age_seconds"`
+		FailedAt        *time.Time `json:"failed_at,omitempty"`
+		FirstFailureAt  *time.Time `json:"first_failure_at,omitempty"`
+		Payload         string     `json:"payload"`
+		PayloadEncoding string     `json:"payload_encoding"`
+		PayloadBytes    int        `json:"payload_bytes"`
+	}{plain: plain(r), PayloadBytes: len(r.Payload)}
+	if r.HasAge {
+		s := r.Age.Seconds()
+		out.AgeSeconds = &s
+	}
+	if !r.FailedAt.IsZero() {
+		out.FailedAt = &r.FailedAt
+	}
+	if !r.FirstFailureAt.IsZero() {
+		out.FirstFailureAt = &r.FirstFailureAt
+	}
+	out.Payload, out.PayloadEncoding = PayloadText(r.Payload)
+	return json.Marshal(out)
+}
+
+// PayloadText returns payload as text and its encoding: the bytes themselves ("utf-8")
+// when they are valid UTF-8, else base64 ("base64").
+func PayloadText(payload []byte) (text, encoding string) {
+	if utf8.Valid(payload) {
+		return string(payload), "utf-8"
+	}
+	return base64.StdEncoding.EncodeToString(payload), "base64"
+}
+
+// MessageID returns the id of a delivery as Record.ID defines it.
+func MessageID(d amqp.Delivery) string {
+	if v, ok := d.Headers[sluiceamqp.UUIDHeader].(string); ok && v != "" {
+		return v
+	}
+	if d.MessageId != "" {
+		return d.MessageId
+	}
+	sum := sha256.Sum256(d.Body)
+	return "sha256:" + hex.EncodeToString(sum[:8])
+}
+
+// propertyMetadata are the metadata keys the marshaler fills from properties and delivery
+// fields; a record shows them as Properties, not as headers.
+var propertyMetadata = map[string]bool{
+	sluiceamqp.MetadataContentType:     true,
+	sluiceamqp.MetadataContentEncoding: true,
+	sluiceamqp.MetadataCorrelationID:   true,
+	sluiceamqp.MetadataReplyTo:         true,
+	sluiceamqp.MetadataType:            true,
+	sluiceamqp.MetadataAppID:           true,
+	sluiceamqp.MetadataPriority:        true,
+	sluiceamqp.MetadataDeliveryMode:    true,
+	sluiceamqp.MetadataTimestamp:       true,
+	sluiceamqp.MetadataMessageID:       true,
+	sluiceamqp.MetadataRoutingKey:      true,
+	sluiceamqp.MetadataExchange:        true,
+	sluiceamqp.MetadataRedelivered:     true,
+	sluiceamqp.MetadataHeaderTypes:     true,
+}
+
+// NewRecord reads the record of a delivery from queue's DLQ at position pos, with ages
+// measured against now.
+func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
+	// The marshaler's text form of headers is the one the rest of sluice reads, so the
+	// record shows what a handler would see.
+	msg, _ := sluiceamqp.Marshaler{}.Unmarshal(d) // never fails
+	md := msg.Metadata
+	r := Record{
+		ID:            MessageID(d),
+		Position:      pos,
+		OriginalQueue: md.Get(sluice.HeaderOriginalQueue),
+		Handler:       md.Get(sluice.HeaderHandler),
+		ErrorType:     md.Get(sluice.HeaderErrorType),
+		ErrorClass:    md.Get(sluice.HeaderErrorClass),
+		ErrorMessage:  md.Get(sluice.HeaderErrorMessage),
+		ErrorStack:    md.Get(sluice.HeaderErrorStack),
+		Retries:       sluice.RetryCount(md),
+		Replays:       replayCount(md.Get(sluice.HeaderReplayCount)),
+		FailedHost:    md.Get(sluice.HeaderFailedHost),
+		FailedPID:     md.Get(sluice.HeaderFailedPID),
+		History:       sluice.History(md),
+		Headers:       make(map[string]string, len(md)),
+		Properties: Properties{
+			ContentType:     d.ContentType,
+			ContentEncoding: d.ContentEncoding,
+			DeliveryMode:    d.DeliveryMode,
+			Priority:        d.Priority,
+			CorrelationID:   d.CorrelationId,
+			ReplyTo:         d.ReplyTo,
+			Expiration:      d.Expiration,
+			MessageID:       d.MessageId,
+			Timestamp:       d.Timestamp,
+			Type:            d.Type,
+			UserID:          d.UserId,
+			AppID:           d.AppId,
+		},
+		Payload: d.Body,
+	}
+	if r.OriginalQueue == "" {
+		r.OriginalQueue = queue
+	}
+	if r.ErrorType == "" {
+		r.ErrorType = md.Get(sluice.HeaderLastError)
+	}
+	if r.ErrorMessage == "" {
+		r.ErrorMessage = md.Get(sluice.HeaderLastErrorMessage)
+	}
+	if reason := md.Get("x-first-death-reason"); r.ErrorType == "" && reason != "" {
+		// RabbitMQ dead-lettered it (a quorum queue's delivery limit, a rejection, a TTL).
+		r.ErrorType = "rabbitmq." + reason
+		if r.ErrorMessage == "" {
+			r.ErrorMessage = "dead-lettered by RabbitMQ (" + reason + ") from queue " + md.Get("x-first-death-queue")
+		}
+	}
+	for k, v := range md {
+		if !propertyMetadata[k] {
+			r.Headers[k] = v
+		}
+	}
+	if t, ok := sluice.Time(md, sluice.HeaderFailedAt, now); ok {
+		r.FailedAt = t
+	} else if !d.Timestamp.IsZero() {
+		r.FailedAt = d.Timestamp
+	}
+	if !r.FailedAt.IsZero() {
+		r.Age, r.HasAge = max(now.Sub(r.FailedAt), 0), true
+	}
+	if t, ok := sluice.Time(md, sluice.HeaderFirstFailureTime, now); ok {
+		r.FirstFailureAt = t
+	}
+	return r
+}
+
+// replayCount reads x-replay-count; anything but a non-negative number counts as 0.
+func replayCount(raw string) int {
+	n, err := strconv.Atoi(strings.TrimSpace(raw))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// ShortError returns the first line of the record's error message cut to n bytes, for
+// tables.
+func (r Record) ShortError(n int) string {
+	msg := r.ErrorMessage
+	if i := strings.IndexAny(msg, "\r\n"); i >= 0 {
+		msg = msg[:i]
+	}
+	return sluice.Truncate(msg, n)
+}

@@ -1,0 +1,383 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// NodeOptions configure an extra RabbitMQ node started for one test (StartNode). The shared
+// node on 5672 is never touched: an extra node has its own name, ports, data and logs in a
+// directory of its own. Cluster tests start several with the same Host and join them with
+// Ctl("join_cluster", ...).
+type NodeOptions struct {
+	// Name is the node's short name, before the "@". Empty means "sluice_" and a random
+	// suffix; a given name gets no suffix, so it must be unique on the machine.
+	Name string
+	// Host is the node's host part. Empty means the machine's short host name (what
+	// `hostname -s` prints), which every node on the machine shares.
+	Host string
+	// Port is the plain AMQP listener's port, on 127.0.0.1. Zero means a free port.
+	Port int
+	// DistPort is the Erlang distribution port, on 127.0.0.1. Zero means a free port.
+	DistPort int
+	// Config holds extra rabbitmq.conf lines (listeners.ssl.*, ssl_options.*,
+	// cluster_formation.*, ...). "{dir}" in a line becomes the node's directory, where
+	// Files are.
+	Config []string
+	// Files are written into the node's directory before it starts, readable by the node
+	// only: certificates, keys, definitions. Names are relative to the directory.
+	Files map[string][]byte
+	// Env holds extra environment variables for rabbitmq-server.
+	Env map[string]string
+	// Plugins are the plugins to enable. Empty means none (no management listener).
+	Plugins []string
+	// StartTimeout bounds one start, until the node has booted. Zero means 90s.
+	StartTimeout time.Duration
+}
+
+// Node is an extra RabbitMQ node started by StartNode.
+type Node struct {
+	t testing.TB
+	// Name is the full node name, name@host, for `rabbitmqctl -n`.
+	Name string
+	// Port is the plain AMQP port on 127.0.0.1.
+	Port int
+	// DistPort is the Erlang distribution port.
+	DistPort int
+	// Dir is the node's directory: its config, Files, data (mnesia/) and logs (log/).
+	Dir string
+	// StartTime is how long the last start took, from launch to a booted node.
+	StartTime time.Duration
+
+	env     []string
+	server  string
+	ctl     string
+	timeout time.Duration
+
+	mu      sync.Mutex
+	running bool
+}
+
+// StartNode starts an extra RabbitMQ node and waits until it has booted; it is stopped,
+// and its directory removed, when t ends. StartNode skips t where the node cannot be
+// run (no rabbitmq-server or rabbitmqctl, not root, no broker reachable), or fails it when
+// SLUICE_REQUIRE_BROKER=1, like AMQPURL.
+func StartNode(t testing.TB, opts NodeOptions) *Node {
+	t.Helper()
+	server, ctl := nodePrerequisites(t)
+
+	n := &Node{t: t, server: server, ctl: ctl, timeout: opts.StartTimeout}
+	if n.timeout <= 0 {
+		n.timeout = 90 * time.Second
+	}
+	name := opts.Name
+	if name == "" {
+		name = fmt.Sprintf("sluice_%06d", rand.IntN(1e6))
+	}
+	host := opts.Host
+	if host == "" {
+		host = shortHostname()
+	}
+	n.Name = name + "@" + host
+	n.Port = opts.Port
+	if n.Port == 0 {
+		n.Port = FreePort(t)
+	}
+	n.DistPort = opts.DistPort
+	if n.DistPort == 0 {
+		n.DistPort = FreePort(t)
+	}
+
+	dir, err := os.MkdirTemp("", "sluice-node-")
+	if err != nil {
+		t.Fatalf("node %s: make directory: %v", n.Name, err)
+	}
+	n.Dir = dir
+	t.Cleanup(func() {
+		n.Stop()
+		_ = os.RemoveAll(dir)
+	})
+	n.prepare(opts)
+	if err := n.Start(); err != nil {
+		t.Fatalf("%v", err)
+	}
+	return n
+}
+
+// nodePrerequisites returns the paths of rabbitmq-server and rabbitmqctl, or skips (fails
+// under SLUICE_REQUIRE_BROKER=1) when an extra node cannot be run here.
+func nodePrerequisites(t testing.TB) (server, ctl string) {
+	t.Helper()
+	miss := func(format string, args ...any) {
+		t.Helper()
+		reason := fmt.Sprintf(format, args...)
+		if os.Getenv("SLUICE_REQUIRE_BROKER") == "1" {
+			t.Fatalf("cannot start an extra RabbitMQ node: %s (SLUICE_REQUIRE_BROKER=1)", reason)
+		}
+		t.Skipf("cannot start an extra RabbitMQ node: %s; set SLUICE_REQUIRE_BROKER=1 to make this a failure", reason)
+	}
+	var err error
+	if server, err = exec.LookPath("rabbitmq-server"); err != nil {
+		miss("rabbitmq-server not found: %v", err)
+	}
+	if ctl, err = exec.LookPath("rabbitmqctl"); err != nil {
+		miss("rabbitmqctl not found: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		miss("the node must run as the rabbitmq user, which needs root (euid %d)", os.Geteuid())
+	}
+	return server, ctl
+}
+
+// prepare writes the node's configuration and files and builds its environment.
+func (n *Node) prepare(opts NodeOptions) {
+	t := n.t
+	t.Helper()
+	for _, sub := range []string{"mnesia", "log"} {
+		if err := os.MkdirAll(filepath.Join(n.Dir, sub), 0o750); err != nil {
+			t.Fatalf("node %s: %v", n.Name, err)
+		}
+	}
+	conf := []string{
+		"listeners.tcp.1 = 127.0.0.1:" + strconv.Itoa(n.Port),
+		"loopback_users.guest = true",
+		"log.console = false",
+		"log.file.level = info",
+	}
+	for _, line := range opts.Config {
+		conf = append(conf, strings.ReplaceAll(line, "{dir}", n.Dir))
+	}
+	plugins := "[" + strings.Join(opts.Plugins, ",") + "]."
+	files := map[string][]byte{
+		"rabbitmq.conf": []byte(strings.Join(conf, "\n") + "\n"),
+		// An empty env file of its own, so the machine's rabbitmq-env.conf (which names
+		// the shared node) does not apply.
+		"rabbitmq-env.conf": nil,
+		"advanced.config":   []byte("[].\n"),
+		"enabled_plugins":   []byte(plugins + "\n"),
+	}
+	for name, b := range opts.Files {
+		files[name] = b
+	}
+	for name, b := range files {
+		p := filepath.Join(n.Dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+			t.Fatalf("node %s: %v", n.Name, err)
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatalf("node %s: write %s: %v", n.Name, name, err)
+		}
+	}
+	if err := chownToRabbitMQ(n.Dir); err != nil {
+		t.Fatalf("node %s: %v", n.Name, err)
+	}
+
+	env := map[string]string{
+		"RABBITMQ_NODENAME":             n.Name,
+		"RABBITMQ_NODE_IP_ADDRESS":      "127.0.0.1",
+		"RABBITMQ_NODE_PORT":            strconv.Itoa(n.Port),
+		"RABBITMQ_DIST_PORT":            strconv.Itoa(n.DistPort),
+		"RABBITMQ_MNESIA_BASE":          filepath.Join(n.Dir, "mnesia"),
+		"RABBITMQ_LOG_BASE":             filepath.Join(n.Dir, "log"),
+		"RABBITMQ_PID_FILE":             n.pidFile(),
+		"RABBITMQ_CONFIG_FILE":          filepath.Join(n.Dir, "rabbitmq.conf"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE": filepath.Join(n.Dir, "advanced.config"),
+		"RABBITMQ_CONF_ENV_FILE":        filepath.Join(n.Dir, "rabbitmq-env.conf"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE": filepath.Join(n.Dir, "enabled_plugins"),
+		"ERL_EPMD_ADDRESS":              "127.0.0.1",
+		// Erlang distribution on loopback only, as the shared node's.
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+	}
+	for k, v := range opts.Env {
+		env[k] = v
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	n.env = os.Environ()
+	for _, k := range keys {
+		n.env = append(n.env, k+"="+env[k])
+	}
+}
+
+func (n *Node) pidFile() string { return filepath.Join(n.Dir, "mnesia", "node.pid") }
+
+// chownToRabbitMQ gives dir and everything in it to the rabbitmq user, which the packaged
+// rabbitmq-server switches to when started by root.
+func chownToRabbitMQ(dir string) error {
+	u, err := user.Lookup("rabbitmq")
+	if err != nil {
+		return nil // no such user: the node runs as whoever starts it
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if err := os.Chmod(dir, 0o750); err != nil {
+		return err
+	}
+	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
+}
+
+// Start starts the node (again, after Stop, with the same data) and waits until it has
+// booted. The error carries the end of the node's log.
+func (n *Node) Start() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.running {
+		return nil
+	}
+	begin := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, n.server, "-detached")
+	cmd.Env = n.env
+	cmd.Dir = n.Dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("start node %s: %v: %s\n%s", n.Name, err, out, n.LogTail(40))
+	}
+	// Mark it running now: whatever happens next, Stop must try to stop it.
+	n.running = true
+	// `rabbitmqctl wait` follows the pid file the node writes, and returns once the node
+	// has booted, or fails if its process dies first.
+	secs := strconv.Itoa(int(time.Until(begin.Add(n.timeout)).Seconds()))
+	out, err := n.ctlContext(ctx, "wait", n.pidFile(), "--timeout", secs)
+	if err != nil {
+		return fmt.Errorf("node %s did not boot within %s: %v: %s\n%s", n.Name, n.timeout, err, out, n.LogTail(40))
+	}
+	n.StartTime = time.Since(begin)
+	return nil
+}
+
+// Stop stops the node and waits for its process to end; a node that does not stop is
+// killed. Stopping a stopped node does nothing.
+func (n *Node) Stop() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.running {
+		return
+	}
+	n.running = false
+	pid := n.pid()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := n.ctlContext(ctx, "stop"); err != nil {
+		n.t.Logf("rabbitmqctl -n %s stop: %v: %s", n.Name, err, out)
+	}
+	if pid <= 0 {
+		return
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			n.t.Logf("node %s (pid %d) did not stop; killing it", n.Name, pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (n *Node) pid() int {
+	b, err := os.ReadFile(n.pidFile())
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+func processAlive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
+}
+
+// Ctl runs `rabbitmqctl -n <node> args...` and returns its combined output.
+func (n *Node) Ctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return n.ctlContext(ctx, args...)
+}
+
+func (n *Node) ctlContext(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, n.ctl, append([]string{"-n", n.Name}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// URL returns the node's plain AMQP URL for the default guest user (allowed from
+// loopback only, which is where the node listens).
+func (n *Node) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.Port) }
+
+// Rabbit connects a plain client (see Rabbit) to the node's AMQP port; it is closed when t
+// ends.
+func (n *Node) Rabbit(t testing.TB) *Rabbit {
+	t.Helper()
+	conn, err := amqp.Dial(n.URL())
+	if err != nil {
+		t.Fatalf("connect plain client to node %s: %v", n.Name, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &Rabbit{t: t, URL: n.URL(), Conn: conn}
+}
+
+// LogTail returns the last lines of the node's log, for failure messages.
+func (n *Node) LogTail(lines int) string {
+	name := strings.SplitN(n.Name, "@", 2)[0]
+	matches, _ := filepath.Glob(filepath.Join(n.Dir, "log", name+"@*.log"))
+	var b []byte
+	for _, m := range matches {
+		if strings.HasSuffix(m, "_upgrade.log") {
+			continue
+		}
+		b, _ = os.ReadFile(m)
+	}
+	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return "node log (last lines):\n" + strings.Join(all, "\n")
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// shortHostname is `hostname -s`: the host name up to its first dot.
+func shortHostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "localhost"
+	}
+	return strings.SplitN(h, ".", 2)[0]
+}

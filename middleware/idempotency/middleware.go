@@ -1,0 +1,226 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-go/sluice"
+)
+
+// ErrInFlight is the reason of the sluice.DeferError returned for a duplicate whose key is
+// being processed by another attempt.
+var ErrInFlight = errors.New("idempotency: key in flight")
+
+// ErrKey is wrapped, inside sluice.Permanent, by the error returned when the key function
+// fails.
+var ErrKey = errors.New("idempotency: cannot derive key")
+
+// Span event names, on the span found in the message context (the tracing step's consumer
+// span), so idempotency decisions show in traces without this package importing telemetry.
+const (
+	EventDuplicate = "idempotency.duplicate"
+	EventInFlight  = "idempotency.in_flight"
+)
+
+// maxKeyAttr bounds the key recorded on span events.
+const maxKeyAttr = 128
+
+// Where a message's key came from. Keys from metadata and from KeyFunc share one namespace
+// (both are business keys, and producers may set either); message ids have their own, so
+// that a business key never matches an unrelated message's id.
+const (
+	sourceMetadata  = "metadata"
+	sourceKeyFunc   = "key_func"
+	sourceMessageID = "message_id"
+)
+
+// Guard is the idempotency step: a watermill handler middleware over a Store.
+type Guard struct {
+	cfg       Config
+	store     *Store
+	keyErrors atomic.Uint64
+	noKey     atomic.Uint64
+
+	stop      chan struct{}
+	stopped   chan struct{}
+	closeOnce sync.Once
+}
+
+// New returns a Guard with a new Store configured by cfg; with cfg.SnapshotPath set, the
+// snapshot is loaded now if the file exists, and written by Close.
+func New(cfg Config) (*Guard, error) {
+	st, err := NewStore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	g := &Guard{cfg: cfg, store: st}
+	if cfg.SnapshotPath != "" && cfg.SnapshotInterval > 0 {
+		g.stop, g.stopped = make(chan struct{}), make(chan struct{})
+		go g.snapshotLoop()
+	}
+	return g, nil
+}
+
+// snapshotLoop writes the snapshot every SnapshotInterval until Close.
+func (g *Guard) snapshotLoop() {
+	defer close(g.stopped)
+	t := time.NewTicker(g.cfg.SnapshotInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+			// A failed write keeps the previous snapshot (writes are atomic); the next
+			// tick or Close tries again.
+			_ = g.store.SaveSnapshot(g.cfg.SnapshotPath)
+		}
+	}
+}
+
+// Store returns the Guard's store. Keys the middleware holds are scoped and namespaced, so
+// they do not match keys given to Store.Begin directly.
+func (g *Guard) Store() *Store { return g.store }
+
+// Stats returns the store's counters and the Guard's own.
+func (g *Guard) Stats() Stats {
+	st := g.store.Stats()
+	st.KeyErrors = g.keyErrors.Load()
+	st.NoKey = g.noKey.Load()
+	return st
+}
+
+// Close closes the store, writing its snapshot if configured. Call it after the router
+// has stopped, so that the last completions are in the snapshot.
+func (g *Guard) Close() error {
+	g.closeOnce.Do(func() {
+		if g.stop != nil {
+			close(g.stop)
+			<-g.stopped
+		}
+	})
+	return g.store.Close()
+}
+
+// Middleware returns the idempotency step as a watermill message.HandlerMiddleware whose
+// key function is keyFunc, or Config.KeyFunc when keyFunc is nil; it is the
+// router.Idempotency the stack takes, calling it with each handler's
+// router.WithIdempotencyKey. In a plain watermill router: r.AddMiddleware(g.Middleware(nil)).
+//
+// A message's key is its idempotency-key metadata, else the key function's result, else
+// the message id, scoped by the handler name in the message context (so two handlers that
+// consume copies of one event each process it). Then:
+//   - a key done within its TTL: the message is acknowledged without calling the handler,
+//     counted, passed to Config.OnDuplicate and reported as sluice.OutcomeDuplicate;
+//   - a key in flight: sluice.Defer(InFlightDeferral or the rest of the lease, ErrInFlight),
+//     never a wait in-process;
+//   - otherwise the handler runs holding the key; the key is marked done only if the
+//     handler returns nil (below this step the stack has then confirmed its output
+//     messages) and released on any error or panic, so that the retry runs.
+//
+// A message with no key at all (no metadata, no key function result, empty id) is handled
+// without idempotency.
+func (g *Guard) Middleware(keyFunc func(*message.Message) (string, error)) message.HandlerMiddleware {
+	if keyFunc == nil {
+		keyFunc = g.cfg.KeyFunc
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return g.wrap(h, keyFunc)
+	}
+}
+
+func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (string, error)) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		key, source, err := deriveKey(msg, keyFunc)
+		if err != nil {
+			g.keyErrors.Add(1)
+			return nil, err
+		}
+		if key == "" {
+			g.noKey.Add(1)
+			return h(msg)
+		}
+		ctx := msg.Context()
+		lease, status, remaining := g.store.begin(scopedDigest(message.HandlerNameFromCtx(ctx), source, key))
+		switch status {
+		case Done:
+			if g.cfg.OnDuplicate != nil {
+				g.cfg.OnDuplicate(msg, key)
+			}
+			if span := trace.SpanFromContext(ctx); span.IsRecording() {
+				span.AddEvent(EventDuplicate, trace.WithAttributes(keyAttrs(key, source)...))
+			}
+			sluice.ReportOutcome(ctx, sluice.Report{
+				Outcome: sluice.OutcomeDuplicate,
+				Attempt: sluice.RetryCount(msg.Metadata) + 1,
+			})
+			return nil, nil
+		case InFlight:
+			d := min(g.cfg.InFlightDeferral, remaining)
+			if span := trace.SpanFromContext(ctx); span.IsRecording() {
+				span.AddEvent(EventInFlight, trace.WithAttributes(
+					append(keyAttrs(key, source), attribute.Int64("idempotency.defer_ms", d.Milliseconds()))...))
+			}
+			return nil, sluice.Defer(d, ErrInFlight)
+		}
+
+		succeeded := false
+		// Deferred so that a panic (turned into an error by the recoverer outside) releases
+		// the key too, instead of holding it until the lease runs out.
+		defer func() {
+			if succeeded {
+				g.store.Complete(lease)
+			} else {
+				g.store.Release(lease)
+			}
+		}()
+		out, err := h(msg)
+		succeeded = err == nil
+		return out, err
+	}
+}
+
+func deriveKey(msg *message.Message, keyFunc func(*message.Message) (string, error)) (key, source string, err error) {
+	if k := msg.Metadata.Get(sluice.HeaderIdempotencyKey); k != "" {
+		return k, sourceMetadata, nil
+	}
+	if keyFunc != nil {
+		k, err := keyFunc(msg)
+		if err != nil {
+			return "", "", sluice.Permanent(fmt.Errorf("%w of message %s: %w", ErrKey, msg.UUID, err))
+		}
+		if k != "" {
+			return k, sourceKeyFunc, nil
+		}
+	}
+	return msg.UUID, sourceMessageID, nil
+}
+
+// scopedDigest hashes scope, namespace and key without allocating for usual sizes.
+func scopedDigest(scope, source, key string) digest {
+	var buf [192]byte
+	b := append(buf[:0], scope...)
+	b = append(b, 0)
+	if source == sourceMessageID {
+		b = append(b, 'm')
+	} else {
+		b = append(b, 'k')
+	}
+	b = append(b, key...)
+	return sumBytes(b)
+}
+
+func keyAttrs(key, source string) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("idempotency.key", sluice.Truncate(key, maxKeyAttr)),
+		attribute.String("idempotency.key_source", source),
+	}
+}

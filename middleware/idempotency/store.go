@@ -1,0 +1,422 @@
+package idempotency
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// digest is what the store keeps of a key: the first 128 bits of its SHA-256. Keys of any
+// length then cost the same 16 bytes, are never held in clear text (nor written to a
+// snapshot), and two keys collide with probability about n²/2^129 (1e-27 at a million keys),
+// even when a producer chooses keys adversarially. SHA-256 rather than a seeded hash keeps
+// digests stable across restarts, which snapshots need.
+type digest [16]byte
+
+func sumBytes(b []byte) digest {
+	s := sha256.Sum256(b)
+	return digest(s[:16])
+}
+
+// Status is what Begin found for a key.
+type Status uint8
+
+const (
+	// Acquired means the caller now holds the key and must end its Lease with Complete
+	// or Release.
+	Acquired Status = iota + 1
+	// Done means the key completed within its TTL: the message is a duplicate.
+	Done
+	// InFlight means another holder's lease on the key is still running.
+	InFlight
+)
+
+// String returns the status name.
+func (s Status) String() string {
+	switch s {
+	case Acquired:
+		return "acquired"
+	case Done:
+		return "done"
+	case InFlight:
+		return "in_flight"
+	default:
+		return fmt.Sprintf("status(%d)", uint8(s))
+	}
+}
+
+// Lease is a holder's claim on a key, returned by Begin with Acquired. Its zero value is no
+// claim: Complete and Release ignore it.
+type Lease struct {
+	key digest
+	// token is the in-flight record's exp when it was acquired; a later holder of the
+	// same key gets a different one, so a stale holder cannot release it.
+	token int64
+}
+
+// Store is the in-memory idempotency store: keys in flight (with a lease) and keys done
+// (for a TTL), at most MaxKeys of them, oldest forgotten first. It runs no goroutine:
+// expired keys are dropped when met and swept a few at a time on every operation, so it
+// needs Close only to write its snapshot. All methods are safe for concurrent use.
+type Store struct {
+	shards []shard
+	mask   uint64
+	ttl    int64
+	lease  int64
+	now    func() time.Time
+	path   string
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// sweepBudget is how many expired records an operation removes beyond the one it may add,
+// so that sweeping keeps up with any steady insert rate at a bounded cost per call.
+const sweepBudget = 2
+
+// maxRelocations bounds how many live in-flight records an insert into a full shard moves
+// to the back instead of evicting, before it evicts whatever is oldest.
+const maxRelocations = 8
+
+// Shard counts: up to maxShards (lock striping), but never so many that a shard holds fewer
+// than minShardKeys, so that a small store still evicts in global insertion order.
+const (
+	maxShards    = 64
+	minShardKeys = 1024
+)
+
+// shard is one lock stripe: the records in insertion order, which is the eviction order,
+// and an index from key to position.
+type shard struct {
+	mu    sync.Mutex
+	ix    index
+	q     fifo
+	cap   int
+	tombs int // tombstones in q: records removed out of order, awaiting compaction
+	// lastToken keeps lease tokens unique within the shard when the clock stands still
+	// (tests, coarse clocks); see nextToken.
+	lastToken int64
+	st        counters
+	_         [64]byte // keeps neighbouring shards' locks off one cache line
+}
+
+type counters struct {
+	hits, inFlight, acquired, completed, released, takeovers, evicted, expired uint64
+}
+
+// NewStore returns an empty store configured by cfg (KeyFunc, InFlightDeferral and
+// OnDuplicate are not used by the store), with cfg.SnapshotPath loaded if that file exists.
+func NewStore(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	n := maxShards
+	for n > 1 && cfg.MaxKeys/n < minShardKeys {
+		n /= 2
+	}
+	s := &Store{
+		shards: make([]shard, n),
+		mask:   uint64(n - 1),
+		ttl:    int64(cfg.TTL),
+		lease:  int64(cfg.Lease),
+		now:    cfg.Now,
+		path:   cfg.SnapshotPath,
+	}
+	for i := range s.shards {
+		s.shards[i].cap = cfg.MaxKeys / n
+		if i < cfg.MaxKeys%n {
+			s.shards[i].cap++
+		}
+	}
+	if s.path != "" {
+		if err := s.loadIfExists(s.path); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Store) shardOf(d digest) *shard {
+	return &s.shards[binary.LittleEndian.Uint64(d[:8])&s.mask]
+}
+
+// Begin claims key. With Acquired, the caller holds key until it calls Complete or
+// Release with the returned Lease, or the lease runs out. With Done, key completed within
+// its TTL. With InFlight, another holder has it; the duration is what is left of that lease.
+func (s *Store) Begin(key string) (Lease, Status, time.Duration) {
+	// A plain []byte(key) allocates for keys over 32 bytes (a UUID is 36); a larger stack
+	// buffer does not for usual key sizes.
+	var buf [128]byte
+	return s.begin(sumBytes(append(buf[:0], key...)))
+}
+
+func (s *Store) begin(d digest) (Lease, Status, time.Duration) {
+	now := s.now().UnixNano()
+	sh := s.shardOf(d)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.sweep(now, sweepBudget)
+	if slot := sh.ix.find(d, &sh.q); slot >= 0 {
+		r := sh.q.at(sh.ix.seq(slot))
+		switch {
+		case r.live(now) && r.done():
+			sh.st.hits++
+			return Lease{}, Done, 0
+		case r.live(now):
+			sh.st.inFlight++
+			return Lease{}, InFlight, time.Duration(r.until() - now)
+		case r.done():
+			sh.st.expired++
+		default:
+			// The holder's lease ran out: it died or overran; the key is free again.
+			sh.st.takeovers++
+		}
+		sh.remove(slot)
+	}
+	token := sh.nextToken(now + s.lease)
+	sh.insert(record{key: d, exp: token}, now)
+	sh.st.acquired++
+	return Lease{key: d, token: token}, Acquired, 0
+}
+
+// Complete marks the leased key done for the TTL from now. It does so even if the lease ran
+// out and another holder took the key meanwhile: the caller's work did happen, so later
+// duplicates must be acknowledged. A key forgotten meanwhile (capacity) is added back.
+func (s *Store) Complete(l Lease) {
+	if l.token == 0 {
+		return
+	}
+	now := s.now().UnixNano()
+	exp := (now+s.ttl)&^1 | 1
+	sh := s.shardOf(l.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.sweep(now, sweepBudget)
+	sh.st.completed++
+	if slot := sh.ix.find(l.key, &sh.q); slot >= 0 {
+		sh.q.at(sh.ix.seq(slot)).exp = exp
+		return
+	}
+	sh.insert(record{key: l.key, exp: exp}, now)
+}
+
+// Release gives the leased key up without marking it, so that the next attempt runs. It
+// does nothing if the key is no longer held under this lease (it ran out and another
+// holder took the key, or the key completed).
+func (s *Store) Release(l Lease) {
+	if l.token == 0 {
+		return
+	}
+	sh := s.shardOf(l.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if slot := sh.ix.find(l.key, &sh.q); slot >= 0 {
+		if r := sh.q.at(sh.ix.seq(slot)); !r.done() && r.exp == l.token {
+			sh.remove(slot)
+			sh.st.released++
+		}
+	}
+}
+
+// Len returns the number of keys held, done or in flight. Keys whose TTL or lease ran out
+// are counted until they are swept.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.ix.n
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Sweep removes every key whose TTL or lease has run out and returns the memory it can.
+// The store never needs it for correctness (an expired key is ignored when met); call it
+// to shrink an idle store. It holds one shard's lock at a time, for a pass over that shard.
+func (s *Store) Sweep() {
+	now := s.now().UnixNano()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for seq := sh.q.head; seq != sh.q.tail; seq++ {
+			if r := sh.q.at(seq); !r.dead() && !r.live(now) {
+				sh.ix.del(sh.ix.find(r.key, &sh.q))
+				r.exp = tombstone
+				sh.tombs++
+				sh.st.expired++
+			}
+		}
+		sh.compact()
+		sh.ix.shrink()
+		sh.mu.Unlock()
+	}
+}
+
+// Stats counts what the store did since it was created.
+type Stats struct {
+	// Keys is the number of keys held now (see Store.Len).
+	Keys int
+	// Hits counts duplicates of done keys: acknowledged without calling the handler.
+	Hits uint64
+	// InFlightHits counts duplicates of keys in flight: deferred broker-side.
+	InFlightHits uint64
+	// Acquired counts keys claimed by Begin.
+	Acquired uint64
+	// Completed counts leases ended by Complete.
+	Completed uint64
+	// Released counts leases ended by Release (a failed attempt).
+	Released uint64
+	// Takeovers counts keys claimed after their holder's lease ran out.
+	Takeovers uint64
+	// Evicted counts keys forgotten for capacity before their TTL or lease ran out.
+	Evicted uint64
+	// Expired counts keys removed after their TTL or lease ran out.
+	Expired uint64
+	// KeyErrors counts messages whose KeyFunc failed (Guard only).
+	KeyErrors uint64
+	// NoKey counts messages with no key at all, handled without idempotency (Guard only).
+	NoKey uint64
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	var st Stats
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Keys += sh.ix.n
+		st.Hits += sh.st.hits
+		st.InFlightHits += sh.st.inFlight
+		st.Acquired += sh.st.acquired
+		st.Completed += sh.st.completed
+		st.Released += sh.st.released
+		st.Takeovers += sh.st.takeovers
+		st.Evicted += sh.st.evicted
+		st.Expired += sh.st.expired
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// Close writes the snapshot if Config.SnapshotPath is set. The store keeps working after
+// Close (in memory only), and a second Close does nothing and returns nil.
+func (s *Store) Close() error {
+	first := false
+	s.closeOnce.Do(func() {
+		first = true
+		if s.path != "" {
+			s.closeErr = s.SaveSnapshot(s.path)
+		}
+	})
+	if !first {
+		return nil
+	}
+	return s.closeErr
+}
+
+// nextToken returns the in-flight exp t (even), moved just past the previous token when the
+// clock has not advanced since. A clock stepped back further is taken as it is, rather than
+// lengthening every lease by the step; a token then repeats only if the same key is taken
+// at the same nanosecond as before the step.
+func (sh *shard) nextToken(t int64) int64 {
+	t &^= 1
+	if t <= sh.lastToken && sh.lastToken-t < int64(time.Millisecond) {
+		t = sh.lastToken + 2
+	}
+	sh.lastToken = t
+	return t
+}
+
+// remove forgets the record indexed at slot: popped if it is the oldest, else left as a
+// tombstone.
+func (sh *shard) remove(slot int) {
+	seq := sh.ix.seq(slot)
+	r := sh.q.at(seq)
+	sh.ix.del(slot)
+	if seq == sh.q.head {
+		sh.q.pop()
+		return
+	}
+	r.exp = tombstone
+	sh.tombs++
+}
+
+// sweep pops tombstones and up to budget expired records from the front of the queue.
+func (sh *shard) sweep(now int64, budget int) {
+	for sh.q.len() > 0 {
+		r := sh.q.front()
+		if r.dead() {
+			sh.q.pop()
+			sh.tombs--
+			continue
+		}
+		if budget == 0 || r.live(now) {
+			return
+		}
+		sh.ix.del(sh.ix.find(r.key, &sh.q))
+		sh.q.pop()
+		sh.st.expired++
+		budget--
+	}
+}
+
+// insert appends r, first making room if the shard is full: by compacting when tombstones
+// take at least an eighth of it (so live keys always get seven eighths of the capacity,
+// at an amortized cost of at most eight moves per removal), else by evicting the oldest
+// record. A live in-flight record is moved to the back rather than evicted (a few times
+// per insert), because forgetting it would let a duplicate run beside its holder.
+func (sh *shard) insert(r record, now int64) {
+	moved := 0
+	for sh.q.len() >= sh.cap {
+		if sh.tombs > 0 && sh.tombs*8 >= sh.cap {
+			sh.compact()
+			continue
+		}
+		h := *sh.q.front()
+		if h.dead() {
+			sh.q.pop()
+			sh.tombs--
+			continue
+		}
+		slot := sh.ix.find(h.key, &sh.q) // before the pop: find reads the record
+		sh.q.pop()
+		if !h.done() && h.live(now) && moved < maxRelocations {
+			sh.ix.setSeq(slot, sh.q.push(h))
+			moved++
+		} else {
+			sh.ix.del(slot)
+			if h.live(now) {
+				sh.st.evicted++
+			} else {
+				sh.st.expired++
+			}
+		}
+	}
+	sh.ix.add(r.key, sh.q.push(r))
+}
+
+// compact closes the gaps tombstones leave, keeping insertion order.
+func (sh *shard) compact() {
+	if sh.tombs == 0 {
+		return
+	}
+	w := sh.q.head
+	for rd := sh.q.head; rd != sh.q.tail; rd++ {
+		r := sh.q.at(rd)
+		if r.dead() {
+			continue
+		}
+		if rd != w {
+			slot := sh.ix.find(r.key, &sh.q)
+			*sh.q.at(w) = *r
+			sh.ix.setSeq(slot, w)
+		}
+		w++
+	}
+	sh.q.truncate(w)
+	sh.tombs = 0
+}

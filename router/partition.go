@@ -1,0 +1,116 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrPartitions is returned for a negative partition count.
+var ErrPartitions = errors.New("router: partitions must be 1 or more")
+
+// WithPartitions consumes the handler's queue Q as p key-partitioned queues Q.p0 …
+// Q.p(p-1) instead of Q itself, so that every message of one idempotency key is handled by
+// one instance at a time, and in-memory idempotency holds when the service runs as several
+// instances.
+//
+// The stack registers one Watermill handler per partition, named "<name>#<k>" and
+// consuming Q.p<k> with the handler's concurrency and prefetch, and Run declares the
+// partitions through the broker (Broker.DeclarePartitioned). On RabbitMQ each partition
+// is a single-active-consumer queue fed by the consistent-hash exchange Q: producers
+// publish to exchange Q with the idempotency key as routing key (amqp.Broker's
+// PublishPartitioned does that), and every instance consumes every partition, RabbitMQ
+// giving each partition to one of them and moving it to another when that one goes away.
+// Retries and deferrals come back to the partition they left, and the partitions share
+// one dead-letter queue Q.dlq whose records name the partition as x-original-queue, so a
+// replay goes back to it too.
+//
+// RabbitMQ (3.10) gives a partition to the consumer that subscribed to it first and moves
+// it only when that consumer goes away. So that instances started together share the
+// partitions rather than the fastest taking them all, an instance on a broker that reports
+// consumer counts (RabbitMQ) claims the partitions nobody consumes one at a time, every
+// half second, while it holds no more than the other instances together; it subscribes at
+// once, as a standby, to partitions another instance holds. A lone instance so takes all
+// of p partitions within (p-1)/2 seconds. Partitions are not rebalanced later: an instance
+// started after the others are settled, or restarted, stays a standby until a partition
+// moves.
+//
+// The handlers of one WithPartitions registration share one breaker (named after the
+// handler unless WithBreaker says otherwise). Zero means no partitions.
+func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.partitions = p } }
+
+// PartitionQueue returns the name of partition k of queue, "<queue>.p<k>", as the brokers
+// declare it.
+func PartitionQueue(queue string, k int) string { return queue + ".p" + strconv.Itoa(k) }
+
+// PartitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
+func PartitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
+
+// PartitionPublisher is what a producer needs to publish to a partitioned queue; the
+// brokers of FromAMQP and FromMemory implement it.
+type PartitionPublisher interface {
+	// PublishPartitioned publishes messages to queue's partition for key, confirmed.
+	PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error
+}
+
+// partitioned is a queue consumed as partitions.
+type partitioned struct {
+	queue      string
+	partitions int
+}
+
+// addPartitioned registers one handler per partition; s.mu is held.
+func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.HandlerFunc, hc handlerConfig) error {
+	if hc.partitions < 0 {
+		return fmt.Errorf("%w: handler %q has %d", ErrPartitions, name, hc.partitions)
+	}
+	names := make([]string, hc.partitions)
+	for k := range names {
+		names[k] = PartitionHandlerName(name, k)
+		if s.names[names[k]] {
+			return fmt.Errorf("%w: %q", ErrDuplicateHandler, names[k])
+		}
+	}
+	s.names[name] = true
+	if outputTopic != "" {
+		s.outputs = append(s.outputs, outputTopic)
+	}
+	s.parted = append(s.parted, partitioned{queue: queue, partitions: hc.partitions})
+	var claim *claimer
+	if counter, ok := s.broker.(consumerCounter); ok {
+		claim = newClaimer(queue, hc.partitions, counter, partitionClaimInterval, s.logger)
+	}
+	for k, hname := range names {
+		s.names[hname] = true
+		stack := s.compose(h, outputTopic, hc)
+		sub := s.broker.Subscriber(hc.concurrency, hc.prefetch)
+		if claim != nil {
+			sub = &claimedSubscriber{inner: sub, claim: claim, k: k, logger: s.logger, closing: make(chan struct{})}
+		}
+		s.router.AddConsumerHandler(hname, PartitionQueue(queue, k), sub, func(m *message.Message) error {
+			_, err := stack(m)
+			return err
+		})
+	}
+	return nil
+}
+
+// declarePartitioned declares every partitioned queue, before anything consumes.
+func (s *Stack) declarePartitioned(ctx context.Context) error {
+	s.mu.Lock()
+	parted := append([]partitioned(nil), s.parted...)
+	s.mu.Unlock()
+	for _, p := range parted {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := s.broker.DeclarePartitioned(dctx, p.queue, p.partitions)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("declare queue %q as %d partitions: %w", p.queue, p.partitions, err)
+		}
+	}
+	return nil
+}

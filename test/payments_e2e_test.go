@@ -1,0 +1,296 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/testenv"
+)
+
+// paymentsService runs the payments binary as its own process on queue and output.
+type paymentsService struct {
+	cmd    *exec.Cmd
+	logs   *syncBuffer
+	exited chan error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// fastPaymentsEnv is a retry policy quick enough for tests: 3 retries, 100ms then doubling
+// up to 400ms, no jitter.
+func fastPaymentsEnv(amqpURL, queue, output string) []string {
+	return append(os.Environ(),
+		"AMQP_URL="+amqpURL,
+		"PAYMENTS_QUEUE="+queue,
+		"PAYMENTS_OUTPUT_QUEUE="+output,
+		"RETRY_MAX_RETRIES=3",
+		"RETRY_INITIAL_DELAY=100ms",
+		"RETRY_MAX_DELAY=400ms",
+		"RETRY_JITTER=0",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=",
+		"OTEL_TRACES_EXPORTER=none",
+	)
+}
+
+func startPayments(t *testing.T, env []string, args ...string) *paymentsService {
+	t.Helper()
+	bin := testenv.Binary(t, "./cmd/payments")
+	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
+	cmd.Env = env
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	s := &paymentsService{cmd: cmd, logs: logs, exited: make(chan error, 1)}
+	go func() { s.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-s.exited:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-s.exited
+		}
+		if t.Failed() {
+			t.Logf("payments service logs:\n%s", logs.String())
+		}
+	})
+	return s
+}
+
+// waitQueue waits until the service declared queue.
+func waitQueue(t *testing.T, r *testenv.Rabbit, queue string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return r.Count(queue) >= 0 }, 60*time.Second, 50*time.Millisecond, "queue %s declared", queue)
+}
+
+type arrived struct {
+	ev example_payment.Succeeded
+	at time.Time
+}
+
+// collectEvents consumes output in the background, recording each event's arrival.
+func collectEvents(t *testing.T, r *testenv.Rabbit, output string) func() []arrived {
+	t.Helper()
+	ch, err := r.Conn.Channel()
+	require.NoError(t, err)
+	deliveries, err := ch.Consume(output, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var got []arrived
+	go func() {
+		for d := range deliveries {
+			var ev example_payment.Succeeded
+			if err := json.Unmarshal(d.Body, &ev); err != nil {
+				t.Errorf("event is not JSON: %q", d.Body)
+				continue
+			}
+			mu.Lock()
+			got = append(got, arrived{ev: ev, at: time.Now()})
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { _ = ch.Close() })
+	return func() []arrived {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]arrived(nil), got...)
+	}
+}
+
+func paymentBody(id, source string) []byte {
+	return []byte(fmt.Sprintf(`{"payment_id":%q,"order_id":"ord_%s","amount_cents":1299,"currency":"EUR","source":%q}`, id, id, source))
+}
+
+func TestPaymentsEndToEnd(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	queue, output := testenv.Name("e2e.payments.requested"), testenv.Name("e2e.payments.succeeded")
+	r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+	startPayments(t, fastPaymentsEnv(r.URL, queue, output))
+	waitQueue(t, r, queue)
+	waitQueue(t, r, output)
+	events := collectEvents(t, r, output)
+
+	run := fmt.Sprintf("%d", time.Now().UnixNano()%1e9)
+	id := func(s string) string { return "pay_" + run + "_" + s }
+	type request struct {
+		msgID string
+		body  []byte
+	}
+	requests := []request{
+		{"m-visa", paymentBody(id("visa"), "tok_visa")},
+		{"m-insufficient", paymentBody(id("insufficient"), example_payment.TokenInsufficientFunds)},
+		{"m-flaky", paymentBody(id("flaky"), example_payment.FlakyToken(2))},
+		{"m-timeout", paymentBody(id("timeout"), example_payment.TokenTimeout)},
+		{"m-rate", paymentBody(id("rate"), example_payment.TokenRateLimited)},
+		{"m-panic", paymentBody(id("panic"), example_payment.TokenPanic)},
+		{"m-dup-1", paymentBody(id("dup"), "tok_mastercard")},
+		{"m-dup-2", paymentBody(id("dup"), "tok_mastercard")},
+		{"m-malformed", []byte(`{"payment_id": "broken`)},
+	}
+	published := map[string]time.Time{}
+	for _, req := range requests {
+		published[req.msgID] = time.Now()
+		// A plain amqp091 producer: no Watermill headers at all.
+		r.Publish(queue, amqp091.Publishing{MessageId: req.msgID + "-" + run, ContentType: "application/json", DeliveryMode: amqp091.Persistent, Body: req.body})
+	}
+
+	wantEvents := map[string]int{id("visa"): 1, id("flaky"): 3, id("rate"): 2, id("dup"): 1}
+	require.Eventually(t, func() bool { return len(events()) >= len(wantEvents) }, 60*time.Second, 50*time.Millisecond, "success events")
+	wantDLQ := 4 // insufficient, timeout, panic, malformed
+	require.Eventually(t, func() bool { return r.Count(queue+".dlq") >= wantDLQ }, 60*time.Second, 50*time.Millisecond, "dead letters")
+	time.Sleep(time.Second) // anything more (a second event for the duplicate) would show now
+
+	byPayment := map[string]arrived{}
+	counts := map[string]int{}
+	for _, a := range events() {
+		counts[a.ev.PaymentID]++
+		byPayment[a.ev.PaymentID] = a
+	}
+	t.Run("success events", func(t *testing.T) {
+		for pid, attempts := range wantEvents {
+			assert.Equal(t, 1, counts[pid], "events for %s", pid)
+			ev := byPayment[pid].ev
+			assert.Equal(t, attempts, ev.Attempts, "attempts of %s", pid)
+			assert.Equal(t, "ord_"+pid, ev.OrderID)
+			assert.Equal(t, int64(1299), ev.AmountCents)
+			assert.Equal(t, "EUR", ev.Currency)
+			assert.True(t, strings.HasPrefix(ev.ChargeID, "ch_"), "charge id %q", ev.ChargeID)
+		}
+		assert.Len(t, counts, len(wantEvents), "no event for a payment that must not succeed: %v", counts)
+	})
+	t.Run("rate limited waits exactly its retry-after", func(t *testing.T) {
+		waited := byPayment[id("rate")].at.Sub(published["m-rate"])
+		assert.GreaterOrEqual(t, waited, 2*time.Second, "second attempt came before the 2s retry-after")
+		assert.Less(t, waited, 3500*time.Millisecond, "second attempt came long after the 2s retry-after")
+	})
+
+	records := map[string]map[string]string{}
+	payloads := map[string][]byte{}
+	for {
+		d, ok := r.Get(queue + ".dlq")
+		if !ok {
+			break
+		}
+		md := map[string]string{}
+		for k, v := range d.Headers {
+			md[k] = fmt.Sprint(v)
+		}
+		key := strings.TrimSuffix(d.MessageId, "-"+run)
+		records[key] = md
+		payloads[key] = d.Body
+	}
+	t.Run("dead letters", func(t *testing.T) {
+		cases := []struct {
+			msgID, errType string
+			retries        string
+			stack          bool
+		}{
+			{"m-insufficient", example_payment.ErrorTypeInsufficientFunds, "0", false},
+			{"m-timeout", example_payment.ErrorTypeGatewayTimeout, "3", false},
+			{"m-panic", example_payment.ErrorTypePanic, "3", true},
+			{"m-malformed", example_payment.ErrorTypeDecode, "0", false},
+		}
+		require.Len(t, records, len(cases), "DLQ holds exactly the failed requests")
+		bodies := map[string][]byte{}
+		for _, req := range requests {
+			bodies[req.msgID] = req.body
+		}
+		for _, tc := range cases {
+			t.Run(tc.msgID, func(t *testing.T) {
+				rec, ok := records[tc.msgID]
+				require.True(t, ok, "no DLQ record for %s", tc.msgID)
+				assert.Equal(t, bodies[tc.msgID], payloads[tc.msgID], "payload byte for byte")
+				assert.Equal(t, tc.errType, rec[sluice.HeaderErrorType])
+				assert.Equal(t, tc.retries, rec[sluice.HeaderRetryCount])
+				assert.Equal(t, queue, rec[sluice.HeaderOriginalQueue])
+				assert.Equal(t, "payments", rec[sluice.HeaderHandler])
+				assert.NotEmpty(t, rec[sluice.HeaderErrorMessage])
+				assert.NotEmpty(t, rec[sluice.HeaderFailedHost])
+				assert.NotEmpty(t, rec[sluice.HeaderFailedPID])
+				for _, k := range []string{sluice.HeaderFirstFailureTime, sluice.HeaderLastFailureTime, sluice.HeaderFailedAt} {
+					_, err := time.Parse(time.RFC3339Nano, rec[k])
+					assert.NoError(t, err, "%s = %q", k, rec[k])
+				}
+				var history []sluice.HistoryEntry
+				require.NoError(t, json.Unmarshal([]byte(rec[sluice.HeaderRetryHistory]), &history))
+				assert.Len(t, history, len(tc.retries)*0+atoi(tc.retries)+1, "one history entry per attempt")
+				if tc.stack {
+					assert.Contains(t, rec[sluice.HeaderErrorStack], "goroutine", "a panic's stack is recorded")
+				} else {
+					assert.Empty(t, rec[sluice.HeaderErrorStack])
+				}
+			})
+		}
+	})
+	assert.Equal(t, 0, r.Count(queue), "nothing left in the consumed queue")
+}
+
+func atoi(s string) int {
+	var n int
+	_, _ = fmt.Sscanf(s, "%d", &n)
+	return n
+}
+
+func TestPaymentsDemoSummaryMatchesItsMix(t *testing.T) {
+	bin := testenv.Binary(t, "./cmd/payments")
+	cases := []struct {
+		name string
+		env  func(t *testing.T) []string
+	}{
+		{"embedded broker", func(t *testing.T) []string {
+			env := fastPaymentsEnv("", "payments.requested", "payments.succeeded")
+			return env
+		}},
+		{"rabbitmq", func(t *testing.T) []string {
+			r := testenv.NewRabbit(t)
+			queue, output := testenv.Name("demo.payments.requested"), testenv.Name("demo.payments.succeeded")
+			r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+			return fastPaymentsEnv(r.URL, queue, output)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "demo", "-n", "80", "-seed", "42")
+			cmd.Env = tc.env(t)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "demo failed:\n%s", out)
+			text := string(out)
+			assert.Contains(t, text, "every request settled as the contract says")
+			assert.NotContains(t, text, "mismatch")
+			for _, row := range []string{"succeeded", "dead-lettered", "duplicates absorbed", "double charges", "insufficient_funds", "gateway_timeout", "panic", "validation", "decode"} {
+				assert.Contains(t, text, row)
+			}
+		})
+	}
+}
