@@ -54,9 +54,9 @@ type Config struct {
 	// Logger is used by the stack, its steps and Watermill (through its slog adapter).
 	// Nil means slog.Default().
 	Logger *slog.Logger
-	// Retry configures the retry step; its Delayer is the broker.
+	// Retry configures the retry step. A nil Delayer means the broker's delay.
 	Retry retry.Config
-	// Poison configures the dead-letter step; its DeadLetterer is the broker.
+	// Poison configures the dead-letter step. A nil DeadLetterer means the broker's DLQ.
 	Poison poison.Config
 	// HandlerTimeout is the deadline of the handler's context. Zero means 30s.
 	HandlerTimeout time.Duration
@@ -146,8 +146,15 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
 	}
+	// The broker does the hand-offs unless the caller gave the steps their own.
 	var delayer retry.Delayer = broker
+	if cfg.Retry.Delayer != nil {
+		delayer = cfg.Retry.Delayer
+	}
 	var dead poison.DeadLetterer = broker
+	if cfg.Poison.DeadLetterer != nil {
+		dead = cfg.Poison.DeadLetterer
+	}
 	output := broker.Publisher()
 	if cfg.Telemetry != nil {
 		delayer = cfg.Telemetry.WrapDelayer(delayer)

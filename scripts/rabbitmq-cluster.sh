@@ -16,6 +16,12 @@
 # by an earlier run (a killed test, a half-started cluster, stale data) is stopped and
 # wiped first, so a start always ends with a fresh cluster or an error.
 #
+# Several test runs may share the cluster: each names itself with SLUICE_CLUSTER_USER (its
+# pid) on start and stop, and stop then leaves the cluster running while another user's
+# process is alive. start and stop hold a lock ($dir.lock), so concurrent ones take turns.
+# Nodes are recognized by name and data directory: another checkout's nodes are never
+# stopped (its ports are then in use, and start says so).
+#
 # Run as root, the nodes run as the rabbitmq user (the packaged scripts want that; its
 # $HOME/.erlang.cookie is the cookie every node and rabbitmqctl share), and the data
 # directory is owned by rabbitmq. Run as another user, they run as that user with its own
@@ -27,6 +33,7 @@
 #   SLUICE_CLUSTER_AMQP_PORT  AMQP port of node 1; nodes 2, 3 use the next ones (5681)
 #   SLUICE_CLUSTER_DIST_PORT  distribution port of node 1; likewise (25681)
 #   SLUICE_CLUSTER_TIMEOUT    seconds to wait for a node to boot (default 90)
+#   SLUICE_CLUSTER_USER       pid of the process using the cluster (see above)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -110,7 +117,10 @@ ours() {
 	local pid="$1" n="$2"
 	case "$pid" in '' | *[!0-9]*) return 1 ;; esac
 	kill -0 "$pid" 2>/dev/null || return 1
-	tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qx "RABBITMQ_NODENAME=$(node_name "$n")"
+	local env
+	env="$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ")" || return 1
+	echo "$env" | grep -qx "RABBITMQ_NODENAME=$(node_name "$n")" &&
+		echo "$env" | grep -qx "RABBITMQ_MNESIA_BASE=$dir/n$n/mnesia"
 }
 
 # node_pids N: pids of our node N's VM: the pid file's, and any VM whose environment names
@@ -239,10 +249,11 @@ start() {
 	done
 	for pid in "${pids[@]}"; do wait "$pid" || die "a node did not start; run '$0 stop' to clean up"; done
 	# Nodes 2 and 3 join node 1 one after the other: concurrent joins race on the schema.
+	# (start_app logs errors about tables of nodes still joining: noise, shown only on failure.)
 	for n in $(seq 2 $nodes); do
-		ctl "$n" -q stop_app >/dev/null
-		ctl "$n" -q join_cluster "$(node_name 1)" >/dev/null || die "$(node_name "$n") could not join $(node_name 1)"
-		ctl "$n" -q start_app >/dev/null
+		out="$(ctl "$n" -q stop_app 2>&1)" || die "stop_app on $(node_name "$n"): $out"
+		out="$(ctl "$n" -q join_cluster "$(node_name 1)" 2>&1)" || die "$(node_name "$n") could not join $(node_name 1): $out"
+		out="$(ctl "$n" -q start_app 2>&1)" || die "start_app on $(node_name "$n"): $out"
 	done
 	clustered || die "nodes started but do not form one cluster; see '$0 status'"
 	say "started in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')s: $(urls)"
@@ -273,9 +284,43 @@ status() {
 	return $rc
 }
 
+# lock: start and stop of this cluster, one at a time.
+lock() {
+	mkdir -p "$(dirname "$dir")"
+	exec 9>"$dir.lock"
+	flock -w 600 9 || die "another start or stop of $dir holds $dir.lock"
+}
+
+# other_users: live processes other than SLUICE_CLUSTER_USER registered as users.
+other_users() {
+	local f pid
+	for f in "$dir"/users/*; do
+		[ -e "$f" ] || continue
+		pid="$(basename "$f")"
+		[ "$pid" = "${SLUICE_CLUSTER_USER:-}" ] && continue
+		if kill -0 "$pid" 2>/dev/null; then echo "$pid"; else rm -f "$f"; fi
+	done
+}
+
 case "${1:-}" in
-start) start ;;
+start)
+	lock
+	start
+	if [ -n "${SLUICE_CLUSTER_USER:-}" ]; then
+		mkdir -p "$dir/users"
+		touch "$dir/users/$SLUICE_CLUSTER_USER"
+	fi
+	;;
 stop)
+	lock
+	if [ -n "${SLUICE_CLUSTER_USER:-}" ]; then
+		rm -f "$dir/users/$SLUICE_CLUSTER_USER"
+		others="$(other_users | tr '\n' ' ')"
+		if [ -n "$others" ]; then
+			say "left running: still used by pid $others"
+			exit 0
+		fi
+	fi
 	stop_all
 	say "stopped"
 	;;

@@ -170,11 +170,17 @@ func TestFailedHandoffLeavesOriginalUnacked(t *testing.T) {
 		}))
 	})
 	e.publish(t, queue, message.NewMessage("msg-handoff", []byte("x")))
-	require.Eventually(t, func() bool { return c.n() >= 3 }, 20*time.Second, 20*time.Millisecond, "redelivered after each failed hand-off")
-	// The original is never acked: it is still in the queue (unacked), not in the DLQ.
+	require.Eventually(t, func() bool { return c.n() >= 5 }, 20*time.Second, 20*time.Millisecond, "redelivered after each failed hand-off")
+	// The original is never acked nor dead-lettered: the same message comes back.
 	assert.Equal(t, 0, e.count(t, queue+".dlq"), "nothing dead-lettered")
+	for _, m := range c.msgs {
+		assert.Equal(t, "msg-handoff", m.UUID)
+		assert.Empty(t, m.Metadata.Get(sluice.HeaderRetryCount), "no retry copy was ever confirmed")
+	}
 	gaps := c.gaps()
-	assert.Greater(t, gaps[len(gaps)-1], 40*time.Millisecond, "redeliveries back off instead of spinning: %v", gaps)
+	last := gaps[len(gaps)-1]
+	assert.Greater(t, last, gaps[0], "redeliveries back off instead of spinning: %v", gaps)
+	assert.GreaterOrEqual(t, last, 100*time.Millisecond, "redeliveries back off instead of spinning: %v", gaps)
 }
 
 type delayerFunc func(ctx context.Context, queue string, d time.Duration, m *message.Message) error

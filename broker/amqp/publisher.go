@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -30,25 +29,11 @@ var (
 //
 // Publish(topic) sends to the default exchange with the topic as routing key, i.e. to the
 // queue named topic. PublishTo sends to any exchange.
-//
-// Publishes are spread round-robin over a few confirm channels (publisherChannels): on one
-// channel every publish takes the same lock around its socket write, and a hundred callers
-// queued on it convoy, each waiting to be scheduled in turn. A call's own messages all go
-// out on one channel, in order; sequential calls are ordered anyway, since each returns only
-// after its confirms.
 type Publisher struct {
 	conn      *connection
 	marshaler Marshaler
 	cfg       Config
 
-	next  atomic.Uint32
-	slots [publisherChannels]channelSlot
-}
-
-// publisherChannels is how many confirm channels one Publisher uses.
-const publisherChannels = 4
-
-type channelSlot struct {
 	mu sync.Mutex
 	cc *confirmChannel
 }
@@ -61,18 +46,20 @@ func newPublisher(conn *connection, cfg Config) *Publisher {
 // deadline is the first message's context deadline, else Config.PublishTimeout.
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	ctx := context.Background()
-	if len(messages) > 0 && messages[0].Context() != nil && messages[0].Context().Done() != nil {
+	if len(messages) > 0 && messages[0].Context() != nil {
+		ctx = messages[0].Context()
+	}
+	if ctx.Done() != nil {
 		// Keep the deadline, not the cancellation: a handler's context is cancelled right
 		// after it returns, while its output may still be confirming. (A context that can
-		// never be cancelled has no deadline either, and is used as it is.)
-		ctx = context.WithoutCancel(messages[0].Context())
-		if dl, ok := messages[0].Context().Deadline(); ok {
+		// never be cancelled has no deadline either and is used as it is.)
+		parent := ctx
+		ctx = context.WithoutCancel(parent)
+		if dl, ok := parent.Deadline(); ok {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithDeadline(ctx, dl)
 			defer cancel()
 		}
-	} else if len(messages) > 0 && messages[0].Context() != nil {
-		ctx = messages[0].Context()
 	}
 	return p.PublishTo(ctx, "", topic, messages...)
 }
@@ -106,8 +93,8 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 		for i := range pending {
 			w, err := cc.publish(ctx, exchange, routingKey, pending[i])
 			if err != nil && !errors.Is(err, errChannelLost) {
-				// The caller's deadline passed: that is this call's failure, and no
-				// reason to close a channel other callers are confirming on.
+				// This call's deadline passed: its own failure, and no reason to close
+				// the channel other callers are waiting for confirms on.
 				return fmt.Errorf("publish message %s to exchange %q key %q: %w", pending[i].MessageId, exchange, routingKey, err)
 			}
 			if err != nil {
@@ -146,15 +133,12 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 	}
 }
 
-// channel returns the next confirm channel of the pool, opening one when its slot is empty
-// or its channel died.
+// channel returns the shared confirm channel, opening one when there is none or it died.
 func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
-	i := int(p.next.Add(1) % publisherChannels)
-	s := &p.slots[i]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cc != nil && !s.cc.isClosed() {
-		return s.cc, nil
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cc != nil && !p.cc.isClosed() {
+		return p.cc, nil
 	}
 	ch, err := p.conn.channel(ctx)
 	if err != nil {
@@ -164,40 +148,34 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc.slot = i
-	s.cc = cc
+	p.cc = cc
 	return cc, nil
 }
 
 func (p *Publisher) dropChannel(cc *confirmChannel) {
-	s := &p.slots[cc.slot]
-	s.mu.Lock()
-	if s.cc == cc {
-		s.cc = nil
+	p.mu.Lock()
+	if p.cc == cc {
+		p.cc = nil
 	}
-	s.mu.Unlock()
+	p.mu.Unlock()
 	cc.close()
 }
 
-// Close closes the publisher's channels. Publishes still waiting fail.
+// Close closes the publisher's channel. Publishes still waiting fail.
 func (p *Publisher) Close() error {
-	for i := range p.slots {
-		s := &p.slots[i]
-		s.mu.Lock()
-		cc := s.cc
-		s.cc = nil
-		s.mu.Unlock()
-		if cc != nil {
-			cc.close()
-		}
+	p.mu.Lock()
+	cc := p.cc
+	p.cc = nil
+	p.mu.Unlock()
+	if cc != nil {
+		cc.close()
 	}
 	return nil
 }
 
 // confirmChannel is one AMQP channel in confirm mode with its in-flight publishes.
 type confirmChannel struct {
-	ch   *amqp.Channel
-	slot int // index in Publisher.slots
+	ch *amqp.Channel
 
 	pubMu sync.Mutex // keeps sequence numbers in publish order
 
@@ -222,10 +200,10 @@ func newConfirmChannel(ch *amqp.Channel) (*confirmChannel, error) {
 	cc := &confirmChannel{ch: ch, pending: map[uint64]*inflight{}, done: make(chan struct{})}
 	// Both are read by one goroutine. returns is unbuffered: amqp091 delivers a
 	// basic.return before the basic.ack of the same message from its single reader
-	// goroutine, and the send completes only when dispatch took the return, so the return
-	// is recorded before that message's confirm can be read. confirms is buffered: an
-	// unbuffered one made amqp091's reader wait for dispatch on every single confirm, a
-	// goroutine hand-off per message that capped throughput on a busy machine.
+	// goroutine, and that send completes only once dispatch took the return, so the
+	// return is recorded before the message's confirm can be read. confirms is buffered,
+	// as amqp091 asks: unbuffered, its reader waited for dispatch on every confirm (while
+	// holding its confirms lock), one goroutine hand-off per message.
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, confirmBuffer))
 	returns := ch.NotifyReturn(make(chan amqp.Return))
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
@@ -340,6 +318,9 @@ func (cc *confirmChannel) publish(ctx context.Context, exchange, key string, pub
 		cc.mu.Lock()
 		delete(cc.pending, seq)
 		cc.mu.Unlock()
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, ctxErr
+		}
 		return nil, errChannelLost
 	}
 	return f.result, nil
@@ -357,5 +338,5 @@ func (cc *confirmChannel) close() {
 }
 
 // confirmBuffer is the capacity of a confirm channel's confirmation queue: amqp091's reader
-// goroutine hands confirms over without waiting for dispatch until this many are queued.
-const confirmBuffer = 4096
+// hands confirms over without waiting for dispatch until this many are queued.
+const confirmBuffer = 1024

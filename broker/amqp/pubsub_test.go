@@ -229,3 +229,28 @@ func quietLogger() *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
+
+// A publish whose deadline has already passed fails at once with the context's error. It
+// used to be taken for a lost channel: the shared channel was closed under every other
+// caller's in-flight confirms and reopened, again and again, without end.
+func TestPublishWithExpiredDeadlineFailsFast(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	b := newBroker(t, amqp.Config{})
+	queue := testenv.Name("test.expired")
+	declare(t, b, r, queue)
+	require.NoError(t, b.Publisher().Publish(queue, message.NewMessage("first", []byte("x"))))
+
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Publisher().PublishTo(expired, "", queue, message.NewMessage("late", []byte("x"))) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		t.Fatal("publish with an expired deadline did not return")
+	}
+	require.NoError(t, b.Publisher().Publish(queue, message.NewMessage("after", []byte("x"))))
+	require.Eventually(t, func() bool { return r.Count(queue) == 2 }, 10*time.Second, 50*time.Millisecond,
+		"the expired publish must not reach the queue; the others must")
+}

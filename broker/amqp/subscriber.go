@@ -218,8 +218,17 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 			defer t.Stop()
 			drain = t.C
 		case <-drain:
-			s.logger.Warn("handler did not finish within the drain timeout; message returned to the queue", "message_id", msg.UUID)
+			// Cancel the handler and give it a moment to answer, so a hand-off it is
+			// making is not doubled by our requeue.
 			cancel()
+			select {
+			case <-msg.Acked():
+				_ = d.Ack(false)
+				return
+			case <-msg.Nacked():
+			case <-time.After(time.Second):
+			}
+			s.logger.Warn("handler did not finish within the drain timeout; message returned to the queue", "message_id", msg.UUID)
 			_ = d.Nack(false, true)
 			return
 		}

@@ -328,7 +328,7 @@ func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Mes
 			cancel()
 			return
 		}
-		s.settle(q, m, msg)
+		s.settle(q, m, msg, cancel)
 		cancel()
 	}
 }
@@ -337,7 +337,7 @@ func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Mes
 // subscriber or the broker closes first, the handler gets DrainTimeout to finish; then m
 // goes back to the head of its queue, as RabbitMQ returns an unacked delivery when its
 // channel closes. Without this, Close waited forever for a handler that never decides.
-func (s *subscriber) settle(q *queue, m, msg *message.Message) {
+func (s *subscriber) settle(q *queue, m, msg *message.Message, cancel context.CancelFunc) {
 	closing, brokerClosing := s.closing, s.b.closing
 	var drain <-chan time.Time
 	for {
@@ -353,6 +353,15 @@ func (s *subscriber) settle(q *queue, m, msg *message.Message) {
 		case <-closing:
 		case <-brokerClosing:
 		case <-drain:
+			// Cancel the handler and give it a moment to answer, so a hand-off it is
+			// making is not doubled by the requeue.
+			cancel()
+			select {
+			case <-msg.Acked():
+				return
+			case <-msg.Nacked():
+			case <-time.After(time.Second):
+			}
 			s.b.cfg.Logger.Warn("handler did not finish within the drain timeout; message returned to the queue", "message_id", m.UUID)
 			q.push(m, true)
 			return

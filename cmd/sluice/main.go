@@ -1,6 +1,7 @@
 // Command sluice is the operator CLI of the sluice framework.
 //
 //	sluice dlq list|show|stats|replay|purge --queue Q ...
+//	sluice trace <message-id | trace-id>
 //
 // It connects to RabbitMQ at AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/; a
 // comma-separated list is tried in order). The URL is read from the environment only, never
@@ -100,6 +101,7 @@ func dispatch(ctx context.Context, e *env, prog, about string, cmds []command, a
 		}
 		fmt.Fprintf(w, "\nRun '%s <command> -h' for a command's flags.\n", prog)
 		fmt.Fprintln(w, "RabbitMQ is reached at AMQP_URL (default "+amqp.DefaultURL+").")
+		fmt.Fprintln(w, "Jaeger's query API is reached at JAEGER_QUERY_URL (default http://127.0.0.1:16686).")
 		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found.")
 	}
 	if len(args) == 0 {

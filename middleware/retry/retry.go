@@ -182,6 +182,14 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		ctx := msg.Context()
 		queue := message.SubscribeTopicFromCtx(ctx)
+		if ctx.Err() != nil {
+			// The message's own context ends only when the consumer shuts down (the
+			// handler's deadline lives on an inner context): the failure is an artifact of
+			// the shutdown, so the message goes back unacked, without using an attempt.
+			herr := fmt.Errorf("consumer shutting down while message %s was handled: %w", msg.UUID, err)
+			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: herr})
+			return nil, sluice.Handoff(herr)
+		}
 		now := r.cfg.Now()
 		count := sluice.RetryCount(msg.Metadata)
 		attempt := count + 1

@@ -371,6 +371,15 @@ func TestChaos(t *testing.T) {
 			t.Errorf("request %s (%s, payment %s) expected to succeed: no event, DLQ %q", ids[i], r.Kind, r.PaymentID, dead[ids[i]])
 		case example_payment.ExpectDeadLettered:
 			typ, ok := dead[ids[i]]
+			// A flaky payment counts its failures in the simulated gateway's memory: a
+			// redelivered copy (its ack lost with a connection) and its retry copy both
+			// advance that count, so it can succeed within its retries. Either way it is
+			// accounted for.
+			if !ok && r.Kind == example_payment.KindFlaky && events[r.PaymentID] > 0 {
+				shifted++
+				succeededPayments[r.PaymentID] = true
+				continue
+			}
 			if !ok {
 				lost++
 				t.Errorf("request %s (%s) expected in the DLQ: not there", ids[i], r.Kind)
@@ -393,7 +402,7 @@ func TestChaos(t *testing.T) {
 	for _, f := range faults {
 		t.Logf("  %-24s recovered in %s", f, recovery[f].Round(10*time.Millisecond))
 	}
-	t.Logf("requests %d (%d duplicates in the mix), success events %d, dead letters %d, lost %d, wrong type %d, flaky shifted to DLQ by the kill %d, double charges %d",
+	t.Logf("requests %d (%d duplicates in the mix), success events %d, dead letters %d, lost %d, wrong type %d, flaky payments settled the other way by the faults %d, double charges %d",
 		len(mix), duplicateRequests, len(events)+doubles, len(dead), lost, wrong, shifted, doubles)
 
 	assert.Zero(t, lost, "requests lost")

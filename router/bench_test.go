@@ -1,0 +1,565 @@
+package router_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/sony/gobreaker"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/middleware/breaker"
+	"github.com/sluice-go/sluice/middleware/idempotency"
+	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/telemetry"
+)
+
+// Benchmarks of the whole stack, every message 1 KiB and persistent. Sub-benchmarks named
+// sluice, raw and watermill under one parent are one comparison; internal/benchtable
+// (make bench) puts them side by side. The RabbitMQ ones need the local broker; their
+// figures are comparable within one run only (the broker and the 2 cores are shared).
+//
+// "sluice" is always the full stack as a service runs it: telemetry (an OpenTelemetry SDK
+// tracer that samples every span into a batch processor whose exporter discards them, and
+// an SDK meter provider), recoverer, poison, retry, idempotency, breaker and timeout.
+
+const (
+	// benchConcurrency and benchPrefetch are the consumers' settings in every variant.
+	benchConcurrency = 8
+	benchPrefetch    = 64
+	// benchDrainTimeout bounds one timed drain; only a broken run reaches it.
+	benchDrainTimeout = 10 * time.Minute
+)
+
+var benchPayload = func() []byte {
+	p := make([]byte, 1024)
+	for i := range p {
+		p[i] = 'a' + byte(i%26)
+	}
+	return p
+}()
+
+var benchLogger = slog.New(slog.DiscardHandler)
+
+// BenchmarkConsume drains a queue pre-filled with b.N messages (outside the timer) through a
+// handler that succeeds, with prefetch benchPrefetch and benchConcurrency messages at a
+// time:
+//   - sluice: router.New on the RabbitMQ broker, the full stack, WithConcurrency and
+//     WithPrefetch;
+//   - raw: amqp091-go, one channel, benchConcurrency goroutines receiving and acking;
+//   - watermill: watermill-amqp's subscriber (NewDurableQueueConfig) under a plain
+//     Watermill router. Its subscriber hands out one message at a time per subscription,
+//     so the router gets benchConcurrency handlers on the queue, each with prefetch
+//     benchPrefetch/benchConcurrency: the same concurrency and total prefetch.
+func BenchmarkConsume(b *testing.B) {
+	url := testenv.AMQPURL(b)
+	b.Run("sluice", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		br := benchBroker(b, url)
+		q := benchSluiceQueue(b, r, br, "bench.consume.sluice")
+		benchPrefill(b, r, q, b.N)
+		done, handled := benchCountTo(b.N)
+		stack := benchStack(b, router.FromAMQP(br), router.Config{}, os.Getenv("UNTRACED") == "")
+		if err := stack.Handle("bench", q, func(*message.Message) error {
+			handled()
+			return nil
+		}, router.WithConcurrency(benchConcurrency), router.WithPrefetch(benchPrefetch)); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		benchRun(b, stack, done)
+	})
+	b.Run("raw", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		q := benchPlainQueue(b, r, "bench.consume.raw")
+		benchPrefill(b, r, q, b.N)
+		done, handled := benchCountTo(b.N)
+		ch, err := r.Conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ch.Qos(benchPrefetch, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range benchConcurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for d := range deliveries {
+					if err := d.Ack(false); err != nil {
+						b.Error(err)
+						return
+					}
+					handled()
+				}
+			}()
+		}
+		benchWait(b, done)
+		b.StopTimer()
+		benchReportRate(b)
+		_ = ch.Close()
+		wg.Wait()
+	})
+	b.Run("watermill", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		q := benchPlainQueue(b, r, "bench.consume.watermill")
+		benchPrefill(b, r, q, b.N)
+		done, handled := benchCountTo(b.N)
+		cfg := wamqp.NewDurableQueueConfig(url)
+		cfg.Consume.Qos.PrefetchCount = benchPrefetch / benchConcurrency
+		sub, err := wamqp.NewSubscriber(cfg, watermill.NopLogger{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wr, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range benchConcurrency {
+			wr.AddNoPublisherHandler(fmt.Sprintf("bench-%d", i), q, sub, func(*message.Message) error {
+				handled()
+				return nil
+			})
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		ctx, cancel := context.WithCancel(context.Background())
+		stopped := make(chan error, 1)
+		go func() { stopped <- wr.Run(ctx) }()
+		benchWait(b, done)
+		b.StopTimer()
+		benchReportRate(b)
+		_ = wr.Close()
+		cancel()
+		<-stopped
+		_ = sub.Close()
+	})
+}
+
+// BenchmarkRetryPath drains b.N pre-filled messages of which every one fails once: the
+// failed attempt is handed to the delay cascade with delay 0 (confirmed), acked, consumed
+// again and succeeds. Timed until b.N messages succeeded.
+//   - sluice: the full stack; retry with a 1ns backoff (0 cascade units), so the hand-off
+//     is Broker.Delay(0) through the cascade's exchanges back into the queue;
+//   - raw: amqp091-go, the same route, pipelined: one consumer (prefetch benchPrefetch)
+//     publishes a first attempt's copy with x-retry-count to the cascade on a confirm
+//     channel and acks the original once that copy is confirmed, acks a second attempt.
+//     Up to benchPrefetch hand-offs are in flight, so sluice runs with
+//     benchPrefetch handlers to have as many.
+func BenchmarkRetryPath(b *testing.B) {
+	url := testenv.AMQPURL(b)
+	errOnce := errors.New("fails once")
+	b.Run("sluice", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		br := benchBroker(b, url)
+		q := benchSluiceQueue(b, r, br, "bench.retry.sluice")
+		benchPrefill(b, r, q, b.N)
+		done, handled := benchCountTo(b.N)
+		// Every first attempt fails, so a breaker with default settings would rightly open
+		// and defer everything; this one is on the path but never trips.
+		reg, err := breaker.New(breaker.Config{ConsecutiveFailures: math.MaxUint32, Logger: benchLogger})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stack := benchStack(b, router.FromAMQP(br), router.Config{
+			Retry: retry.Config{
+				InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: -1,
+			},
+			Breakers: reg,
+		}, true)
+		if err := stack.Handle("bench", q, func(m *message.Message) error {
+			if sluice.RetryCount(m.Metadata) == 0 {
+				return errOnce
+			}
+			handled()
+			return nil
+		}, router.WithConcurrency(benchPrefetch), router.WithPrefetch(benchPrefetch)); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		benchRun(b, stack, done)
+	})
+	b.Run("raw", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		br := benchBroker(b, url)
+		q := benchSluiceQueue(b, r, br, "bench.retry.raw")
+		benchPrefill(b, r, q, b.N)
+		done, handled := benchCountTo(b.N)
+		in, err := r.Conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := in.Qos(benchPrefetch, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		out, err := r.Conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := out.Confirm(false); err != nil {
+			b.Fatal(err)
+		}
+		exchange := fmt.Sprintf("%s%02d", amqp.DelayExchangePrefix, amqp.DelayLevels-1)
+		key := benchZeroDelayKey(q)
+		type step struct {
+			d  amqp091.Delivery
+			dc *amqp091.DeferredConfirmation // nil: the second attempt, just ack
+		}
+		steps := make(chan step, benchPrefetch)
+		b.ReportAllocs()
+		b.ResetTimer()
+		deliveries, err := in.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			defer close(steps)
+			for d := range deliveries {
+				if _, retried := d.Headers[sluice.HeaderRetryCount]; retried {
+					steps <- step{d: d}
+					continue
+				}
+				headers := make(amqp091.Table, len(d.Headers)+1)
+				for k, v := range d.Headers {
+					headers[k] = v
+				}
+				headers[sluice.HeaderRetryCount] = "1"
+				dc, err := out.PublishWithDeferredConfirmWithContext(context.Background(), exchange, key, true, false, amqp091.Publishing{
+					Headers: headers, MessageId: d.MessageId, DeliveryMode: amqp091.Persistent, Body: d.Body,
+				})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				steps <- step{d: d, dc: dc}
+			}
+		}()
+		acked := make(chan struct{})
+		go func() {
+			defer close(acked)
+			for s := range steps {
+				if s.dc != nil && !s.dc.Wait() {
+					b.Error("hand-off nacked")
+					return
+				}
+				if err := s.d.Ack(false); err != nil {
+					b.Error(err)
+					return
+				}
+				if s.dc == nil {
+					handled()
+				}
+			}
+		}()
+		benchWait(b, done)
+		b.StopTimer()
+		benchReportRate(b)
+		_ = in.Close()
+		<-acked
+		_ = out.Close()
+	})
+}
+
+// BenchmarkStackInProcess is the in-process cost per message of the failure-handling
+// stack on the success path, the broker bypassed: the composed handler is called directly.
+//   - sluice: router's composition (recoverer, poison, retry, idempotency keyed by message
+//     id, breaker, timeout, handler-panic recoverer), without telemetry;
+//   - watermill: Watermill's own middleware stacked the same way: Recoverer, PoisonQueue,
+//     Retry, Deduplicator (keyed by message id, in-memory), CircuitBreaker, Timeout.
+//
+// Messages are made in batches with the timer stopped, so only the stack is measured.
+func BenchmarkStackInProcess(b *testing.B) {
+	handler := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	b.Run("sluice", func(b *testing.B) {
+		stack := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, false)
+		benchInProcess(b, stack.ComposeForBenchmark("bench", handler))
+	})
+	b.Run("watermill", func(b *testing.B) {
+		poisonMW, err := wmiddleware.PoisonQueue(benchNopPublisher{}, "bench.poison")
+		if err != nil {
+			b.Fatal(err)
+		}
+		repo, err := wmiddleware.NewMapExpiringKeyRepository(24 * time.Hour)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dedup := &wmiddleware.Deduplicator{
+			KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil },
+			Repository: repo,
+		}
+		h := wmiddleware.Timeout(30 * time.Second)(handler)
+		h = wmiddleware.NewCircuitBreaker(gobreaker.Settings{Name: "bench"}).Middleware(h)
+		h = dedup.Middleware(h)
+		h = wmiddleware.Retry{MaxRetries: 5, InitialInterval: time.Second, Multiplier: 2, MaxInterval: time.Minute}.Middleware(h)
+		h = poisonMW(h)
+		h = wmiddleware.Recoverer(h)
+		benchInProcess(b, h)
+	})
+}
+
+// BenchmarkStackInProcessTraced is BenchmarkStackInProcess's sluice stack with telemetry:
+// a span and the metrics per message, what the tracing step adds.
+func BenchmarkStackInProcessTraced(b *testing.B) {
+	b.Run("sluice", func(b *testing.B) {
+		stack := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, true)
+		benchInProcess(b, stack.ComposeForBenchmark("bench", func(*message.Message) ([]*message.Message, error) { return nil, nil }))
+	})
+}
+
+func benchInProcess(b *testing.B, h message.HandlerFunc) {
+	const batch = 1024
+	msgs := make([]*message.Message, 0, batch)
+	id := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if len(msgs) == 0 {
+			b.StopTimer()
+			for range min(batch, b.N-i) {
+				id++
+				msgs = append(msgs, message.NewMessage("m-"+strconv.Itoa(id), benchPayload))
+			}
+			b.StartTimer()
+		}
+		m := msgs[len(msgs)-1]
+		msgs = msgs[:len(msgs)-1]
+		if _, err := h(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchStack builds the full stack on broker: cfg plus breakers, idempotency and, when
+// traced, telemetry.
+func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bool) *router.Stack {
+	b.Helper()
+	cfg.Logger = benchLogger
+	if traced {
+		cfg.Telemetry = benchTelemetry(b)
+	}
+	if cfg.Breakers == nil {
+		reg, err := breaker.New(breaker.Config{Logger: benchLogger})
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.Breakers = reg
+	}
+	if cfg.Idempotency == nil {
+		guard, err := idempotency.New(idempotency.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = guard.Close() })
+		cfg.Idempotency = guard
+	}
+	s, err := router.New(broker, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// benchTelemetry is telemetry as a service runs it, minus the network: every span sampled
+// and batched, then discarded; metrics recorded by an SDK meter provider.
+func benchTelemetry(b *testing.B) *telemetry.Instrumentation {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(benchDiscardExporter{}))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() {
+		_ = tp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	in, err := telemetry.New(
+		telemetry.WithTracerProvider(tp),
+		telemetry.WithMeterProvider(mp),
+		telemetry.WithPropagator(propagation.TraceContext{}),
+	)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return in
+}
+
+type benchDiscardExporter struct{}
+
+func (benchDiscardExporter) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (benchDiscardExporter) Shutdown(context.Context) error                             { return nil }
+
+type benchNopPublisher struct{}
+
+func (benchNopPublisher) Publish(string, ...*message.Message) error { return nil }
+func (benchNopPublisher) Close() error                              { return nil }
+
+func benchMemoryBroker(b *testing.B) *memory.Broker {
+	mb := memory.New(memory.Config{Logger: benchLogger})
+	b.Cleanup(func() { _ = mb.Close() })
+	return mb
+}
+
+// benchRun runs stack until done, timing it, and closes it outside the timer.
+func benchRun(b *testing.B, stack *router.Stack, done <-chan struct{}) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- stack.Run(ctx) }()
+	benchWait(b, done)
+	b.StopTimer()
+	benchReportRate(b)
+	_ = stack.Close()
+	cancel()
+	if err := <-stopped; err != nil && !errors.Is(err, context.Canceled) {
+		b.Error(err)
+	}
+}
+
+// benchCountTo returns a channel closed when the returned func was called n times.
+func benchCountTo(n int) (<-chan struct{}, func()) {
+	done := make(chan struct{})
+	var count atomic.Int64
+	return done, func() {
+		if count.Add(1) == int64(n) {
+			close(done)
+		}
+	}
+}
+
+func benchWait(b *testing.B, done <-chan struct{}) {
+	b.Helper()
+	select {
+	case <-done:
+	case <-time.After(benchDrainTimeout):
+		b.Fatalf("not all %d messages handled within %s", b.N, benchDrainTimeout)
+	}
+}
+
+func benchReportRate(b *testing.B) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(b.N)/s, "msgs/s")
+	}
+}
+
+func benchBroker(b *testing.B, url string) *amqp.Broker {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: benchLogger, QueueType: amqp.QueueType(os.Getenv("QT"))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = br.Close() })
+	return br
+}
+
+// benchSluiceQueue declares a queue with sluice's topology (its DLQ and delay route) and
+// deletes both when b ends.
+func benchSluiceQueue(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, prefix string) string {
+	b.Helper()
+	q := testenv.Name(prefix)
+	r.DeleteQueues(q, amqp.DLQName(q))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := br.DeclareQueue(ctx, q); err != nil {
+		b.Fatal(err)
+	}
+	return q
+}
+
+// benchPlainQueue declares a durable classic queue without arguments, as watermill-amqp's
+// durable queue config declares it, and deletes it when b ends.
+func benchPlainQueue(b *testing.B, r *testenv.Rabbit, prefix string) string {
+	b.Helper()
+	q := testenv.Name(prefix)
+	r.DeleteQueues(q)
+	ch, err := r.Conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	return q
+}
+
+// benchPrefill publishes n 1 KiB persistent messages to queue with a raw pipelined publisher,
+// each with a unique id in the message-id property and Watermill's uuid header, and waits
+// for every confirm.
+func benchPrefill(b *testing.B, r *testenv.Rabbit, queue string, n int) {
+	b.Helper()
+	ch, err := r.Conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	window := make(chan *amqp091.DeferredConfirmation, 1024)
+	nacked := make(chan int)
+	go func() {
+		n := 0
+		for dc := range window {
+			if !dc.Wait() {
+				n++
+			}
+		}
+		nacked <- n
+	}()
+	prefix := watermill.NewShortUUID() + "-"
+	for i := range n {
+		id := prefix + strconv.Itoa(i)
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", queue, true, false, amqp091.Publishing{
+			Headers:      amqp091.Table{amqp.UUIDHeader: id},
+			MessageId:    id,
+			DeliveryMode: amqp091.Persistent,
+			Body:         benchPayload,
+		})
+		if err != nil {
+			close(window)
+			b.Fatalf("benchPrefill %s: %v", queue, err)
+		}
+		window <- dc
+	}
+	close(window)
+	if k := <-nacked; k > 0 {
+		b.Fatalf("benchPrefill %s: %d of %d publishes nacked", queue, k, n)
+	}
+}
+
+// benchZeroDelayKey is the delay cascade's routing key for a delay of 0 to queue: every level's
+// digit 0, so the message only passes the levels' exchanges.
+func benchZeroDelayKey(queue string) string {
+	key := make([]byte, 0, 2*amqp.DelayLevels+len(queue))
+	for range amqp.DelayLevels {
+		key = append(key, '0', '.')
+	}
+	return string(append(key, queue...))
+}
