@@ -123,24 +123,46 @@ func Defer(d time.Duration, reason error) error {
 }
 
 // ClassOf returns the class of err. The outermost marker in the chain wins, so
-// Permanent(RetryAfter(...)) is permanent.
+// Permanent(RetryAfter(...)) is permanent. An error wrapping several (fmt.Errorf with two
+// %w, errors.Join) is searched in the order errors.As uses, so the first marker found wins.
 func ClassOf(err error) Class {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		switch e.(type) {
-		case *permanentError:
-			return ClassPermanent
-		case *discardError:
-			return ClassDiscard
-		case *DeferError:
-			return ClassDefer
-		case *RetryAfterError:
-			return ClassRetryable
-		}
-	}
 	if err == nil {
 		return ClassNone
 	}
+	if c, ok := markerClass(err); ok {
+		return c
+	}
 	return ClassRetryable
+}
+
+// markerClass returns the class of the first marker in err's tree, depth first.
+func markerClass(err error) (Class, bool) {
+	for e := err; e != nil; {
+		switch e.(type) {
+		case *permanentError:
+			return ClassPermanent, true
+		case *discardError:
+			return ClassDiscard, true
+		case *DeferError:
+			return ClassDefer, true
+		case *RetryAfterError:
+			return ClassRetryable, true
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			e = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				if c, ok := markerClass(inner); ok {
+					return c, true
+				}
+			}
+			return 0, false
+		default:
+			return 0, false
+		}
+	}
+	return 0, false
 }
 
 // IsPermanent reports whether err is in ClassPermanent.

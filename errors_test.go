@@ -17,11 +17,16 @@ import (
 
 var errBoom = errors.New("boom")
 
-// typedErr names its own type, as a domain error does for failure records.
-type typedErr struct{ name string }
+// typedErr names its own type, as a domain error does for failure records, and may wrap
+// another error.
+type typedErr struct {
+	name string
+	err  error
+}
 
 func (e *typedErr) Error() string     { return "typed: " + e.name }
 func (e *typedErr) ErrorType() string { return e.name }
+func (e *typedErr) Unwrap() error     { return e.err }
 
 // customErr is a struct error without an ErrorType method.
 type customErr struct{ code int }
@@ -206,11 +211,11 @@ func TestErrorType(t *testing.T) {
 		{"custom value type", valueErr{}, "sluice_test.valueErr"},
 		{"custom struct behind markers", sluice.Permanent(fmt.Errorf("x: %w", &customErr{})), "*sluice_test.customErr"},
 		{"custom wrapper names the innermost error", &wrapperErr{errBoom}, "error"},
-		{"TypedError", &typedErr{"insufficient_funds"}, "insufficient_funds"},
-		{"TypedError wrapped", sluice.Permanent(fmt.Errorf("charge: %w", &typedErr{"card_declined"})), "card_declined"},
-		{"outer TypedError wins over inner", &typedErr{"outer"}, "outer"},
-		{"TypedError wins over an inner custom type", fmt.Errorf("%w", &wrapperErr{&typedErr{"gateway_timeout"}}), "gateway_timeout"},
-		{"TypedError wins over a panic", errors.Join(&typedErr{"typed"}, panicErr), "typed"},
+		{"TypedError", &typedErr{name: "insufficient_funds"}, "insufficient_funds"},
+		{"TypedError wrapped", sluice.Permanent(fmt.Errorf("charge: %w", &typedErr{name: "card_declined"})), "card_declined"},
+		{"outer TypedError wins over inner", &typedErr{name: "outer", err: &typedErr{name: "inner"}}, "outer"},
+		{"TypedError wins over an inner custom type", fmt.Errorf("%w", &wrapperErr{&typedErr{name: "gateway_timeout"}}), "gateway_timeout"},
+		{"TypedError wins over a panic", errors.Join(&typedErr{name: "typed"}, panicErr), "typed"},
 		{"recovered panic", panicErr, "panic"},
 		{"recovered panic wrapped", sluice.Permanent(fmt.Errorf("step: %w", panicErr)), "panic"},
 		{"RecoveredPanicError value", middleware.RecoveredPanicError{V: "x", Stacktrace: "s"}, "panic"},

@@ -163,18 +163,22 @@ func AppendHistory(md message.Metadata, e HistoryEntry) string {
 }
 
 // Truncate shortens s to at most n bytes without splitting a UTF-8 sequence, marking the cut
-// with "…" inside the limit.
+// with "…" inside the limit (a limit too small for the mark gets no mark).
 func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
 	const mark = "…"
-	cut := n - len(mark)
-	if cut < 0 {
-		cut = 0
+	withMark := n >= len(mark)
+	cut := max(n, 0)
+	if withMark {
+		cut -= len(mark)
 	}
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
+	}
+	if !withMark {
+		return s[:cut]
 	}
 	return s[:cut] + mark
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -79,7 +78,7 @@ func BenchmarkConsume(b *testing.B) {
 		q := benchSluiceQueue(b, r, br, "bench.consume.sluice")
 		benchPrefill(b, r, q, b.N)
 		done, handled := benchCountTo(b.N)
-		stack := benchStack(b, router.FromAMQP(br), router.Config{}, os.Getenv("UNTRACED") == "")
+		stack := benchStack(b, router.FromAMQP(br), router.Config{}, true)
 		if err := stack.Handle("bench", q, func(*message.Message) error {
 			handled()
 			return nil
@@ -470,7 +469,7 @@ func benchBroker(b *testing.B, url string) *amqp.Broker {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: benchLogger, QueueType: amqp.QueueType(os.Getenv("QT"))})
+	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: benchLogger})
 	if err != nil {
 		b.Fatal(err)
 	}

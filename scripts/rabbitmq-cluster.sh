@@ -98,10 +98,11 @@ as_user() {
 			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"
 		)
 	fi
+	# 9>&-: the lock's descriptor must not live on in a node, which would hold the lock.
 	if [ "$(id -u)" = 0 ]; then
-		(cd "$dir" 2>/dev/null || cd /; runuser -u "$run_user" -- env -i "${vars[@]}" "$@")
+		(cd "$dir" 2>/dev/null || cd /; runuser -u "$run_user" -- env -i "${vars[@]}" "$@" 9>&-)
 	else
-		(cd "$dir" 2>/dev/null || cd /; env -i "${vars[@]}" "$@")
+		(cd "$dir" 2>/dev/null || cd /; env -i "${vars[@]}" "$@" 9>&-)
 	fi
 }
 

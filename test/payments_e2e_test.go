@@ -108,6 +108,9 @@ func collectEvents(t *testing.T, r *testenv.Rabbit, output string) func() []arri
 	var got []arrived
 	go func() {
 		for d := range deliveries {
+			if d.ContentType != example_payment.ContentTypeJSON {
+				t.Errorf("event content type %q, want %q", d.ContentType, example_payment.ContentTypeJSON)
+			}
 			var ev example_payment.Succeeded
 			if err := json.Unmarshal(d.Body, &ev); err != nil {
 				t.Errorf("event is not JSON: %q", d.Body)

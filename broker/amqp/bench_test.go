@@ -6,10 +6,8 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"sort"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -63,7 +61,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 		if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
 			b.Fatal(err) // also opens the confirm channel outside the timer
 		}
-		parallelCallers(b, benchCallers())
+		parallelCallers(b, publishInFlight)
 		b.ReportAllocs()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
@@ -130,7 +128,7 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 		if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
 			b.Fatal(err)
 		}
-		parallelCallers(b, benchCallers())
+		parallelCallers(b, publishInFlight)
 		b.ReportAllocs()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
@@ -146,9 +144,10 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 }
 
 // BenchmarkDelayAccuracy hands 240 messages to Broker.Delay at once, their delays spread
-// geometrically from 100ms to 20s, and reports how late each arrives: actual minus
-// requested delay, from just before the Delay call to the delivery, p50, p99 and max in
-// milliseconds. One round takes about 21s, so b.N is 1.
+// geometrically from 100ms to 20s, and reports how late each one arrives: actual minus
+// requested delay, from just before its Delay call to its delivery (p50, p99, max, in
+// milliseconds), and how long the confirmed hand-off itself took (p99). One round takes
+// about 21s, so b.N is 1.
 func BenchmarkDelayAccuracy(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) {
@@ -166,20 +165,22 @@ func BenchmarkDelayAccuracy(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var late []time.Duration
+		var late, handoff []time.Duration
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			late = append(late, delayRound(ctx, b, msgs, func(d time.Duration, m *message.Message) error {
+			l, h := delayRound(ctx, b, msgs, func(d time.Duration, m *message.Message) error {
 				return br.Delay(ctx, q, d, m)
-			})...)
+			})
+			late, handoff = append(late, l...), append(handoff, h...)
 		}
 		b.StopTimer()
-		reportLateness(b, late)
+		reportLateness(b, late, handoff)
 	})
 }
 
-// delayRound delays 240 messages at once and returns how late each arrived.
-func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) []time.Duration {
+// delayRound delays 240 messages at once and returns how late each arrived and how long
+// each Delay call took.
+func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) (late, handoff []time.Duration) {
 	const n = 240
 	const lo, hi = 100 * time.Millisecond, 20 * time.Second
 	type sent struct {
@@ -195,27 +196,35 @@ func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message,
 	rand.Shuffle(n, func(i, j int) { delays[i], delays[j] = delays[j], delays[i] })
 
 	errs := make(chan error, n)
+	handoffs := make(chan time.Duration, n)
 	var wg sync.WaitGroup
 	for i, d := range delays {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			m := message.NewMessage(fmt.Sprintf("delay-%d-%s", i, watermill.NewShortUUID()), benchPayload)
+			start := time.Now()
 			mu.Lock()
-			sentAt[m.UUID] = sent{at: time.Now(), requested: d}
+			sentAt[m.UUID] = sent{at: start, requested: d}
 			mu.Unlock()
 			if err := delay(d, m); err != nil {
 				errs <- err
+				return
 			}
+			handoffs <- time.Since(start)
 		}()
 	}
 	wg.Wait()
 	close(errs)
+	close(handoffs)
 	for err := range errs {
 		b.Fatal(err)
 	}
+	for h := range handoffs {
+		handoff = append(handoff, h)
+	}
 
-	late := make([]time.Duration, 0, n)
+	late = make([]time.Duration, 0, n)
 	deadline := time.After(hi + 30*time.Second)
 	for len(late) < n {
 		select {
@@ -238,22 +247,25 @@ func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message,
 			b.Fatal(ctx.Err())
 		}
 	}
-	return late
+	return late, handoff
 }
 
-// reportLateness reports p50, p99 and max of late in milliseconds.
-func reportLateness(b *testing.B, late []time.Duration) {
-	if len(late) == 0 {
-		return
+// reportLateness reports p50, p99 and max of late and p99 of handoff, in milliseconds.
+func reportLateness(b *testing.B, late, handoff []time.Duration) {
+	b.ReportMetric(percentileMS(late, 0.50), "p50-late-ms")
+	b.ReportMetric(percentileMS(late, 0.99), "p99-late-ms")
+	b.ReportMetric(percentileMS(late, 1), "max-late-ms")
+	b.ReportMetric(percentileMS(handoff, 0.99), "p99-handoff-ms")
+}
+
+// percentileMS returns the p-quantile of ds (nearest rank) in milliseconds.
+func percentileMS(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
 	}
-	sort.Slice(late, func(i, j int) bool { return late[i] < late[j] })
-	at := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(late)))) - 1
-		return float64(late[max(i, 0)]) / float64(time.Millisecond)
-	}
-	b.ReportMetric(at(0.50), "p50-late-ms")
-	b.ReportMetric(at(0.99), "p99-late-ms")
-	b.ReportMetric(at(1), "max-late-ms")
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	i := int(math.Ceil(p*float64(len(ds)))) - 1
+	return float64(ds[max(i, 0)]) / float64(time.Millisecond)
 }
 
 func benchBroker(b *testing.B, url string) *amqp.Broker {
@@ -294,12 +306,4 @@ func reportRate(b *testing.B) {
 	if s := b.Elapsed().Seconds(); s > 0 {
 		b.ReportMetric(float64(b.N)/s, "msgs/s")
 	}
-}
-
-func benchCallers() int {
-	if v := os.Getenv("SLUICE_BENCH_CALLERS"); v != "" {
-		n, _ := strconv.Atoi(v)
-		return n
-	}
-	return publishInFlight
 }

@@ -20,9 +20,10 @@ import (
 
 // Metadata keys that carry AMQP properties. The marshaler fills them on consume and turns
 // them back into properties on publish, so a republished copy (retry, DLQ, replay) keeps the
-// producer's properties.
+// producer's properties. The content type uses the conventional "content-type" key, so a
+// handler that sets it on its output (as Watermill users do) gets the AMQP property.
 const (
-	MetadataContentType     = "amqp-content-type"
+	MetadataContentType     = "content-type"
 	MetadataContentEncoding = "amqp-content-encoding"
 	MetadataCorrelationID   = "amqp-correlation-id"
 	MetadataReplyTo         = "amqp-reply-to"

@@ -281,6 +281,10 @@ func closeReason(closed <-chan *amqp.Error) error {
 			switch e.Code {
 			case amqp.NotFound, amqp.AccessRefused, amqp.PreconditionFailed:
 				return fmt.Errorf("broker closed the channel: %w", e)
+			case amqp.FrameError, amqp.SyntaxError, amqp.InternalError:
+				// The broker refused this message itself (too large a header frame, a
+				// value it cannot store): publishing it again would fail the same way.
+				return fmt.Errorf("broker refused the message and closed the connection: %w", e)
 			}
 		}
 	default:

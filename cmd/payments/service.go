@@ -38,7 +38,9 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	if err != nil {
 		return nil, fmt.Errorf("connect to the broker: %w", err)
 	}
-	svc := &service{broker: b, gateway: example_payment.NewGateway()}
+	// The simulated gateway is a remote system living in this process: bound what it
+	// remembers so that a long run's memory stays flat.
+	svc := &service{broker: b, gateway: &example_payment.Gateway{LedgerLimit: 20_000}}
 	svc.closers = append(svc.closers, b.Close)
 
 	// Traces go to OTEL_EXPORTER_OTLP_ENDPOINT when it is set; metrics are served on

@@ -146,10 +146,17 @@ type Gateway struct {
 	// gives handler timeouts something to cut.
 	Latency time.Duration
 
+	// LedgerLimit bounds what the gateway remembers, for a long-running service: past
+	// that many payments it forgets the oldest payment's attempts and charge count, and
+	// past that many charges the oldest charge. Zero remembers everything (tests).
+	LedgerLimit int
+
 	mu       sync.Mutex
 	attempts map[string]int
 	ledger   []Charge
 	perID    map[string]int
+	order    []string // payment ids in order of first attempt, when LedgerLimit is set
+	total    int      // charges ever made
 }
 
 // NewGateway returns an empty gateway that answers at once.
@@ -179,6 +186,15 @@ func (g *Gateway) Charge(ctx context.Context, req Request) (Charge, error) {
 		g.attempts = make(map[string]int)
 		g.perID = make(map[string]int)
 	}
+	if g.attempts[req.PaymentID] == 0 && g.LedgerLimit > 0 {
+		g.order = append(g.order, req.PaymentID)
+		if len(g.order) > g.LedgerLimit {
+			oldest := g.order[0]
+			g.order = g.order[1:]
+			delete(g.attempts, oldest)
+			delete(g.perID, oldest)
+		}
+	}
 	g.attempts[req.PaymentID]++
 	attempt := g.attempts[req.PaymentID]
 
@@ -204,7 +220,7 @@ func (g *Gateway) Charge(ctx context.Context, req Request) (Charge, error) {
 	}
 
 	ch := Charge{
-		ID:          fmt.Sprintf("ch_%08d", len(g.ledger)+1),
+		ID:          fmt.Sprintf("ch_%08d", g.total+1),
 		PaymentID:   req.PaymentID,
 		OrderID:     req.OrderID,
 		AmountCents: req.AmountCents,
@@ -212,7 +228,12 @@ func (g *Gateway) Charge(ctx context.Context, req Request) (Charge, error) {
 		Source:      req.Source,
 		Attempt:     attempt,
 	}
+	g.total++
 	g.ledger = append(g.ledger, ch)
+	if g.LedgerLimit > 0 && len(g.ledger) > g.LedgerLimit {
+		// Copy rather than reslice, so the forgotten charges are freed.
+		g.ledger = append([]Charge(nil), g.ledger[len(g.ledger)-g.LedgerLimit:]...)
+	}
 	g.perID[req.PaymentID]++
 	g.mu.Unlock()
 	return ch, nil
@@ -251,14 +272,16 @@ func (g *Gateway) ChargeCount(paymentID string) int {
 	return g.perID[paymentID]
 }
 
-// TotalCharges returns the number of successful charges of all payments.
+// TotalCharges returns the number of successful charges of all payments, forgotten ones
+// included.
 func (g *Gateway) TotalCharges() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.ledger)
+	return g.total
 }
 
-// Charges returns a copy of the ledger, oldest charge first.
+// Charges returns a copy of the ledger (the last LedgerLimit charges when it is set),
+// oldest charge first.
 func (g *Gateway) Charges() []Charge {
 	g.mu.Lock()
 	defer g.mu.Unlock()

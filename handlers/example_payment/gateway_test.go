@@ -258,3 +258,20 @@ func TestGateway_Concurrent(t *testing.T) {
 func TestFlakyToken(t *testing.T) {
 	assert.Equal(t, "tok_flaky_3", ep.FlakyToken(3))
 }
+
+func TestGateway_LedgerLimitBoundsMemory(t *testing.T) {
+	g := &ep.Gateway{LedgerLimit: 3}
+	ctx := context.Background()
+	for i := 0; i < 10; i++ {
+		_, err := g.Charge(ctx, ep.Request{PaymentID: fmt.Sprintf("p%d", i), OrderID: "o", AmountCents: 1, Currency: "EUR", Source: "tok_visa"})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 10, g.TotalCharges(), "every charge is counted")
+	charges := g.Charges()
+	require.Len(t, charges, 3, "only the last LedgerLimit charges are kept")
+	assert.Equal(t, "p9", charges[2].PaymentID)
+	assert.Equal(t, "ch_00000010", charges[2].ID, "charge ids keep counting")
+	assert.Equal(t, 1, g.ChargeCount("p9"), "recent payments are remembered")
+	assert.Zero(t, g.ChargeCount("p0"), "the oldest payments are forgotten")
+	assert.Zero(t, g.Attempts("p0"))
+}

@@ -17,12 +17,28 @@ var (
 )
 
 // Binary builds the command at pkg (a path relative to the module root, such as
-// "./cmd/payments") once per test process and returns the executable's path.
+// "./cmd/payments") with the race detector, once per test process, and returns the
+// executable's path.
 func Binary(t testing.TB, pkg string) string {
 	t.Helper()
+	return build(t, pkg, true)
+}
+
+// PlainBinary is Binary without the race detector, for measurements (memory, speed).
+func PlainBinary(t testing.TB, pkg string) string {
+	t.Helper()
+	return build(t, pkg, false)
+}
+
+func build(t testing.TB, pkg string, race bool) string {
+	t.Helper()
+	key := pkg
+	if !race {
+		key += "#plain"
+	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	if p, ok := buildCache[pkg]; ok {
+	if p, ok := buildCache[key]; ok {
 		return p
 	}
 	if buildDir == "" {
@@ -32,13 +48,17 @@ func Binary(t testing.TB, pkg string) string {
 		}
 		buildDir = d
 	}
-	out := filepath.Join(buildDir, strings.ReplaceAll(strings.Trim(pkg, "./"), "/", "_"))
-	cmd := exec.Command("go", "build", "-race", "-o", out, pkg)
+	out := filepath.Join(buildDir, strings.ReplaceAll(strings.Trim(key, "./"), "/", "_"))
+	args := []string{"build", "-o", out, pkg}
+	if race {
+		args = []string{"build", "-race", "-o", out, pkg}
+	}
+	cmd := exec.Command("go", args...)
 	cmd.Dir = ModuleRoot(t)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
-	buildCache[pkg] = out
+	buildCache[key] = out
 	return out
 }
 

@@ -269,7 +269,8 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	deferred := sluice.CopyMessage(msg)
 	md := deferred.Metadata
 	defers, _ := strconv.Atoi(msg.Metadata.Get(sluice.HeaderDeferCount))
-	md.Set(sluice.HeaderDeferCount, strconv.Itoa(max(defers, 0)+1))
+	// The header is untrusted: a huge value must not wrap around to a negative count.
+	md.Set(sluice.HeaderDeferCount, strconv.Itoa(min(max(defers, 0), sluice.MaxRetryCountHeader)+1))
 	if _, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstDeferTime, now); !ok {
 		md.Set(sluice.HeaderFirstDeferTime, sluice.FormatTime(now))
 	}

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Sub-benchmark names of one comparison: sluice's figure and its references.
+const (
+	subSluice    = "sluice"
+	subRaw       = "raw"
+	subWatermill = "watermill"
+)
+
+// references are the columns sluice is compared with, in table order.
+var references = []string{subRaw, subWatermill}
+
+// group is one comparison: the sub-benchmarks of one parent benchmark in one package.
+type group struct {
+	pkg    string
+	parent string
+	// subs maps a sub-benchmark name to its metrics, averaged over repeated runs
+	// (-count > 1). A benchmark without sub-benchmarks is the sub "".
+	subs map[string]map[string]float64
+	// order is the sub names in order of first appearance.
+	order []string
+}
+
+// groupResults groups results by package and parent benchmark (the name up to its last
+// "/"), in order of first appearance.
+func groupResults(results []result) []*group {
+	var groups []*group
+	byKey := map[string]*group{}
+	sums := map[string]map[string]float64{}
+	counts := map[string]map[string]int{}
+	for _, r := range results {
+		parent, sub := r.name, ""
+		if i := strings.LastIndexByte(r.name, '/'); i >= 0 {
+			parent, sub = r.name[:i], r.name[i+1:]
+		}
+		key := r.pkg + "\x00" + parent
+		g, ok := byKey[key]
+		if !ok {
+			g = &group{pkg: r.pkg, parent: parent, subs: map[string]map[string]float64{}}
+			byKey[key] = g
+			groups = append(groups, g)
+		}
+		subKey := key + "\x00" + sub
+		if _, ok := sums[subKey]; !ok {
+			sums[subKey] = map[string]float64{}
+			counts[subKey] = map[string]int{}
+			g.order = append(g.order, sub)
+		}
+		for unit, v := range r.metrics {
+			sums[subKey][unit] += v
+			counts[subKey][unit]++
+		}
+		avg := make(map[string]float64, len(sums[subKey]))
+		for unit, s := range sums[subKey] {
+			avg[unit] = s / float64(counts[subKey][unit])
+		}
+		g.subs[sub] = avg
+	}
+	return groups
+}
+
+// row is one line of the table.
+type row struct {
+	benchmark string
+	unit      string
+	sluice    string
+	refs      []string // one per references entry
+	ratios    []string // sluice ÷ reference, one per references entry
+}
+
+// rows turns a group into table rows. A group with a sluice sub-benchmark gives one row per
+// unit with its references beside it; any other sub-benchmark, or a benchmark without
+// sub-benchmarks, gives rows of its own with its figure in the sluice column.
+func (g *group) rows() []row {
+	label := g.label()
+	var out []row
+	if _, ok := g.subs[subSluice]; ok {
+		out = append(out, g.unitRows(label, subSluice, true)...)
+	}
+	for _, sub := range g.order {
+		if sub == subSluice || (isReference(sub) && g.subs[subSluice] != nil) {
+			continue
+		}
+		name := label
+		if sub != "" {
+			name += "/" + sub
+		}
+		out = append(out, g.unitRows(name, sub, false)...)
+	}
+	return out
+}
+
+func (g *group) unitRows(label, sub string, withRefs bool) []row {
+	units := map[string]bool{}
+	for _, s := range g.subs {
+		for u := range s {
+			units[u] = true
+		}
+	}
+	var out []row
+	for _, unit := range orderUnits(units) {
+		v, ok := g.subs[sub][unit]
+		if !ok {
+			continue
+		}
+		r := row{benchmark: label, unit: unit, sluice: formatValue(v)}
+		for _, ref := range references {
+			refV, has := g.subs[ref][unit]
+			switch {
+			case !withRefs || !has:
+				r.refs = append(r.refs, "")
+				r.ratios = append(r.ratios, "")
+			default:
+				r.refs = append(r.refs, formatValue(refV))
+				r.ratios = append(r.ratios, formatRatio(v, refV))
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// label names a group: its package path below the module, then the benchmark without
+// its "Benchmark" prefix.
+func (g *group) label() string {
+	name := strings.TrimPrefix(g.parent, "Benchmark")
+	pkg := g.pkg
+	if i := strings.Index(pkg, "/sluice/"); i >= 0 {
+		pkg = pkg[i+len("/sluice/"):]
+	} else if strings.HasSuffix(pkg, "/sluice") {
+		pkg = "." // the module's root package
+	}
+	if pkg == "" {
+		return name
+	}
+	return pkg + " " + name
+}
+
+func isReference(sub string) bool {
+	for _, r := range references {
+		if sub == r {
+			return true
+		}
+	}
+	return false
+}
+
+// orderUnits puts throughput first, then custom metrics by name, then Go's own. ns/op is
+// left out where a throughput metric says the same thing.
+func orderUnits(units map[string]bool) []string {
+	rank := func(u string) int {
+		switch {
+		case strings.HasSuffix(u, "/s"):
+			return 0
+		case u == "ns/op":
+			return 2
+		case u == "B/op":
+			return 3
+		case u == "allocs/op":
+			return 4
+		default:
+			return 1
+		}
+	}
+	hasRate := false
+	var out []string
+	for u := range units {
+		if rank(u) == 0 {
+			hasRate = true
+		}
+		out = append(out, u)
+	}
+	if hasRate {
+		kept := out[:0]
+		for _, u := range out {
+			if u != "ns/op" {
+				kept = append(kept, u)
+			}
+		}
+		out = kept
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if ri, rj := rank(out[i]), rank(out[j]); ri != rj {
+			return ri < rj
+		}
+		return out[i] < out[j]
+	})
+	return out
+}
+
+func formatValue(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 100:
+		return fmt.Sprintf("%.1f", v)
+	case a >= 1:
+		return fmt.Sprintf("%.2f", v)
+	case a == 0:
+		return "0"
+	default:
+		return fmt.Sprintf("%.3g", v)
+	}
+}
+
+func formatRatio(v, ref float64) string {
+	if ref == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2fx", v/ref)
+}
+
+// render writes the groups as one table, columns aligned.
+func render(w io.Writer, groups []*group) error {
+	header := []string{"benchmark", "metric", "sluice"}
+	for _, ref := range references {
+		header = append(header, referenceTitle(ref))
+	}
+	for _, ref := range references {
+		header = append(header, "sluice÷"+ref)
+	}
+	lines := [][]string{header}
+	for _, g := range groups {
+		for _, r := range g.rows() {
+			line := []string{r.benchmark, r.unit, r.sluice}
+			line = append(line, r.refs...)
+			line = append(line, r.ratios...)
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) == 1 {
+		_, err := fmt.Fprintln(w, "benchtable: no benchmark results")
+		return err
+	}
+	widths := make([]int, len(header))
+	for _, l := range lines {
+		for i, c := range l {
+			widths[i] = max(widths[i], len([]rune(c)))
+		}
+	}
+	var sb strings.Builder
+	writeLine := func(l []string) {
+		sb.WriteString("|")
+		for i, c := range l {
+			pad := widths[i] - len([]rune(c))
+			if i >= 2 { // numbers right-aligned
+				sb.WriteString(" " + strings.Repeat(" ", pad) + c + " |")
+			} else {
+				sb.WriteString(" " + c + strings.Repeat(" ", pad) + " |")
+			}
+		}
+		sb.WriteString("\n")
+	}
+	writeLine(lines[0])
+	sb.WriteString("|")
+	for i, wd := range widths {
+		if i >= 2 {
+			sb.WriteString(" " + strings.Repeat("-", wd-1) + ": |")
+		} else {
+			sb.WriteString(" " + strings.Repeat("-", wd) + " |")
+		}
+	}
+	sb.WriteString("\n")
+	for _, l := range lines[1:] {
+		writeLine(l)
+	}
+	sb.WriteString("\nsluice÷ref is sluice's figure divided by the reference's: for a rate (…/s) higher is\nbetter, for every other metric (per op, ms) lower is better.\n")
+	_, err := io.WriteString(w, sb.String())
+	return err
+}
+
+func referenceTitle(ref string) string {
+	switch ref {
+	case subRaw:
+		return "raw amqp091"
+	case subWatermill:
+		return "watermill"
+	}
+	return ref
+}

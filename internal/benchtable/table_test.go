@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const amqpPkg = "github.com/sluice-go/sluice/broker/amqp"
+
+func res(pkg, name string, metrics map[string]float64) result {
+	return result{pkg: pkg, name: name, n: 1, metrics: metrics}
+}
+
+func TestGroupRows(t *testing.T) {
+	cases := []struct {
+		name    string
+		results []result
+		want    []row
+	}{
+		{
+			name: "sluice beside raw and watermill, ns/op dropped beside a rate",
+			results: []result{
+				res(amqpPkg, "BenchmarkConfirmedPublish/sluice", map[string]float64{"msgs/s": 8000, "ns/op": 125000, "allocs/op": 60}),
+				res(amqpPkg, "BenchmarkConfirmedPublish/raw", map[string]float64{"msgs/s": 10000, "ns/op": 100000, "allocs/op": 30}),
+				res(amqpPkg, "BenchmarkConfirmedPublish/watermill", map[string]float64{"msgs/s": 1000, "ns/op": 1e6, "allocs/op": 120}),
+			},
+			want: []row{
+				{benchmark: "broker/amqp ConfirmedPublish", unit: "msgs/s", sluice: "8000", refs: []string{"10000", "1000"}, ratios: []string{"0.80x", "8.00x"}},
+				{benchmark: "broker/amqp ConfirmedPublish", unit: "allocs/op", sluice: "60.00", refs: []string{"30.00", "120.0"}, ratios: []string{"2.00x", "0.50x"}},
+			},
+		},
+		{
+			name: "a missing reference leaves its cells empty",
+			results: []result{
+				res("", "BenchmarkRetryPath/raw", map[string]float64{"msgs/s": 500}),
+				res("", "BenchmarkRetryPath/sluice", map[string]float64{"msgs/s": 400}),
+			},
+			want: []row{
+				{benchmark: "RetryPath", unit: "msgs/s", sluice: "400.0", refs: []string{"500.0", ""}, ratios: []string{"0.80x", ""}},
+			},
+		},
+		{
+			name: "repeated runs are averaged",
+			results: []result{
+				res("", "BenchmarkX/sluice", map[string]float64{"ns/op": 10}),
+				res("", "BenchmarkX/watermill", map[string]float64{"ns/op": 40}),
+				res("", "BenchmarkX/sluice", map[string]float64{"ns/op": 30}),
+			},
+			want: []row{
+				{benchmark: "X", unit: "ns/op", sluice: "20.00", refs: []string{"", "40.00"}, ratios: []string{"", "0.50x"}},
+			},
+		},
+		{
+			name: "custom metrics come between rates and go's own, by name",
+			results: []result{
+				res("", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p99-late-ms": 12, "p50-late-ms": 3, "B/op": 100, "ns/op": 2e10}),
+			},
+			want: []row{
+				{benchmark: "DelayAccuracy", unit: "p50-late-ms", sluice: "3.00", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "DelayAccuracy", unit: "p99-late-ms", sluice: "12.00", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "DelayAccuracy", unit: "ns/op", sluice: "20000000000", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "DelayAccuracy", unit: "B/op", sluice: "100.0", refs: []string{"", ""}, ratios: []string{"", ""}},
+			},
+		},
+		{
+			name: "a benchmark without sub-benchmarks and other sub names stand alone",
+			results: []result{
+				res("", "BenchmarkStore", map[string]float64{"ns/op": 0.5}),
+				res("", "BenchmarkBegin/hit", map[string]float64{"ns/op": 50}),
+				res("", "BenchmarkBegin/miss", map[string]float64{"ns/op": 70}),
+			},
+			want: []row{
+				{benchmark: "Store", unit: "ns/op", sluice: "0.5", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "Begin/hit", unit: "ns/op", sluice: "50.00", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "Begin/miss", unit: "ns/op", sluice: "70.00", refs: []string{"", ""}, ratios: []string{"", ""}},
+			},
+		},
+		{
+			name: "references without a sluice figure are shown on their own",
+			results: []result{
+				res("", "BenchmarkY/raw", map[string]float64{"msgs/s": 5}),
+			},
+			want: []row{
+				{benchmark: "Y/raw", unit: "msgs/s", sluice: "5.00", refs: []string{"", ""}, ratios: []string{"", ""}},
+			},
+		},
+		{
+			name: "the same parent in two packages is two groups",
+			results: []result{
+				res("github.com/sluice-go/sluice/broker/amqp", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p50-late-ms": 200}),
+				res("github.com/sluice-go/sluice/broker/memory", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p50-late-ms": 0.8}),
+			},
+			want: []row{
+				{benchmark: "broker/amqp DelayAccuracy", unit: "p50-late-ms", sluice: "200.0", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "broker/memory DelayAccuracy", unit: "p50-late-ms", sluice: "0.8", refs: []string{"", ""}, ratios: []string{"", ""}},
+			},
+		},
+		{
+			name: "a zero reference has no ratio",
+			results: []result{
+				res("", "BenchmarkZ/sluice", map[string]float64{"allocs/op": 3}),
+				res("", "BenchmarkZ/raw", map[string]float64{"allocs/op": 0}),
+			},
+			want: []row{
+				{benchmark: "Z", unit: "allocs/op", sluice: "3.00", refs: []string{"0", ""}, ratios: []string{"n/a", ""}},
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []row
+			for _, g := range groupResults(tc.results) {
+				got = append(got, g.rows()...)
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestRender(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, render(&buf, groupResults([]result{
+		res(amqpPkg, "BenchmarkConfirmedPublish/sluice", map[string]float64{"msgs/s": 8000}),
+		res(amqpPkg, "BenchmarkConfirmedPublish/raw", map[string]float64{"msgs/s": 10000}),
+	})))
+	lines := strings.Split(buf.String(), "\n")
+	require.GreaterOrEqual(t, len(lines), 3)
+	assert.Equal(t, "| benchmark                    | metric | sluice | raw amqp091 | watermill | sluice÷raw | sluice÷watermill |", lines[0])
+	assert.Equal(t, "| ---------------------------- | ------ | -----: | ----------: | --------: | ---------: | ---------------: |", lines[1])
+	assert.Equal(t, "| broker/amqp ConfirmedPublish | msgs/s |   8000 |       10000 |           |      0.80x |                  |", lines[2])
+
+	buf.Reset()
+	require.NoError(t, render(&buf, nil))
+	assert.Equal(t, "benchtable: no benchmark results\n", buf.String())
+}
+
+// run streams the command's output, then appends the table, and returns its status.
+func TestRunStreamsOutputAndKeepsStatus(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("needs /bin/sh")
+	}
+	cases := []struct {
+		name   string
+		script string
+		status int
+		table  bool
+	}{
+		{"success", `echo "pkg: example.com/p"; printf 'BenchmarkA/sluice-2\t10\t5 ns/op\n'`, 0, true},
+		{"failure keeps the table of what ran", `printf 'BenchmarkA/sluice-2\t10\t5 ns/op\n'; exit 3`, 3, true},
+		{"no results", `echo hello`, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			status := run([]string{"--", "/bin/sh", "-c", tc.script}, strings.NewReader(""), &out, &errOut)
+			assert.Equal(t, tc.status, status)
+			if tc.table {
+				assert.Contains(t, out.String(), "BenchmarkA/sluice-2\t10\t5 ns/op\n", "output is streamed as it is")
+				assert.Regexp(t, `\| (example\.com/p )?A +\| ns/op +\| +5\.00 \|`, out.String())
+			} else {
+				assert.Contains(t, out.String(), "hello\n")
+				assert.Contains(t, out.String(), "no benchmark results")
+			}
+		})
+	}
+	assert.Equal(t, 2, run(nil, strings.NewReader(""), &bytes.Buffer{}, &bytes.Buffer{}), "no command is a usage error")
+}

@@ -1,0 +1,454 @@
+package poison_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/middleware/poison"
+)
+
+const (
+	// queueName and handlerName are what the watermill router puts in the message context.
+	queueName   = "payments"
+	handlerName = "charge"
+	host        = "worker-7"
+	payload     = `{"payment":"p-1","amount":1250}`
+)
+
+var (
+	errDeclined = errors.New("card declined")
+	errBroker   = errors.New("broker unreachable")
+	// now is the step's clock in every test.
+	now = time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)
+)
+
+// declinedErr is a domain error naming its own type.
+type declinedErr struct{ msg string }
+
+func (e *declinedErr) Error() string     { return e.msg }
+func (e *declinedErr) ErrorType() string { return "card_declined" }
+
+// deadLetterCall is one call of fakeDeadLetterer.DeadLetter.
+type deadLetterCall struct {
+	ctx   context.Context
+	queue string
+	msg   *message.Message
+}
+
+// fakeDeadLetterer records dead-letter publishes and fails them with err.
+type fakeDeadLetterer struct {
+	mu    sync.Mutex
+	err   error
+	calls []deadLetterCall
+}
+
+func (f *fakeDeadLetterer) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, deadLetterCall{ctx: ctx, queue: queue, msg: msg})
+	return f.err
+}
+
+func (f *fakeDeadLetterer) Calls() []deadLetterCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]deadLetterCall(nil), f.calls...)
+}
+
+// eventLog records OnDeadLetter events.
+type eventLog struct {
+	mu     sync.Mutex
+	events []poison.Event
+}
+
+func (l *eventLog) add(e poison.Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+func (l *eventLog) all() []poison.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]poison.Event(nil), l.events...)
+}
+
+// newStep builds the dead-letter step with the fixed clock and host, a silent logger, a
+// fake DeadLetterer failing with dlErr, and an OnDeadLetter recorder.
+func newStep(t *testing.T, dlErr error) (*poison.Poison, *fakeDeadLetterer, *eventLog) {
+	t.Helper()
+	dl := &fakeDeadLetterer{err: dlErr}
+	events := &eventLog{}
+	p, err := poison.New(poison.Config{
+		DeadLetterer: dl,
+		OnDeadLetter: events.add,
+		Logger:       slog.New(slog.DiscardHandler),
+		Now:          func() time.Time { return now },
+		Host:         host,
+	})
+	require.NoError(t, err)
+	return p, dl, events
+}
+
+// result is what one message did through the step.
+type result struct {
+	msg      *message.Message // the message the step received
+	before   message.Metadata // its metadata before the step ran
+	out      []*message.Message
+	err      error
+	report   sluice.Report
+	reported bool
+}
+
+// run sends a message with md through mw around h inside a real watermill router
+// (gochannel), which puts the queue and handler name in the message context as the stack's
+// router does, with a sluice.Reporter in the context as telemetry puts it.
+func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
+	t.Helper()
+	logger := watermill.NopLogger{}
+	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, logger)
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	require.NoError(t, err)
+
+	results := make(chan result, 1)
+	step := mw(h)
+	router.AddConsumerHandler(handlerName, queueName, pubSub, func(msg *message.Message) error {
+		rep := &sluice.Reporter{}
+		msg.SetContext(sluice.WithReporter(msg.Context(), rep))
+		res := result{msg: msg, before: copyMetadata(msg.Metadata)}
+		res.out, res.err = step(msg)
+		res.report, res.reported = rep.Get()
+		results <- res
+		return nil // ack: the step's error is the result, not a reason to redeliver
+	})
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(context.Background()) }()
+	defer func() {
+		require.NoError(t, router.Close())
+		require.NoError(t, <-runErr)
+		require.NoError(t, pubSub.Close())
+	}()
+	select {
+	case <-router.Running():
+	case <-time.After(10 * time.Second):
+		t.Fatal("router did not start")
+	}
+
+	msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
+	for k, v := range md {
+		msg.Metadata.Set(k, v)
+	}
+	require.NoError(t, pubSub.Publish(queueName, msg))
+	select {
+	case res := <-results:
+		return res
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler was not called")
+		return result{}
+	}
+}
+
+func copyMetadata(md message.Metadata) message.Metadata {
+	c := make(message.Metadata, len(md))
+	for k, v := range md {
+		c[k] = v
+	}
+	return c
+}
+
+// failing returns a handler failing with err.
+func failing(err error) message.HandlerFunc {
+	return func(*message.Message) ([]*message.Message, error) { return nil, err }
+}
+
+// panicking returns a handler, wrapped by Watermill's Recoverer as the stack wraps it,
+// that panics depth frames deep.
+func panicking(depth int) message.HandlerFunc {
+	return middleware.Recoverer(func(*message.Message) ([]*message.Message, error) {
+		stackOfLongFrameNamesThatMakesTheRecordedPanicStackGrowQuickly{}.recurseUntilTheHandlerPanicsWithANilMapInTheChargeStep(depth)
+		return nil, nil
+	})
+}
+
+// stackOfLongFrameNamesThatMakesTheRecordedPanicStackGrowQuickly has long names because
+// the runtime prints at most 100 frames: only long frames outgrow MaxStackBytes.
+type stackOfLongFrameNamesThatMakesTheRecordedPanicStackGrowQuickly struct{}
+
+func (s stackOfLongFrameNamesThatMakesTheRecordedPanicStackGrowQuickly) recurseUntilTheHandlerPanicsWithANilMapInTheChargeStep(n int) {
+	if n == 0 {
+		chargeWithNilMap()
+	}
+	s.recurseUntilTheHandlerPanicsWithANilMapInTheChargeStep(n - 1)
+}
+
+func chargeWithNilMap() {
+	var m map[string]int
+	m["p-1"] = 1
+}
+
+func attempts(entries []sluice.HistoryEntry) []int {
+	out := make([]int, len(entries))
+	for i, e := range entries {
+		out[i] = e.Attempt
+	}
+	return out
+}
+
+// earlierHistory returns an x-retry-history of failed attempts 1..n.
+func earlierHistory(n int) string {
+	md := message.Metadata{}
+	for i := 1; i <= n; i++ {
+		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(md, sluice.HistoryEntry{
+			At: now.Add(time.Duration(i-n-1) * time.Minute), Attempt: i, Type: "card_declined", Message: "earlier",
+		}))
+	}
+	return md.Get(sluice.HeaderRetryHistory)
+}
+
+func TestNew(t *testing.T) {
+	_, err := poison.New(poison.Config{})
+	require.ErrorIs(t, err, poison.ErrNoDeadLetterer)
+
+	p, err := poison.New(poison.Config{DeadLetterer: &fakeDeadLetterer{}})
+	require.NoError(t, err)
+	hostname, herr := os.Hostname()
+	require.NoError(t, herr)
+	rec := p.Record(message.NewMessage("id", nil), queueName, errDeclined)
+	assert.Equal(t, hostname, rec.Metadata.Get(sluice.HeaderFailedHost), "an empty Host means os.Hostname()")
+	failedAt, ok := sluice.Time(rec.Metadata, sluice.HeaderFailedAt, time.Now())
+	require.True(t, ok, "x-failed-at %q", rec.Metadata.Get(sluice.HeaderFailedAt))
+	assert.WithinDuration(t, time.Now(), failedAt, time.Minute, "a nil Now means time.Now")
+}
+
+func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
+	earlier := now.Add(-2 * time.Hour)
+	longMsg := strings.Repeat("declined because ", 100)
+	tests := []struct {
+		name        string
+		md          message.Metadata
+		err         error
+		wantType    string
+		wantClass   string
+		wantMsg     string
+		wantCount   string
+		wantFirst   time.Time
+		wantOrigin  string
+		wantHistory []int
+	}{
+		{
+			name: "permanent on the first attempt", md: message.Metadata{},
+			err:      sluice.Permanent(&declinedErr{msg: "card declined"}),
+			wantType: "card_declined", wantClass: "permanent", wantMsg: "permanent: card declined",
+			wantCount: "0", wantFirst: now, wantOrigin: queueName, wantHistory: []int{1},
+		},
+		{
+			name: "exhausted after retries keeps what the retries recorded",
+			md: message.Metadata{
+				sluice.HeaderRetryCount:       "3",
+				sluice.HeaderFirstFailureTime: sluice.FormatTime(earlier),
+				sluice.HeaderOriginalQueue:    "payments.p2",
+				sluice.HeaderRetryHistory:     earlierHistory(3),
+			},
+			err:      fmt.Errorf("retries exhausted after 3 retries: %w", &declinedErr{msg: "gateway 503"}),
+			wantType: "card_declined", wantClass: "retryable", wantMsg: "retries exhausted after 3 retries: gateway 503",
+			wantCount: "3", wantFirst: earlier, wantOrigin: "payments.p2", wantHistory: []int{1, 2, 3, 4},
+		},
+		{
+			name:     "history at its bound drops the oldest",
+			md:       message.Metadata{sluice.HeaderRetryCount: "5", sluice.HeaderRetryHistory: earlierHistory(5)},
+			err:      errDeclined,
+			wantType: "error", wantClass: "retryable", wantMsg: "card declined",
+			wantCount: "5", wantFirst: now, wantOrigin: queueName, wantHistory: []int{2, 3, 4, 5, 6},
+		},
+		{
+			name:     "garbage counts and times are normalized",
+			md:       message.Metadata{sluice.HeaderRetryCount: "lots", sluice.HeaderFirstFailureTime: "yesterday"},
+			err:      sluice.Permanent(errDeclined),
+			wantType: "error", wantClass: "permanent", wantMsg: "permanent: card declined",
+			wantCount: "0", wantFirst: now, wantOrigin: queueName, wantHistory: []int{1},
+		},
+		{
+			name:     "long message is truncated",
+			md:       message.Metadata{},
+			err:      sluice.Permanent(errors.New(longMsg)),
+			wantType: "error", wantClass: "permanent", wantMsg: sluice.Truncate("permanent: "+longMsg, sluice.MaxErrorMessageBytes),
+			wantCount: "0", wantFirst: now, wantOrigin: queueName, wantHistory: []int{1},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, dl, events := newStep(t, nil)
+			tt.md["tenant"] = "t-1"
+			tt.md[sluice.HeaderTraceParent] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+			res := run(t, p.Middleware, failing(tt.err), tt.md)
+
+			require.NoError(t, res.err, "a confirmed dead letter acks the original")
+			assert.Nil(t, res.out)
+			calls := dl.Calls()
+			require.Len(t, calls, 1)
+			call := calls[0]
+			assert.Equal(t, queueName, call.queue)
+			assert.Equal(t, res.msg.Context(), call.ctx)
+			rec := call.msg
+			require.NotSame(t, res.msg, rec)
+			assert.Equal(t, res.msg.UUID, rec.UUID)
+			assert.Equal(t, payload, string(rec.Payload), "payload byte for byte")
+
+			md := rec.Metadata
+			assert.Equal(t, tt.wantType, md.Get(sluice.HeaderErrorType))
+			assert.Equal(t, tt.wantClass, md.Get(sluice.HeaderErrorClass))
+			assert.Equal(t, tt.wantMsg, md.Get(sluice.HeaderErrorMessage))
+			assert.LessOrEqual(t, len(md.Get(sluice.HeaderErrorMessage)), sluice.MaxErrorMessageBytes)
+			assert.NotContains(t, md, sluice.HeaderErrorStack, "no stack for an error that is not a panic")
+			assert.Equal(t, tt.wantOrigin, md.Get(sluice.HeaderOriginalQueue))
+			assert.Equal(t, handlerName, md.Get(sluice.HeaderHandler))
+			assert.Equal(t, tt.wantCount, md.Get(sluice.HeaderRetryCount))
+			assert.Equal(t, sluice.FormatTime(tt.wantFirst), md.Get(sluice.HeaderFirstFailureTime))
+			assert.Equal(t, sluice.FormatTime(now), md.Get(sluice.HeaderLastFailureTime))
+			assert.Equal(t, sluice.FormatTime(now), md.Get(sluice.HeaderFailedAt))
+			assert.Equal(t, host, md.Get(sluice.HeaderFailedHost))
+			assert.Equal(t, strconv.Itoa(os.Getpid()), md.Get(sluice.HeaderFailedPID))
+			history := sluice.History(md)
+			assert.Equal(t, tt.wantHistory, attempts(history))
+			if assert.NotEmpty(t, history) {
+				last := history[len(history)-1]
+				assert.True(t, now.Equal(last.At))
+				assert.Equal(t, tt.wantType, last.Type)
+				assert.Equal(t, sluice.Truncate(tt.err.Error(), sluice.MaxHistoryMessageBytes), last.Message)
+			}
+			assert.Equal(t, "t-1", md.Get("tenant"), "other metadata is kept")
+			assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", md.Get(sluice.HeaderTraceParent))
+
+			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
+
+			retries := sluice.RetryCount(res.msg.Metadata)
+			require.True(t, res.reported)
+			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
+			assert.Equal(t, []poison.Event{{
+				Queue: queueName, MessageID: res.msg.UUID, ErrorType: tt.wantType, Retries: retries, Err: tt.err,
+			}}, events.all())
+		})
+	}
+}
+
+func TestMiddleware_PanicRecord(t *testing.T) {
+	tests := []struct {
+		name          string
+		depth         int
+		wantTruncated bool
+	}{
+		{"shallow stack", 0, false},
+		{"stack beyond MaxStackBytes", 400, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, dl, events := newStep(t, nil)
+			res := run(t, p.Middleware, panicking(tt.depth), nil)
+			require.NoError(t, res.err)
+			require.Len(t, dl.Calls(), 1)
+			md := dl.Calls()[0].msg.Metadata
+			assert.Equal(t, "panic", md.Get(sluice.HeaderErrorType))
+			assert.Equal(t, "panic", md.Get(sluice.HeaderLastError))
+			assert.Contains(t, md.Get(sluice.HeaderErrorMessage), "assignment to entry in nil map")
+			assert.LessOrEqual(t, len(md.Get(sluice.HeaderErrorMessage)), sluice.MaxErrorMessageBytes)
+
+			stack := md.Get(sluice.HeaderErrorStack)
+			require.NotEmpty(t, stack, "a panic's record carries its stack")
+			assert.Contains(t, stack, "poison_test.chargeWithNilMap", "the stack names the function that panicked")
+			assert.LessOrEqual(t, len(stack), poison.MaxStackBytes)
+			assert.Equal(t, tt.wantTruncated, strings.HasSuffix(stack, "…"), "stack of %d bytes", len(stack))
+			if tt.wantTruncated {
+				assert.Greater(t, len(stack), poison.MaxStackBytes-8, "truncated to MaxStackBytes, not shorter")
+			}
+			assert.Equal(t, "panic", events.all()[0].ErrorType)
+		})
+	}
+}
+
+// A stack left on the message by an earlier failure must not describe this one.
+func TestMiddleware_NonPanicDropsAnIncomingStack(t *testing.T) {
+	p, dl, _ := newStep(t, nil)
+	res := run(t, p.Middleware, failing(sluice.Permanent(errDeclined)), message.Metadata{
+		sluice.HeaderErrorStack: "goroutine 1 [running]:\nold.frame()",
+		sluice.HeaderErrorType:  "panic",
+	})
+	require.NoError(t, res.err)
+	require.Len(t, dl.Calls(), 1)
+	md := dl.Calls()[0].msg.Metadata
+	assert.NotContains(t, md, sluice.HeaderErrorStack)
+	assert.Equal(t, "error", md.Get(sluice.HeaderErrorType))
+	assert.Equal(t, "goroutine 1 [running]:\nold.frame()", res.msg.Metadata.Get(sluice.HeaderErrorStack), "the original keeps its headers")
+}
+
+func TestMiddleware_DeadLetterFails(t *testing.T) {
+	p, dl, events := newStep(t, errBroker)
+	herr := sluice.Permanent(errDeclined)
+	res := run(t, p.Middleware, failing(herr), message.Metadata{sluice.HeaderRetryCount: "2"})
+	require.Error(t, res.err)
+	assert.True(t, sluice.IsHandoff(res.err), "the original must be nacked, got %v", res.err)
+	assert.ErrorIs(t, res.err, errBroker)
+	assert.Contains(t, res.err.Error(), res.msg.UUID)
+	assert.Contains(t, res.err.Error(), strconv.Quote(queueName))
+	assert.Len(t, dl.Calls(), 1)
+	assert.Empty(t, events.all(), "OnDeadLetter is for confirmed dead letters")
+	require.True(t, res.reported)
+	assert.Equal(t, sluice.OutcomeNack, res.report.Outcome)
+	assert.Equal(t, 3, res.report.Attempt)
+	assert.ErrorIs(t, res.report.Err, errBroker)
+	assert.Equal(t, res.before, res.msg.Metadata)
+}
+
+func TestMiddleware_NotDeadLettered(t *testing.T) {
+	discard := sluice.Discard(errDeclined)
+	wrappedDiscard := fmt.Errorf("refund: %w", sluice.Discard(errDeclined))
+	handoff := sluice.Handoff(errBroker)
+	outputs := []*message.Message{message.NewMessage("out-1", []byte("x"))}
+	tests := []struct {
+		name       string
+		h          message.HandlerFunc
+		wantOut    []*message.Message
+		wantErr    error // returned as is; nil: acked
+		wantReport *sluice.Report
+	}{
+		{name: "success", h: func(*message.Message) ([]*message.Message, error) { return outputs, nil }, wantOut: outputs},
+		{name: "Discard", h: failing(discard), wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 1, Err: discard}},
+		{name: "Discard wrapped", h: failing(wrappedDiscard), wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 1, Err: wrappedDiscard}},
+		{name: "hand-off failure from below", h: failing(handoff), wantErr: handoff},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, dl, events := newStep(t, nil)
+			res := run(t, p.Middleware, tt.h, nil)
+			if tt.wantErr != nil {
+				assert.Same(t, tt.wantErr, res.err)
+			} else {
+				assert.NoError(t, res.err)
+			}
+			assert.Equal(t, tt.wantOut, res.out)
+			assert.Empty(t, dl.Calls(), "no dead letter")
+			assert.Empty(t, events.all())
+			if tt.wantReport != nil {
+				assert.True(t, res.reported)
+				assert.Equal(t, *tt.wantReport, res.report)
+			} else {
+				assert.False(t, res.reported, "reported %+v", res.report)
+			}
+		})
+	}
+}
