@@ -2,7 +2,7 @@
 GO       ?= go
 PKGS     ?= ./...
 
-.PHONY: run test test-go test-chaos bench lint clean jaeger-start jaeger-stop
+.PHONY: run test test-go test-chaos test-cluster bench lint clean jaeger-start jaeger-stop cluster-start cluster-stop
 
 ## run: the payment demo (embedded broker unless AMQP_URL is set)
 run:
@@ -21,6 +21,10 @@ test:
 test-chaos:
 	$(GO) test -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/
 
+## test-cluster: the three-node cluster tests alone (test/cluster starts and stops the cluster)
+test-cluster:
+	$(GO) test -race -count=1 -timeout 10m -v ./test/cluster/
+
 ## bench: every benchmark, then one table of sluice beside its reference
 bench:
 	$(GO) run ./internal/benchtable -- $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
@@ -33,6 +37,7 @@ lint:
 ## clean: build outputs and the local Jaeger
 clean:
 	-./scripts/jaeger-stop.sh >/dev/null 2>&1
+	-./scripts/rabbitmq-cluster.sh stop >/dev/null 2>&1
 	rm -rf bin .cache
 	$(GO) clean -testcache
 
@@ -41,3 +46,10 @@ jaeger-start:
 
 jaeger-stop:
 	./scripts/jaeger-stop.sh
+
+## cluster-start / cluster-stop: the local three-node RabbitMQ cluster (127.0.0.1:5681-5683)
+cluster-start:
+	./scripts/rabbitmq-cluster.sh start
+
+cluster-stop:
+	./scripts/rabbitmq-cluster.sh stop

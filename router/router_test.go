@@ -329,8 +329,12 @@ func TestOrder_TimeoutContextIsRestoredForTheHandoff(t *testing.T) {
 		if rec.record(msg) > 1 {
 			return nil
 		}
-		<-msg.Context().Done() // the gateway hangs until the timeout fires
-		return fmt.Errorf("gateway call: %w", msg.Context().Err())
+		select {
+		case <-msg.Context().Done(): // the gateway hangs until the timeout fires
+			return fmt.Errorf("gateway call: %w", msg.Context().Err())
+		case <-time.After(5 * time.Second):
+			return errors.New("HandlerTimeout never cancelled the handler's context")
+		}
 	}))
 	serve(t, s)
 

@@ -28,7 +28,8 @@
 # cookie.
 #
 # Environment:
-#   SLUICE_CLUSTER_DIR        data, logs, config (default: <repo>/.cache/cluster)
+#   SLUICE_CLUSTER_DIR        data, logs, config (default: <repo>/.cache/cluster, or a
+#                             directory under /tmp when the rabbitmq user cannot reach it)
 #   SLUICE_CLUSTER_HOST       host part of the node names (default: hostname -s)
 #   SLUICE_CLUSTER_AMQP_PORT  AMQP port of node 1; nodes 2, 3 use the next ones (5681)
 #   SLUICE_CLUSTER_DIST_PORT  distribution port of node 1; likewise (25681)
@@ -38,6 +39,12 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dir="${SLUICE_CLUSTER_DIR:-$root/.cache/cluster}"
+# Run as root, the nodes run as rabbitmq, which must reach the data directory: a checkout
+# under a private home (/root is 0700) gets one under /tmp instead, named after it.
+if [ -z "${SLUICE_CLUSTER_DIR:-}" ] && [ "$(id -u)" = 0 ] && id rabbitmq >/dev/null 2>&1 &&
+	! runuser -u rabbitmq -- test -x "$root" 2>/dev/null; then
+	dir="/tmp/sluice-cluster-$(printf '%s' "$root" | md5sum | cut -c1-12)"
+fi
 host="${SLUICE_CLUSTER_HOST:-$(hostname -s)}"
 amqp_base="${SLUICE_CLUSTER_AMQP_PORT:-5681}"
 dist_base="${SLUICE_CLUSTER_DIST_PORT:-25681}"
@@ -129,7 +136,8 @@ ours() {
 node_pids() {
 	local n="$1" pid
 	{
-		[ -f "$(pid_file "$n")" ] && cat "$(pid_file "$n")" 2>/dev/null
+		# The node writes its pid file without a newline.
+		if [ -f "$(pid_file "$n")" ]; then echo "$(cat "$(pid_file "$n")" 2>/dev/null)"; fi
 		pgrep -u "$run_user" beam.smp 2>/dev/null || true
 	} | sort -u | while read -r pid; do
 		if ours "$pid" "$n"; then echo "$pid"; fi

@@ -42,7 +42,8 @@ var benchPayload = func() []byte {
 // from publishInFlight concurrent callers:
 //   - sluice: Broker.Publisher().Publish, one message per call (mandatory, confirmed);
 //   - raw: amqp091-go on one channel, PublishWithDeferredConfirm with a window of
-//     publishInFlight confirms outstanding, the ceiling a client can reach;
+//     publishInFlight confirms outstanding, the ceiling a client can reach; it publishes
+//     the same message on the wire (id header and property, timestamp), made by hand;
 //   - watermill: watermill-amqp's publisher, NewDurableQueueConfig with
 //     Publish.ConfirmDelivery, one message per Publish call as it does.
 func BenchmarkConfirmedPublish(b *testing.B) {
@@ -100,7 +101,13 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 			waited <- nacked
 		}()
 		for i := 0; i < b.N; i++ {
+			// The same message on the wire as sluice's: a fresh id as message-id and in
+			// Watermill's uuid header, a timestamp, persistent.
+			id := watermill.NewUUID()
 			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp091.Publishing{
+				Headers:      amqp091.Table{amqp.UUIDHeader: id},
+				MessageId:    id,
+				Timestamp:    time.Now().UTC().Truncate(time.Second),
 				DeliveryMode: amqp091.Persistent,
 				Body:         benchPayload,
 			})

@@ -14,4 +14,53 @@
 //     which routes it to Q.dlq;
 //   - handler output: Publisher.Publish(topic) publishes to the default exchange with the
 //     topic as routing key (a queue of that name).
+//
+// # Partitioned queues
+//
+// Several instances of a service can share a queue and still keep in-memory idempotency
+// exact if every message of one key is consumed by one instance. Broker.DeclarePartitioned
+// (used by router.WithPartitions) makes queue Q into P partition queues Q.p0 … Q.p(P-1),
+// each with x-single-active-consumer: every instance consumes every partition, RabbitMQ
+// delivers a partition to one consumer at a time and hands it to a waiting one when that
+// consumer goes away (its connection closes, its process dies). The partitions are quorum
+// queues when Config.QueueType is quorum, which a cluster needs so that a partition
+// survives the loss of a node.
+//
+// RabbitMQ hashes, not the producer: Q.p0 … are bound to a consistent-hash exchange named
+// Q (type x-consistent-hash, each binding with weight 1), and a producer publishes to
+// exchange Q with the partition key — the message's idempotency key, such as a payment
+// id — as routing key (Broker.PublishPartitioned; any AMQP client does the same with
+// basic.publish to exchange "Q", routing key the key, mandatory, persistent, with
+// confirms). So producers need no sluice code, no hash function and no partition count,
+// and they cannot disagree about the partition of a key: only the broker computes it, and
+// the count lives in one place, the bindings the consumers declare. A hash in the
+// producer would need the same function and the same count in every producer, in every
+// language, and a change of count rolled out to all of them at once. The cost is RabbitMQ's
+// consistent-hash plugin, which ships with RabbitMQ but is off by default: enable it on
+// every node with
+//
+//	rabbitmq-plugins enable rabbitmq_consistent_hash_exchange
+//
+// A node without it refuses the exchange type by closing the whole connection, so
+// DeclarePartitioned declares on a short-lived connection of its own and returns
+// ErrConsistentHashUnavailable, saying the above. A publish to queue Q through the default
+// exchange is unroutable (there is no queue Q): producers must use the exchange.
+//
+// Retries and deferrals come back to the partition they left: the retry step hands a
+// message to the delay cascade for the queue it was consumed from, Q.pK, and each
+// partition is bound to the cascade's delivery exchange. The partitions share one
+// dead-letter queue, Q.dlq, bound to sluice.dlx with every partition's name as key: the
+// operator finds all of Q's dead letters in one place (sluice dlq list --queue Q), and
+// every record names its partition in x-original-queue, so a replay (sluice dlq replay
+// --queue Q) puts each message back into the partition its key hashes to. RabbitMQ's own
+// dead-lettering of a partition (a quorum queue's delivery limit) lands in Q.dlq too, by
+// x-dead-letter-routing-key Q.pK; such a record has no x-original-queue, only RabbitMQ's
+// x-first-death-queue.
+//
+// Changing the count: declaring more partitions adds bindings, and the consistent hash
+// moves a share of the keys to the new partitions, where their idempotency history is not
+// known. Declaring fewer is refused (ErrPartitionCount) while partition P exists, since
+// the exchange would keep routing keys to it: drain and delete the surplus partitions
+// first. Quorum queues with single-active-consumer refuse basic.get (RESOURCE_LOCKED), so
+// a partition is inspected by consuming it or through the management UI.
 package amqp

@@ -25,6 +25,9 @@ type group struct {
 	// subs maps a sub-benchmark name to its metrics, averaged over repeated runs
 	// (-count > 1). A benchmark without sub-benchmarks is the sub "".
 	subs map[string]map[string]float64
+	// multiOp says which subs ran more than one iteration. Go's per-op figures of a
+	// one-iteration benchmark (a 20s measurement) describe the whole run; they are left out.
+	multiOp map[string]bool
 	// order is the sub names in order of first appearance.
 	order []string
 }
@@ -44,7 +47,7 @@ func groupResults(results []result) []*group {
 		key := r.pkg + "\x00" + parent
 		g, ok := byKey[key]
 		if !ok {
-			g = &group{pkg: r.pkg, parent: parent, subs: map[string]map[string]float64{}}
+			g = &group{pkg: r.pkg, parent: parent, subs: map[string]map[string]float64{}, multiOp: map[string]bool{}}
 			byKey[key] = g
 			groups = append(groups, g)
 		}
@@ -53,6 +56,9 @@ func groupResults(results []result) []*group {
 			sums[subKey] = map[string]float64{}
 			counts[subKey] = map[string]int{}
 			g.order = append(g.order, sub)
+		}
+		if r.n > 1 {
+			g.multiOp[sub] = true
 		}
 		for unit, v := range r.metrics {
 			sums[subKey][unit] += v
@@ -108,7 +114,7 @@ func (g *group) unitRows(label, sub string, withRefs bool) []row {
 	var out []row
 	for _, unit := range orderUnits(units) {
 		v, ok := g.subs[sub][unit]
-		if !ok {
+		if !ok || (goPerOp(unit) && !g.multiOp[sub]) {
 			continue
 		}
 		r := row{benchmark: label, unit: unit, sluice: formatValue(v)}
@@ -142,6 +148,11 @@ func (g *group) label() string {
 		return name
 	}
 	return pkg + " " + name
+}
+
+// goPerOp says whether unit is one of the per-op figures go test itself reports.
+func goPerOp(unit string) bool {
+	return unit == "ns/op" || unit == "B/op" || unit == "allocs/op"
 }
 
 func isReference(sub string) bool {

@@ -13,7 +13,7 @@ import (
 const amqpPkg = "github.com/sluice-go/sluice/broker/amqp"
 
 func res(pkg, name string, metrics map[string]float64) result {
-	return result{pkg: pkg, name: name, n: 1, metrics: metrics}
+	return result{pkg: pkg, name: name, n: 1000, metrics: metrics}
 }
 
 func TestGroupRows(t *testing.T) {
@@ -58,13 +58,22 @@ func TestGroupRows(t *testing.T) {
 		{
 			name: "custom metrics come between rates and go's own, by name",
 			results: []result{
-				res("", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p99-late-ms": 12, "p50-late-ms": 3, "B/op": 100, "ns/op": 2e10}),
+				res("", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p99-late-ms": 12, "p50-late-ms": 3, "B/op": 100, "ns/op": 2e6}),
 			},
 			want: []row{
 				{benchmark: "DelayAccuracy", unit: "p50-late-ms", sluice: "3.00", refs: []string{"", ""}, ratios: []string{"", ""}},
 				{benchmark: "DelayAccuracy", unit: "p99-late-ms", sluice: "12.00", refs: []string{"", ""}, ratios: []string{"", ""}},
-				{benchmark: "DelayAccuracy", unit: "ns/op", sluice: "20000000000", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "DelayAccuracy", unit: "ns/op", sluice: "2000000", refs: []string{"", ""}, ratios: []string{"", ""}},
 				{benchmark: "DelayAccuracy", unit: "B/op", sluice: "100.0", refs: []string{"", ""}, ratios: []string{"", ""}},
+			},
+		},
+		{
+			name: "go's per-op figures of a one-iteration run are left out",
+			results: []result{
+				{name: "BenchmarkDelayAccuracy/sluice", n: 1, metrics: map[string]float64{"p50-late-ms": 3, "ns/op": 2e10, "B/op": 7e6, "allocs/op": 1e5}},
+			},
+			want: []row{
+				{benchmark: "DelayAccuracy", unit: "p50-late-ms", sluice: "3.00", refs: []string{"", ""}, ratios: []string{"", ""}},
 			},
 		},
 		{

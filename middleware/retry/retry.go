@@ -83,7 +83,7 @@ type Config struct {
 	// MaxTotalAge bounds a message's life from its first failure or deferral; past it,
 	// retries and deferrals stop. Zero means 24h.
 	MaxTotalAge time.Duration
-	// MaxRetryAfter caps a RetryAfter wait. Zero means 24h.
+	// MaxRetryAfter caps a RetryAfter wait and a single Defer. Zero means 24h.
 	MaxRetryAfter time.Duration
 	// OnRetry is called after each confirmed hand-off, for logs and telemetry.
 	OnRetry func(Event)
@@ -265,7 +265,8 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	if age := now.Sub(since); age > r.cfg.MaxTotalAge {
 		return sluice.Permanent(fmt.Errorf("%w (%s > %s): %w", ErrDeferralExpired, age.Round(time.Millisecond), r.cfg.MaxTotalAge, err))
 	}
-	delay := max(de.After, 0)
+	// Capped like a RetryAfter: the broker cannot hold a message forever either.
+	delay := min(max(de.After, 0), r.cfg.MaxRetryAfter)
 	deferred := sluice.CopyMessage(msg)
 	md := deferred.Metadata
 	defers, _ := strconv.Atoi(msg.Metadata.Get(sluice.HeaderDeferCount))

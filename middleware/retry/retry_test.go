@@ -888,3 +888,14 @@ func TestMiddleware_CountsUpToExhaustion(t *testing.T) {
 	assert.Len(t, d.Calls(), cfg.MaxRetries)
 	assert.Equal(t, []int{1, 2, 3}, attempts(sluice.History(md)))
 }
+
+func TestMiddleware_DeferIsCappedAtMaxRetryAfter(t *testing.T) {
+	cfg := testPolicy()
+	cfg.MaxRetryAfter = time.Hour
+	r, d, _ := newStep(t, cfg, nil)
+	res := run(t, r.Middleware, failing(sluice.Defer(30*24*time.Hour, errors.New("breaker open for a month"))), nil)
+	require.NoError(t, res.err)
+	calls := d.Calls()
+	require.Len(t, calls, 1)
+	assert.Equal(t, time.Hour, calls[0].d, "a deferral longer than MaxRetryAfter is capped")
+}

@@ -234,8 +234,8 @@ type instance struct {
 	name    string
 	cmd     *exec.Cmd
 	logs    *syncBuffer
-	metrics string // base URL of its Prometheus endpoint
-	exited  chan error
+	metrics string        // URL of its Prometheus endpoint
+	exited  chan struct{} // closed when the process has ended
 }
 
 type syncBuffer struct {
@@ -289,8 +289,11 @@ func startInstance(t *testing.T, name string, n names, urls []string) *instance 
 	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
-	in := &instance{name: name, cmd: cmd, logs: logs, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), exited: make(chan error, 1)}
-	go func() { in.exited <- cmd.Wait() }()
+	in := &instance{name: name, cmd: cmd, logs: logs, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(in.exited)
+	}()
 	t.Cleanup(func() {
 		in.stop()
 		if t.Failed() {

@@ -353,3 +353,18 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 		}
 	}
 }
+
+// TestClientSkipsUnreachableNode: the first node of the list does not answer; New connects
+// to the next one, and everything works there.
+func TestClientSkipsUnreachableNode(t *testing.T) {
+	urls := nodeURLs(t)
+	dead := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", freePort(t))
+	b := newBroker(t, []string{dead, urls[1], urls[2]})
+	n := newNames("cluster.skip")
+	n.cleanup(t, urls[1])
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, b.DeclareQueue(ctx, n.queue))
+	require.NoError(t, b.Publisher().Publish(n.queue, message.NewMessage("m1", []byte("x"))))
+	assert.Equal(t, []string{"x"}, getAll(t, dial(t, urls[2]), n.queue))
+}

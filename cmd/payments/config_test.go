@@ -1,0 +1,41 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestLoadConfigPartitionsAndQueueType(t *testing.T) {
+	cases := []struct {
+		name          string
+		partitions    string
+		queueType     string
+		wantParts     int
+		wantQueueType string
+		wantErr       string
+	}{
+		{name: "defaults: plain queue, broker's queue type"},
+		{name: "partitioned on quorum queues", partitions: "4", queueType: "quorum", wantParts: 4, wantQueueType: "quorum"},
+		{name: "classic", queueType: "classic", wantQueueType: "classic"},
+		{name: "negative partitions", partitions: "-1", wantErr: "PAYMENTS_PARTITIONS"},
+		{name: "not a number", partitions: "four", wantErr: "PAYMENTS_PARTITIONS"},
+		{name: "unknown queue type", queueType: "stream", wantErr: `AMQP_QUEUE_TYPE="stream"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PAYMENTS_PARTITIONS", tc.partitions)
+			t.Setenv("AMQP_QUEUE_TYPE", tc.queueType)
+			cfg, err := loadConfig()
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantParts, cfg.partitions)
+			assert.Equal(t, tc.wantQueueType, cfg.queueType)
+		})
+	}
+}
