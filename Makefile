@@ -27,7 +27,7 @@ test-cluster:
 
 ## bench: every benchmark, then one table of sluice beside its reference
 bench:
-	$(GO) run ./internal/benchtable -- $(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
+	$(GO) run ./internal/benchtable -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
 
 ## lint: formatting and vet
 lint:

@@ -26,7 +26,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -192,7 +191,7 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 			return nil, fmt.Errorf("router: breaker state metric: %w", err)
 		}
 	}
-	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, watermill.NewSlogLogger(cfg.Logger))
+	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, newWatermillLogger(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}

@@ -78,7 +78,7 @@ func (b *Broker) Delay(ctx context.Context, queue string, d time.Duration, msg *
 	if err := b.declareCascade(ctx); err != nil {
 		return fmt.Errorf("delay message %s: %w", msg.UUID, err)
 	}
-	return b.pub.PublishTo(ctx, delayTopExchange(), delayRoutingKey(units, queue), msg)
+	return b.pub.PublishTo(ctx, delayEntryExchange(units), delayRoutingKey(units, queue), msg)
 }
 
 // DeadLetter publishes msg to queue's dead-letter queue through sluice.dlx and returns once

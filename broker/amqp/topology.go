@@ -3,6 +3,7 @@ package amqp
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"strings"
 	"time"
 
@@ -33,8 +34,12 @@ func DLQName(queue string) string { return queue + ".dlq" }
 // delayLevelName returns the exchange and queue name of cascade level k.
 func delayLevelName(k int) string { return fmt.Sprintf("%s%02d", DelayExchangePrefix, k) }
 
-// delayTopExchange is where a delayed message enters the cascade.
-func delayTopExchange() string { return delayLevelName(DelayLevels - 1) }
+// delayEntryExchange is where a delay of units enters the cascade: the level of its highest
+// set bit. Every level above would only pass it on (its digit there is 0), and each
+// exchange hop costs the broker; entering at the top made a retry cross all 26.
+func delayEntryExchange(units uint64) string {
+	return delayLevelName(max(bits.Len64(units)-1, 0))
+}
 
 // deliveryBindingKey matches a routing key of DelayLevels digit words followed by queue;
 // the fixed count of `*` keeps "a.b" and "b" apart.

@@ -48,6 +48,7 @@ func TestScaleOutExactlyOncePerKey(t *testing.T) {
 
 			begin := time.Now()
 			require.NoError(t, newProducer(t, urls[2]).publish(n.queue, load, 0))
+			t.Logf("%d requests published (confirmed) in %s", total, time.Since(begin).Round(time.Millisecond))
 			require.Eventually(t, func() bool { return ev.distinct() >= ids }, 3*time.Minute, 10*time.Millisecond, "every payment charged")
 			elapsed := time.Since(begin)
 			counts := ev.waitAll(t, ids, time.Minute, 2*time.Second)
