@@ -155,7 +155,7 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 	r := Record{
 		ID:            MessageID(d),
 		Position:      pos,
-		OriginalQueue: md.Get(sluice.HeaderOriginalQueue),
+		OriginalQueue: originalQueue(d, md.Get(sluice.HeaderOriginalQueue)),
 		Handler:       md.Get(sluice.HeaderHandler),
 		ErrorType:     md.Get(sluice.HeaderErrorType),
 		ErrorClass:    md.Get(sluice.HeaderErrorClass),
@@ -235,4 +235,17 @@ func (r Record) ShortError(n int) string {
 		msg = msg[:i]
 	}
 	return sluice.Truncate(msg, n)
+}
+
+// originalQueue is where a message came from: sluice's x-original-queue, else, for a
+// message RabbitMQ dead-lettered itself (a quorum queue's delivery limit), the queue its
+// x-first-death-queue names.
+func originalQueue(d amqp.Delivery, fromSluice string) string {
+	if fromSluice != "" {
+		return fromSluice
+	}
+	if q, ok := d.Headers["x-first-death-queue"].(string); ok {
+		return q
+	}
+	return ""
 }

@@ -219,3 +219,10 @@ func TestMaskError(t *testing.T) {
 	masked := dlq.MaskError(errors.Join(errors.New("s3cr?t"), dlq.ErrQueueNotFound), u)
 	assert.ErrorIs(t, masked, dlq.ErrQueueNotFound, "a masked error keeps the package's sentinels")
 }
+
+func TestNewRecord_OriginalQueueFromRabbitMQsOwnDeadLettering(t *testing.T) {
+	d := amqp091.Delivery{MessageId: "m1", Headers: amqp091.Table{"x-first-death-queue": "orders.p3", "x-first-death-reason": "delivery_limit"}}
+	assert.Equal(t, "orders.p3", dlq.NewRecord(d, "orders", 0, time.Now()).OriginalQueue)
+	d.Headers["x-original-queue"] = "orders.p1"
+	assert.Equal(t, "orders.p1", dlq.NewRecord(d, "orders", 0, time.Now()).OriginalQueue, "sluice's own record wins")
+}

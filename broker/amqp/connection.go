@@ -73,6 +73,9 @@ func (c *connection) dialAny() (*amqp.Connection, error) {
 
 func (c *connection) dial(u string) (*amqp.Connection, error) {
 	cfg := amqp.Config{
+		// A node that drops packets instead of refusing them must not stall failover for
+		// amqp091's default 30s per URL.
+		Dial:       amqp.DefaultDial(10 * time.Second),
 		Heartbeat:  10 * time.Second,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "sluice"},
