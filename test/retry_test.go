@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -63,6 +64,16 @@ func TestRetryFailsTwiceThenSucceeds(t *testing.T) {
 		assert.Equal(t, "2", last.Metadata.Get(sluice.HeaderRetryCount))
 		assert.Equal(t, queue, last.Metadata.Get(sluice.HeaderOriginalQueue))
 		assert.Len(t, sluice.History(last.Metadata), 2)
+		if e.rabbit != nil {
+			// The second trip through the cascade started from a copy without the first
+			// trip's x-death: RabbitMQ's records do not pile up from retry to retry.
+			var deaths []map[string]any
+			require.NoError(t, json.Unmarshal([]byte(last.Metadata.Get("x-death")), &deaths), "x-death %q", last.Metadata.Get("x-death"))
+			require.NotEmpty(t, deaths, "the delayed copy went through the cascade")
+			for _, d := range deaths {
+				assert.EqualValues(t, 1, d["count"], "x-death entry %v counted more than one trip", d)
+			}
+		}
 		assert.Equal(t, 0, e.count(t, queue), "queue empty")
 		assert.Equal(t, 0, e.count(t, queue+".dlq"), "DLQ empty")
 	})
