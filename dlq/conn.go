@@ -3,8 +3,6 @@ package dlq
 import (
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -71,34 +69,8 @@ func MaskError(err error, urls ...string) error {
 	return &maskedError{text: masked, err: err}
 }
 
-// MaskText returns s with each of urls replaced by its masked form and each of their
-// passwords by "xxxxx".
-func MaskText(s string, urls ...string) string {
-	for _, u := range urls {
-		if u == "" {
-			continue
-		}
-		s = strings.ReplaceAll(s, u, sluiceamqp.MaskURL(u))
-		parsed, err := url.Parse(u)
-		if err != nil {
-			// Unparseable: it may still hold a password after the scheme.
-			if i := strings.Index(u, "://"); i >= 0 && len(u) > i+3 {
-				s = strings.ReplaceAll(s, u[i+3:], "xxxxx")
-			}
-			continue
-		}
-		if parsed.User == nil {
-			continue
-		}
-		if pw, ok := parsed.User.Password(); ok && pw != "" {
-			s = strings.ReplaceAll(s, pw, "xxxxx")
-			if esc := url.QueryEscape(pw); esc != pw {
-				s = strings.ReplaceAll(s, esc, "xxxxx")
-			}
-		}
-	}
-	return s
-}
+// MaskText returns s with every URL of urls and its password masked (amqp.MaskText).
+func MaskText(s string, urls ...string) string { return sluiceamqp.MaskText(s, urls...) }
 
 // maskedError is an error whose text had a secret removed. It unwraps only to the
 // sentinels of this package, never to the original (whose text holds the secret).

@@ -151,31 +151,50 @@ func MaskURL(u string) string {
 	return parsed.String()
 }
 
-// MaskError returns err's text with every password of urls masked, for errors that
-// amqp091-go builds from a URL.
+// maskErr returns err with its text masked by MaskText, for errors amqp091-go builds from
+// a URL.
 func maskErr(err error, urls []string) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	masked := msg
+	if masked := MaskText(msg, urls...); masked != msg {
+		return errors.New(masked)
+	}
+	return err
+}
+
+// MaskText returns s with each of urls replaced by its masked form (MaskURL) and each of
+// their passwords, decoded, as written (percent-encoded) or query-escaped, by "xxxxx". Use
+// it on any text that may quote a broker URL before it is logged or printed.
+func MaskText(s string, urls ...string) string {
 	for _, u := range urls {
-		parsed, perr := url.Parse(u)
-		if perr != nil || parsed.User == nil {
+		if u == "" {
 			continue
 		}
-		if pw, has := parsed.User.Password(); has && pw != "" {
-			masked = strings.ReplaceAll(masked, pw, "xxxxx")
-			// An error may quote the URL as written, with the password percent-encoded.
+		s = strings.ReplaceAll(s, u, MaskURL(u))
+		parsed, err := url.Parse(u)
+		if err != nil {
+			// Unparseable: it may still hold a password after the scheme.
+			if i := strings.Index(u, "://"); i >= 0 && len(u) > i+3 {
+				s = strings.ReplaceAll(s, u[i+3:], "xxxxx")
+			}
+			continue
+		}
+		if parsed.User == nil {
+			continue
+		}
+		if pw, ok := parsed.User.Password(); ok && pw != "" {
+			s = strings.ReplaceAll(s, pw, "xxxxx")
+			if esc := url.QueryEscape(pw); esc != pw {
+				s = strings.ReplaceAll(s, esc, "xxxxx")
+			}
 			if raw := rawPassword(u); raw != "" {
-				masked = strings.ReplaceAll(masked, raw, "xxxxx")
+				s = strings.ReplaceAll(s, raw, "xxxxx")
 			}
 		}
 	}
-	if masked == msg {
-		return err
-	}
-	return errors.New(masked)
+	return s
 }
 
 // rawPassword returns the password of u as written in it, percent-encoding and all.
