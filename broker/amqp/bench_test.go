@@ -2,13 +2,8 @@ package amqp_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"math"
-	"math/rand/v2"
 	"runtime"
-	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/delaybench"
 	"github.com/sluice-go/sluice/internal/testenv"
 )
 
@@ -172,107 +168,10 @@ func BenchmarkDelayAccuracy(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		var late, handoff []time.Duration
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			l, h := delayRound(ctx, b, msgs, func(d time.Duration, m *message.Message) error {
-				return br.Delay(ctx, q, d, m)
-			})
-			late, handoff = append(late, l...), append(handoff, h...)
-		}
-		b.StopTimer()
-		reportLateness(b, late, handoff)
+		delaybench.Measure(ctx, b, msgs, func(d time.Duration, m *message.Message) error {
+			return br.Delay(ctx, q, d, m)
+		})
 	})
-}
-
-// delayRound delays 240 messages at once and returns how late each arrived and how long
-// each Delay call took.
-func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) (late, handoff []time.Duration) {
-	const n = 240
-	const lo, hi = 100 * time.Millisecond, 20 * time.Second
-	type sent struct {
-		at        time.Time
-		requested time.Duration
-	}
-	var mu sync.Mutex
-	sentAt := make(map[string]sent, n)
-	delays := make([]time.Duration, n)
-	for i := range delays {
-		delays[i] = time.Duration(float64(lo) * math.Pow(float64(hi)/float64(lo), float64(i)/float64(n-1)))
-	}
-	rand.Shuffle(n, func(i, j int) { delays[i], delays[j] = delays[j], delays[i] })
-
-	errs := make(chan error, n)
-	handoffs := make(chan time.Duration, n)
-	var wg sync.WaitGroup
-	for i, d := range delays {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m := message.NewMessage(fmt.Sprintf("delay-%d-%s", i, watermill.NewShortUUID()), benchPayload)
-			start := time.Now()
-			mu.Lock()
-			sentAt[m.UUID] = sent{at: start, requested: d}
-			mu.Unlock()
-			if err := delay(d, m); err != nil {
-				errs <- err
-				return
-			}
-			handoffs <- time.Since(start)
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	close(handoffs)
-	for err := range errs {
-		b.Fatal(err)
-	}
-	for h := range handoffs {
-		handoff = append(handoff, h)
-	}
-
-	late = make([]time.Duration, 0, n)
-	deadline := time.After(hi + 30*time.Second)
-	for len(late) < n {
-		select {
-		case m, ok := <-msgs:
-			if !ok {
-				b.Fatalf("subscription closed after %d of %d delayed messages", len(late), n)
-			}
-			arrived := time.Now()
-			m.Ack()
-			mu.Lock()
-			s, ok := sentAt[m.UUID]
-			delete(sentAt, m.UUID)
-			mu.Unlock()
-			if ok { // a redelivered duplicate is not measured twice
-				late = append(late, arrived.Sub(s.at)-s.requested)
-			}
-		case <-deadline:
-			b.Fatalf("only %d of %d delayed messages arrived", len(late), n)
-		case <-ctx.Done():
-			b.Fatal(ctx.Err())
-		}
-	}
-	return late, handoff
-}
-
-// reportLateness reports p50, p99 and max of late and p99 of handoff, in milliseconds.
-func reportLateness(b *testing.B, late, handoff []time.Duration) {
-	b.ReportMetric(percentileMS(late, 0.50), "p50-late-ms")
-	b.ReportMetric(percentileMS(late, 0.99), "p99-late-ms")
-	b.ReportMetric(percentileMS(late, 1), "max-late-ms")
-	b.ReportMetric(percentileMS(handoff, 0.99), "p99-handoff-ms")
-}
-
-// percentileMS returns the p-quantile of ds (nearest rank) in milliseconds.
-func percentileMS(ds []time.Duration, p float64) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	i := int(math.Ceil(p*float64(len(ds)))) - 1
-	return float64(ds[max(i, 0)]) / float64(time.Millisecond)
 }
 
 func benchBroker(b *testing.B, url string) *amqp.Broker {

@@ -61,15 +61,7 @@ type Config struct {
 
 func (c *Config) setDefaults() error {
 	if len(c.URLs) == 0 {
-		env := os.Getenv("AMQP_URL")
-		if env == "" {
-			env = DefaultURL
-		}
-		for _, u := range strings.Split(env, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				c.URLs = append(c.URLs, u)
-			}
-		}
+		c.URLs = SplitURLs(os.Getenv("AMQP_URL"))
 	}
 	if len(c.URLs) == 0 {
 		return ErrNoURL
@@ -118,6 +110,21 @@ func (c *Config) setDefaults() error {
 		c.Logger = slog.Default()
 	}
 	return nil
+}
+
+// SplitURLs reads an AMQP_URL value: one URL or a comma-separated list of nodes to fail
+// over between. Empty means DefaultURL.
+func SplitURLs(s string) []string {
+	var urls []string
+	for _, u := range strings.Split(s, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		return []string{DefaultURL}
+	}
+	return urls
 }
 
 // MaskURL returns u with its password replaced by "xxxxx", for logs and errors. A string

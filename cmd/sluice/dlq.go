@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
@@ -115,17 +114,19 @@ func (f *dlqFlags) usageErrorf(format string, args ...any) error {
 
 // connect dials AMQP_URL (a comma-separated list is tried in order).
 func connect(e *env) (*amqp091.Connection, error) {
-	raw := e.getenv("AMQP_URL")
-	if raw == "" {
-		raw = amqp.DefaultURL
+	return dlq.Dial(amqp.SplitURLs(e.getenv("AMQP_URL"))...)
+}
+
+// inspect connects and runs read with an inspector on the environment's clock.
+func inspect(e *env, read func(*dlq.Inspector) error) error {
+	conn, err := connect(e)
+	if err != nil {
+		return err
 	}
-	var urls []string
-	for _, u := range strings.Split(raw, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			urls = append(urls, u)
-		}
-	}
-	return dlq.Dial(urls...)
+	defer conn.Close()
+	in := dlq.NewInspector(conn)
+	in.Now = e.now
+	return read(in)
 }
 
 // dlqError gives not-found errors their exit code.

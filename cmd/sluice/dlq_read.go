@@ -23,14 +23,11 @@ func runDLQList(ctx context.Context, e *env, args []string) error {
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err
 	}
-	conn, err := connect(e)
-	if err != nil {
+	var l dlq.Listing
+	err := inspect(e, func(in *dlq.Inspector) (err error) {
+		l, err = in.List(ctx, f.queue, *limit)
 		return err
-	}
-	defer conn.Close()
-	in := dlq.NewInspector(conn)
-	in.Now = e.now
-	l, err := in.List(ctx, f.queue, *limit)
+	})
 	if err != nil {
 		return dlqError(err)
 	}
@@ -108,14 +105,11 @@ func runDLQShow(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := connect(e)
-	if err != nil {
+	var r dlq.Record
+	err = inspect(e, func(in *dlq.Inspector) (err error) {
+		r, err = in.Show(ctx, f.queue, pos[0])
 		return err
-	}
-	defer conn.Close()
-	in := dlq.NewInspector(conn)
-	in.Now = e.now
-	r, err := in.Show(ctx, f.queue, pos[0])
+	})
 	if err != nil {
 		return dlqError(err)
 	}
@@ -207,14 +201,11 @@ func runDLQStats(ctx context.Context, e *env, args []string) error {
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err
 	}
-	conn, err := connect(e)
-	if err != nil {
+	var s dlq.Stats
+	err := inspect(e, func(in *dlq.Inspector) (err error) {
+		s, err = in.Stats(ctx, f.queue)
 		return err
-	}
-	defer conn.Close()
-	in := dlq.NewInspector(conn)
-	in.Now = e.now
-	s, err := in.Stats(ctx, f.queue)
+	})
 	if err != nil {
 		return dlqError(err)
 	}

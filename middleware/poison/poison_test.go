@@ -12,14 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -116,60 +115,12 @@ type result struct {
 	reported bool
 }
 
-// run sends a message with md through mw around h inside a real watermill router
-// (gochannel), which puts the queue and handler name in the message context as the stack's
-// router does, with a sluice.Reporter in the context as telemetry puts it.
+// run sends a message with md through mw around h inside a real watermill router, as the
+// stack's router runs the step (see internal/steptest).
 func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
 	t.Helper()
-	logger := watermill.NopLogger{}
-	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, logger)
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
-	require.NoError(t, err)
-
-	results := make(chan result, 1)
-	step := mw(h)
-	router.AddConsumerHandler(handlerName, queueName, pubSub, func(msg *message.Message) error {
-		rep := &sluice.Reporter{}
-		msg.SetContext(sluice.WithReporter(msg.Context(), rep))
-		res := result{msg: msg, before: copyMetadata(msg.Metadata)}
-		res.out, res.err = step(msg)
-		res.report, res.reported = rep.Get()
-		results <- res
-		return nil // ack: the step's error is the result, not a reason to redeliver
-	})
-	runErr := make(chan error, 1)
-	go func() { runErr <- router.Run(context.Background()) }()
-	defer func() {
-		require.NoError(t, router.Close())
-		require.NoError(t, <-runErr)
-		require.NoError(t, pubSub.Close())
-	}()
-	select {
-	case <-router.Running():
-	case <-time.After(10 * time.Second):
-		t.Fatal("router did not start")
-	}
-
-	msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
-	for k, v := range md {
-		msg.Metadata.Set(k, v)
-	}
-	require.NoError(t, pubSub.Publish(queueName, msg))
-	select {
-	case res := <-results:
-		return res
-	case <-time.After(10 * time.Second):
-		t.Fatal("the handler was not called")
-		return result{}
-	}
-}
-
-func copyMetadata(md message.Metadata) message.Metadata {
-	c := make(message.Metadata, len(md))
-	for k, v := range md {
-		c[k] = v
-	}
-	return c
+	r := steptest.Run(t, mw, h, steptest.Message{Queue: queueName, Handler: handlerName, Payload: []byte(payload), Metadata: md})
+	return result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err, report: r.Report, reported: r.Reported}
 }
 
 // failing returns a handler failing with err.

@@ -219,24 +219,26 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, &ExhaustedError{Retries: count, Age: age, Err: err}
 		}
 
-		delay := r.Backoff(count + 1)
-		var ra *sluice.RetryAfterError
-		if errors.As(err, &ra) && ra.After > 0 {
+		var delay time.Duration
+		if ra := (*sluice.RetryAfterError)(nil); errors.As(err, &ra) && ra.After > 0 {
 			delay = min(ra.After, r.cfg.MaxRetryAfter)
+		} else {
+			delay = r.Backoff(count + 1)
 		}
+		errType := sluice.ErrorType(err)
 
 		retryCopy := sluice.CopyMessage(msg)
 		md := retryCopy.Metadata
 		md.Set(sluice.HeaderRetryCount, strconv.Itoa(count+1))
 		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(first))
 		md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
-		md.Set(sluice.HeaderLastError, sluice.ErrorType(err))
+		md.Set(sluice.HeaderLastError, errType)
 		md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(err.Error(), sluice.MaxErrorMessageBytes))
 		if md.Get(sluice.HeaderOriginalQueue) == "" {
 			md.Set(sluice.HeaderOriginalQueue, queue)
 		}
 		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
-			At: now.UTC(), Attempt: attempt, Type: sluice.ErrorType(err), Message: err.Error(),
+			At: now.UTC(), Attempt: attempt, Type: errType, Message: err.Error(),
 		}))
 		if herr := r.cfg.Delayer.Delay(ctx, queue, delay, retryCopy); herr != nil {
 			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)

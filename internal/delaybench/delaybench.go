@@ -1,0 +1,126 @@
+// Package delaybench measures how exactly a broker delays messages, for the
+// DelayAccuracy benchmarks of broker/amqp and broker/memory: the same measurement on both
+// brokers, so their figures compare.
+package delaybench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// payload is the 1 KiB body of every delayed message.
+var payload = make([]byte, 1024)
+
+// Measure runs b.N rounds of 240 delays spread geometrically from 100ms to 20s, handed to
+// delay at once, reads them back from msgs, and reports how late each arrived (actual minus
+// requested, from just before the delay call to the delivery: p50, p99 and max) and the
+// p99 of the delay call itself, in milliseconds.
+func Measure(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) {
+	var late, handoff []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l, h := delayRound(ctx, b, msgs, delay)
+		late, handoff = append(late, l...), append(handoff, h...)
+	}
+	b.StopTimer()
+	reportLateness(b, late, handoff)
+}
+
+// delayRound delays 240 messages at once and returns how late each arrived and how long
+// each Delay call took.
+func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) (late, handoff []time.Duration) {
+	const n = 240
+	const lo, hi = 100 * time.Millisecond, 20 * time.Second
+	type sent struct {
+		at        time.Time
+		requested time.Duration
+	}
+	var mu sync.Mutex
+	sentAt := make(map[string]sent, n)
+	delays := make([]time.Duration, n)
+	for i := range delays {
+		delays[i] = time.Duration(float64(lo) * math.Pow(float64(hi)/float64(lo), float64(i)/float64(n-1)))
+	}
+	rand.Shuffle(n, func(i, j int) { delays[i], delays[j] = delays[j], delays[i] })
+
+	errs := make(chan error, n)
+	handoffs := make(chan time.Duration, n)
+	var wg sync.WaitGroup
+	for i, d := range delays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := message.NewMessage(fmt.Sprintf("delay-%d-%s", i, watermill.NewShortUUID()), payload)
+			start := time.Now()
+			mu.Lock()
+			sentAt[m.UUID] = sent{at: start, requested: d}
+			mu.Unlock()
+			if err := delay(d, m); err != nil {
+				errs <- err
+				return
+			}
+			handoffs <- time.Since(start)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	close(handoffs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	for h := range handoffs {
+		handoff = append(handoff, h)
+	}
+
+	late = make([]time.Duration, 0, n)
+	deadline := time.After(hi + 30*time.Second)
+	for len(late) < n {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				b.Fatalf("subscription closed after %d of %d delayed messages", len(late), n)
+			}
+			arrived := time.Now()
+			m.Ack()
+			mu.Lock()
+			s, ok := sentAt[m.UUID]
+			delete(sentAt, m.UUID)
+			mu.Unlock()
+			if ok { // a redelivered duplicate is not measured twice
+				late = append(late, arrived.Sub(s.at)-s.requested)
+			}
+		case <-deadline:
+			b.Fatalf("only %d of %d delayed messages arrived", len(late), n)
+		case <-ctx.Done():
+			b.Fatal(ctx.Err())
+		}
+	}
+	return late, handoff
+}
+
+// reportLateness reports p50, p99 and max of late and p99 of handoff, in milliseconds.
+func reportLateness(b *testing.B, late, handoff []time.Duration) {
+	b.ReportMetric(percentileMS(late, 0.50), "p50-late-ms")
+	b.ReportMetric(percentileMS(late, 0.99), "p99-late-ms")
+	b.ReportMetric(percentileMS(late, 1), "max-late-ms")
+	b.ReportMetric(percentileMS(handoff, 0.99), "p99-handoff-ms")
+}
+
+// percentileMS returns the p-quantile of ds (nearest rank) in milliseconds.
+func percentileMS(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	i := int(math.Ceil(p*float64(len(ds)))) - 1
+	return float64(ds[max(i, 0)]) / float64(time.Millisecond)
+}
