@@ -1,6 +1,7 @@
 # sluice — the two commands a fresh machine needs are `make run` and `make test`.
 GO       ?= go
 PKGS     ?= ./...
+BENCH_ROUNDS ?= 3
 
 .PHONY: run test test-go test-chaos test-cluster bench lint clean jaeger-start jaeger-stop cluster-start cluster-stop
 
@@ -25,9 +26,9 @@ test-chaos:
 test-cluster:
 	$(GO) test -race -count=1 -timeout 10m -v ./test/cluster/
 
-## bench: every benchmark, then one table of sluice beside its reference
+## bench: every benchmark, three rounds, then one table of sluice beside its reference (medians)
 bench:
-	$(GO) run ./internal/benchtable -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
+	$(GO) run ./internal/benchtable -rounds $(BENCH_ROUNDS) -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
 
 ## lint: formatting and vet
 lint:

@@ -148,6 +148,27 @@ type Instrumentation struct {
 	duration    metric.Float64Histogram
 	inFlight    metric.Int64UpDownCounter
 	breaker     metric.Int64ObservableGauge
+
+	// attrSets holds one metric.MeasurementOption per (queue, handler, outcome): building
+	// an attribute.Set hashes every attribute, which was the largest cost of an attempt's
+	// metrics. The keys are the stack's queues, handlers and outcomes, a small fixed set.
+	attrSets sync.Map // metricKey -> metric.MeasurementOption
+}
+
+// metricKey names one combination of metric attributes; outcome "" means none.
+type metricKey struct{ queue, handler, outcome string }
+
+// metricAttrs returns the measurement option with k's attributes, built once per k.
+func (in *Instrumentation) metricAttrs(k metricKey) metric.MeasurementOption {
+	if opt, ok := in.attrSets.Load(k); ok {
+		return opt.(metric.MeasurementOption)
+	}
+	kvs := []attribute.KeyValue{MetricAttrQueue.String(k.queue), MetricAttrHandler.String(k.handler)}
+	if k.outcome != "" {
+		kvs = append(kvs, MetricAttrOutcome.String(k.outcome))
+	}
+	opt, _ := in.attrSets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(kvs...)))
+	return opt.(metric.MeasurementOption)
 }
 
 // New returns an Instrumentation over the given (or the global) providers. It fails only
@@ -250,12 +271,15 @@ func (in *Instrumentation) inject(ctx context.Context, msg *message.Message) {
 
 // messageAttrs are the messaging attributes every span about msg carries.
 func (in *Instrumentation) messageAttrs(op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
-	attrs := []attribute.KeyValue{
+	// Room for every attribute here and the consumer span's two more, so that appending
+	// them does not copy the slice.
+	attrs := make([]attribute.KeyValue, 0, 9)
+	attrs = append(attrs,
 		in.system,
 		op,
 		semconv.MessagingOperationName(opName),
 		semconv.MessagingMessageBodySize(len(msg.Payload)),
-	}
+	)
 	if destination != "" {
 		attrs = append(attrs, semconv.MessagingDestinationName(destination))
 	}

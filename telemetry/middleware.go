@@ -66,7 +66,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		ctx = sluice.WithReporter(ctx, reporter)
 		msg.SetContext(ctx)
 
-		flightAttrs := metric.WithAttributeSet(attribute.NewSet(MetricAttrQueue.String(queue), MetricAttrHandler.String(handler)))
+		flightAttrs := in.metricAttrs(metricKey{queue: queue, handler: handler})
 		in.inFlight.Add(ctx, 1, flightAttrs)
 		finished := false
 		defer func() {
@@ -101,9 +101,11 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 // finish sets the outcome attributes and status on span, ends it, and records metrics.
 func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start time.Time,
 	queue, handler string, rep sluice.Report, err error) {
-	span.SetAttributes(AttrOutcome.String(string(rep.Outcome)))
+	// One SetAttributes call: each one copies the span's attributes to make room.
+	var buf [3]attribute.KeyValue
+	attrs := append(buf[:0], AttrOutcome.String(string(rep.Outcome)))
 	if rep.Delay > 0 {
-		span.SetAttributes(AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
+		attrs = append(attrs, AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
 	}
 
 	cause := rep.Err
@@ -118,30 +120,34 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 			cause = errors.New(string(rep.Outcome))
 		}
 		span.RecordError(cause)
-		span.SetAttributes(semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
+		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
 		span.SetStatus(codes.Error, cause.Error())
 	case rep.Outcome == sluice.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
 		if cause != nil {
-			span.SetAttributes(AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
+			attrs = append(attrs, AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
 		}
 	case rep.Outcome == sluice.OutcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.
 		span.RecordError(cause)
-		span.SetAttributes(semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
+		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
 	}
+	span.SetAttributes(attrs...)
 	span.End()
 
-	base := []attribute.KeyValue{MetricAttrQueue.String(queue), MetricAttrHandler.String(handler)}
-	withOutcome := metric.WithAttributes(append(base, MetricAttrOutcome.String(string(rep.Outcome)))...)
+	withOutcome := in.metricAttrs(metricKey{queue: queue, handler: handler, outcome: string(rep.Outcome)})
 	in.messages.Add(ctx, 1, withOutcome)
 	in.duration.Record(ctx, time.Since(start).Seconds(), withOutcome)
+	var counter metric.Int64Counter
 	switch rep.Outcome {
 	case sluice.OutcomeRetry:
-		in.retries.Add(ctx, 1, metric.WithAttributes(base...))
+		counter = in.retries
 	case sluice.OutcomeDeadLetter:
-		in.deadLetters.Add(ctx, 1, metric.WithAttributes(base...))
+		counter = in.deadLetters
 	case sluice.OutcomeDuplicate:
-		in.idemHits.Add(ctx, 1, metric.WithAttributes(base...))
+		counter = in.idemHits
+	}
+	if counter != nil {
+		counter.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler}))
 	}
 }

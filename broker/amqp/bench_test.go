@@ -22,8 +22,8 @@ import (
 // (make bench) puts them side by side. Figures of one run are comparable with each other,
 // never with another machine's or another moment's: the broker is shared.
 
-// publishInFlight is how many confirms are outstanding at once: the number of concurrent
-// sluice and watermill callers (each waits for its own confirm), and raw's window.
+// publishInFlight is how many confirms may be outstanding at once in both shapes: the
+// messages of one Publish call (batch), the number of callers (concurrent), raw's window.
 const publishInFlight = 128
 
 var benchPayload = func() []byte {
@@ -34,103 +34,63 @@ var benchPayload = func() []byte {
 	return p
 }()
 
-// BenchmarkConfirmedPublish publishes 1 KiB persistent messages, each confirmed by RabbitMQ,
-// from publishInFlight concurrent callers:
-//   - sluice: Broker.Publisher().Publish, one message per call (mandatory, confirmed);
+// BenchmarkConfirmedPublishBatch publishes 1 KiB persistent messages, each confirmed by
+// RabbitMQ, from one goroutine, publishInFlight messages per Publish call (the shape of a
+// handler's outputs, a replay, any producer with more than one message to send):
+//   - sluice: Broker.Publisher().Publish(topic, batch...): every message of the call in
+//     flight at once, the call returning when all are confirmed;
 //   - raw: amqp091-go on one channel, PublishWithDeferredConfirm with a window of
-//     publishInFlight confirms outstanding, the ceiling a client can reach; it publishes
-//     the same message on the wire (id header and property, timestamp), made by hand;
+//     publishInFlight confirms outstanding, the ceiling a client can reach; the same
+//     message on the wire (id header and property, timestamp), made by hand;
 //   - watermill: watermill-amqp's publisher, NewDurableQueueConfig with
-//     Publish.ConfirmDelivery, one message per Publish call as it does.
-func BenchmarkConfirmedPublish(b *testing.B) {
+//     Publish.ConfirmDelivery, Publish(topic, batch...): it waits for each message's
+//     confirm before it sends the next, one synchronous confirm wait per message.
+func BenchmarkConfirmedPublishBatch(b *testing.B) {
 	url := testenv.AMQPURL(b)
+	publishBatches := func(b *testing.B, pub message.Publisher, q string) {
+		batch := make([]*message.Message, 0, publishInFlight)
+		for sent := 0; sent < b.N; sent += len(batch) {
+			batch = batch[:0]
+			for range min(publishInFlight, b.N-sent) {
+				batch = append(batch, message.NewMessage(watermill.NewUUID(), benchPayload))
+			}
+			if err := pub.Publish(q, batch...); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
 	b.Run("sluice", func(b *testing.B) {
-		br := benchBroker(b, url)
-		q := testenv.Name("bench.publish.sluice")
-		r := testenv.NewRabbit(b)
-		r.DeleteQueues(q, amqp.DLQName(q))
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := br.DeclareQueue(ctx, q); err != nil {
-			b.Fatal(err)
-		}
-		pub := br.Publisher()
-		if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
-			b.Fatal(err) // also opens the confirm channel outside the timer
-		}
-		parallelCallers(b, publishInFlight)
+		pub, q := sluicePublisher(b, url, "bench.publish.batch.sluice")
 		b.ReportAllocs()
 		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
+		publishBatches(b, pub, q)
 		reportRate(b)
 	})
 	b.Run("raw", func(b *testing.B) {
-		r := testenv.NewRabbit(b)
-		q := plainQueue(b, r, "bench.publish.raw")
-		ch, err := r.Conn.Channel()
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer ch.Close()
-		if err := ch.Confirm(false); err != nil {
-			b.Fatal(err)
-		}
-		ctx := context.Background()
-		b.ReportAllocs()
-		b.ResetTimer()
-		window := make(chan *amqp091.DeferredConfirmation, publishInFlight-1)
-		waited := make(chan int)
-		go func() {
-			nacked := 0
-			for dc := range window {
-				if !dc.Wait() {
-					nacked++
-				}
-			}
-			waited <- nacked
-		}()
-		for i := 0; i < b.N; i++ {
-			// The same message on the wire as sluice's: a fresh id as message-id and in
-			// Watermill's uuid header, a timestamp, persistent.
-			id := watermill.NewUUID()
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp091.Publishing{
-				Headers:      amqp091.Table{amqp.UUIDHeader: id},
-				MessageId:    id,
-				Timestamp:    time.Now().UTC().Truncate(time.Second),
-				DeliveryMode: amqp091.Persistent,
-				Body:         benchPayload,
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			window <- dc
-		}
-		close(window)
-		if n := <-waited; n > 0 {
-			b.Fatalf("%d publishes nacked", n)
-		}
-		reportRate(b)
+		rawPublish(b, "bench.publish.batch.raw")
 	})
 	b.Run("watermill", func(b *testing.B) {
-		r := testenv.NewRabbit(b)
-		q := plainQueue(b, r, "bench.publish.watermill")
-		cfg := wamqp.NewDurableQueueConfig(url)
-		cfg.Publish.ConfirmDelivery = true
-		pub, err := wamqp.NewPublisher(cfg, watermill.NopLogger{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer pub.Close()
-		if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
-			b.Fatal(err)
-		}
+		pub, q := watermillPublisher(b, url, "bench.publish.batch.watermill")
+		b.ReportAllocs()
+		b.ResetTimer()
+		publishBatches(b, pub, q)
+		reportRate(b)
+	})
+}
+
+// BenchmarkConfirmedPublishConcurrent publishes the same messages from publishInFlight
+// concurrent callers, one message per Publish call, each call waiting for its own confirm
+// (the shape of request handlers that each publish an event):
+//   - sluice: Broker.Publisher().Publish on its one confirm channel, the callers'
+//     publishes pipelined on it;
+//   - raw: as in BenchmarkConfirmedPublishBatch, one channel and a window of
+//     publishInFlight;
+//   - watermill: watermill-amqp's publisher as above. Without a channel pool (its
+//     default) every Publish call opens a channel of its own, so its callers' confirms
+//     are in flight at once too, at the cost of opening and closing a channel each.
+func BenchmarkConfirmedPublishConcurrent(b *testing.B) {
+	url := testenv.AMQPURL(b)
+	publishParallel := func(b *testing.B, pub message.Publisher, q string) {
 		parallelCallers(b, publishInFlight)
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -143,7 +103,105 @@ func BenchmarkConfirmedPublish(b *testing.B) {
 			}
 		})
 		reportRate(b)
+	}
+	b.Run("sluice", func(b *testing.B) {
+		pub, q := sluicePublisher(b, url, "bench.publish.concurrent.sluice")
+		publishParallel(b, pub, q)
 	})
+	b.Run("raw", func(b *testing.B) {
+		rawPublish(b, "bench.publish.concurrent.raw")
+	})
+	b.Run("watermill", func(b *testing.B) {
+		pub, q := watermillPublisher(b, url, "bench.publish.concurrent.watermill")
+		publishParallel(b, pub, q)
+	})
+}
+
+// sluicePublisher returns a broker's publisher and a declared queue, the confirm channel
+// already open.
+func sluicePublisher(b *testing.B, url, prefix string) (message.Publisher, string) {
+	br := benchBroker(b, url)
+	q := testenv.Name(prefix)
+	r := testenv.NewRabbit(b)
+	r.DeleteQueues(q, amqp.DLQName(q))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := br.DeclareQueue(ctx, q); err != nil {
+		b.Fatal(err)
+	}
+	pub := br.Publisher()
+	if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+		b.Fatal(err) // also opens the confirm channel outside the timer
+	}
+	return pub, q
+}
+
+// watermillPublisher returns watermill-amqp's confirming publisher and its queue, declared
+// by a first publish outside the timer.
+func watermillPublisher(b *testing.B, url, prefix string) (message.Publisher, string) {
+	r := testenv.NewRabbit(b)
+	q := plainQueue(b, r, prefix)
+	cfg := wamqp.NewDurableQueueConfig(url)
+	cfg.Publish.ConfirmDelivery = true
+	pub, err := wamqp.NewPublisher(cfg, watermill.NopLogger{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = pub.Close() })
+	if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+		b.Fatal(err)
+	}
+	return pub, q
+}
+
+// rawPublish publishes b.N messages with amqp091-go on one confirm channel, at most
+// publishInFlight confirms outstanding.
+func rawPublish(b *testing.B, prefix string) {
+	r := testenv.NewRabbit(b)
+	q := plainQueue(b, r, prefix)
+	ch, err := r.Conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	window := make(chan *amqp091.DeferredConfirmation, publishInFlight-1)
+	waited := make(chan int)
+	go func() {
+		nacked := 0
+		for dc := range window {
+			if !dc.Wait() {
+				nacked++
+			}
+		}
+		waited <- nacked
+	}()
+	for i := 0; i < b.N; i++ {
+		// The same message on the wire as sluice's: a fresh id as message-id and in
+		// Watermill's uuid header, a timestamp, persistent.
+		id := watermill.NewUUID()
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp091.Publishing{
+			Headers:      amqp091.Table{amqp.UUIDHeader: id},
+			MessageId:    id,
+			Timestamp:    time.Now().UTC().Truncate(time.Second),
+			DeliveryMode: amqp091.Persistent,
+			Body:         benchPayload,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		window <- dc
+	}
+	close(window)
+	if n := <-waited; n > 0 {
+		b.Fatalf("%d publishes nacked", n)
+	}
+	reportRate(b)
 }
 
 // BenchmarkDelayAccuracy hands 240 messages to Broker.Delay at once, their delays spread

@@ -25,6 +25,10 @@ const (
 // DefaultURL is the URL used when Config.URLs is empty and AMQP_URL is unset.
 const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
 
+// DefaultAckDelay is Config.AckDelay's zero value: short beside any handler, long enough
+// to gather the acks of a busy queue.
+const DefaultAckDelay = time.Millisecond
+
 // ErrNoURL is returned when no broker URL is configured.
 var ErrNoURL = errors.New("amqp: no broker URL configured")
 
@@ -55,6 +59,12 @@ type Config struct {
 	// NackBackoffMax caps how long a subscriber holds a nacked message before it requeues
 	// it, so a failing hand-off (broker path broken) does not spin. Zero means 10s.
 	NackBackoffMax time.Duration
+	// AckDelay is how long a subscriber lets an ack wait for others, so that they reach
+	// RabbitMQ as one basic.ack with multiple set. It applies only where the prefetch has
+	// room beyond the handlers (Prefetch above Concurrency): waiting acks hold prefetch
+	// slots, and at most half of the spare ones wait. Zero means 1ms; negative sends every
+	// ack on its own.
+	AckDelay time.Duration
 	// Logger receives connection and consume events. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -105,6 +115,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.NackBackoffMax <= 0 {
 		c.NackBackoffMax = 10 * time.Second
+	}
+	if c.AckDelay == 0 {
+		c.AckDelay = DefaultAckDelay
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

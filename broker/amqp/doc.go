@@ -7,7 +7,10 @@
 //
 // # Where a message goes
 //
-//   - consumed from Q by Subscriber; acked only after whatever replaces it is confirmed;
+//   - consumed from Q by Subscriber; acked only after whatever replaces it is confirmed.
+//     Acks that are ready within Config.AckDelay (1ms) of each other leave as one
+//     basic.ack with multiple set (acker.go), which saves the broker a frame per message;
+//     a slow message never holds the others' acks back;
 //   - retried: Broker.Delay publishes a copy to the cascade (see delay.go), which
 //     dead-letters it back into Q after exactly the delay;
 //   - dead-lettered: Broker.DeadLetter publishes a copy to sluice.dlx with routing key Q,

@@ -370,7 +370,7 @@ func unmarshal(d amqp.Delivery) *message.Message {
 	}
 	msg := message.NewMessage(id, d.Body)
 	md := make(message.Metadata, len(d.Headers)+8)
-	types := map[string]string{}
+	var types map[string]string // only foreign producers send typed headers
 	for k, v := range d.Headers {
 		if k == UUIDHeader || k == MetadataHeaderTypes {
 			continue
@@ -382,6 +382,9 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		text, typ := headerText(v)
 		md[k] = text
 		if !BrokerOwnedHeader(k) {
+			if types == nil {
+				types = make(map[string]string)
+			}
 			types[typeKey(k)] = typ
 		}
 	}

@@ -35,7 +35,8 @@ func (o SubscribeOptions) normalized() SubscribeOptions {
 }
 
 // Subscriber consumes queues that already exist (Broker.DeclareQueue). Each delivery becomes
-// a Watermill message; its ack or nack is sent to RabbitMQ when the handler decides. Up to
+// a Watermill message; its ack or nack is sent to RabbitMQ when the handler decides (an
+// ack may wait up to Config.AckDelay to leave with others as one multiple ack). Up to
 // Concurrency messages are out at once. A nack requeues the delivery after a backoff that
 // grows with consecutive nacks, so a failing hand-off does not spin. When the connection
 // drops, unacked deliveries return to the queue (RabbitMQ's own rule) and consumption
@@ -162,38 +163,44 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		<-chClosed
 		close(closed)
 	}()
+	acks := newAcker(ch, (s.opts.Prefetch-s.opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
 	var workers sync.WaitGroup
 	for i := 0; i < s.opts.Concurrency; i++ {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
 			for d := range deliveries {
-				s.handle(ctx, d, out, closed)
+				s.handle(ctx, d, out, acks, closed)
 			}
 		}()
 	}
 	workers.Wait()
+	acks.close() // before the deferred ch.Close: a waiting ack must still leave
 	return errors.New("delivery channel closed")
 }
 
 // handle hands one delivery out and settles it with RabbitMQ.
-func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, chClosed <-chan struct{}) {
+func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, acks *acker, chClosed <-chan struct{}) {
 	msg := unmarshal(d)
 	msgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	msg.SetContext(msgCtx)
 
-	if s.stopping(ctx) {
+	giveBack := func() {
 		_ = d.Nack(false, true)
+		acks.nacked(d.DeliveryTag)
+	}
+	if s.stopping(ctx) {
+		giveBack()
 		return
 	}
 	select {
 	case out <- msg:
 	case <-s.closing:
-		_ = d.Nack(false, true)
+		giveBack()
 		return
 	case <-ctx.Done():
-		_ = d.Nack(false, true)
+		giveBack()
 		return
 	}
 
@@ -205,12 +212,12 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 		select {
 		case <-msg.Acked():
 			s.nacks.Store(0)
-			if err := d.Ack(false); err != nil {
-				s.logger.Warn("ack failed; RabbitMQ will redeliver", "queue", d.RoutingKey, "message_id", msg.UUID, "error", err)
-			}
+			acks.ack(d.DeliveryTag)
 			return
 		case <-msg.Nacked():
-			s.requeueLater(d, msg, chClosed)
+			if s.requeueLater(d, msg, chClosed) {
+				acks.nacked(d.DeliveryTag)
+			}
 			return
 		case <-closing:
 			closing = nil
@@ -223,20 +230,21 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 			cancel()
 			select {
 			case <-msg.Acked():
-				_ = d.Ack(false)
+				acks.ack(d.DeliveryTag)
 				return
 			case <-msg.Nacked():
 			case <-time.After(time.Second):
 			}
 			s.logger.Warn("handler did not finish within the drain timeout; message returned to the queue", "message_id", msg.UUID)
-			_ = d.Nack(false, true)
+			giveBack()
 			return
 		}
 	}
 }
 
-// requeueLater nacks with requeue after a backoff that grows with consecutive nacks.
-func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed <-chan struct{}) {
+// requeueLater nacks with requeue after a backoff that grows with consecutive nacks. It
+// reports whether it sent the nack: not when the channel closed first.
+func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed <-chan struct{}) bool {
 	n := s.nacks.Add(1)
 	wait := time.Duration(0)
 	if n > 1 {
@@ -254,12 +262,13 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClose
 			t.Stop()
 		case <-chClosed:
 			t.Stop()
-			return // RabbitMQ already requeued it with the channel
+			return false // RabbitMQ already requeued it with the channel
 		}
 	}
 	if err := d.Nack(false, true); err != nil {
 		s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
 	}
+	return true
 }
 
 // Close stops consuming, lets in-flight messages finish within DrainTimeout, and returns

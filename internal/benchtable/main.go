@@ -1,17 +1,22 @@
 // Command benchtable runs a `go test -bench` command, streams its output, and then prints
 // one table in which each sluice figure stands beside its references and the ratio.
 //
-//	go run ./internal/benchtable -- go test -run '^$' -bench . -benchmem ./...
+//	go run ./internal/benchtable [-rounds N] -- go test -run '^$' -bench . -benchmem ./...
 //
 // Convention: the sub-benchmarks "sluice", "raw" (plain amqp091-go) and "watermill"
 // (watermill-amqp or Watermill's own middleware) under one parent benchmark are one
 // comparison, one row per metric. Benchmarks without references get rows of their own.
-// The exit status is the command's.
+//
+// -rounds N runs the whole command N times and puts the median of each figure in the
+// table. A round runs every variant of a comparison one after the other, so the median
+// compares variants measured minutes apart at most, never one variant's good minute with
+// another's bad one. The exit status is that of the first round that failed, else 0.
 package main
 
 import (
 	"bufio"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,26 +28,56 @@ func main() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
-	}
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: benchtable -- go test -bench . [flags] [packages]")
+	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rounds := fs.Int("rounds", 1, "run the command this many times; the table shows each figure's median")
+	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	args = fs.Args()
+	if len(args) == 0 || *rounds < 1 {
+		fmt.Fprintln(stderr, "usage: benchtable [-rounds N] -- go test -bench . [flags] [packages]")
+		return 2
+	}
+	p := &parser{}
+	status := 0
+	for i := 1; i <= *rounds; i++ {
+		if *rounds > 1 {
+			fmt.Fprintf(stdout, "benchtable: round %d of %d\n", i, *rounds)
+		}
+		st, err := runOnce(args, stdin, stdout, stderr, p)
+		if err != nil {
+			fmt.Fprintf(stderr, "benchtable: %v\n", err)
+			return 1
+		}
+		if st != 0 && status == 0 {
+			status = st
+		}
+	}
+	fmt.Fprintln(stdout)
+	if *rounds > 1 {
+		fmt.Fprintf(stdout, "Each figure is the median of %d rounds.\n\n", *rounds)
+	}
+	if err := render(stdout, groupResults(p.results)); err != nil {
+		fmt.Fprintf(stderr, "benchtable: %v\n", err)
+		return 1
+	}
+	return status
+}
+
+// runOnce runs the command, streams its output and feeds it to p. It returns the
+// command's exit status, or an error when the command could not run at all.
+func runOnce(args []string, stdin io.Reader, stdout, stderr io.Writer, p *parser) (int, error) {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin = stdin
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		fmt.Fprintf(stderr, "benchtable: %v\n", err)
-		return 1
+		return 0, err
 	}
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(stderr, "benchtable: start %q: %v\n", args[0], err)
-		return 1
+		return 0, fmt.Errorf("start %q: %w", args[0], err)
 	}
-	p := &parser{}
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
@@ -54,20 +89,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// Drain the rest so the command is not blocked writing to us.
 		_, _ = io.Copy(stdout, out)
 	}
-	status := 0
 	if err := cmd.Wait(); err != nil {
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) {
-			fmt.Fprintf(stderr, "benchtable: %v\n", err)
-			return 1
+			return 0, err
 		}
-		status = exit.ExitCode()
-		fmt.Fprintf(stderr, "benchtable: %q exited with status %d; the table shows what ran\n", args[0], status)
+		fmt.Fprintf(stderr, "benchtable: %q exited with status %d; the table shows what ran\n", args[0], exit.ExitCode())
+		return exit.ExitCode(), nil
 	}
-	fmt.Fprintln(stdout)
-	if err := render(stdout, groupResults(p.results)); err != nil {
-		fmt.Fprintf(stderr, "benchtable: %v\n", err)
-		return 1
-	}
-	return status
+	return 0, nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -22,9 +23,14 @@ var references = []string{subRaw, subWatermill}
 type group struct {
 	pkg    string
 	parent string
-	// subs maps a sub-benchmark name to its metrics, averaged over repeated runs
-	// (-count > 1). A benchmark without sub-benchmarks is the sub "".
+	// subs maps a sub-benchmark name to its metrics, the median of repeated runs (-count
+	// or -rounds above 1): on a shared 2-core machine one slow run is common, and the
+	// median does not let it move the figure. A benchmark without sub-benchmarks is the
+	// sub "".
 	subs map[string]map[string]float64
+	// runs holds every run's figure per sub and unit, in order, so that a ratio can pair
+	// the k-th run of sluice with the k-th of its reference (measured seconds apart).
+	runs map[string]map[string][]float64
 	// multiOp says which subs ran more than one iteration. Go's per-op figures of a
 	// one-iteration benchmark (a 20s measurement) describe the whole run; they are left out.
 	multiOp map[string]bool
@@ -37,8 +43,7 @@ type group struct {
 func groupResults(results []result) []*group {
 	var groups []*group
 	byKey := map[string]*group{}
-	sums := map[string]map[string]float64{}
-	counts := map[string]map[string]int{}
+	values := map[string]map[string][]float64{}
 	for _, r := range results {
 		parent, sub := r.name, ""
 		if i := strings.LastIndexByte(r.name, '/'); i >= 0 {
@@ -47,30 +52,40 @@ func groupResults(results []result) []*group {
 		key := r.pkg + "\x00" + parent
 		g, ok := byKey[key]
 		if !ok {
-			g = &group{pkg: r.pkg, parent: parent, subs: map[string]map[string]float64{}, multiOp: map[string]bool{}}
+			g = &group{pkg: r.pkg, parent: parent, subs: map[string]map[string]float64{},
+				runs: map[string]map[string][]float64{}, multiOp: map[string]bool{}}
 			byKey[key] = g
 			groups = append(groups, g)
 		}
 		subKey := key + "\x00" + sub
-		if _, ok := sums[subKey]; !ok {
-			sums[subKey] = map[string]float64{}
-			counts[subKey] = map[string]int{}
+		if _, ok := values[subKey]; !ok {
+			values[subKey] = map[string][]float64{}
 			g.order = append(g.order, sub)
 		}
 		if r.n > 1 {
 			g.multiOp[sub] = true
 		}
 		for unit, v := range r.metrics {
-			sums[subKey][unit] += v
-			counts[subKey][unit]++
+			values[subKey][unit] = append(values[subKey][unit], v)
 		}
-		avg := make(map[string]float64, len(sums[subKey]))
-		for unit, s := range sums[subKey] {
-			avg[unit] = s / float64(counts[subKey][unit])
+		med := make(map[string]float64, len(values[subKey]))
+		for unit, vs := range values[subKey] {
+			med[unit] = median(vs)
 		}
-		g.subs[sub] = avg
+		g.subs[sub] = med
+		g.runs[sub] = values[subKey]
 	}
 	return groups
+}
+
+// median returns the middle of vs, or the mean of the two middle values.
+func median(vs []float64) float64 {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // row is one line of the table.
@@ -126,12 +141,30 @@ func (g *group) unitRows(label, sub string, withRefs bool) []row {
 				r.ratios = append(r.ratios, "")
 			default:
 				r.refs = append(r.refs, formatValue(refV))
-				r.ratios = append(r.ratios, formatRatio(v, refV))
+				r.ratios = append(r.ratios, g.ratio(sub, ref, unit))
 			}
 		}
 		out = append(out, r)
 	}
 	return out
+}
+
+// ratio is sub's figure over ref's for unit: with repeated runs, the median of the ratios
+// of runs paired in order (the k-th of each), which cancels what a slow minute did to
+// both; otherwise the ratio of the two figures.
+func (g *group) ratio(sub, ref, unit string) string {
+	a, b := g.runs[sub][unit], g.runs[ref][unit]
+	n := min(len(a), len(b))
+	var ratios []float64
+	for k := 0; k < n; k++ {
+		if b[k] != 0 {
+			ratios = append(ratios, a[k]/b[k])
+		}
+	}
+	if n < 2 || len(ratios) < n {
+		return formatRatio(g.subs[sub][unit], g.subs[ref][unit])
+	}
+	return fmt.Sprintf("%.2fx", median(ratios))
 }
 
 // label names a group: its package path below the module, then the benchmark without
@@ -283,7 +316,7 @@ func render(w io.Writer, groups []*group) error {
 	for _, l := range lines[1:] {
 		writeLine(l)
 	}
-	sb.WriteString("\nsluice÷ref is sluice's figure divided by the reference's: for a rate (…/s) higher is\nbetter, for every other metric (per op, ms) lower is better.\n")
+	sb.WriteString("\nsluice÷ref is sluice's figure divided by the reference's (over several runs, the median\nof each run's ratio): for a rate (…/s) higher is better, for every other metric (per op,\nms) lower is better.\n")
 	_, err := io.WriteString(w, sb.String())
 	return err
 }

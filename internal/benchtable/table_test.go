@@ -45,14 +45,33 @@ func TestGroupRows(t *testing.T) {
 			},
 		},
 		{
-			name: "repeated runs are averaged",
+			name: "repeated runs give their median, an even count the mean of the middle two",
 			results: []result{
 				res("", "BenchmarkX/sluice", map[string]float64{"ns/op": 10}),
 				res("", "BenchmarkX/watermill", map[string]float64{"ns/op": 40}),
+				res("", "BenchmarkX/sluice", map[string]float64{"ns/op": 90}),
+				res("", "BenchmarkX/watermill", map[string]float64{"ns/op": 60}),
 				res("", "BenchmarkX/sluice", map[string]float64{"ns/op": 30}),
 			},
+			// The ratio is the median of the paired runs' ratios: 10/40, 90/60, 30/…
+			// only two pairs, so (0.25+1.5)/2.
 			want: []row{
-				{benchmark: "X", unit: "ns/op", sluice: "20.00", refs: []string{"", "40.00"}, ratios: []string{"", "0.50x"}},
+				{benchmark: "X", unit: "ns/op", sluice: "30.00", refs: []string{"", "50.00"}, ratios: []string{"", "0.88x"}},
+			},
+		},
+		{
+			name: "a ratio pairs runs in order, so one slow round does not move it",
+			results: []result{
+				res("", "BenchmarkR/sluice", map[string]float64{"msgs/s": 100}),
+				res("", "BenchmarkR/raw", map[string]float64{"msgs/s": 100}),
+				res("", "BenchmarkR/sluice", map[string]float64{"msgs/s": 50}), // a slow minute for both
+				res("", "BenchmarkR/raw", map[string]float64{"msgs/s": 50}),
+				res("", "BenchmarkR/sluice", map[string]float64{"msgs/s": 90}),
+				res("", "BenchmarkR/raw", map[string]float64{"msgs/s": 60}),
+			},
+			want: []row{
+				// Medians alone would give 90/60 = 1.50x; the paired ratios are 1, 1, 1.5.
+				{benchmark: "R", unit: "msgs/s", sluice: "90.00", refs: []string{"60.00", ""}, ratios: []string{"1.00x", ""}},
 			},
 		},
 		{
@@ -178,4 +197,25 @@ func TestRunStreamsOutputAndKeepsStatus(t *testing.T) {
 		})
 	}
 	assert.Equal(t, 2, run(nil, strings.NewReader(""), &bytes.Buffer{}, &bytes.Buffer{}), "no command is a usage error")
+	assert.Equal(t, 2, run([]string{"-rounds", "0", "--", "true"}, strings.NewReader(""), &bytes.Buffer{}, &bytes.Buffer{}), "zero rounds is a usage error")
+}
+
+// -rounds runs the command again and again; the table takes each figure's median, so one
+// slow round does not move it.
+func TestRunRoundsTakesTheMedian(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("needs /bin/sh")
+	}
+	counter := t.TempDir() + "/round"
+	// Rounds report 100, 10 and 40 msgs/s for sluice, a constant 50 for raw.
+	script := `n=$(cat ` + counter + ` 2>/dev/null || echo 0); n=$((n+1)); echo $n > ` + counter + `
+case $n in 1) v=100;; 2) v=10;; *) v=40;; esac
+printf 'BenchmarkA/sluice-2\t10\t%s msgs/s\n' $v
+printf 'BenchmarkA/raw-2\t10\t50 msgs/s\n'`
+	var out bytes.Buffer
+	status := run([]string{"-rounds", "3", "--", "/bin/sh", "-c", script}, strings.NewReader(""), &out, &bytes.Buffer{})
+	require.Equal(t, 0, status)
+	assert.Contains(t, out.String(), "benchtable: round 3 of 3")
+	assert.Contains(t, out.String(), "median of 3 rounds")
+	assert.Regexp(t, `\| A +\| msgs/s +\| +40\.00 \| +50\.00 \| +\| +0\.80x \|`, out.String())
 }
