@@ -1,8 +1,10 @@
 package telemetry_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -67,8 +70,16 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 		require.NoError(t, next(t, results).err)
 	}
 
-	processes := e.endedAll("process " + queue)
-	delays := e.endedAll("send sluice.delay")
+	// The delayer republishes at once, so an attempt's span may end after the next one's:
+	// order by attempt, not by end.
+	byAttempt := func(spans []sdktrace.ReadOnlySpan) []sdktrace.ReadOnlySpan {
+		slices.SortFunc(spans, func(a, b sdktrace.ReadOnlySpan) int {
+			return cmp.Compare(attrs(a)[telemetry.AttrAttempt].AsInt64(), attrs(b)[telemetry.AttrAttempt].AsInt64())
+		})
+		return spans
+	}
+	processes := byAttempt(e.endedAll("process " + queue))
+	delays := byAttempt(e.endedAll("send sluice.delay"))
 	require.Len(t, processes, 3, spanTree(e.spans.Ended()))
 	require.Len(t, delays, 2, spanTree(e.spans.Ended()))
 	send := e.ended(t, "send "+queue)
