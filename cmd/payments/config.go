@@ -30,6 +30,9 @@ type config struct {
 	// snapshotEvery also writes it periodically (IDEMPOTENCY_SNAPSHOT_INTERVAL, default
 	// 1s), so a crash forgets only the last interval.
 	snapshotEvery time.Duration
+	// maxKeys bounds the idempotency store (IDEMPOTENCY_MAX_KEYS; 0: the store's default,
+	// 1,000,000 keys, some 41 MB).
+	maxKeys int
 }
 
 func loadConfig() (config, error) {
@@ -64,6 +67,9 @@ func loadConfig() (config, error) {
 		c.retry.Jitter = -1 // 0 in the environment means no jitter
 	}
 	if c.snapshotEvery, err = envDuration("IDEMPOTENCY_SNAPSHOT_INTERVAL", time.Second); err != nil {
+		return c, err
+	}
+	if c.maxKeys, err = envInt("IDEMPOTENCY_MAX_KEYS", 0); err != nil {
 		return c, err
 	}
 	if c.concurrency, err = envInt("PAYMENTS_CONCURRENCY", 8); err != nil {

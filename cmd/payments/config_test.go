@@ -39,3 +39,28 @@ func TestLoadConfigPartitionsAndQueueType(t *testing.T) {
 		})
 	}
 }
+
+func TestLoadConfigIdempotencyMaxKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        int
+		wantErr     bool
+	}{
+		{name: "unset: the store's default", value: "", want: 0},
+		{name: "a bound", value: "50000", want: 50000},
+		{name: "negative", value: "-5", wantErr: true},
+		{name: "not a number", value: "lots", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("IDEMPOTENCY_MAX_KEYS", tc.value)
+			cfg, err := loadConfig()
+			if tc.wantErr {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "IDEMPOTENCY_MAX_KEYS")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cfg.maxKeys)
+		})
+	}
+}

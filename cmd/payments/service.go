@@ -83,6 +83,7 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	guard, err := idempotency.New(idempotency.Config{
 		SnapshotPath:     cfg.idempotencySnapshot,
 		SnapshotInterval: cfg.snapshotEvery,
+		MaxKeys:          cfg.maxKeys,
 		OnDuplicate: func(_ *message.Message, key string) {
 			if h.onDuplicate != nil {
 				h.onDuplicate(key)

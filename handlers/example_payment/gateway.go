@@ -148,7 +148,8 @@ type Gateway struct {
 
 	// LedgerLimit bounds what the gateway remembers, for a long-running service: past
 	// that many payments it forgets the oldest payment's attempts and charge count, and
-	// past that many charges the oldest charge. Zero remembers everything (tests).
+	// Charges returns the last that many charges (it holds at most twice as many). Zero
+	// remembers everything (tests).
 	LedgerLimit int
 
 	mu       sync.Mutex
@@ -230,9 +231,11 @@ func (g *Gateway) Charge(ctx context.Context, req Request) (Charge, error) {
 	}
 	g.total++
 	g.ledger = append(g.ledger, ch)
-	if g.LedgerLimit > 0 && len(g.ledger) > g.LedgerLimit {
-		// Copy rather than reslice, so the forgotten charges are freed.
-		g.ledger = append([]Charge(nil), g.ledger[len(g.ledger)-g.LedgerLimit:]...)
+	if g.LedgerLimit > 0 && len(g.ledger) >= 2*g.LedgerLimit {
+		// Copy rather than reslice, so the forgotten charges are freed; and only once every
+		// LedgerLimit charges, not at every charge: copying the whole ledger per charge
+		// made each payment allocate LedgerLimit charges (2 MB at 20,000).
+		g.ledger = append(make([]Charge, 0, 2*g.LedgerLimit), g.ledger[len(g.ledger)-g.LedgerLimit:]...)
 	}
 	g.perID[req.PaymentID]++
 	g.mu.Unlock()
@@ -285,5 +288,9 @@ func (g *Gateway) TotalCharges() int {
 func (g *Gateway) Charges() []Charge {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return append([]Charge(nil), g.ledger...)
+	kept := g.ledger
+	if g.LedgerLimit > 0 && len(kept) > g.LedgerLimit {
+		kept = kept[len(kept)-g.LedgerLimit:]
+	}
+	return append([]Charge(nil), kept...)
 }

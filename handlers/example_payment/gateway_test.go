@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"runtime"
 	"testing"
 	"time"
 
@@ -274,4 +275,33 @@ func TestGateway_LedgerLimitBoundsMemory(t *testing.T) {
 	assert.Equal(t, 1, g.ChargeCount("p9"), "recent payments are remembered")
 	assert.Zero(t, g.ChargeCount("p0"), "the oldest payments are forgotten")
 	assert.Zero(t, g.Attempts("p0"))
+}
+
+// A long-running service charges far past LedgerLimit: a charge must cost the same then,
+// not a copy of the whole ledger (which made every payment allocate megabytes).
+func TestGateway_ChargePastTheLedgerLimitDoesNotCopyTheLedger(t *testing.T) {
+	const limit = 2000
+	g := &ep.Gateway{LedgerLimit: limit}
+	ctx := context.Background()
+	charge := func(i int) {
+		_, err := g.Charge(ctx, ep.Request{PaymentID: fmt.Sprintf("p%d", i), OrderID: "o", AmountCents: 1, Currency: "EUR", Source: "tok_visa"})
+		require.NoError(t, err)
+	}
+	for i := 0; i < 3*limit; i++ {
+		charge(i)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := 3 * limit; i < 7*limit; i++ {
+		charge(i)
+	}
+	runtime.ReadMemStats(&after)
+	perCharge := float64(after.TotalAlloc-before.TotalAlloc) / (4 * limit)
+	// A charge is about a hundred bytes; the trims amortize to one more charge each. A
+	// copy per charge would be limit charges, some 200 KB here.
+	assert.Less(t, perCharge, 2048.0, "bytes allocated per charge past the limit")
+	charges := g.Charges()
+	require.Len(t, charges, limit)
+	assert.Equal(t, fmt.Sprintf("p%d", 7*limit-1), charges[limit-1].PaymentID, "the newest charge is last")
+	assert.Equal(t, fmt.Sprintf("p%d", 6*limit), charges[0].PaymentID, "the last LedgerLimit charges are kept")
 }
