@@ -3,8 +3,8 @@ package example_payment_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
