@@ -37,6 +37,7 @@ type acker struct {
 	mu      sync.Mutex
 	acks    []uint64 // acked by handlers, not yet sent
 	nacks   []uint64 // nacked by the subscriber, already sent
+	nHeld   int      // len(held), for settle: held acks take prefetch slots too
 	wake    chan struct{}
 	stop    chan struct{}
 	stopped chan struct{}
@@ -93,10 +94,11 @@ func (a *acker) settle(tag uint64, ack bool) {
 		a.nacks = append(a.nacks, tag)
 	}
 	n := len(a.acks) + len(a.nacks)
+	full := n+a.nHeld == a.batch
 	a.mu.Unlock()
-	// The first settle opens a batch, the batch-th closes it; in between nobody waits on
-	// the goroutine.
-	if n == 1 || n == a.batch {
+	// The first settle opens a batch, the one that makes batch acks wait (held ones
+	// included) closes it; in between nobody waits on the goroutine.
+	if n == 1 || full {
 		select {
 		case a.wake <- struct{}{}:
 		default:
@@ -151,10 +153,11 @@ func (a *acker) run() {
 	}
 }
 
+// pending is how many acks and nacks wait, held ones included.
 func (a *acker) pending() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.acks) + len(a.nacks)
+	return len(a.acks) + len(a.nacks) + a.nHeld
 }
 
 // flush sends the queued acks and those held since the last flush: one multiple ack for
@@ -221,6 +224,9 @@ func (a *acker) flush() {
 			a.held = append(a.held, t)
 		}
 	}
+	a.mu.Lock()
+	a.nHeld = len(a.held)
+	a.mu.Unlock()
 	a.spare = acks
 }
 
