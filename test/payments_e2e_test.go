@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,25 +23,8 @@ import (
 // paymentsService runs the payments binary as its own process on queue and output.
 type paymentsService struct {
 	cmd    *exec.Cmd
-	logs   *syncBuffer
+	logs   *testenv.SyncBuffer
 	exited chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // fastPaymentsEnv is a retry policy quick enough for tests: 3 retries, 100ms then doubling
@@ -66,7 +48,7 @@ func startPayments(t *testing.T, env []string, args ...string) *paymentsService 
 	bin := testenv.Binary(t, "./cmd/payments")
 	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
 	cmd.Env = env
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	s := &paymentsService{cmd: cmd, logs: logs, exited: make(chan error, 1)}

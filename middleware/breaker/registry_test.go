@@ -1,7 +1,6 @@
 package breaker_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -167,7 +167,7 @@ func TestRegistry_OnStateChange(t *testing.T) {
 	var (
 		mu      sync.Mutex
 		changes []change
-		logs    syncBuffer
+		logs    testenv.SyncBuffer
 		reg     *breaker.Registry
 	)
 	const openTimeout = 50 * time.Millisecond
@@ -244,7 +244,7 @@ func TestRegistry_OnStateChangePanics(t *testing.T) {
 }
 
 func TestRegistry_DeferralIsReported(t *testing.T) {
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	reg := newRegistry(t, breaker.Config{
 		ConsecutiveFailures: 1, OpenTimeout: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -259,22 +259,4 @@ func TestRegistry_DeferralIsReported(t *testing.T) {
 	require.True(t, errors.As(err, &de))
 	assert.Contains(t, logs.String(), "message deferred")
 	assert.Contains(t, logs.String(), "message_uuid="+msg.UUID)
-}
-
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

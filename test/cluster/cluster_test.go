@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -358,7 +359,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 // to the next one, and everything works there.
 func TestClientSkipsUnreachableNode(t *testing.T) {
 	urls := nodeURLs(t)
-	dead := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", freePort(t))
+	dead := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", testenv.FreePort(t))
 	b := newBroker(t, []string{dead, urls[1], urls[2]})
 	n := newNames("cluster.skip")
 	n.cleanup(t, urls[1])

@@ -2,12 +2,10 @@ package cluster
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -233,34 +231,9 @@ func (e *events) waitAll(t *testing.T, ids int, timeout, quiet time.Duration) ma
 type instance struct {
 	name    string
 	cmd     *exec.Cmd
-	logs    *syncBuffer
+	logs    *testenv.SyncBuffer
 	metrics string        // URL of its Prometheus endpoint
 	exited  chan struct{} // closed when the process has ended
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startInstance runs `payments serve` on n, partitioned, on quorum queues, connecting to
@@ -268,7 +241,7 @@ func freePort(t *testing.T) int {
 func startInstance(t *testing.T, name string, n names, urls []string) *instance {
 	t.Helper()
 	bin := testenv.Binary(t, "./cmd/payments")
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = append(os.Environ(),
 		"AMQP_URL="+strings.Join(urls, ","),
@@ -286,7 +259,7 @@ func startInstance(t *testing.T, name string, n names, urls []string) *instance 
 		"OTEL_TRACES_EXPORTER=none",
 		"IDEMPOTENCY_SNAPSHOT=",
 	)
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	in := &instance{name: name, cmd: cmd, logs: logs, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), exited: make(chan struct{})}
