@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -50,14 +51,6 @@ const (
 	benchDrainTimeout = 10 * time.Minute
 )
 
-var benchPayload = func() []byte {
-	p := make([]byte, 1024)
-	for i := range p {
-		p[i] = 'a' + byte(i%26)
-	}
-	return p
-}()
-
 var benchLogger = slog.New(slog.DiscardHandler)
 
 // BenchmarkConsume drains a queue pre-filled with b.N messages (outside the timer) through a
@@ -74,8 +67,8 @@ func BenchmarkConsume(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
-		br := benchBroker(b, url)
-		q := benchSluiceQueue(b, r, br, "bench.consume.sluice")
+		br := benchenv.Broker(b, url)
+		q := benchenv.SluiceQueue(b, r, br, "bench.consume.sluice")
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
 		stack := benchStack(b, router.FromAMQP(br), router.Config{}, true)
@@ -91,7 +84,7 @@ func BenchmarkConsume(b *testing.B) {
 	})
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
-		q := benchPlainQueue(b, r, "bench.consume.raw")
+		q := benchenv.PlainQueue(b, r, "bench.consume.raw")
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
 		ch, err := r.Conn.Channel()
@@ -129,7 +122,7 @@ func BenchmarkConsume(b *testing.B) {
 	})
 	b.Run("watermill", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
-		q := benchPlainQueue(b, r, "bench.consume.watermill")
+		q := benchenv.PlainQueue(b, r, "bench.consume.watermill")
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
 		cfg := wamqp.NewDurableQueueConfig(url)
@@ -179,8 +172,8 @@ func BenchmarkRetryPath(b *testing.B) {
 	errOnce := errors.New("fails once")
 	b.Run("sluice", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
-		br := benchBroker(b, url)
-		q := benchSluiceQueue(b, r, br, "bench.retry.sluice")
+		br := benchenv.Broker(b, url)
+		q := benchenv.SluiceQueue(b, r, br, "bench.retry.sluice")
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
 		// Every first attempt fails, so a breaker with default settings would rightly open
@@ -206,12 +199,14 @@ func BenchmarkRetryPath(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
-		benchRun(b, stack, count, benchReportElapsedRate)
+		// Over the whole run, not from the first success: every first attempt is queued
+		// ahead of every retried copy, so the first success comes half-way through.
+		benchRun(b, stack, count, benchenv.ReportRate)
 	})
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
-		br := benchBroker(b, url)
-		q := benchSluiceQueue(b, r, br, "bench.retry.raw")
+		br := benchenv.Broker(b, url)
+		q := benchenv.SluiceQueue(b, r, br, "bench.retry.raw")
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
 		in, err := r.Conn.Channel()
@@ -284,7 +279,7 @@ func BenchmarkRetryPath(b *testing.B) {
 		}()
 		benchWait(b, count.done)
 		b.StopTimer()
-		benchReportElapsedRate(b)
+		benchenv.ReportRate(b)
 		_ = in.Close()
 		<-acked
 		_ = out.Close()
@@ -348,7 +343,7 @@ func benchInProcess(b *testing.B, h message.HandlerFunc) {
 			b.StopTimer()
 			for range min(batch, b.N-i) {
 				id++
-				msgs = append(msgs, message.NewMessage("m-"+strconv.Itoa(id), benchPayload))
+				msgs = append(msgs, message.NewMessage("m-"+strconv.Itoa(id), benchenv.Payload))
 			}
 			b.StartTimer()
 		}
@@ -473,15 +468,6 @@ func benchWait(b *testing.B, done <-chan struct{}) {
 	}
 }
 
-// benchReportElapsedRate reports msgs/s over the whole timed run. The retry path needs it:
-// every first attempt is queued ahead of every retried copy, so its first success comes
-// half-way through.
-func benchReportElapsedRate(b *testing.B) {
-	if s := b.Elapsed().Seconds(); s > 0 {
-		b.ReportMetric(float64(b.N)/s, "msgs/s")
-	}
-}
-
 // benchReportRate reports msgs/s from the first message handled to the last: the rate of
 // the drain itself, without the time a consumer takes to start (open a channel, consume,
 // start a router), which would weigh on a short run and differs between variants.
@@ -490,50 +476,7 @@ func benchReportRate(b *testing.B, c *benchCounter) {
 		b.ReportMetric(float64(c.n-1)/span.Seconds(), "msgs/s")
 		return
 	}
-	benchReportElapsedRate(b)
-}
-
-func benchBroker(b *testing.B, url string) *amqp.Broker {
-	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: benchLogger})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = br.Close() })
-	return br
-}
-
-// benchSluiceQueue declares a queue with sluice's topology (its DLQ and delay route) and
-// deletes both when b ends.
-func benchSluiceQueue(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, prefix string) string {
-	b.Helper()
-	q := testenv.Name(prefix)
-	r.DeleteQueues(q, amqp.DLQName(q))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := br.DeclareQueue(ctx, q); err != nil {
-		b.Fatal(err)
-	}
-	return q
-}
-
-// benchPlainQueue declares a durable classic queue without arguments, as watermill-amqp's
-// durable queue config declares it, and deletes it when b ends.
-func benchPlainQueue(b *testing.B, r *testenv.Rabbit, prefix string) string {
-	b.Helper()
-	q := testenv.Name(prefix)
-	r.DeleteQueues(q)
-	ch, err := r.Conn.Channel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-		b.Fatal(err)
-	}
-	return q
+	benchenv.ReportRate(b)
 }
 
 // benchPrefill publishes n 1 KiB persistent messages to queue with a raw pipelined publisher,
@@ -567,7 +510,7 @@ func benchPrefill(b *testing.B, r *testenv.Rabbit, queue string, n int) {
 			Headers:      amqp091.Table{amqp.UUIDHeader: id},
 			MessageId:    id,
 			DeliveryMode: amqp091.Persistent,
-			Body:         benchPayload,
+			Body:         benchenv.Payload,
 		})
 		if err != nil {
 			close(window)

@@ -2,7 +2,6 @@ package amqp_test
 
 import (
 	"context"
-	"log/slog"
 	"runtime"
 	"testing"
 	"time"
@@ -13,26 +12,18 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/delaybench"
 	"github.com/sluice-go/sluice/internal/testenv"
 )
 
-// Benchmarks against the local RabbitMQ, every message 1 KiB and persistent. Sub-benchmarks
-// named sluice, raw and watermill under one parent are one comparison; internal/benchtable
-// (make bench) puts them side by side. Figures of one run are comparable with each other,
+// Benchmarks against the local RabbitMQ, every message benchenv.Payload (1 KiB) and
+// persistent, one comparison per parent benchmark (see internal/benchenv). Figures of one run are comparable with each other,
 // never with another machine's or another moment's: the broker is shared.
 
 // publishInFlight is how many confirms may be outstanding at once in both shapes: the
 // messages of one Publish call (batch), the number of callers (concurrent), raw's window.
 const publishInFlight = 128
-
-var benchPayload = func() []byte {
-	p := make([]byte, 1024)
-	for i := range p {
-		p[i] = 'a' + byte(i%26)
-	}
-	return p
-}()
 
 // BenchmarkConfirmedPublishBatch publishes 1 KiB persistent messages, each confirmed by
 // RabbitMQ, from one goroutine, publishInFlight messages per Publish call (the shape of a
@@ -52,7 +43,7 @@ func BenchmarkConfirmedPublishBatch(b *testing.B) {
 		for sent := 0; sent < b.N; sent += len(batch) {
 			batch = batch[:0]
 			for range min(publishInFlight, b.N-sent) {
-				batch = append(batch, message.NewMessage(watermill.NewUUID(), benchPayload))
+				batch = append(batch, message.NewMessage(watermill.NewUUID(), benchenv.Payload))
 			}
 			if err := pub.Publish(q, batch...); err != nil {
 				b.Fatal(err)
@@ -64,7 +55,7 @@ func BenchmarkConfirmedPublishBatch(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		publishBatches(b, pub, q)
-		reportRate(b)
+		benchenv.ReportRate(b)
 	})
 	b.Run("raw", func(b *testing.B) {
 		rawPublish(b, "bench.publish.batch.raw")
@@ -74,7 +65,7 @@ func BenchmarkConfirmedPublishBatch(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		publishBatches(b, pub, q)
-		reportRate(b)
+		benchenv.ReportRate(b)
 	})
 }
 
@@ -96,13 +87,13 @@ func BenchmarkConfirmedPublishConcurrent(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+				if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchenv.Payload)); err != nil {
 					b.Error(err)
 					return
 				}
 			}
 		})
-		reportRate(b)
+		benchenv.ReportRate(b)
 	}
 	b.Run("sluice", func(b *testing.B) {
 		pub, q := sluicePublisher(b, url, "bench.publish.concurrent.sluice")
@@ -120,17 +111,10 @@ func BenchmarkConfirmedPublishConcurrent(b *testing.B) {
 // sluicePublisher returns a broker's publisher and a declared queue, the confirm channel
 // already open.
 func sluicePublisher(b *testing.B, url, prefix string) (message.Publisher, string) {
-	br := benchBroker(b, url)
-	q := testenv.Name(prefix)
-	r := testenv.NewRabbit(b)
-	r.DeleteQueues(q, amqp.DLQName(q))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := br.DeclareQueue(ctx, q); err != nil {
-		b.Fatal(err)
-	}
+	br := benchenv.Broker(b, url)
+	q := benchenv.SluiceQueue(b, testenv.NewRabbit(b), br, prefix)
 	pub := br.Publisher()
-	if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+	if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchenv.Payload)); err != nil {
 		b.Fatal(err) // also opens the confirm channel outside the timer
 	}
 	return pub, q
@@ -140,7 +124,7 @@ func sluicePublisher(b *testing.B, url, prefix string) (message.Publisher, strin
 // by a first publish outside the timer.
 func watermillPublisher(b *testing.B, url, prefix string) (message.Publisher, string) {
 	r := testenv.NewRabbit(b)
-	q := plainQueue(b, r, prefix)
+	q := benchenv.PlainQueue(b, r, prefix)
 	cfg := wamqp.NewDurableQueueConfig(url)
 	cfg.Publish.ConfirmDelivery = true
 	pub, err := wamqp.NewPublisher(cfg, watermill.NopLogger{})
@@ -148,7 +132,7 @@ func watermillPublisher(b *testing.B, url, prefix string) (message.Publisher, st
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = pub.Close() })
-	if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
+	if err := pub.Publish(q, message.NewMessage(watermill.NewUUID(), benchenv.Payload)); err != nil {
 		b.Fatal(err)
 	}
 	return pub, q
@@ -158,7 +142,7 @@ func watermillPublisher(b *testing.B, url, prefix string) (message.Publisher, st
 // publishInFlight confirms outstanding.
 func rawPublish(b *testing.B, prefix string) {
 	r := testenv.NewRabbit(b)
-	q := plainQueue(b, r, prefix)
+	q := benchenv.PlainQueue(b, r, prefix)
 	ch, err := r.Conn.Channel()
 	if err != nil {
 		b.Fatal(err)
@@ -190,7 +174,7 @@ func rawPublish(b *testing.B, prefix string) {
 			MessageId:    id,
 			Timestamp:    time.Now().UTC().Truncate(time.Second),
 			DeliveryMode: amqp091.Persistent,
-			Body:         benchPayload,
+			Body:         benchenv.Payload,
 		})
 		if err != nil {
 			b.Fatal(err)
@@ -201,7 +185,7 @@ func rawPublish(b *testing.B, prefix string) {
 	if n := <-waited; n > 0 {
 		b.Fatalf("%d publishes nacked", n)
 	}
-	reportRate(b)
+	benchenv.ReportRate(b)
 }
 
 // BenchmarkDelayAccuracy hands 240 messages to Broker.Delay at once, their delays spread
@@ -212,7 +196,7 @@ func rawPublish(b *testing.B, prefix string) {
 func BenchmarkDelayAccuracy(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) {
-		br := benchBroker(b, url)
+		br := benchenv.Broker(b, url)
 		q := testenv.Name("bench.delay")
 		r := testenv.NewRabbit(b)
 		r.DeleteQueues(q, amqp.DLQName(q))
@@ -232,42 +216,7 @@ func BenchmarkDelayAccuracy(b *testing.B) {
 	})
 }
 
-func benchBroker(b *testing.B, url string) *amqp.Broker {
-	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = br.Close() })
-	return br
-}
-
-// plainQueue declares a durable classic queue without sluice's arguments, as watermill-amqp
-// declares it, and deletes it when b ends.
-func plainQueue(b *testing.B, r *testenv.Rabbit, prefix string) string {
-	b.Helper()
-	q := testenv.Name(prefix)
-	r.DeleteQueues(q)
-	ch, err := r.Conn.Channel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-		b.Fatal(err)
-	}
-	return q
-}
-
 // parallelCallers makes RunParallel use about n goroutines.
 func parallelCallers(b *testing.B, n int) {
 	b.SetParallelism(max(1, (n+runtime.GOMAXPROCS(0)-1)/runtime.GOMAXPROCS(0)))
-}
-
-func reportRate(b *testing.B) {
-	if s := b.Elapsed().Seconds(); s > 0 {
-		b.ReportMetric(float64(b.N)/s, "msgs/s")
-	}
 }

@@ -1,0 +1,75 @@
+// Package benchenv holds what the RabbitMQ benchmarks of several packages share: the
+// message they send, the broker and queues they measure on, and how they report a rate.
+// Sub-benchmarks named sluice, raw and watermill under one parent are one comparison;
+// internal/benchtable (make bench) puts them side by side.
+package benchenv
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/testenv"
+)
+
+// Payload is the body of every benchmark message: 1 KiB of letters.
+var Payload = func() []byte {
+	p := make([]byte, 1024)
+	for i := range p {
+		p[i] = 'a' + byte(i%26)
+	}
+	return p
+}()
+
+// Broker connects a sluice broker to url that logs nothing and is closed when b ends.
+func Broker(b *testing.B, url string) *amqp.Broker {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = br.Close() })
+	return br
+}
+
+// SluiceQueue declares a fresh queue named after prefix with sluice's topology (its DLQ and
+// delay route) and deletes both when b ends.
+func SluiceQueue(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, prefix string) string {
+	b.Helper()
+	q := testenv.Name(prefix)
+	r.DeleteQueues(q, amqp.DLQName(q))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := br.DeclareQueue(ctx, q); err != nil {
+		b.Fatal(err)
+	}
+	return q
+}
+
+// PlainQueue declares a fresh durable classic queue named after prefix without arguments,
+// as watermill-amqp's durable queue config declares it, and deletes it when b ends.
+func PlainQueue(b *testing.B, r *testenv.Rabbit, prefix string) string {
+	b.Helper()
+	q := testenv.Name(prefix)
+	r.DeleteQueues(q)
+	ch, err := r.Conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	return q
+}
+
+// ReportRate reports b.N messages over the timed run as msgs/s.
+func ReportRate(b *testing.B) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(b.N)/s, "msgs/s")
+	}
+}
