@@ -117,6 +117,11 @@ func (a *acker) close() {
 
 func (a *acker) run() {
 	defer close(a.stopped)
+	// Stopped: whatever waits leaves now, the held acks one by one.
+	defer func() {
+		a.flush()
+		a.flushHeld()
+	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -124,32 +129,35 @@ func (a *acker) run() {
 			select {
 			case <-a.wake:
 			case <-a.stop:
-				a.flush()
-				a.flushHeld()
 				return
 			}
 		}
-		if a.batch > 1 && a.pending() < a.batch {
-			timer.Reset(a.delay)
-		wait:
-			for {
-				select {
-				case <-timer.C:
-					break wait
-				case <-a.wake:
-					if a.pending() >= a.batch {
-						timer.Stop()
-						break wait
-					}
-				case <-a.stop:
-					timer.Stop()
-					a.flush()
-					a.flushHeld()
-					return
-				}
-			}
+		if !a.gather(timer) {
+			return
 		}
 		a.flush()
+	}
+}
+
+// gather waits until batch acks wait or delay has passed. It reports false when the acker
+// was stopped meanwhile.
+func (a *acker) gather(timer *time.Timer) bool {
+	if a.pending() >= a.batch {
+		return true
+	}
+	timer.Reset(a.delay)
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+			return true
+		case <-a.wake:
+			if a.pending() >= a.batch {
+				return true
+			}
+		case <-a.stop:
+			return false
+		}
 	}
 }
 

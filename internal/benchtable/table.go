@@ -43,7 +43,6 @@ type group struct {
 func groupResults(results []result) []*group {
 	var groups []*group
 	byKey := map[string]*group{}
-	values := map[string]map[string][]float64{}
 	for _, r := range results {
 		parent, sub := r.name, ""
 		if i := strings.LastIndexByte(r.name, '/'); i >= 0 {
@@ -57,23 +56,24 @@ func groupResults(results []result) []*group {
 			byKey[key] = g
 			groups = append(groups, g)
 		}
-		subKey := key + "\x00" + sub
-		if _, ok := values[subKey]; !ok {
-			values[subKey] = map[string][]float64{}
+		if _, ok := g.runs[sub]; !ok {
+			g.runs[sub] = map[string][]float64{}
 			g.order = append(g.order, sub)
 		}
 		if r.n > 1 {
 			g.multiOp[sub] = true
 		}
 		for unit, v := range r.metrics {
-			values[subKey][unit] = append(values[subKey][unit], v)
+			g.runs[sub][unit] = append(g.runs[sub][unit], v)
 		}
-		med := make(map[string]float64, len(values[subKey]))
-		for unit, vs := range values[subKey] {
-			med[unit] = median(vs)
+	}
+	for _, g := range groups {
+		for sub, units := range g.runs {
+			g.subs[sub] = make(map[string]float64, len(units))
+			for unit, vs := range units {
+				g.subs[sub][unit] = median(vs)
+			}
 		}
-		g.subs[sub] = med
-		g.runs[sub] = values[subKey]
 	}
 	return groups
 }
