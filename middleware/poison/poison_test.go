@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,41 +51,19 @@ type deadLetterCall struct {
 
 // fakeDeadLetterer records dead-letter publishes and fails them with err.
 type fakeDeadLetterer struct {
-	mu    sync.Mutex
 	err   error
-	calls []deadLetterCall
+	calls steptest.Log[deadLetterCall]
 }
 
 func (f *fakeDeadLetterer) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, deadLetterCall{ctx: ctx, queue: queue, msg: msg})
+	f.calls.Add(deadLetterCall{ctx: ctx, queue: queue, msg: msg})
 	return f.err
 }
 
-func (f *fakeDeadLetterer) Calls() []deadLetterCall {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]deadLetterCall(nil), f.calls...)
-}
+func (f *fakeDeadLetterer) Calls() []deadLetterCall { return f.calls.All() }
 
 // eventLog records OnDeadLetter events.
-type eventLog struct {
-	mu     sync.Mutex
-	events []poison.Event
-}
-
-func (l *eventLog) add(e poison.Event) {
-	l.mu.Lock()
-	l.events = append(l.events, e)
-	l.mu.Unlock()
-}
-
-func (l *eventLog) all() []poison.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]poison.Event(nil), l.events...)
-}
+type eventLog = steptest.Log[poison.Event]
 
 // newStep builds the dead-letter step with the fixed clock and host, a silent logger, a
 // fake DeadLetterer failing with dlErr, and an OnDeadLetter recorder.
@@ -96,7 +73,7 @@ func newStep(t *testing.T, dlErr error) (*poison.Poison, *fakeDeadLetterer, *eve
 	events := &eventLog{}
 	p, err := poison.New(poison.Config{
 		DeadLetterer: dl,
-		OnDeadLetter: events.add,
+		OnDeadLetter: events.Add,
 		Logger:       slog.New(slog.DiscardHandler),
 		Now:          func() time.Time { return now },
 		Host:         host,
@@ -293,7 +270,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
 			assert.Equal(t, []poison.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, ErrorType: tt.wantType, Retries: retries, Err: tt.err,
-			}}, events.all())
+			}}, events.All())
 		})
 	}
 }
@@ -327,7 +304,7 @@ func TestMiddleware_PanicRecord(t *testing.T) {
 			if tt.wantTruncated {
 				assert.Greater(t, len(stack), poison.MaxStackBytes-8, "truncated to MaxStackBytes, not shorter")
 			}
-			assert.Equal(t, "panic", events.all()[0].ErrorType)
+			assert.Equal(t, "panic", events.All()[0].ErrorType)
 		})
 	}
 }
@@ -357,7 +334,7 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 	assert.Contains(t, res.err.Error(), res.msg.UUID)
 	assert.Contains(t, res.err.Error(), strconv.Quote(queueName))
 	assert.Len(t, dl.Calls(), 1)
-	assert.Empty(t, events.all(), "OnDeadLetter is for confirmed dead letters")
+	assert.Empty(t, events.All(), "OnDeadLetter is for confirmed dead letters")
 	require.True(t, res.reported)
 	assert.Equal(t, sluice.OutcomeNack, res.report.Outcome)
 	assert.Equal(t, 3, res.report.Attempt)
@@ -393,7 +370,7 @@ func TestMiddleware_NotDeadLettered(t *testing.T) {
 			}
 			assert.Equal(t, tt.wantOut, res.out)
 			assert.Empty(t, dl.Calls(), "no dead letter")
-			assert.Empty(t, events.all())
+			assert.Empty(t, events.All())
 			if tt.wantReport != nil {
 				assert.True(t, res.reported)
 				assert.Equal(t, *tt.wantReport, res.report)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,41 +48,19 @@ type delayCall struct {
 
 // fakeDelayer records the hand-offs the step makes and fails them with err.
 type fakeDelayer struct {
-	mu    sync.Mutex
 	err   error
-	calls []delayCall
+	calls steptest.Log[delayCall]
 }
 
 func (f *fakeDelayer) Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, delayCall{ctx: ctx, queue: queue, d: d, msg: msg})
+	f.calls.Add(delayCall{ctx: ctx, queue: queue, d: d, msg: msg})
 	return f.err
 }
 
-func (f *fakeDelayer) Calls() []delayCall {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]delayCall(nil), f.calls...)
-}
+func (f *fakeDelayer) Calls() []delayCall { return f.calls.All() }
 
 // eventLog records OnRetry events.
-type eventLog struct {
-	mu     sync.Mutex
-	events []retry.Event
-}
-
-func (l *eventLog) add(e retry.Event) {
-	l.mu.Lock()
-	l.events = append(l.events, e)
-	l.mu.Unlock()
-}
-
-func (l *eventLog) all() []retry.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]retry.Event(nil), l.events...)
-}
+type eventLog = steptest.Log[retry.Event]
 
 // testPolicy is a deterministic policy: no jitter, so every delay is exact.
 func testPolicy() retry.Config {
@@ -105,7 +82,7 @@ func newStep(t *testing.T, cfg retry.Config, delayErr error) (*retry.Retry, *fak
 	cfg.Delayer = d
 	cfg.Now = func() time.Time { return now }
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	cfg.OnRetry = events.add
+	cfg.OnRetry = events.Add
 	r, err := retry.New(cfg)
 	require.NoError(t, err)
 	return r, d, events
@@ -311,7 +288,7 @@ func TestMiddleware_SuccessPassesThrough(t *testing.T) {
 	require.NoError(t, res.err)
 	assert.Equal(t, outputs, res.out)
 	assert.Empty(t, d.Calls())
-	assert.Empty(t, events.all())
+	assert.Empty(t, events.All())
 	assert.False(t, res.reported, "a success is reported by telemetry as an ack, not by retry")
 	assert.Equal(t, res.before, res.msg.Metadata)
 }
@@ -453,7 +430,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeRetry, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: herr}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Err: herr,
-			}}, events.all())
+			}}, events.All())
 		})
 	}
 }
@@ -557,7 +534,7 @@ func TestMiddleware_NotRetried(t *testing.T) {
 			}
 			assert.Nil(t, res.out)
 			assert.Empty(t, d.Calls(), "no hand-off")
-			assert.Empty(t, events.all())
+			assert.Empty(t, events.All())
 			assert.Equal(t, res.before, res.msg.Metadata)
 			if tt.wantReport != nil {
 				assert.True(t, res.reported)
@@ -635,7 +612,7 @@ func TestMiddleware_Exhausted(t *testing.T) {
 			assert.Equal(t, tt.wantAge, ee.Age)
 			assert.False(t, sluice.IsHandoff(res.err))
 			assert.Empty(t, d.Calls(), "no hand-off once exhausted")
-			assert.Empty(t, events.all())
+			assert.Empty(t, events.All())
 			assert.Equal(t, res.before, res.msg.Metadata)
 		})
 	}
@@ -721,7 +698,7 @@ func TestMiddleware_Defer(t *testing.T) {
 			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDeferred, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: tt.err}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Deferred: true, Err: tt.err,
-			}}, events.all())
+			}}, events.All())
 		})
 	}
 }
@@ -782,7 +759,7 @@ func TestMiddleware_DeferExpires(t *testing.T) {
 			assert.ErrorIs(t, res.err, reason)
 			assert.True(t, sluice.IsPermanent(res.err), "an expired deferral goes to the dead-letter queue: %v", res.err)
 			assert.Empty(t, d.Calls())
-			assert.Empty(t, events.all())
+			assert.Empty(t, events.All())
 		})
 	}
 }
@@ -810,7 +787,7 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			assert.Contains(t, res.err.Error(), res.msg.UUID)
 			assert.Contains(t, res.err.Error(), strconv.Quote(queueName))
 			assert.Len(t, d.Calls(), 1)
-			assert.Empty(t, events.all(), "OnRetry is for confirmed hand-offs")
+			assert.Empty(t, events.All(), "OnRetry is for confirmed hand-offs")
 			require.True(t, res.reported)
 			assert.Equal(t, sluice.OutcomeNack, res.report.Outcome)
 			assert.Equal(t, tt.wantAttempt, res.report.Attempt)
