@@ -45,7 +45,7 @@ type acker struct {
 	// Owned by the run goroutine.
 	hi    uint64              // highest settled tag seen
 	gaps  map[uint64]struct{} // unsettled tags below hi
-	held  []uint64            // acks above a gap at the last flush, sorted
+	held  []uint64            // acks above a gap at the last flush
 	spare []uint64
 	todo  []uint64
 }
@@ -201,20 +201,15 @@ func (a *acker) flush() {
 		low = min(low, g)
 	}
 
-	slices.Sort(acks)
 	// The highest ack below the lowest gap, new or held, covers every one below it.
 	var top uint64
 	covered := 0
-	for _, t := range acks {
-		if t < low {
-			top = max(top, t)
-			covered++
-		}
-	}
-	for _, t := range a.held {
-		if t < low {
-			top = max(top, t)
-			covered++
+	for _, ts := range [2][]uint64{acks, a.held} {
+		for _, t := range ts {
+			if t < low {
+				top = max(top, t)
+				covered++
+			}
 		}
 	}
 	if covered > 0 {
