@@ -492,35 +492,18 @@ func benchPrefill(b *testing.B, r *testenv.Rabbit, queue string, n int) {
 	if err := ch.Confirm(false); err != nil {
 		b.Fatal(err)
 	}
-	window := make(chan *amqp091.DeferredConfirmation, 1024)
-	nacked := make(chan int)
-	go func() {
-		n := 0
-		for dc := range window {
-			if !dc.Wait() {
-				n++
-			}
-		}
-		nacked <- n
-	}()
 	prefix := watermill.NewShortUUID() + "-"
-	for i := range n {
+	nacked := benchenv.PublishPipelined(b, ch, queue, n, 1024, func(i int) amqp091.Publishing {
 		id := prefix + strconv.Itoa(i)
-		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", queue, true, false, amqp091.Publishing{
+		return amqp091.Publishing{
 			Headers:      amqp091.Table{amqp.UUIDHeader: id},
 			MessageId:    id,
 			DeliveryMode: amqp091.Persistent,
 			Body:         benchenv.Payload,
-		})
-		if err != nil {
-			close(window)
-			b.Fatalf("benchPrefill %s: %v", queue, err)
 		}
-		window <- dc
-	}
-	close(window)
-	if k := <-nacked; k > 0 {
-		b.Fatalf("benchPrefill %s: %d of %d publishes nacked", queue, k, n)
+	})
+	if nacked > 0 {
+		b.Fatalf("benchPrefill %s: %d of %d publishes nacked", queue, nacked, n)
 	}
 }
 

@@ -151,39 +151,22 @@ func rawPublish(b *testing.B, prefix string) {
 	if err := ch.Confirm(false); err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
-	window := make(chan *amqp091.DeferredConfirmation, publishInFlight-1)
-	waited := make(chan int)
-	go func() {
-		nacked := 0
-		for dc := range window {
-			if !dc.Wait() {
-				nacked++
-			}
-		}
-		waited <- nacked
-	}()
-	for i := 0; i < b.N; i++ {
+	nacked := benchenv.PublishPipelined(b, ch, q, b.N, publishInFlight, func(int) amqp091.Publishing {
 		// The same message on the wire as sluice's: a fresh id as message-id and in
 		// Watermill's uuid header, a timestamp, persistent.
 		id := watermill.NewUUID()
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp091.Publishing{
+		return amqp091.Publishing{
 			Headers:      amqp091.Table{amqp.UUIDHeader: id},
 			MessageId:    id,
 			Timestamp:    time.Now().UTC().Truncate(time.Second),
 			DeliveryMode: amqp091.Persistent,
 			Body:         benchenv.Payload,
-		})
-		if err != nil {
-			b.Fatal(err)
 		}
-		window <- dc
-	}
-	close(window)
-	if n := <-waited; n > 0 {
-		b.Fatalf("%d publishes nacked", n)
+	})
+	if nacked > 0 {
+		b.Fatalf("%d publishes nacked", nacked)
 	}
 	benchenv.ReportRate(b)
 }

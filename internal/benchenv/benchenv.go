@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
 )
@@ -72,4 +74,34 @@ func ReportRate(b *testing.B) {
 	if s := b.Elapsed().Seconds(); s > 0 {
 		b.ReportMetric(float64(b.N)/s, "msgs/s")
 	}
+}
+
+// PublishPipelined publishes n messages, msg(0) … msg(n-1), to queue through the default
+// exchange on ch, a channel in confirm mode, mandatory, with up to window confirms
+// outstanding: the raw amqp091-go ceiling. It returns once every confirm arrived, with how
+// many were nacks.
+func PublishPipelined(b *testing.B, ch *amqp091.Channel, queue string, n, window int, msg func(i int) amqp091.Publishing) (nacked int) {
+	b.Helper()
+	pending := make(chan *amqp091.DeferredConfirmation, max(window-1, 0))
+	counted := make(chan int)
+	go func() {
+		k := 0
+		for dc := range pending {
+			if !dc.Wait() {
+				k++
+			}
+		}
+		counted <- k
+	}()
+	for i := range n {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", queue, true, false, msg(i))
+		if err != nil {
+			close(pending)
+			<-counted
+			b.Fatalf("publish to %s: %v", queue, err)
+		}
+		pending <- dc
+	}
+	close(pending)
+	return <-counted
 }
