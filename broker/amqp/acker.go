@@ -94,7 +94,7 @@ func (a *acker) settle(tag uint64, ack bool) {
 		a.nacks = append(a.nacks, tag)
 	}
 	n := len(a.acks) + len(a.nacks)
-	full := n+a.nHeld == a.batch
+	full := n+a.nHeld >= a.batch
 	a.mu.Unlock()
 	// The first settle opens a batch, the one that makes batch acks wait (held ones
 	// included) closes it; in between nobody waits on the goroutine.
