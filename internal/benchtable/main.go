@@ -5,7 +5,9 @@
 //
 // Convention: the sub-benchmarks "sluice", "raw" (plain amqp091-go) and "watermill"
 // (watermill-amqp or Watermill's own middleware) under one parent benchmark are one
-// comparison, one row per metric. Benchmarks without references get rows of their own.
+// comparison, one row per metric. A sub-benchmark "raw-<variant>" is a variant of the raw
+// reference (the raw loop doing more of sluice's work) and gets rows of its own, sluice
+// beside it. Benchmarks without references get rows of their own.
 //
 // -rounds N runs the whole command N times and puts the median of each figure in the
 // table. A round runs every variant of a comparison one after the other, so the median

@@ -98,28 +98,40 @@ type row struct {
 }
 
 // rows turns a group into table rows. A group with a sluice sub-benchmark gives one row per
-// unit with its references beside it; any other sub-benchmark, or a benchmark without
-// sub-benchmarks, gives rows of its own with its figure in the sluice column.
+// unit with its references beside it, and one more set of rows per variant of the raw
+// reference (a sub-benchmark named "raw-<variant>", e.g. raw-record: the raw loop doing
+// more of what sluice does), sluice's figure beside the variant's in the raw column. Any
+// other sub-benchmark, or a benchmark without sub-benchmarks, gives rows of its own with
+// its figure in the sluice column.
 func (g *group) rows() []row {
 	label := g.label()
 	var out []row
-	if _, ok := g.subs[subSluice]; ok {
-		out = append(out, g.unitRows(label, subSluice, true)...)
+	_, hasSluice := g.subs[subSluice]
+	if hasSluice {
+		out = append(out, g.unitRows(label, subSluice, references)...)
 	}
 	for _, sub := range g.order {
-		if sub == subSluice || (isReference(sub) && g.subs[subSluice] != nil) {
+		if sub == subSluice || (isReference(sub) && hasSluice) {
+			continue
+		}
+		if hasSluice && strings.HasPrefix(sub, subRaw+"-") {
+			refs := make([]string, len(references))
+			refs[slices.Index(references, subRaw)] = sub
+			out = append(out, g.unitRows(label+" vs "+sub, subSluice, refs)...)
 			continue
 		}
 		name := label
 		if sub != "" {
 			name += "/" + sub
 		}
-		out = append(out, g.unitRows(name, sub, false)...)
+		out = append(out, g.unitRows(name, sub, nil)...)
 	}
 	return out
 }
 
-func (g *group) unitRows(label, sub string, withRefs bool) []row {
+// unitRows gives sub's rows, one per unit; refs names the sub-benchmark shown in each
+// references column ("" or a nil refs: none).
+func (g *group) unitRows(label, sub string, refs []string) []row {
 	units := map[string]bool{}
 	for _, s := range g.subs {
 		for u := range s {
@@ -133,16 +145,19 @@ func (g *group) unitRows(label, sub string, withRefs bool) []row {
 			continue
 		}
 		r := row{benchmark: label, unit: unit, sluice: formatValue(v)}
-		for _, ref := range references {
+		for i := range references {
+			ref := ""
+			if refs != nil {
+				ref = refs[i]
+			}
 			refV, has := g.subs[ref][unit]
-			switch {
-			case !withRefs || !has:
+			if ref == "" || !has {
 				r.refs = append(r.refs, "")
 				r.ratios = append(r.ratios, "")
-			default:
-				r.refs = append(r.refs, formatValue(refV))
-				r.ratios = append(r.ratios, g.ratio(sub, ref, unit))
+				continue
 			}
+			r.refs = append(r.refs, formatValue(refV))
+			r.ratios = append(r.ratios, g.ratio(sub, ref, unit))
 		}
 		out = append(out, r)
 	}

@@ -45,6 +45,27 @@ func TestGroupRows(t *testing.T) {
 			},
 		},
 		{
+			name: "a variant of raw gets rows of its own, beside sluice in the raw column",
+			results: []result{
+				res("", "BenchmarkRetryPath/sluice", map[string]float64{"msgs/s": 400}),
+				res("", "BenchmarkRetryPath/raw", map[string]float64{"msgs/s": 500}),
+				res("", "BenchmarkRetryPath/raw-record", map[string]float64{"msgs/s": 450}),
+			},
+			want: []row{
+				{benchmark: "RetryPath", unit: "msgs/s", sluice: "400.0", refs: []string{"500.0", ""}, ratios: []string{"0.80x", ""}},
+				{benchmark: "RetryPath vs raw-record", unit: "msgs/s", sluice: "400.0", refs: []string{"450.0", ""}, ratios: []string{"0.89x", ""}},
+			},
+		},
+		{
+			name: "a variant of raw without a sluice figure stands alone",
+			results: []result{
+				res("", "BenchmarkV/raw-record", map[string]float64{"msgs/s": 450}),
+			},
+			want: []row{
+				{benchmark: "V/raw-record", unit: "msgs/s", sluice: "450.0", refs: []string{"", ""}, ratios: []string{"", ""}},
+			},
+		},
+		{
 			name: "repeated runs give their median, an even count the mean of the middle two",
 			results: []result{
 				res("", "BenchmarkX/sluice", map[string]float64{"ns/op": 10}),
