@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,4 +117,39 @@ func TestShortDelayOvertakesLongDelay(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("short-delayed message not delivered")
 	}
+}
+
+// A node may negotiate a frame_max below RabbitMQ's default, and a content header over it
+// makes RabbitMQ close the connection. A publish fits its headers to what was negotiated.
+func TestPublishFitsHeadersToTheNegotiatedFrameMax(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	b := newBroker(t, amqp.Config{FrameMax: 8192})
+	queue := testenv.Name("test.framemax")
+	declare(t, b, r, queue)
+
+	msg := message.NewMessage("big-1", []byte("x"))
+	msg.Metadata.Set("big", strings.Repeat("b", 20000)) // fits 131072, not 8192
+	msg.Metadata.Set("small", "kept")
+	require.NoError(t, b.Publisher().Publish(queue, msg))
+
+	d, ok := r.Get(queue)
+	require.True(t, ok, "the message must be in the queue")
+	assert.NotContains(t, d.Headers, "big")
+	assert.Equal(t, "kept", d.Headers["small"])
+	assert.Equal(t, "big", d.Headers[amqp.HeaderDroppedHeaders])
+	assert.Equal(t, "big-1", d.MessageId)
+
+	// The connection is still the one that published: no reconnect, no lost confirm.
+	require.NoError(t, b.Publisher().Publish(queue, message.NewMessage("small-2", []byte("y"))))
+	d, ok = r.Get(queue)
+	require.True(t, ok)
+	assert.Equal(t, "small-2", d.MessageId)
+}
+
+func TestFrameMaxBelowTheAMQPMinimumIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := amqp.New(ctx, amqp.Config{URLs: []string{testenv.AMQPURL(t)}, FrameMax: 1024})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "FrameMax 1024")
 }

@@ -65,6 +65,10 @@ type Config struct {
 	// slots, and at most half of the spare ones wait. Zero means 1ms; negative sends every
 	// ack on its own.
 	AckDelay time.Duration
+	// FrameMax is the largest AMQP frame sluice asks RabbitMQ for; the node may lower it to
+	// its own frame_max. Zero means DefaultFrameMax, RabbitMQ's default. Publishes fit
+	// their headers to the value the connection negotiated (see Marshaler).
+	FrameMax int
 	// Logger receives connection and consume events. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -118,6 +122,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.AckDelay == 0 {
 		c.AckDelay = DefaultAckDelay
+	}
+	if c.FrameMax == 0 {
+		c.FrameMax = DefaultFrameMax
+	}
+	if c.FrameMax < minFrameMax {
+		return fmt.Errorf("amqp: FrameMax %d is below AMQP's minimum frame size %d", c.FrameMax, minFrameMax)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -22,6 +22,7 @@ var ErrClosed = errors.New("amqp: broker closed")
 type connection struct {
 	urls   []string
 	tls    *tls.Config
+	frame  int // the frame_max asked for
 	logger *slog.Logger
 	maxGap time.Duration
 
@@ -38,6 +39,7 @@ func dialConnection(ctx context.Context, cfg Config) (*connection, error) {
 	c := &connection{
 		urls:    cfg.URLs,
 		tls:     cfg.TLS,
+		frame:   cfg.FrameMax,
 		logger:  cfg.Logger,
 		maxGap:  cfg.ReconnectMaxInterval,
 		ready:   make(chan struct{}),
@@ -79,6 +81,7 @@ func (c *connection) dial(u string) (*amqp.Connection, error) {
 		Heartbeat:  10 * time.Second,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "sluice"},
+		FrameSize:  c.frame,
 	}
 	if parsed, err := url.Parse(u); err == nil && parsed.Scheme == "amqps" {
 		// amqp091 writes the URL's host into the ServerName of the config it is given
@@ -168,6 +171,18 @@ func (c *connection) get(ctx context.Context) (*amqp.Connection, error) {
 			// conn was closed but watch has not noticed yet; look again shortly.
 		}
 	}
+}
+
+// frameMax is the frame_max negotiated with the live connection's node, or the one asked for
+// while there is no connection (a node can only lower it).
+func (c *connection) frameMax() int {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn != nil && conn.Config.FrameSize > 0 {
+		return conn.Config.FrameSize
+	}
+	return c.frame
 }
 
 // channel opens a channel on the live connection, waiting for a reconnect within ctx.

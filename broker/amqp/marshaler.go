@@ -55,6 +55,8 @@ const (
 const (
 	// DefaultFrameMax is RabbitMQ's default frame_max, the Marshaler's when FrameMax is 0.
 	DefaultFrameMax = 131072
+	// minFrameMax is AMQP 0-9-1's frame-min-size: every peer accepts frames this large.
+	minFrameMax = 4096
 	// maxShortstr is the longest AMQP short string: property values and table keys.
 	maxShortstr = 255
 	// frameOverhead is a frame's type, channel, size and end octets; RabbitMQ refuses a

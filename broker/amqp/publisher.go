@@ -67,8 +67,13 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 // PublishTo publishes messages to exchange with routingKey and waits for their confirms.
 func (p *Publisher) PublishTo(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error {
 	pubs := make([]amqp.Publishing, len(messages))
+	// A header frame over the negotiated frame_max closes the connection: fit to that.
+	marshaler := p.marshaler
+	if marshaler.FrameMax <= 0 {
+		marshaler.FrameMax = p.conn.frameMax()
+	}
 	for i, m := range messages {
-		pub, err := p.marshaler.Marshal(m)
+		pub, err := marshaler.Marshal(m)
 		if err != nil {
 			return fmt.Errorf("marshal message %s: %w", m.UUID, err)
 		}
