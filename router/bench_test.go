@@ -2,8 +2,6 @@ package router_test
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +26,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/benchenv"
+	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -214,9 +213,8 @@ func BenchmarkRetryPath(b *testing.B) {
 }
 
 // benchRawRetry is BenchmarkRetryPath's raw loop. With record, each retry copy also carries
-// the failure record sluice's retry step writes (the same headers, built with the same
-// sluice functions, and a traceparent), so that sluice can be compared with a loop that
-// sends the broker the same bytes.
+// the failure record sluice's retry step and tracing write (benchFailureRecord), so that
+// sluice can be compared with a loop that sends the broker the same bytes.
 func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 	r := testenv.NewRabbit(b)
 	br := benchenv.Broker(b, url)
@@ -241,6 +239,10 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 	// lowest level, whose exchange passes the message to the delivery exchange.
 	exchange := fmt.Sprintf("%s%02d", amqp.DelayExchangePrefix, 0)
 	key := benchZeroDelayKey(q)
+	var rec message.Metadata
+	if record {
+		rec = benchFailureRecord(b, q)
+	}
 	type step struct {
 		d  amqp091.Delivery
 		dc *amqp091.DeferredConfirmation // nil: the second attempt, just ack
@@ -264,8 +266,8 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 				headers[k] = v
 			}
 			headers[sluice.HeaderRetryCount] = "1"
-			if record {
-				benchFailureRecord(headers, q)
+			for k, v := range rec {
+				headers[k] = v
 			}
 			dc, err := out.PublishWithDeferredConfirmWithContext(context.Background(), exchange, key, true, false, amqp091.Publishing{
 				Headers: headers, MessageId: d.MessageId, DeliveryMode: amqp091.Persistent, Body: d.Body,
@@ -523,20 +525,26 @@ func benchPrefill(b *testing.B, r *testenv.Rabbit, queue string, n int) {
 	}
 }
 
-// benchFailureRecord adds to headers what sluice's retry step and tracing add to a first
-// attempt's retry copy, at the same sizes.
-func benchFailureRecord(headers amqp091.Table, queue string) {
-	now := time.Now()
-	const msg = "fails once"
-	headers[sluice.HeaderFirstFailureTime] = sluice.FormatTime(now)
-	headers[sluice.HeaderLastFailureTime] = sluice.FormatTime(now)
-	headers[sluice.HeaderLastError] = "error"
-	headers[sluice.HeaderLastErrorMessage] = msg
-	headers[sluice.HeaderOriginalQueue] = queue
-	headers[sluice.HeaderRetryHistory] = sluice.AppendHistory(nil, sluice.HistoryEntry{At: now.UTC(), Attempt: 1, Type: "error", Message: msg})
-	var id [24]byte
-	_, _ = crand.Read(id[:])
-	headers[sluice.HeaderTraceParent] = "00-" + hex.EncodeToString(id[:16]) + "-" + hex.EncodeToString(id[16:]) + "-01"
+// benchFailureRecord returns the headers sluice's retry step and tracing write on the copy of
+// a first attempt that failed in queue, taken from those steps themselves: the retry step,
+// its delayer traced, run once on a message whose handler fails as the benchmark's does.
+func benchFailureRecord(b *testing.B, queue string) message.Metadata {
+	b.Helper()
+	var copied message.Metadata
+	capture := benchTelemetry(b).WrapDelayer(steptest.DelayerFunc(func(_ context.Context, _ string, _ time.Duration, msg *message.Message) error {
+		copied = msg.Metadata
+		return nil
+	}))
+	r, err := retry.New(retry.Config{Delayer: capture, Logger: benchLogger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fail := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("fails once") }
+	steptest.Run(b, r.Middleware, fail, steptest.Message{Queue: queue, Handler: "bench", Payload: benchenv.Payload})
+	if copied.Get(sluice.HeaderRetryHistory) == "" || copied.Get(sluice.HeaderTraceParent) == "" {
+		b.Fatalf("benchFailureRecord: the retry step handed off no record: %v", copied)
+	}
+	return copied
 }
 
 // benchZeroDelayKey is the delay cascade's routing key for a delay of 0 to queue: every level's

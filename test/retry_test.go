@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -171,7 +171,7 @@ func TestFailedHandoffLeavesOriginalUnacked(t *testing.T) {
 	queue := e.newQueue(t, "test.retry.handoff")
 	var c calls
 	// A delayer whose exchange does not exist: RabbitMQ refuses the publish.
-	brokenDelay := delayerFunc(func(ctx context.Context, q string, d time.Duration, m *message.Message) error {
+	brokenDelay := steptest.DelayerFunc(func(ctx context.Context, q string, d time.Duration, m *message.Message) error {
 		return e.amqp.Publisher().PublishTo(ctx, "sluice.test.missing-exchange", q, m)
 	})
 	start(t, e, router.Config{Retry: retry.Config{Delayer: brokenDelay, InitialDelay: 50 * time.Millisecond}}, func(s *router.Stack) {
@@ -193,11 +193,3 @@ func TestFailedHandoffLeavesOriginalUnacked(t *testing.T) {
 	assert.Greater(t, last, gaps[0], "redeliveries back off instead of spinning: %v", gaps)
 	assert.GreaterOrEqual(t, last, 100*time.Millisecond, "redeliveries back off instead of spinning: %v", gaps)
 }
-
-type delayerFunc func(ctx context.Context, queue string, d time.Duration, m *message.Message) error
-
-func (f delayerFunc) Delay(ctx context.Context, queue string, d time.Duration, m *message.Message) error {
-	return f(ctx, queue, d, m)
-}
-
-var _ = amqp.DLQName

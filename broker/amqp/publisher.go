@@ -30,9 +30,8 @@ var (
 // Publish(topic) sends to the default exchange with the topic as routing key, i.e. to the
 // queue named topic. PublishTo sends to any exchange.
 type Publisher struct {
-	conn      *connection
-	marshaler Marshaler
-	cfg       Config
+	conn *connection
+	cfg  Config
 
 	mu sync.Mutex
 	cc *confirmChannel
@@ -68,10 +67,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 func (p *Publisher) PublishTo(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error {
 	pubs := make([]amqp.Publishing, len(messages))
 	// A header frame over the negotiated frame_max closes the connection: fit to that.
-	marshaler := p.marshaler
-	if marshaler.FrameMax <= 0 {
-		marshaler.FrameMax = p.conn.frameMax()
-	}
+	marshaler := Marshaler{FrameMax: p.conn.frameMax()}
 	for i, m := range messages {
 		pub, err := marshaler.Marshal(m)
 		if err != nil {
