@@ -126,25 +126,6 @@ func MessageID(d amqp.Delivery) string {
 	return "sha256:" + hex.EncodeToString(sum[:8])
 }
 
-// propertyMetadata are the metadata keys the marshaler fills from properties and delivery
-// fields; a record shows them as Properties, not as headers.
-var propertyMetadata = map[string]bool{
-	sluiceamqp.MetadataContentType:     true,
-	sluiceamqp.MetadataContentEncoding: true,
-	sluiceamqp.MetadataCorrelationID:   true,
-	sluiceamqp.MetadataReplyTo:         true,
-	sluiceamqp.MetadataType:            true,
-	sluiceamqp.MetadataAppID:           true,
-	sluiceamqp.MetadataPriority:        true,
-	sluiceamqp.MetadataDeliveryMode:    true,
-	sluiceamqp.MetadataTimestamp:       true,
-	sluiceamqp.MetadataMessageID:       true,
-	sluiceamqp.MetadataRoutingKey:      true,
-	sluiceamqp.MetadataExchange:        true,
-	sluiceamqp.MetadataRedelivered:     true,
-	sluiceamqp.MetadataHeaderTypes:     true,
-}
-
 // NewRecord reads the record of a delivery from queue's DLQ at position pos, with ages
 // measured against now.
 func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
@@ -200,8 +181,9 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		}
 	}
 	for k, v := range md {
-		if !propertyMetadata[k] {
-			r.Headers[k] = v
+		// Properties and delivery facts are in Properties; a header is shown by its name.
+		if name, ok := sluiceamqp.HeaderName(k); ok {
+			r.Headers[name] = v
 		}
 	}
 	if t, ok := sluice.Time(md, sluice.HeaderFailedAt, now); ok {

@@ -226,3 +226,15 @@ func TestNewRecord_OriginalQueueFromRabbitMQsOwnDeadLettering(t *testing.T) {
 	d.Headers["x-original-queue"] = "orders.p1"
 	assert.Equal(t, "orders.p1", dlq.NewRecord(d, "orders", 0, time.Now()).OriginalQueue, "sluice's own record wins")
 }
+
+// A record lists the delivery's headers by their names, a producer's header called like a
+// property key included, and leaves the properties and delivery facts to Properties.
+func TestNewRecord_HeadersByTheirNames(t *testing.T) {
+	d := amqp091.Delivery{
+		MessageId: "m", ContentType: "application/json", RoutingKey: "rk", Exchange: "ex",
+		Headers: amqp091.Table{amqp.MetadataContentType: "text/csv", "tenant": "acme", "n": int32(7)},
+	}
+	r := dlq.NewRecord(d, "q", 0, time.Now())
+	assert.Equal(t, map[string]string{amqp.MetadataContentType: "text/csv", "tenant": "acme", "n": "7"}, r.Headers)
+	assert.Equal(t, "application/json", r.Properties.ContentType)
+}

@@ -167,6 +167,18 @@ func everyHeaderType() amqp091.Table {
 	}
 }
 
+// propertyNamedHeaders are headers whose names sluice's marshaler also uses for AMQP
+// properties, delivery facts and its own bookkeeping.
+func propertyNamedHeaders() amqp091.Table {
+	return amqp091.Table{
+		amqp.MetadataContentType:        "text/csv",
+		amqp.MetadataType:               int32(7),
+		amqp.MetadataRoutingKey:         "forged",
+		amqp.MetadataHeaderTypes:        `{"amqp-type":"int8"}`,
+		amqp.MetadataHeaderPrefix + "x": "y",
+	}
+}
+
 const traceparentRE = `^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`
 
 // TestHostileInput publishes messages no well-behaved producer sends, with a plain
@@ -295,6 +307,21 @@ func TestHostileInput(t *testing.T) {
 					}
 				}
 				assert.Equal(t, time.Unix(1714557600, 0).Unix(), res.dlq.Headers["h-time"].(time.Time).Unix())
+			},
+		},
+		{
+			name: "headers named like property keys, retried", why: "a producer's header called content-type (or amqp-*) stays that header on every retry copy and in the DLQ; the properties stay properties",
+			pub: amqp091.Publishing{MessageId: "hostile-named-like-props", ContentType: "application/json", Headers: propertyNamedHeaders(),
+				Body: hostileBody("hostile-named-like-props", ep.TokenTimeout)},
+			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
+			check: func(t *testing.T, res hostileResult) {
+				for k, sent := range propertyNamedHeaders() {
+					assert.Equal(t, sent, res.dlq.Headers[k], "header %s kept with its type", k)
+				}
+				assert.Equal(t, "application/json", res.dlq.ContentType)
+				assert.Empty(t, res.dlq.Type, "the amqp-type header did not become the type property")
+				assert.Equal(t, "application/json", res.dlqMsg.Metadata.Get(amqp.MetadataContentType))
+				assert.Equal(t, "text/csv", res.dlqMsg.Metadata.Get(amqp.MetadataHeaderPrefix+amqp.MetadataContentType))
 			},
 		},
 		{

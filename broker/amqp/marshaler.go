@@ -40,7 +40,7 @@ const (
 	MetadataRedelivered = "amqp-redelivered"
 
 	// MetadataHeaderTypes records the AMQP type of every header that was not a string, as
-	// a JSON object from header name to type name, so Marshal can restore it.
+	// a JSON object from the header's metadata key to type name, so Marshal can restore it.
 	MetadataHeaderTypes = "sluice-header-types"
 
 	// UUIDHeader is Watermill's message id header, kept for interoperability.
@@ -49,6 +49,12 @@ const (
 	// HeaderDroppedHeaders lists, comma-separated, the headers and properties Marshal had
 	// to leave out because AMQP cannot carry them (see Marshaler).
 	HeaderDroppedHeaders = "x-dropped-headers"
+
+	// MetadataHeaderPrefix keeps a producer's header whose name is taken by one of the
+	// metadata keys above (a header called "content-type", say, beside the content-type
+	// property) or itself starts with this prefix: it is metadata MetadataHeaderPrefix+name,
+	// and Marshal publishes that key as the header name again. See HeaderName.
+	MetadataHeaderPrefix = "amqp-header:"
 )
 
 // Limits of the AMQP encoding that Marshal keeps to.
@@ -79,6 +85,43 @@ var readOnlyMetadata = map[string]bool{
 	MetadataMessageID:   true,
 }
 
+// reservedMetadataKey reports whether key has a meaning of its own to the marshaler, so
+// that a header of that name must live in metadata under MetadataHeaderPrefix.
+func reservedMetadataKey(key string) bool {
+	switch key {
+	case MetadataContentType, MetadataContentEncoding, MetadataCorrelationID, MetadataReplyTo,
+		MetadataType, MetadataAppID, MetadataPriority, MetadataDeliveryMode, MetadataTimestamp,
+		MetadataMessageID, MetadataRoutingKey, MetadataExchange, MetadataRedelivered,
+		MetadataHeaderTypes:
+		return true
+	}
+	return strings.HasPrefix(key, MetadataHeaderPrefix)
+}
+
+// headerKey is the metadata key Unmarshal gives the header called name.
+func headerKey(name string) string {
+	if reservedMetadataKey(name) {
+		return MetadataHeaderPrefix + name
+	}
+	return name
+}
+
+// HeaderName returns the AMQP header that metadata key stands for: the key itself, or the
+// name a MetadataHeaderPrefix key holds. ok is false for the keys that carry properties
+// and delivery facts (MetadataContentType … MetadataRedelivered, MetadataHeaderTypes).
+func HeaderName(key string) (name string, ok bool) {
+	if rest, found := strings.CutPrefix(key, MetadataHeaderPrefix); found {
+		if reservedMetadataKey(rest) {
+			return rest, true
+		}
+		return key, true // not one Unmarshal makes: a header of that very name
+	}
+	if reservedMetadataKey(key) {
+		return "", false
+	}
+	return key, true
+}
+
 // BrokerOwnedHeader reports whether RabbitMQ owns a header: sluice reads it and never
 // writes it back, so dead-lettering records do not pile up from retry to retry.
 func BrokerOwnedHeader(key string) bool {
@@ -106,6 +149,9 @@ func BrokerOwnedHeader(key string) bool {
 //     nested bytes, times and decimals as their text, and invalid UTF-8 as U+FFFD;
 //   - headers RabbitMQ owns (see BrokerOwnedHeader) are readable as metadata but never
 //     republished;
+//   - a header named like one of the property and delivery keys above, or starting with
+//     MetadataHeaderPrefix, is metadata under MetadataHeaderPrefix plus its name, so it
+//     neither turns into a property on the next publish nor is overwritten by one;
 //   - the message id is Watermill's _watermill_message_uuid header when it is a non-empty
 //     string of at most 255 bytes (what fits AMQP's message-id property), else the AMQP
 //     message-id property, else a new UUID (then a redelivery gets another id).
@@ -190,11 +236,12 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		if readOnlyMetadata[k] || BrokerOwnedHeader(k) || k == UUIDHeader || k == HeaderDroppedHeaders {
 			continue
 		}
-		if len(k) > maxShortstr {
-			dropped = append(dropped, k)
+		name, _ := HeaderName(k) // every key it refuses was handled above
+		if len(name) > maxShortstr {
+			dropped = append(dropped, name)
 			continue
 		}
-		headers[k] = restoreHeader(v, types[typeKey(k)])
+		headers[name] = restoreHeader(v, types[typeKey(k)])
 	}
 	headers[UUIDHeader] = msg.UUID
 	if pub.Timestamp.IsZero() {
@@ -373,10 +420,11 @@ func unmarshal(d amqp.Delivery) *message.Message {
 	msg := message.NewMessage(id, d.Body)
 	md := make(message.Metadata, len(d.Headers)+8)
 	var types map[string]string // only foreign producers send typed headers
-	for k, v := range d.Headers {
-		if k == UUIDHeader || k == MetadataHeaderTypes {
+	for name, v := range d.Headers {
+		if name == UUIDHeader {
 			continue
 		}
+		k := headerKey(name)
 		if s, ok := v.(string); ok {
 			md[k] = s
 			continue

@@ -320,7 +320,7 @@ func TestMarshalerProperties(t *testing.T) {
 }
 
 // A producer may send a header named like sluice's bookkeeping; it must not steer
-// Marshal's typing.
+// Marshal's typing, and it travels on as the producer's header.
 func TestMarshalerIgnoresForeignHeaderTypesHeader(t *testing.T) {
 	msg, pub := roundTrip(t, amqp091.Delivery{Headers: amqp091.Table{
 		amqp.MetadataHeaderTypes: `{"n":"int8"}`,
@@ -328,6 +328,99 @@ func TestMarshalerIgnoresForeignHeaderTypesHeader(t *testing.T) {
 	}})
 	assert.Empty(t, msg.Metadata.Get(amqp.MetadataHeaderTypes))
 	assert.Equal(t, "300", pub.Headers["n"])
+	assert.Equal(t, `{"n":"int8"}`, pub.Headers[amqp.MetadataHeaderTypes])
+}
+
+// A producer's header may carry the name of a property key (a bridge that copies HTTP
+// headers sends "content-type" as one). It stays a header on every copy: it neither turns
+// into the property nor is overwritten by it.
+func TestMarshalerKeepsHeadersNamedLikePropertyKeys(t *testing.T) {
+	tests := []struct {
+		name       string
+		d          amqp091.Delivery
+		header     string
+		want       any    // the republished header
+		metadata   string // what the metadata key of the property or fact reads
+		wantPubKey string // the metadata key the header is under
+		check      func(t *testing.T, pub amqp091.Publishing)
+	}{
+		{
+			name: "content-type header, no property", header: amqp.MetadataContentType, want: "text/csv",
+			d:          amqp091.Delivery{Headers: amqp091.Table{amqp.MetadataContentType: "text/csv"}},
+			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataContentType,
+			check: func(t *testing.T, pub amqp091.Publishing) {
+				assert.Empty(t, pub.ContentType, "the header did not become the property")
+			},
+		},
+		{
+			name: "content-type header beside the property", header: amqp.MetadataContentType, want: "text/csv",
+			d:          amqp091.Delivery{ContentType: "application/json", Headers: amqp091.Table{amqp.MetadataContentType: "text/csv"}},
+			metadata:   "application/json",
+			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataContentType,
+			check: func(t *testing.T, pub amqp091.Publishing) {
+				assert.Equal(t, "application/json", pub.ContentType)
+			},
+		},
+		{
+			name: "typed header named like the priority", header: amqp.MetadataPriority, want: int32(7),
+			d:          amqp091.Delivery{Priority: 3, Headers: amqp091.Table{amqp.MetadataPriority: int32(7)}},
+			metadata:   "3",
+			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataPriority,
+			check: func(t *testing.T, pub amqp091.Publishing) {
+				assert.Equal(t, uint8(3), pub.Priority)
+			},
+		},
+		{
+			name: "header named like a delivery fact", header: amqp.MetadataRoutingKey, want: "forged",
+			d:          amqp091.Delivery{RoutingKey: "rk", Headers: amqp091.Table{amqp.MetadataRoutingKey: "forged"}},
+			metadata:   "rk",
+			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataRoutingKey,
+		},
+		{
+			name: "header that starts with the prefix", header: amqp.MetadataHeaderPrefix + "x", want: "y",
+			d:          amqp091.Delivery{Headers: amqp091.Table{amqp.MetadataHeaderPrefix + "x": "y"}},
+			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataHeaderPrefix + "x",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg, pub := roundTrip(t, tt.d)
+			assert.Equal(t, tt.want, pub.Headers[tt.header], "republished as the producer's header")
+			assert.Equal(t, tt.metadata, msg.Metadata.Get(tt.header), "the property key reads the property")
+			assert.NotEmpty(t, msg.Metadata.Get(tt.wantPubKey), "the header is readable as metadata")
+			if tt.check != nil {
+				tt.check(t, pub)
+			}
+			// The next copy reads and sends the same.
+			msg2, pub2 := roundTrip(t, deliveryOf(pub))
+			assert.Equal(t, msg.Metadata.Get(tt.wantPubKey), msg2.Metadata.Get(tt.wantPubKey))
+			assert.Equal(t, tt.want, pub2.Headers[tt.header])
+		})
+	}
+}
+
+func TestHeaderName(t *testing.T) {
+	tests := []struct {
+		key, name string
+		ok        bool
+	}{
+		{key: "x-retry-count", name: "x-retry-count", ok: true},
+		{key: "x-death", name: "x-death", ok: true},
+		{key: amqp.MetadataContentType, ok: false},
+		{key: amqp.MetadataRoutingKey, ok: false},
+		{key: amqp.MetadataHeaderTypes, ok: false},
+		{key: amqp.MetadataHeaderPrefix + amqp.MetadataContentType, name: amqp.MetadataContentType, ok: true},
+		{key: amqp.MetadataHeaderPrefix + amqp.MetadataHeaderPrefix + "x", name: amqp.MetadataHeaderPrefix + "x", ok: true},
+		// Not a key Unmarshal makes (x needs no escape): a header of that very name.
+		{key: amqp.MetadataHeaderPrefix + "x", name: amqp.MetadataHeaderPrefix + "x", ok: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			name, ok := amqp.HeaderName(tt.key)
+			assert.Equal(t, tt.ok, ok)
+			assert.Equal(t, tt.name, name)
+		})
+	}
 }
 
 // What AMQP cannot carry is left out and named, instead of a publish RabbitMQ would answer
