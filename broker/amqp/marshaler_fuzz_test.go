@@ -56,9 +56,11 @@ var specialKeys = []string{
 	amqp.UUIDHeader, amqp.MetadataHeaderTypes, amqp.HeaderDroppedHeaders,
 	"x-death", "x-first-death-queue", "x-last-death-reason", "x-delivery-count", "x-received-from",
 	amqp.MetadataContentType, amqp.MetadataMessageID, amqp.MetadataPriority, amqp.MetadataTimestamp,
-	amqp.MetadataRoutingKey, amqp.MetadataDeliveryMode, amqp.MetadataExchange, amqp.MetadataType,
-	amqp.MetadataHeaderPrefix + "x", amqp.MetadataHeaderPrefix + amqp.MetadataContentType,
+	amqp.MetadataRoutingKey, amqp.MetadataDeliveryMode,
 	sluice.HeaderRetryCount, sluice.HeaderRetryHistory, sluice.HeaderTraceParent, "",
+	// Appended, so that the saved corpus keeps naming the keys it was written with.
+	amqp.MetadataExchange, amqp.MetadataType,
+	amqp.MetadataHeaderPrefix + "x", amqp.MetadataHeaderPrefix + amqp.MetadataContentType,
 }
 
 func (g *tableGen) key() string {
