@@ -90,12 +90,10 @@ var readOnlyMetadata = map[string]bool{
 func reservedMetadataKey(key string) bool {
 	switch key {
 	case MetadataContentType, MetadataContentEncoding, MetadataCorrelationID, MetadataReplyTo,
-		MetadataType, MetadataAppID, MetadataPriority, MetadataDeliveryMode, MetadataTimestamp,
-		MetadataMessageID, MetadataRoutingKey, MetadataExchange, MetadataRedelivered,
-		MetadataHeaderTypes:
-		return true
+		MetadataType, MetadataAppID, MetadataPriority, MetadataDeliveryMode, MetadataTimestamp:
+		return true // the properties Marshal publishes
 	}
-	return strings.HasPrefix(key, MetadataHeaderPrefix)
+	return readOnlyMetadata[key] || strings.HasPrefix(key, MetadataHeaderPrefix)
 }
 
 // headerKey is the metadata key Unmarshal gives the header called name.
@@ -431,7 +429,7 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		}
 		text, typ := headerText(v)
 		md[k] = text
-		if !BrokerOwnedHeader(k) {
+		if !BrokerOwnedHeader(name) {
 			if types == nil {
 				types = make(map[string]string)
 			}
