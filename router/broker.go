@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"time"
@@ -52,18 +53,44 @@ func (m memoryBroker) Subscriber(concurrency, _ int) message.Subscriber {
 	return m.Broker.Subscriber(memory.SubscribeOptions{Concurrency: concurrency})
 }
 
-// Connect returns the RabbitMQ broker when AMQP_URL is set, else the embedded broker.
+// ErrNoAMQPURL is returned by Connect when AMQP_URL is not set: a service deployed
+// without it must fail to start, not consume from an in-process broker nobody publishes to.
+var ErrNoAMQPURL = errors.New("router: AMQP_URL is not set (set it to the RabbitMQ URL, e.g. amqp://guest:guest@localhost:5672/, or use router.ConnectOrEmbedded or router.Embedded for the embedded broker)")
+
+// Connect returns the RabbitMQ broker of AMQP_URL (see amqp.Config); without AMQP_URL it
+// returns ErrNoAMQPURL.
 func Connect(ctx context.Context, logger *slog.Logger) (Broker, error) {
+	if os.Getenv("AMQP_URL") == "" {
+		return nil, ErrNoAMQPURL
+	}
 	if logger == nil {
 		logger = slog.Default()
-	}
-	if os.Getenv("AMQP_URL") == "" {
-		logger.Info("AMQP_URL is not set: using the embedded in-memory broker")
-		return FromMemory(memory.New(memory.Config{Logger: logger})), nil
 	}
 	b, err := amqp.New(ctx, amqp.Config{Logger: logger})
 	if err != nil {
 		return nil, err
 	}
 	return FromAMQP(b), nil
+}
+
+// ConnectOrEmbedded is Connect when AMQP_URL is set, else the embedded broker (Embedded),
+// saying so in the log: for demos and tests, which ask for the fallback by calling it.
+func ConnectOrEmbedded(ctx context.Context, logger *slog.Logger) (Broker, error) {
+	if os.Getenv("AMQP_URL") != "" {
+		return Connect(ctx, logger)
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger.Info("AMQP_URL is not set: using the embedded in-memory broker")
+	return Embedded(logger), nil
+}
+
+// Embedded returns the embedded in-process broker (package memory): nothing outside the
+// process can publish to it, and its messages die with the process.
+func Embedded(logger *slog.Logger) Broker {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return FromMemory(memory.New(memory.Config{Logger: logger}))
 }

@@ -1,7 +1,8 @@
 // Package router is the sluice stack: it wires a broker to the failure-handling steps in a
-// fixed order and runs the user's handlers inside them.
+// fixed order and runs the user's handlers inside them. The same steps, in the same order,
+// are offered to a Watermill message.Router of the user's own by Middlewares.
 //
-// The order, outermost first (see DESIGN.md), and why:
+// The order, outermost first (DESIGN.md in the project's design notes), and why:
 //
 //  1. tracing — one consumer span per delivery attempt, continued from the message's trace
 //  2. recoverer — a panic in a step becomes an error (the message is nacked, not lost)
@@ -10,12 +11,23 @@
 //  5. idempotency — a key already done is acked without calling the handler
 //  6. output — the handler's output messages are published, confirmed (so idempotency marks
 //     a key done only once its outputs are safe, and a failed output publish is retried)
-//  7. breaker — while open, the call is not made; the message is deferred
-//  8. timeout — the handler's context carries a deadline
-//  9. the handler, whose own panic becomes an error carrying its stack, so retry and poison
+//  7. Config.Middleware — the user's own steps, in the order given: inside poison, retry,
+//     idempotency and output, so their failures are retried and dead-lettered like the
+//     handler's, duplicates never reach them and the messages they return are published;
+//     outside the breaker, so a validation or auth failure does not count against the
+//     dependency
+//  8. breaker — while open, the call is not made; the message is deferred
+//  9. timeout — the handler's context carries a deadline
+//  10. the handler, whose own panic becomes an error carrying its stack, so retry and poison
 //     treat it like any failure
 //
-// Steps that are not configured are absent, not stubs.
+// Steps that are not configured are absent, not stubs. A handler deadline, sluice's or
+// Watermill's middleware.Timeout wherever it is added, is a retryable failure; only the
+// router's or subscriber's shutdown (the message's context cancelled) gives a message back
+// to the broker without using an attempt.
+//
+// Options that cannot take effect are errors at registration: WithIdempotencyKey without
+// Config.Idempotency and WithBreaker without Config.Breakers make Handle fail.
 package router
 
 import (
@@ -27,7 +39,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"go.opentelemetry.io/otel/metric"
 
@@ -45,6 +56,13 @@ var (
 	ErrDuplicateHandler = errors.New("router: handler name already registered")
 	// ErrRunning is returned when handlers are added after Run.
 	ErrRunning = errors.New("router: stack already running")
+	// ErrOptionWithoutStep is returned by Handle and HandleWithOutput for an option whose
+	// step the Config does not have (WithIdempotencyKey without Config.Idempotency,
+	// WithBreaker without Config.Breakers): it would silently do nothing.
+	ErrOptionWithoutStep = errors.New("router: handler option needs a step the stack does not have")
+	// ErrInvalidOption is returned by Handle and HandleWithOutput for an option value out
+	// of range.
+	ErrInvalidOption = errors.New("router: invalid handler option")
 )
 
 // Config configures the stack. The zero value (with a broker) gives the defaults named on
@@ -73,11 +91,21 @@ type Config struct {
 	Breakers *breaker.Registry
 	// Idempotency, when set, adds the idempotency step to every handler.
 	Idempotency Idempotency
+	// Middleware is the user's own steps (logging, auth, validation, Watermill's
+	// CorrelationID or Throttle), first outermost, placed inside poison, retry,
+	// idempotency and output confirmation and outside the breaker and the handler
+	// deadline (see the package documentation). Nil means none.
+	Middleware []message.HandlerMiddleware
+	// Plugins are Watermill router plugins (e.g. plugin.SignalsHandler), added to the
+	// stack's router. Nil means none.
+	Plugins []message.RouterPlugin
 }
 
-// Idempotency is the idempotency step (package idempotency) with a per-handler key.
+// Idempotency is the idempotency step (package idempotency's Guard): NewMiddleware builds
+// the step with a handler's key function (router.WithIdempotencyKey), nil meaning the
+// step's own default.
 type Idempotency interface {
-	Middleware(key func(*message.Message) (string, error)) message.HandlerMiddleware
+	NewMiddleware(key func(*message.Message) (string, error)) message.HandlerMiddleware
 }
 
 // HandlerOption tunes one handler.
@@ -88,7 +116,8 @@ type handlerConfig struct {
 	prefetch    int
 	keyFunc     func(*message.Message) (string, error)
 	breaker     string
-	partitions  int // WithPartitions (partition.go)
+	breakerSet  bool // WithBreaker was given
+	partitions  int  // WithPartitions (partition.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -98,15 +127,17 @@ func WithConcurrency(n int) HandlerOption { return func(c *handlerConfig) { c.co
 func WithPrefetch(n int) HandlerOption { return func(c *handlerConfig) { c.prefetch = n } }
 
 // WithIdempotencyKey sets the function that extracts the handler's idempotency key, used
-// when a message has no idempotency-key header.
+// when a message has no idempotency-key header. It needs Config.Idempotency: without it,
+// Handle returns ErrOptionWithoutStep.
 func WithIdempotencyKey(f func(*message.Message) (string, error)) HandlerOption {
 	return func(c *handlerConfig) { c.keyFunc = f }
 }
 
 // WithBreaker names the dependency whose breaker guards the handler; handlers naming the
-// same dependency share one breaker. Without it the handler's name is used.
+// same dependency share one breaker. Without it the handler's name is used. It needs
+// Config.Breakers: without it, Handle returns ErrOptionWithoutStep.
 func WithBreaker(dependency string) HandlerOption {
-	return func(c *handlerConfig) { c.breaker = dependency }
+	return func(c *handlerConfig) { c.breaker, c.breakerSet = dependency, true }
 }
 
 // Stack is a running set of handlers behind sluice's steps.
@@ -144,6 +175,11 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
+	}
+	for i, m := range cfg.Middleware {
+		if m == nil {
+			return nil, fmt.Errorf("router: Config.Middleware[%d] is nil", i)
+		}
 	}
 	// The broker does the hand-offs unless the caller gave the steps their own.
 	var delayer retry.Delayer = broker
@@ -195,6 +231,7 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
+	wr.AddPlugin(cfg.Plugins...)
 	return &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}, nil
 }
 
@@ -225,6 +262,9 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	for _, o := range opts {
 		o(&hc)
 	}
+	if err := s.checkOptions(name, hc); err != nil {
+		return err
+	}
 	if hc.partitions != 0 {
 		return s.addPartitioned(name, queue, outputTopic, h, hc)
 	}
@@ -240,28 +280,6 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 		return err
 	})
 	return nil
-}
-
-// compose builds the fixed order; see the package documentation.
-func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerConfig) message.HandlerFunc {
-	h = recoverHandlerPanic(h)
-	h = timeout(s.cfg.HandlerTimeout)(h)
-	if s.cfg.Breakers != nil {
-		h = s.cfg.Breakers.Middleware(hc.breaker)(h)
-	}
-	if outputTopic != "" {
-		h = publishOutputs(s.output, outputTopic)(h)
-	}
-	if s.cfg.Idempotency != nil {
-		h = s.cfg.Idempotency.Middleware(hc.keyFunc)(h)
-	}
-	h = s.retry.Middleware(h)
-	h = s.poison.Middleware(h)
-	h = middleware.Recoverer(h)
-	if s.cfg.Telemetry != nil {
-		h = s.cfg.Telemetry.Middleware(h)
-	}
-	return h
 }
 
 // Run declares every queue the handlers use and consumes until ctx is done or Close is
@@ -297,46 +315,4 @@ func (s *Stack) Close() error {
 		_ = s.gauge.Unregister()
 	}
 	return err
-}
-
-// timeout gives the handler's context a deadline and restores the message's own context
-// after it returns: outer steps publish hand-offs with it, which must not be cancelled.
-func timeout(d time.Duration) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			parent := msg.Context()
-			ctx, cancel := context.WithTimeout(parent, d)
-			defer cancel()
-			msg.SetContext(ctx)
-			defer msg.SetContext(parent)
-			return h(msg)
-		}
-	}
-}
-
-// recoverHandlerPanic turns the handler's panic into an error carrying its stack (Watermill's
-// RecoveredPanicError), so it is retried and dead-lettered like any failure.
-func recoverHandlerPanic(h message.HandlerFunc) message.HandlerFunc {
-	return middleware.Recoverer(h)
-}
-
-// publishOutputs publishes the handler's output to topic, confirmed, before the stack acks.
-// A failed publish is an ordinary retryable error: the message is retried, and idempotency
-// does not mark its key done.
-func publishOutputs(pub message.Publisher, topic string) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			if err != nil || len(out) == 0 {
-				return nil, err
-			}
-			for _, o := range out {
-				o.SetContext(msg.Context())
-			}
-			if err := pub.Publish(topic, out...); err != nil {
-				return nil, fmt.Errorf("publish %d output message(s) to %q: %w", len(out), topic, err)
-			}
-			return nil, nil
-		}
-	}
 }

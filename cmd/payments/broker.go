@@ -14,9 +14,16 @@ import (
 )
 
 // connectBroker is router.Connect with the queue type of AMQP_QUEUE_TYPE (quorum on a
-// cluster, so the queues survive a node).
+// cluster, so the queues survive a node). Without AMQP_URL it is the embedded broker when
+// cfg.embeddedFallback says so (the demo), and an error otherwise (serve).
 func connectBroker(ctx context.Context, cfg config, logger *slog.Logger) (router.Broker, error) {
-	if cfg.queueType == "" || os.Getenv("AMQP_URL") == "" {
+	if os.Getenv("AMQP_URL") == "" {
+		if !cfg.embeddedFallback {
+			return nil, fmt.Errorf("%w; 'payments demo' runs on the embedded broker without it", router.ErrNoAMQPURL)
+		}
+		return router.ConnectOrEmbedded(ctx, logger)
+	}
+	if cfg.queueType == "" {
 		return router.Connect(ctx, logger)
 	}
 	b, err := amqp.New(ctx, amqp.Config{Logger: logger, QueueType: amqp.QueueType(cfg.queueType)})

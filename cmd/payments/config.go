@@ -33,14 +33,18 @@ type config struct {
 	// maxKeys bounds the idempotency store (IDEMPOTENCY_MAX_KEYS; 0: the store's default,
 	// 1,000,000 keys, some 41 MB).
 	maxKeys int
+	// embeddedFallback runs on the embedded broker when AMQP_URL is unset (the demo);
+	// serve turns it off, so a deployment missing AMQP_URL fails to start.
+	embeddedFallback bool
 }
 
 func loadConfig() (config, error) {
 	c := config{
-		serviceName: envOr("OTEL_SERVICE_NAME", "payments"),
-		queue:       envOr("PAYMENTS_QUEUE", example_payment.QueueRequested),
-		output:      envOr("PAYMENTS_OUTPUT_QUEUE", example_payment.QueueSucceeded),
-		metricsAddr: os.Getenv("METRICS_ADDR"),
+		embeddedFallback: true,
+		serviceName:      envOr("OTEL_SERVICE_NAME", "payments"),
+		queue:            envOr("PAYMENTS_QUEUE", example_payment.QueueRequested),
+		output:           envOr("PAYMENTS_OUTPUT_QUEUE", example_payment.QueueSucceeded),
+		metricsAddr:      os.Getenv("METRICS_ADDR"),
 
 		idempotencySnapshot: os.Getenv("IDEMPOTENCY_SNAPSHOT"),
 	}

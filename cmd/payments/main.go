@@ -4,7 +4,8 @@
 //	payments serve   consume payments.requested until SIGINT or SIGTERM
 //	payments demo    publish a mix of ~200 requests, watch them settle, print a summary
 //
-// Configuration comes from the environment: AMQP_URL (unset: the embedded broker),
+// Configuration comes from the environment: AMQP_URL (required by serve; unset, demo runs on
+// the embedded broker),
 // RETRY_MAX_RETRIES, RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, RETRY_MULTIPLIER, RETRY_JITTER,
 // PAYMENTS_CONCURRENCY, PAYMENTS_QUEUE, PAYMENTS_OUTPUT_QUEUE, PAYMENTS_PARTITIONS (consume
 // as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), OTEL_SERVICE_NAME
@@ -74,6 +75,7 @@ func serve(ctx context.Context, cfg config, args []string) int {
 		level = slog.LevelDebug
 	}
 	logger := newLogger(level)
+	cfg.embeddedFallback = false
 	svc, err := newService(ctx, cfg, logger, hooks{})
 	if err != nil {
 		logger.Error("payments: start failed", "error", err)

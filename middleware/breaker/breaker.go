@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
 // ErrOpen is the reason of the deferral (and the error passed to Config.Fallback) when a
@@ -194,8 +195,9 @@ func (b *Breaker) verdict(ctx context.Context, err error) error {
 	case sluice.ClassNone:
 		return nil
 	case sluice.ClassRetryable:
-		if ctx.Err() != nil {
-			// The attempt was cut short from above (shutdown), not by the dependency.
+		if lifecycle.ShuttingDown(ctx) {
+			// The attempt was cut short from above (shutdown), not by the dependency; a
+			// deadline is the dependency being slow and counts.
 			return errExcluded
 		}
 		return errFailure

@@ -93,7 +93,7 @@ func TestBreaker_Trips(t *testing.T) {
 			tt.cfg.OpenTimeout = time.Minute
 			reg := newRegistry(t, tt.cfg)
 			dep := &fakeDep{}
-			h := reg.Middleware("dep")(dep.handle)
+			h := reg.NewMiddleware("dep")(dep.handle)
 
 			for i, want := range tt.seq {
 				dep.set(want)
@@ -124,7 +124,7 @@ func TestBreaker_WindowForgetsOldFailures(t *testing.T) {
 	reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 3, Interval: window, OpenTimeout: time.Minute})
 	dep := &fakeDep{}
 	dep.set(errDown)
-	h := reg.Middleware("dep")(dep.handle)
+	h := reg.NewMiddleware("dep")(dep.handle)
 
 	for range 2 {
 		_, _ = h(newMsg(nil))
@@ -154,7 +154,7 @@ func TestBreaker_OpenDefers(t *testing.T) {
 			reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 1, OpenTimeout: openTimeout, Spread: tt.spread})
 			dep := &fakeDep{}
 			dep.set(errDown)
-			h := reg.Middleware("dep")(dep.handle)
+			h := reg.NewMiddleware("dep")(dep.handle)
 
 			tripStart := time.Now()
 			_, err := h(newMsg(nil))
@@ -219,7 +219,7 @@ func TestBreaker_ExcludedErrorsNeverOpen(t *testing.T) {
 			reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 2, FailureRatio: 0.1, MinRequests: 2, OpenTimeout: time.Minute})
 			dep := &fakeDep{}
 			dep.set(tt.err)
-			h := reg.Middleware("dep")(dep.handle)
+			h := reg.NewMiddleware("dep")(dep.handle)
 
 			const n = 1000
 			for i := range n {
@@ -262,7 +262,7 @@ func TestBreaker_HalfOpen(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 1, OpenTimeout: openTimeout, HalfOpenProbes: tt.probes, Spread: -1})
 			dep := &fakeDep{}
-			h := reg.Middleware("dep")(dep.handle)
+			h := reg.NewMiddleware("dep")(dep.handle)
 			trip(t, reg, "dep", h, dep, 1)
 
 			require.Eventually(t, func() bool { return reg.State("dep") == breaker.StateHalfOpen },
@@ -305,12 +305,12 @@ func TestBreaker_HalfOpenRejectsBeyondProbes(t *testing.T) {
 	const openTimeout = 50 * time.Millisecond
 	reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 1, OpenTimeout: openTimeout, Spread: 5 * time.Millisecond})
 	dep := &fakeDep{}
-	trip(t, reg, "dep", reg.Middleware("dep")(dep.handle), dep, 1)
+	trip(t, reg, "dep", reg.NewMiddleware("dep")(dep.handle), dep, 1)
 	require.Eventually(t, func() bool { return reg.State("dep") == breaker.StateHalfOpen },
 		20*openTimeout, openTimeout/10)
 
 	entered, release := make(chan struct{}), make(chan struct{})
-	h := reg.Middleware("dep")(func(msg *message.Message) ([]*message.Message, error) {
+	h := reg.NewMiddleware("dep")(func(msg *message.Message) ([]*message.Message, error) {
 		close(entered)
 		<-release
 		return nil, nil
@@ -372,7 +372,7 @@ func TestBreaker_Fallback(t *testing.T) {
 				},
 			})
 			dep := &fakeDep{}
-			h := reg.Middleware("dep")(dep.handle)
+			h := reg.NewMiddleware("dep")(dep.handle)
 			trip(t, reg, "dep", h, dep, 1)
 			require.Zero(t, calls, "fallback is not for failures the breaker let through")
 
@@ -401,7 +401,7 @@ func TestBreaker_SpanEvents(t *testing.T) {
 	reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 1, OpenTimeout: time.Minute, Spread: -1})
 	dep := &fakeDep{}
 	dep.set(errDown)
-	h := reg.Middleware("gateway")(dep.handle)
+	h := reg.NewMiddleware("gateway")(dep.handle)
 
 	attempt := func(name string) {
 		ctx, span := tracer.Start(context.Background(), name)
@@ -443,7 +443,7 @@ func TestBreaker_SpanEvents(t *testing.T) {
 // A panic in the handler counts as a failure and still reaches the recoverer above.
 func TestBreaker_PanicIsAFailure(t *testing.T) {
 	reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 1, OpenTimeout: time.Minute})
-	h := reg.Middleware("dep")(func(*message.Message) ([]*message.Message, error) { panic("boom") })
+	h := reg.NewMiddleware("dep")(func(*message.Message) ([]*message.Message, error) { panic("boom") })
 	assert.PanicsWithValue(t, "boom", func() { _, _ = h(newMsg(nil)) })
 	assert.Equal(t, breaker.StateOpen, reg.State("dep"))
 }
@@ -452,7 +452,7 @@ func TestBreaker_PanicIsAFailure(t *testing.T) {
 func TestBreaker_Concurrent(t *testing.T) {
 	reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 3, OpenTimeout: 5 * time.Millisecond, HalfOpenProbes: 2})
 	dep := &fakeDep{}
-	h := reg.Middleware("dep")(dep.handle)
+	h := reg.NewMiddleware("dep")(dep.handle)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {

@@ -38,9 +38,9 @@ const windowBuckets = 10
 // it trips after DefaultConsecutiveFailures consecutive failures and stays open for
 // DefaultOpenTimeout.
 type Config struct {
-	// Name is the dependency name Registry.Middleware("") uses. Empty means the handler's
-	// name, read from each message's context (message.HandlerNameFromCtx), or DefaultName
-	// when the context has none.
+	// Name is the dependency name Registry.Middleware and Registry.NewMiddleware("") use.
+	// Empty means the handler's name, read from each message's context
+	// (message.HandlerNameFromCtx), or DefaultName when the context has none.
 	Name string
 
 	// ConsecutiveFailures trips the breaker after this many consecutive failures in the

@@ -41,7 +41,7 @@
 // A breaker guards one dependency, not one handler: a Registry hands out one Breaker per
 // dependency name, so two handlers calling the same payment gateway share its breaker and
 // both stop calling it when it trips. By default the name is the handler's name
-// (message.HandlerNameFromCtx); Registry.Middleware(name) (the router's WithBreaker) or
+// (message.HandlerNameFromCtx); Registry.NewMiddleware(name) (the router's WithBreaker) or
 // Config.Name names it explicitly.
 //
 // # Observability

@@ -72,12 +72,18 @@ func (r *Registry) States() map[string]State {
 	return states
 }
 
-// Middleware returns the message.HandlerMiddleware guarding handlers with the breaker of
+// Middleware guards h with the breaker named by Config.Name or, when that is empty, the
+// breaker named after the handler consuming each message (message.HandlerNameFromCtx;
+// DefaultName when the context has none): r.AddMiddleware(reg.Middleware) in a plain
+// Watermill router.
+func (r *Registry) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return r.NewMiddleware("")(h)
+}
+
+// NewMiddleware returns the message.HandlerMiddleware guarding handlers with the breaker of
 // the named dependency (the router passes the WithBreaker name, else the handler's name).
-// An empty dependency means Config.Name or, when that is empty too, the breaker named
-// after the handler consuming each message (message.HandlerNameFromCtx; DefaultName when
-// the context has none).
-func (r *Registry) Middleware(dependency string) message.HandlerMiddleware {
+// An empty dependency means what Middleware does.
+func (r *Registry) NewMiddleware(dependency string) message.HandlerMiddleware {
 	if dependency == "" {
 		dependency = r.cfg.Name
 	}

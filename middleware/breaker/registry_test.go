@@ -26,9 +26,9 @@ func TestRegistry_SharedBreaker(t *testing.T) {
 	assert.Equal(t, "gateway", reg.Breaker("gateway").Name())
 
 	depA, depB, depC := &fakeDep{}, &fakeDep{}, &fakeDep{}
-	hA := reg.Middleware("gateway")(depA.handle)
+	hA := reg.NewMiddleware("gateway")(depA.handle)
 	hB := reg.Breaker("gateway").Middleware(depB.handle)
-	hC := reg.Middleware("ledger")(depC.handle)
+	hC := reg.NewMiddleware("ledger")(depC.handle)
 
 	depA.set(errDown)
 	_, _ = hA(newMsg(nil))
@@ -61,13 +61,13 @@ func TestRegistry_Names(t *testing.T) {
 		wantState string // the breaker that must have opened
 	}{
 		{name: "Config.Name", cfgName: "gateway", use: func(reg *breaker.Registry) message.HandlerFunc {
-			return reg.Middleware("")((&fakeDep{err: errDown}).handle)
+			return reg.NewMiddleware("")((&fakeDep{err: errDown}).handle)
 		}, wantState: "gateway"},
 		{name: "explicit name overrides Config.Name", cfgName: "gateway", use: func(reg *breaker.Registry) message.HandlerFunc {
-			return reg.Middleware("ledger")((&fakeDep{err: errDown}).handle)
+			return reg.NewMiddleware("ledger")((&fakeDep{err: errDown}).handle)
 		}, wantState: "ledger"},
 		{name: "no name and no handler name in context", use: func(reg *breaker.Registry) message.HandlerFunc {
-			return reg.Middleware("")((&fakeDep{err: errDown}).handle)
+			return reg.NewMiddleware("")((&fakeDep{err: errDown}).handle)
 		}, wantState: breaker.DefaultName},
 	}
 	for _, tt := range tests {
@@ -107,7 +107,7 @@ func TestRegistry_HandlerNameFromRouter(t *testing.T) {
 			outcomes <- outcome{handler: message.HandlerNameFromCtx(msg.Context()), err: err}
 			return nil, nil
 		}
-	}, reg.Middleware(""))
+	}, reg.NewMiddleware(""))
 
 	failing, healthy := &fakeDep{err: errDown}, &fakeDep{}
 	noPublish := func(d *fakeDep) message.NoPublishHandlerFunc {
@@ -190,7 +190,7 @@ func TestRegistry_OnStateChange(t *testing.T) {
 	}
 
 	dep := &fakeDep{}
-	h := reg.Middleware("gateway")(dep.handle)
+	h := reg.NewMiddleware("gateway")(dep.handle)
 	trip(t, reg, "gateway", h, dep, 1)
 	require.Equal(t, []change{{"gateway", breaker.StateClosed, breaker.StateOpen, breaker.StateOpen}}, got())
 
@@ -233,7 +233,7 @@ func TestRegistry_OnStateChangePanics(t *testing.T) {
 	})
 	dep := &fakeDep{}
 	dep.set(errDown)
-	h := reg.Middleware("dep")(dep.handle)
+	h := reg.NewMiddleware("dep")(dep.handle)
 	assert.PanicsWithValue(t, "hook", func() { _, _ = h(newMsg(nil)) })
 	require.Eventually(t, func() bool {
 		_ = reg.State("dep")
@@ -250,7 +250,7 @@ func TestRegistry_DeferralIsReported(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	dep := &fakeDep{}
-	h := reg.Middleware("dep")(dep.handle)
+	h := reg.NewMiddleware("dep")(dep.handle)
 	trip(t, reg, "dep", h, dep, 1)
 
 	msg := newMsg(nil)

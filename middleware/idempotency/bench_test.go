@@ -128,7 +128,7 @@ func BenchmarkMiddleware_Parallel(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer g.Close()
-		run(b, g.Middleware(nil)(nop))
+		run(b, g.Middleware(nop))
 	})
 	b.Run("watermill", func(b *testing.B) {
 		repo, err := middleware.NewMapExpiringKeyRepository(benchWindow)

@@ -51,6 +51,12 @@ type Guard struct {
 	stop      chan struct{}
 	stopped   chan struct{}
 	closeOnce sync.Once
+
+	// Keys whose outputs the router still publishes wait for its ack (completeOnAck).
+	waitMu  sync.Mutex
+	closed  bool
+	closing chan struct{}
+	waiters sync.WaitGroup
 }
 
 // New returns a Guard with a new Store configured by cfg; with cfg.SnapshotPath set, the
@@ -61,7 +67,7 @@ func New(cfg Config) (*Guard, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
-	g := &Guard{cfg: cfg, store: st}
+	g := &Guard{cfg: cfg, store: st, closing: make(chan struct{})}
 	if cfg.SnapshotPath != "" && cfg.SnapshotInterval > 0 {
 		g.stop, g.stopped = make(chan struct{}), make(chan struct{})
 		go g.snapshotLoop()
@@ -102,6 +108,11 @@ func (g *Guard) Stats() Stats {
 // has stopped, so that the last completions are in the snapshot.
 func (g *Guard) Close() error {
 	g.closeOnce.Do(func() {
+		g.waitMu.Lock()
+		g.closed = true
+		close(g.closing)
+		g.waitMu.Unlock()
+		g.waiters.Wait()
 		if g.stop != nil {
 			close(g.stop)
 			<-g.stopped
@@ -110,10 +121,16 @@ func (g *Guard) Close() error {
 	return g.store.Close()
 }
 
-// Middleware returns the idempotency step as a watermill message.HandlerMiddleware whose
+// Middleware is the idempotency step with Config.KeyFunc, for a plain Watermill router:
+// r.AddMiddleware(g.Middleware). See NewMiddleware.
+func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return g.wrap(h, g.cfg.KeyFunc)
+}
+
+// NewMiddleware returns the idempotency step as a watermill message.HandlerMiddleware whose
 // key function is keyFunc, or Config.KeyFunc when keyFunc is nil; it is the
 // router.Idempotency the stack takes, calling it with each handler's
-// router.WithIdempotencyKey. In a plain watermill router: r.AddMiddleware(g.Middleware(nil)).
+// router.WithIdempotencyKey.
 //
 // A message's key is its idempotency-key metadata, else the key function's result, else
 // the message id, scoped by the handler name in the message context (so two handlers that
@@ -122,13 +139,17 @@ func (g *Guard) Close() error {
 //     counted, passed to Config.OnDuplicate and reported as sluice.OutcomeDuplicate;
 //   - a key in flight: sluice.Defer(InFlightDeferral or the rest of the lease, ErrInFlight),
 //     never a wait in-process;
-//   - otherwise the handler runs holding the key; the key is marked done only if the
-//     handler returns nil (below this step the stack has then confirmed its output
-//     messages) and released on any error or panic, so that the retry runs.
+//   - otherwise the handler runs holding the key, released on any error or panic so that
+//     the retry runs. On success with no output messages (in the sluice stack, or behind
+//     router.Middlewares, the output step below has published and confirmed them) the key
+//     is marked done at once. On success with output messages the router still has to
+//     publish them: the key is marked done only once the router acks the message, and
+//     released if it nacks it (a failed output publish), so that the redelivery runs the
+//     handler again instead of being acked as a duplicate.
 //
 // A message with no key at all (no metadata, no key function result, empty id) is handled
 // without idempotency.
-func (g *Guard) Middleware(keyFunc func(*message.Message) (string, error)) message.HandlerMiddleware {
+func (g *Guard) NewMiddleware(keyFunc func(*message.Message) (string, error)) message.HandlerMiddleware {
 	if keyFunc == nil {
 		keyFunc = g.cfg.KeyFunc
 	}
@@ -172,18 +193,23 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			return nil, sluice.Defer(d, ErrInFlight)
 		}
 
-		succeeded := false
+		succeeded, pending := false, false
 		// Deferred so that a panic (turned into an error by the recoverer outside) releases
 		// the key too, instead of holding it until the lease runs out.
 		defer func() {
-			if succeeded {
+			switch {
+			case pending:
+			case succeeded:
 				g.store.Complete(lease)
-			} else {
+			default:
 				g.store.Release(lease)
 			}
 		}()
 		out, err := h(msg)
 		succeeded = err == nil
+		if succeeded && len(out) > 0 {
+			pending = g.completeOnAck(msg, lease)
+		}
 		return out, err
 	}
 }
@@ -223,4 +249,28 @@ func keyAttrs(key, source string) []attribute.KeyValue {
 		attribute.String("idempotency.key", sluice.Truncate(key, maxKeyAttr)),
 		attribute.String("idempotency.key_source", source),
 	}
+}
+
+// completeOnAck marks lease done when the router acks msg and releases it when the router
+// nacks it, or when the Guard closes first. It reports false, leaving the lease to the
+// caller, when the Guard is closed already.
+func (g *Guard) completeOnAck(msg *message.Message, lease Lease) bool {
+	g.waitMu.Lock()
+	defer g.waitMu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.waiters.Add(1)
+	go func() {
+		defer g.waiters.Done()
+		select {
+		case <-msg.Acked():
+			g.store.Complete(lease)
+		case <-msg.Nacked():
+			g.store.Release(lease)
+		case <-g.closing:
+			g.store.Release(lease)
+		}
+	}()
+	return true
 }

@@ -108,7 +108,7 @@ func TestMiddleware_DuplicateOfDoneKeyIsAcked(t *testing.T) {
 			})
 			calls := 0
 			output := message.NewMessage("out-1", nil)
-			h := g.Middleware(nil)(func(*message.Message) ([]*message.Message, error) {
+			h := g.Middleware(func(*message.Message) ([]*message.Message, error) {
 				calls++
 				return []*message.Message{output}, nil
 			})
@@ -116,6 +116,9 @@ func TestMiddleware_DuplicateOfDoneKeyIsAcked(t *testing.T) {
 			out, err := h(tt.first)
 			require.NoError(t, err)
 			assert.Equal(t, []*message.Message{output}, out, "outputs pass through")
+			assert.Zero(t, g.Stats().Completed, "with outputs the router still has to publish, the key waits for the ack")
+			require.True(t, tt.first.Ack())
+			require.Eventually(t, func() bool { return g.Stats().Completed == 1 }, 5*time.Second, time.Millisecond)
 
 			tt.second.Metadata.Set(sluice.HeaderRetryCount, "2")
 			rec, rep, end := traced(t, tt.second)
@@ -166,7 +169,7 @@ func TestMiddleware_KeySources(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := newGuard(t, idempotency.Config{KeyFunc: tt.keyFunc})
 			calls := 0
-			h := g.Middleware(tt.handlerKeyFunc)(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+			h := g.NewMiddleware(tt.handlerKeyFunc)(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
 			for _, msg := range []*message.Message{tt.first, tt.second} {
 				_, err := h(msg)
 				require.NoError(t, err)
@@ -199,7 +202,7 @@ func TestMiddleware_FailedAttemptDoesNotMarkKey(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := newGuard(t, idempotency.Config{})
 			calls := 0
-			h := g.Middleware(nil)(func(*message.Message) ([]*message.Message, error) {
+			h := g.Middleware(func(*message.Message) ([]*message.Message, error) {
 				calls++
 				if calls == 1 {
 					return tt.fail()
@@ -242,7 +245,7 @@ func TestMiddleware_InFlightDuplicateIsDeferred(t *testing.T) {
 			g := newGuard(t, idempotency.Config{Lease: testLease, InFlightDeferral: tt.deferral, Now: clock.Now})
 			var calls atomic.Int32
 			started, unblock := make(chan struct{}), make(chan struct{})
-			h := g.Middleware(nil)(func(*message.Message) ([]*message.Message, error) {
+			h := g.Middleware(func(*message.Message) ([]*message.Message, error) {
 				if calls.Add(1) == 1 {
 					close(started)
 					<-unblock
@@ -303,7 +306,7 @@ func TestMiddleware_KeyFuncErrorIsPermanent(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := newGuard(t, idempotency.Config{KeyFunc: keyFunc})
 			calls := 0
-			h := g.Middleware(nil)(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+			h := g.Middleware(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
 			_, err := h(tt.msg)
 			assert.Equal(t, tt.wantCalls, calls)
 			if !tt.wantErr {
@@ -324,7 +327,7 @@ func TestMiddleware_KeyFuncErrorIsPermanent(t *testing.T) {
 func TestMiddleware_MessageWithoutKeyRunsUnguarded(t *testing.T) {
 	g := newGuard(t, idempotency.Config{})
 	calls := 0
-	h := g.Middleware(nil)(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+	h := g.Middleware(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
 	for range 2 {
 		_, err := h(newMessage("", ""))
 		require.NoError(t, err)
@@ -344,7 +347,7 @@ func TestMiddleware_ConcurrentDuplicatesRunOnce(t *testing.T) {
 	)
 	g := newGuard(t, idempotency.Config{})
 	var effects, attempts [keys]atomic.Int32
-	h := g.Middleware(nil)(func(msg *message.Message) ([]*message.Message, error) {
+	h := g.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		var k int
 		_, _ = fmt.Sscanf(msg.Metadata.Get(sluice.HeaderIdempotencyKey), "pay-%d", &k)
 		if attempts[k].Add(1) == 1 && k%7 == 0 {
@@ -387,7 +390,7 @@ func TestMiddleware_KeysAreScopedByHandler(t *testing.T) {
 	pubsub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
-	router.AddMiddleware(g.Middleware(nil))
+	router.AddMiddleware(g.Middleware)
 	var effects sync.Map // handler name -> *atomic.Int32
 	for _, name := range []string{"ledger", "notifier"} {
 		n := new(atomic.Int32)
@@ -418,11 +421,54 @@ func TestGuard_CloseLeavesNoGoroutines(t *testing.T) {
 	defer goleak.VerifyNone(t, watermillCleanup)
 	g, err := idempotency.New(idempotency.Config{SnapshotPath: filepath.Join(t.TempDir(), "keys.snap")})
 	require.NoError(t, err)
-	h := g.Middleware(nil)(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	h := g.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	var wg sync.WaitGroup
 	for i := range 100 {
 		wg.Go(func() { _, _ = h(newMessage(fmt.Sprint("m-", i), fmt.Sprint("pay-", i%10))) })
 	}
 	wg.Wait()
 	require.NoError(t, g.Close())
+}
+
+// A handler's outputs that the router publishes after the step returns: the key is done
+// only when the router acks; a nack (the output publish failed) or Close releases it, so
+// the redelivery runs the handler again instead of being acked as a duplicate.
+func TestMiddleware_KeyWithOutputsWaitsForTheRouter(t *testing.T) {
+	tests := []struct {
+		name      string
+		settle    func(g *idempotency.Guard, msg *message.Message)
+		wantCalls int
+	}{
+		{name: "ack marks the key done", settle: func(_ *idempotency.Guard, m *message.Message) { m.Ack() }, wantCalls: 1},
+		{name: "nack releases the key", settle: func(_ *idempotency.Guard, m *message.Message) { m.Nack() }, wantCalls: 2},
+		{name: "close releases the key", settle: func(g *idempotency.Guard, _ *message.Message) { require.NoError(t, g.Close()) }, wantCalls: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			defer goleak.VerifyNone(t, watermillCleanup)
+			g, err := idempotency.New(idempotency.Config{})
+			require.NoError(t, err)
+			defer func() { require.NoError(t, g.Close()) }()
+			calls := 0
+			h := g.Middleware(func(*message.Message) ([]*message.Message, error) {
+				calls++
+				return []*message.Message{message.NewMessage("out", nil)}, nil
+			})
+			first := newMessage("m-1", "pay-1")
+			_, err = h(first)
+			require.NoError(t, err)
+
+			_, err = h(newMessage("m-2", "pay-1"))
+			require.ErrorIs(t, err, idempotency.ErrInFlight, "until the router settles, the key is in flight")
+
+			tt.settle(g, first)
+			require.Eventually(t, func() bool {
+				st := g.Stats()
+				return st.Completed+st.Released == 1
+			}, 5*time.Second, time.Millisecond)
+			_, err = h(newMessage("m-3", "pay-1"))
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantCalls, calls)
+		})
+	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
 // MaxStackBytes is the size a panic's stack is truncated to in the record.
@@ -94,11 +95,13 @@ func New(cfg Config) (*Poison, error) {
 // Middleware returns h wrapped by the dead-letter step.
 func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		// As in the retry step: a step inside may replace the context and cancel it.
+		ctx := msg.Context()
 		out, err := h(msg)
+		msg.SetContext(ctx)
 		if err == nil || sluice.IsHandoff(err) {
 			return out, err
 		}
-		ctx := msg.Context()
 		queue := message.SubscribeTopicFromCtx(ctx)
 		if sluice.IsDiscard(err) {
 			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", err)
@@ -106,7 +109,10 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, nil
 		}
 		record := p.Record(msg, queue, err)
-		if derr := p.cfg.DeadLetterer.DeadLetter(ctx, queue, record); derr != nil {
+		// A handler deadline outside this step must not fail the dead-letter publish.
+		hctx, cancel := lifecycle.HandoffContext(ctx)
+		defer cancel()
+		if derr := p.cfg.DeadLetterer.DeadLetter(hctx, queue, record); derr != nil {
 			derr = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, queue, derr)
 			p.cfg.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", queue, "message_id", msg.UUID, "error", derr)
 			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})

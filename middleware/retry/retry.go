@@ -32,6 +32,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
 // Errors the step returns for the poison step.
@@ -176,20 +177,25 @@ func (r *Retry) Backoff(n int) time.Duration {
 // Middleware returns h wrapped by the retry step.
 func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		// A step inside (Watermill's Timeout) may replace the message's context and cancel
+		// it on return: decide and hand off with the one this attempt arrived with.
+		ctx := msg.Context()
 		out, err := h(msg)
+		msg.SetContext(ctx)
 		if err == nil || sluice.IsHandoff(err) {
 			return out, err
 		}
-		ctx := msg.Context()
 		queue := message.SubscribeTopicFromCtx(ctx)
-		if ctx.Err() != nil {
-			// The message's own context ends only when the consumer shuts down (the
-			// handler's deadline lives on an inner context): the failure is an artifact of
-			// the shutdown, so the message goes back unacked, without using an attempt.
+		if lifecycle.ShuttingDown(ctx) {
+			// Cancelled, not past a deadline: the consumer is stopping and the failure is
+			// an artifact of it, so the message goes back unacked without using an attempt.
+			// A deadline (a timeout middleware outside this step) is the handler failing.
 			herr := fmt.Errorf("consumer shutting down while message %s was handled: %w", msg.UUID, err)
 			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: herr})
 			return nil, sluice.Handoff(herr)
 		}
+		hctx, cancel := lifecycle.HandoffContext(ctx)
+		defer cancel()
 		now := r.cfg.Now()
 		count := sluice.RetryCount(msg.Metadata)
 		attempt := count + 1
@@ -205,7 +211,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: attempt, Err: err})
 			return nil, nil
 		case sluice.ClassDefer:
-			return nil, r.deferMessage(ctx, msg, queue, now, attempt, err)
+			return nil, r.deferMessage(hctx, msg, queue, now, attempt, err)
 		}
 
 		first, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now)
@@ -240,7 +246,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
 			At: now.UTC(), Attempt: attempt, Type: errType, Message: err.Error(),
 		}))
-		if herr := r.cfg.Delayer.Delay(ctx, queue, delay, retryCopy); herr != nil {
+		if herr := r.cfg.Delayer.Delay(hctx, queue, delay, retryCopy); herr != nil {
 			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
 			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: herr})
 			return nil, sluice.Handoff(herr)

@@ -1,0 +1,146 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/lifecycle"
+)
+
+// ErrOutputWithoutTopic is the (permanent) failure of a handler that returned output
+// messages where nothing says where they go: a Handle handler, or a handler added to a
+// plain router without a publish topic. Acking would drop them; nacking would loop.
+var ErrOutputWithoutTopic = errors.New("router: handler returned output messages but has no output topic")
+
+// Middlewares returns sluice's steps for a Watermill message.Router of the user's own, in
+// the stack's order (see the package documentation), outermost first, as
+// r.AddMiddleware(mws...) expects them; cfg is read as by New. The steps hand retries,
+// dead letters and outputs to broker, and take their per-handler settings from the
+// message's context: the breaker is named after the handler (Config.Breakers), the
+// idempotency key comes from the Idempotency step's own key function.
+//
+// The output step publishes the handler's outputs itself, confirmed, to the handler's
+// publish topic (message.PublishTopicFromCtx) with broker's publisher, and returns none to
+// the router: so the idempotency key is marked done only once the outputs are safe, and a
+// failed output publish (an unroutable output, a missing queue) is retried and
+// dead-lettered like a handler failure. The topic is a queue name, as for HandleWithOutput;
+// the publisher given to Router.AddHandler is not used.
+//
+// The consumed queues must be declared with sluice's topology (Broker.DeclareQueue), so
+// that retries and dead letters have somewhere to go. A subscriber other than sluice's
+// (watermill-amqp's) must decode messages with sluice's marshaler: see
+// amqp.WatermillSubscriberConfig.
+//
+// With Config.Telemetry and Config.Breakers set, the breaker state gauge is registered
+// for the life of the Instrumentation.
+func Middlewares(broker Broker, cfg Config) ([]message.HandlerMiddleware, error) {
+	s, err := New(broker, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return s.steps("", handlerConfig{}), nil
+}
+
+// compose wraps h in the stack's steps.
+func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerConfig) message.HandlerFunc {
+	mws := s.steps(outputTopic, hc)
+	for i := len(mws) - 1; i >= 0; i-- {
+		h = mws[i](h)
+	}
+	return h
+}
+
+// steps lists the stack's steps, outermost first; see the package documentation for the
+// order and why. An empty outputTopic means the handler's publish topic, from the context.
+func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMiddleware {
+	mws := make([]message.HandlerMiddleware, 0, 10+len(s.cfg.Middleware))
+	if s.cfg.Telemetry != nil {
+		mws = append(mws, s.cfg.Telemetry.Middleware)
+	}
+	mws = append(mws, middleware.Recoverer, s.poison.Middleware, s.retry.Middleware)
+	if s.cfg.Idempotency != nil {
+		mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc))
+	}
+	mws = append(mws, publishOutputs(s.output, outputTopic))
+	mws = append(mws, s.cfg.Middleware...)
+	if s.cfg.Breakers != nil {
+		mws = append(mws, s.cfg.Breakers.NewMiddleware(hc.breaker))
+	}
+	return append(mws, timeout(s.cfg.HandlerTimeout), recoverHandlerPanic)
+}
+
+// checkOptions refuses options that cannot take effect.
+func (s *Stack) checkOptions(name string, hc handlerConfig) error {
+	switch {
+	case hc.keyFunc != nil && s.cfg.Idempotency == nil:
+		return fmt.Errorf("%w: handler %q sets WithIdempotencyKey but Config.Idempotency is nil (set it to an idempotency.Guard)", ErrOptionWithoutStep, name)
+	case hc.breakerSet && s.cfg.Breakers == nil:
+		return fmt.Errorf("%w: handler %q sets WithBreaker(%q) but Config.Breakers is nil (set it to a breaker.Registry)", ErrOptionWithoutStep, name, hc.breaker)
+	case hc.concurrency < 1:
+		return fmt.Errorf("%w: handler %q has WithConcurrency(%d), must be 1 or more", ErrInvalidOption, name, hc.concurrency)
+	case hc.prefetch < 0:
+		return fmt.Errorf("%w: handler %q has WithPrefetch(%d), must not be negative", ErrInvalidOption, name, hc.prefetch)
+	}
+	return nil
+}
+
+// timeout gives the handler's context a deadline and restores the message's own context
+// after it returns: outer steps publish hand-offs with it, which must not be cancelled.
+func timeout(d time.Duration) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			parent := msg.Context()
+			ctx, cancel := context.WithTimeout(parent, d)
+			defer cancel()
+			msg.SetContext(ctx)
+			defer msg.SetContext(parent)
+			return h(msg)
+		}
+	}
+}
+
+// recoverHandlerPanic turns the handler's panic into an error carrying its stack (Watermill's
+// RecoveredPanicError), so it is retried and dead-lettered like any failure.
+func recoverHandlerPanic(h message.HandlerFunc) message.HandlerFunc {
+	return middleware.Recoverer(h)
+}
+
+// publishOutputs publishes the handler's output to topic (empty: the handler's publish
+// topic from the context), confirmed, and returns none. A failed publish is an ordinary
+// retryable error: the message is retried, and idempotency does not mark its key done.
+func publishOutputs(pub message.Publisher, topic string) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			// A step inside (Watermill's Timeout) may replace the context and cancel it on
+			// return; the outputs are published with the one the attempt arrived with.
+			ctx := msg.Context()
+			out, err := h(msg)
+			msg.SetContext(ctx)
+			if err != nil || len(out) == 0 {
+				return nil, err
+			}
+			to := topic
+			if to == "" {
+				to = message.PublishTopicFromCtx(ctx)
+			}
+			if to == "" {
+				return nil, sluice.Permanent(fmt.Errorf("%w: %d message(s) from handler %q", ErrOutputWithoutTopic, len(out), message.HandlerNameFromCtx(ctx)))
+			}
+			hctx, cancel := lifecycle.HandoffContext(ctx)
+			defer cancel()
+			for _, o := range out {
+				o.SetContext(hctx)
+			}
+			if err := pub.Publish(to, out...); err != nil {
+				return nil, fmt.Errorf("publish %d output message(s) to %q: %w", len(out), to, err)
+			}
+			return nil, nil
+		}
+	}
+}
