@@ -105,9 +105,10 @@ type transition struct {
 // Breaker is the circuit breaker of one dependency. Get one from Registry.Breaker; all
 // handlers using the same name share it.
 type Breaker struct {
-	name string
-	cfg  *Config
-	cb   *gobreaker.CircuitBreaker[result]
+	name   string
+	cfg    *Config
+	cb     *gobreaker.CircuitBreaker[result]
+	failed *failedMessages
 
 	// mu guards openUntil and pending. gobreaker calls onStateChange with its own lock
 	// held, so mu is only ever taken last.
@@ -122,7 +123,7 @@ type Breaker struct {
 }
 
 func newBreaker(name string, cfg *Config) *Breaker {
-	b := &Breaker{name: name, cfg: cfg}
+	b := &Breaker{name: name, cfg: cfg, failed: newFailedMessages(cfg.Interval)}
 	b.cb = gobreaker.NewCircuitBreaker[result](gobreaker.Settings{
 		Name:          name,
 		MaxRequests:   uint32(cfg.HalfOpenProbes),
@@ -180,7 +181,7 @@ func (b *Breaker) handle(h message.HandlerFunc, msg *message.Message) ([]*messag
 	defer b.announce(ctx)
 	res, verdict := b.cb.Execute(func() (result, error) {
 		msgs, err := h(msg)
-		return result{msgs: msgs, err: err}, b.verdict(ctx, err)
+		return result{msgs: msgs, err: err}, b.verdict(ctx, msg.UUID, err)
 	})
 	switch verdict {
 	case gobreaker.ErrOpenState, gobreaker.ErrTooManyRequests:
@@ -189,8 +190,9 @@ func (b *Breaker) handle(h message.HandlerFunc, msg *message.Message) ([]*messag
 	return res.msgs, res.err
 }
 
-// verdict classifies a handler's error for the counts: only retryable errors are failures.
-func (b *Breaker) verdict(ctx context.Context, err error) error {
+// verdict classifies a handler's error for the counts: only retryable errors are failures,
+// and only the first failure of a message within the window (see Config).
+func (b *Breaker) verdict(ctx context.Context, id string, err error) error {
 	switch sluice.ClassOf(err) {
 	case sluice.ClassNone:
 		return nil
@@ -198,6 +200,11 @@ func (b *Breaker) verdict(ctx context.Context, err error) error {
 		if lifecycle.ShuttingDown(ctx) {
 			// The attempt was cut short from above (shutdown), not by the dependency; a
 			// deadline is the dependency being slow and counts.
+			return errExcluded
+		}
+		if !b.failed.first(id, time.Now()) {
+			// The same message failing again (a retry) says nothing new about the
+			// dependency.
 			return errExcluded
 		}
 		return errFailure

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -40,7 +41,8 @@ func TestBreaker_Trips(t *testing.T) {
 		seq    []error
 		tripAt int // index of the call after which the breaker is open; -1: never
 	}{
-		{name: "default trips after 5 consecutive failures", seq: repeat(5, F), tripAt: 4},
+		{name: "default waits for min requests", seq: repeat(19, F), tripAt: -1},
+		{name: "default trips at half of 20 calls failing", seq: repeat(10, S, F), tripAt: 19},
 		{name: "one failure", cfg: breaker.Config{ConsecutiveFailures: 1}, seq: []error{F}, tripAt: 0},
 		{name: "three failures", cfg: breaker.Config{ConsecutiveFailures: 3}, seq: repeat(3, F), tripAt: 2},
 		{name: "RetryAfter is a failure", cfg: breaker.Config{ConsecutiveFailures: 2}, seq: []error{RA, RA}, tripAt: 1},
@@ -114,6 +116,41 @@ func TestBreaker_Trips(t *testing.T) {
 			}
 			assert.Equal(t, called, dep.calls.Load(), "an open breaker must not call the handler")
 			assert.ErrorIs(t, err, breaker.ErrOpen)
+		})
+	}
+}
+
+// One message failing again and again (its retries, a panic on every delivery) is one
+// failure: whatever the trip, it cannot open the breaker, while healthy messages pass.
+func TestBreaker_OneMessageFailingRepeatedlyCountsOnce(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  breaker.Config
+	}{
+		{name: "default"},
+		{name: "consecutive", cfg: breaker.Config{ConsecutiveFailures: 3}},
+		{name: "ratio", cfg: breaker.Config{FailureRatio: 0.5, MinRequests: 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := newRegistry(t, tt.cfg)
+			poisonMsg := message.NewMessage("poison-1", nil)
+			// As in the stack: the handler's panic is an error by the time the breaker sees it.
+			h := reg.NewMiddleware("dep")(wmiddleware.Recoverer(func(msg *message.Message) ([]*message.Message, error) {
+				if msg.UUID == poisonMsg.UUID {
+					panic("boom")
+				}
+				return nil, nil
+			}))
+			for i := range 50 {
+				_, err := h(poisonMsg.Copy())
+				require.Error(t, err)
+				if i%10 == 0 {
+					_, err = h(newMsg(nil))
+					require.NoError(t, err, "healthy message %d", i)
+				}
+				require.Equal(t, breaker.StateClosed, reg.State("dep"), "after failure %d of one message", i)
+			}
 		})
 	}
 }

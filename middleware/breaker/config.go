@@ -11,11 +11,11 @@ import (
 
 // Defaults applied to a zero Config field.
 const (
-	// DefaultConsecutiveFailures is the trip threshold when neither ConsecutiveFailures nor
+	// DefaultFailureRatio is the trip ratio when neither ConsecutiveFailures nor
 	// FailureRatio is set.
-	DefaultConsecutiveFailures = 5
+	DefaultFailureRatio = 0.5
 	// DefaultMinRequests is the minimum number of completed calls in the window before the
-	// failure ratio is considered, when FailureRatio is set.
+	// failure ratio is considered.
 	DefaultMinRequests = 20
 	// DefaultInterval is the rolling window over which calls are counted in the closed state.
 	DefaultInterval = 60 * time.Second
@@ -35,8 +35,12 @@ const (
 const windowBuckets = 10
 
 // Config configures a Registry and every Breaker it hands out. The zero value is usable:
-// it trips after DefaultConsecutiveFailures consecutive failures and stays open for
-// DefaultOpenTimeout.
+// it trips when at least DefaultMinRequests calls completed in the window and
+// DefaultFailureRatio of them failed, and stays open for DefaultOpenTimeout.
+//
+// Whatever the trip, a message counts as a failure once per window: its retries and
+// redeliveries failing again are left out of the counts, so one poison message, however
+// often it is retried, never opens a breaker; failures of distinct messages do.
 type Config struct {
 	// Name is the dependency name Registry.Middleware and Registry.NewMiddleware("") use.
 	// Empty means the handler's name, read from each message's context
@@ -44,17 +48,18 @@ type Config struct {
 	Name string
 
 	// ConsecutiveFailures trips the breaker after this many consecutive failures in the
-	// closed state. Zero means DefaultConsecutiveFailures when FailureRatio is zero, and no
-	// consecutive-failure trip when FailureRatio is set.
+	// closed state (of distinct messages: see Config). Zero means no consecutive-failure
+	// trip.
 	ConsecutiveFailures int
 
 	// FailureRatio, in (0, 1], trips the breaker when failures/(failures+successes) over
 	// the window reaches it and at least MinRequests calls have completed in the window.
-	// Zero disables the ratio trip.
+	// Zero means DefaultFailureRatio when ConsecutiveFailures is zero too, and no ratio
+	// trip when ConsecutiveFailures is set.
 	FailureRatio float64
 
 	// MinRequests is the number of completed calls in the window below which FailureRatio
-	// is not considered. Zero means DefaultMinRequests. Ignored without FailureRatio.
+	// is not considered. Zero means DefaultMinRequests. Ignored without a ratio trip.
 	MinRequests int
 
 	// Interval is the rolling window over which the closed state counts calls (for both
@@ -117,7 +122,7 @@ func (c *Config) Validate() error {
 // setDefaults replaces zero fields by their documented defaults.
 func (c *Config) setDefaults() {
 	if c.ConsecutiveFailures == 0 && c.FailureRatio == 0 {
-		c.ConsecutiveFailures = DefaultConsecutiveFailures
+		c.FailureRatio = DefaultFailureRatio
 	}
 	if c.FailureRatio > 0 && c.MinRequests == 0 {
 		c.MinRequests = DefaultMinRequests

@@ -58,14 +58,18 @@ func TestConfig_Defaults(t *testing.T) {
 		want func(t *testing.T, c breaker.Config)
 	}{
 		{name: "zero value", cfg: breaker.Config{}, want: func(t *testing.T, c breaker.Config) {
-			assert.Equal(t, breaker.DefaultConsecutiveFailures, c.ConsecutiveFailures)
-			assert.Zero(t, c.FailureRatio)
-			assert.Zero(t, c.MinRequests, "MinRequests is meaningless without a ratio")
+			assert.Zero(t, c.ConsecutiveFailures, "a run of failures of one message must not trip")
+			assert.Equal(t, breaker.DefaultFailureRatio, c.FailureRatio)
+			assert.Equal(t, breaker.DefaultMinRequests, c.MinRequests)
 			assert.Equal(t, breaker.DefaultInterval, c.Interval)
 			assert.Equal(t, breaker.DefaultOpenTimeout, c.OpenTimeout)
 			assert.Equal(t, breaker.DefaultHalfOpenProbes, c.HalfOpenProbes)
 			assert.Equal(t, breaker.MaxDefaultSpread, c.Spread, "a tenth of 30s is capped")
 			assert.NotNil(t, c.Logger)
+		}},
+		{name: "consecutive only disables the ratio", cfg: breaker.Config{ConsecutiveFailures: 3}, want: func(t *testing.T, c breaker.Config) {
+			assert.Equal(t, 3, c.ConsecutiveFailures)
+			assert.Zero(t, c.FailureRatio)
 		}},
 		{name: "ratio only disables consecutive", cfg: breaker.Config{FailureRatio: 0.5}, want: func(t *testing.T, c breaker.Config) {
 			assert.Zero(t, c.ConsecutiveFailures)

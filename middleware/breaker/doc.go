@@ -27,14 +27,18 @@
 // through; all succeeding closes the breaker, any failing re-opens it). The breaker trips on
 // Config.ConsecutiveFailures consecutive failures, or on a failure ratio of at least
 // Config.FailureRatio over a rolling window of Config.Interval once Config.MinRequests calls
-// have completed in it.
+// have completed in it; by default, half of at least 20 calls failing. A message counts as
+// a failure once per window: its retries failing again are left out, so one poison message
+// in a quiet queue cannot open the breaker and delay healthy ones.
 //
 // Only errors of class sluice.ClassRetryable are failures, because only they say the
 // dependency may be sick. A nil error is a success. Permanent, Discard and Defer errors are
 // neither: a validation refusal says nothing about the dependency's health and a Defer from
 // below is not a call to it, so they are excluded from the counts (they neither trip the
 // breaker nor heal it). A call cut short because the message's own context was cancelled
-// (the stack is shutting down) is excluded too. A panic in the handler is a failure.
+// (the stack is shutting down) is excluded too; a handler deadline is a failure. A panic in
+// the handler is a failure (recover it inside the breaker, as the sluice stack does, so
+// that it is counted once per message too).
 //
 // # Naming and sharing
 //
