@@ -282,11 +282,24 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	return nil
 }
 
-// Run declares every queue the handlers use and consumes until ctx is done or Close is
-// called.
+// Run declares every queue the handlers use (Declare) and consumes until ctx is done or
+// Close is called.
 func (s *Stack) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.started = true
+	s.mu.Unlock()
+	if err := s.Declare(ctx); err != nil {
+		return err
+	}
+	return s.router.Run(ctx)
+}
+
+// Declare declares the queues of the handlers registered so far — consumed queues with
+// their dead-letter queues and delay routes, output queues, partitions — as Run does. Call
+// it to publish to them before Run: on RabbitMQ a publish to a queue not yet declared is
+// refused as unroutable.
+func (s *Stack) Declare(ctx context.Context) error {
+	s.mu.Lock()
 	queues := append(append([]string(nil), s.queues...), s.outputs...)
 	s.mu.Unlock()
 	for _, q := range queues {
@@ -297,10 +310,7 @@ func (s *Stack) Run(ctx context.Context) error {
 			return fmt.Errorf("declare queue %q: %w", q, err)
 		}
 	}
-	if err := s.declarePartitioned(ctx); err != nil {
-		return err
-	}
-	return s.router.Run(ctx)
+	return s.declarePartitioned(ctx)
 }
 
 // Running is closed once every handler consumes.

@@ -60,7 +60,12 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 			defer cancel()
 		}
 	}
-	return p.PublishTo(ctx, "", topic, messages...)
+	err := p.PublishTo(ctx, "", topic, messages...)
+	if errors.Is(err, ErrUnroutable) {
+		// The usual cause: publishing before the consumer declared its queue.
+		return fmt.Errorf("%w (no queue %q: declare it first with Broker.DeclareQueue or router.Stack.Declare; Stack.Run declares its handlers' queues)", err, topic)
+	}
+	return err
 }
 
 // PublishTo publishes messages to exchange with routingKey and waits for their confirms.
