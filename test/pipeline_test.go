@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -359,4 +361,86 @@ func checkThrottled(t *testing.T, e *env, _, outQ string, _ *atomic.Int64) {
 	// 20 a second is one per 50ms. The throttle's ticker keeps one tick while no message
 	// waits, so two calls may come close together, never three.
 	assert.GreaterOrEqual(t, gaps[0]+gaps[1], 45*time.Millisecond, "calls %v apart", gaps)
+}
+
+// watermill-amqp's own subscriber consumes a queue sluice declared, behind sluice's retry
+// and dead-letter steps in a plain router: retried messages come back carrying x-death,
+// which watermill-amqp's default marshaler cannot read (it nacked them in a loop, 9,173
+// times in 5s); with amqp.WatermillConfig each message is delivered once per attempt, the
+// failing one ends in the DLQ and the other succeeds on its retry.
+func TestPipeline_WatermillAMQPSubscriber(t *testing.T) {
+	const maxRetries = 3
+	e := rabbitEnv(t)
+	q := e.newQueue(t, "wamqp")
+	declare(t, e, q)
+
+	t.Run("the default marshaler is refused", func(t *testing.T) {
+		_, err := amqp.NewWatermillSubscriber(wamqp.NewDurableQueueConfig(e.rabbit.URL), watermill.NopLogger{})
+		require.ErrorIs(t, err, amqp.ErrWatermillMarshaler)
+		assert.ErrorContains(t, err, "Config.Marshaler = amqp.Marshaler{}")
+	})
+
+	sub, err := amqp.NewWatermillSubscriber(amqp.WatermillConfig(e.rabbit.URL), watermill.NopLogger{})
+	require.NoError(t, err)
+	mws, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries)})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	deliveries := map[string]int{}
+	runPlainRouter(t, func(r *message.Router) {
+		r.AddMiddleware(mws...)
+		r.AddNoPublisherHandler("h", q, sub, func(msg *message.Message) error {
+			mu.Lock()
+			deliveries[string(msg.Payload)]++
+			n := deliveries[string(msg.Payload)]
+			mu.Unlock()
+			if string(msg.Payload) == "bad" || n == 1 {
+				return errors.New("gateway down")
+			}
+			return nil
+		})
+	})
+	e.publish(t, q, message.NewMessage(watermill.NewUUID(), []byte("bad")))
+	e.publish(t, q, message.NewMessage(watermill.NewUUID(), []byte("good")))
+	require.Eventually(t, func() bool { return e.count(t, q+".dlq") == 1 }, 30*time.Second, 20*time.Millisecond)
+	// A nack loop would keep counting.
+	assert.Never(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return deliveries["bad"] > 1+maxRetries || deliveries["good"] > 2
+	}, 300*time.Millisecond, 10*time.Millisecond)
+	mu.Lock()
+	got := map[string]int{"bad": deliveries["bad"], "good": deliveries["good"]}
+	mu.Unlock()
+	assert.Equal(t, map[string]int{"bad": 1 + maxRetries, "good": 2}, got, "one delivery per attempt, no nack loop")
+	dead := e.dlq(t, q)
+	require.Len(t, dead, 1)
+	assert.Equal(t, "bad", string(dead[0].Payload))
+	assert.Equal(t, 0, e.count(t, q))
+}
+
+// Publishing to a handler's queue before Run: refused with an error naming the missing
+// queue and what to do, and accepted once Stack.Declare declared it.
+func TestPipeline_PublishBeforeRun(t *testing.T) {
+	e := rabbitEnv(t)
+	q := e.newQueue(t, "before-run")
+	s, err := router.New(e.broker, router.Config{Logger: testLogger()})
+	require.NoError(t, err)
+	var handled atomic.Int64
+	require.NoError(t, s.Handle("h", q, func(*message.Message) error { handled.Add(1); return nil }))
+
+	err = e.broker.Publisher().Publish(q, message.NewMessage(watermill.NewUUID(), []byte("early")))
+	require.ErrorIs(t, err, amqp.ErrUnroutable)
+	assert.ErrorContains(t, err, fmt.Sprintf("no queue %q", q))
+	assert.ErrorContains(t, err, "Stack.Declare")
+
+	declareCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, s.Declare(declareCtx))
+	require.NoError(t, e.broker.Publisher().Publish(q, message.NewMessage(watermill.NewUUID(), []byte("early"))))
+
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { _ = s.Close(); stop(); <-done })
+	require.Eventually(t, func() bool { return handled.Load() == 1 }, 30*time.Second, 20*time.Millisecond, "the early message is handled once Run starts")
 }
