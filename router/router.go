@@ -2,7 +2,7 @@
 // fixed order and runs the user's handlers inside them. The same steps, in the same order,
 // are offered to a Watermill message.Router of the user's own by Middlewares.
 //
-// The order, outermost first (DESIGN.md in the project's design notes), and why:
+// The order, outermost first, and why:
 //
 //  1. tracing — one consumer span per delivery attempt, continued from the message's trace
 //  2. recoverer — a panic in a step becomes an error (the message is nacked, not lost)

@@ -42,7 +42,7 @@ var ErrInvalidConfig = errors.New("idempotency: invalid config")
 type Config struct {
 	// KeyFunc derives a message's key when it has no idempotency-key metadata (for the
 	// payment example, the payment_id in the JSON body), for handlers without a key
-	// function of their own (the argument of Guard.Middleware, which the router fills from
+	// function of their own (the argument of Guard.NewMiddleware, which the router fills from
 	// router.WithIdempotencyKey). An error from it is bad input: the
 	// message fails with sluice.Permanent and goes to the dead-letter queue. An empty key
 	// with a nil error means "no key of its own": the message id is used. Nil: the message
