@@ -198,11 +198,12 @@ func TestPaymentsEndToEnd(t *testing.T) {
 			msgID, errType string
 			retries        string
 			stack          bool
+			msgPrefix      string
 		}{
-			{"m-insufficient", example_payment.ErrorTypeInsufficientFunds, "0", false},
-			{"m-timeout", example_payment.ErrorTypeGatewayTimeout, "3", false},
-			{"m-panic", example_payment.ErrorTypePanic, "3", true},
-			{"m-malformed", example_payment.ErrorTypeDecode, "0", false},
+			{"m-insufficient", example_payment.ErrorTypeInsufficientFunds, "0", false, "permanent: "},
+			{"m-timeout", example_payment.ErrorTypeGatewayTimeout, "3", false, "retries exhausted after 3 retries: "},
+			{"m-panic", example_payment.ErrorTypePanic, "3", true, "retries exhausted after 3 retries: panic: example_payment: simulated gateway client crash"},
+			{"m-malformed", example_payment.ErrorTypeDecode, "0", false, "permanent: decode payment request: "},
 		}
 		require.Len(t, records, len(cases), "DLQ holds exactly the failed requests")
 		bodies := map[string][]byte{}
@@ -232,6 +233,21 @@ func TestPaymentsEndToEnd(t *testing.T) {
 					assert.Contains(t, rec[sluice.HeaderErrorStack], "goroutine", "a panic's stack is recorded")
 				} else {
 					assert.Empty(t, rec[sluice.HeaderErrorStack])
+				}
+				// Issue 17: the record an operator reads names the failure, once, and holds
+				// a panic's stack only in x-error-stack.
+				msg := rec[sluice.HeaderErrorMessage]
+				assert.True(t, strings.HasPrefix(msg, tc.msgPrefix), "x-error-message %q starts with %q", msg, tc.msgPrefix)
+				assert.LessOrEqual(t, strings.Count(msg, "permanent"), 1, "x-error-message %q", msg)
+				assert.NotContains(t, msg, "cannot derive key", "a decode failure reads as one, x-error-message %q", msg)
+				for _, e := range history {
+					assert.NotContains(t, e.Message, "goroutine", "history entry of attempt %d", e.Attempt)
+					assert.Equal(t, tc.errType, e.Type, "history entry of attempt %d", e.Attempt)
+				}
+				for k, v := range rec {
+					if k != sluice.HeaderErrorStack {
+						assert.NotContains(t, v, "goroutine", "the stack is only in x-error-stack, not in %s", k)
+					}
 				}
 			})
 		}
