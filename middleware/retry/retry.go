@@ -2,7 +2,7 @@
 // the handler goroutine and does not hold the message unacked, as Watermill's Retry
 // middleware does: the step hands a copy of the message to the broker's delay (RabbitMQ's
 // delay cascade, or the embedded broker's scheduler) and lets the original be acked only
-// once the broker confirmed the copy. The copy carries the failure headers of DESIGN.md, so
+// once the broker confirmed the copy. The copy carries the failure headers of docs/DESIGN.md, so
 // the next attempt knows its number and history.
 //
 // What the step does with each error class of package sluice:
