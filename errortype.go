@@ -68,13 +68,37 @@ func RegisterErrorType(sentinel error, name string) {
 	registry.entries = append(registry.entries, registered{err: sentinel, name: name})
 }
 
-// registeredType returns the name of the first registered sentinel err matches.
+// registeredType returns the name of the registered sentinel found first in err's tree,
+// searched depth first as errors.Is searches it: the outermost one wins, whatever the order
+// in which packages registered theirs.
 func registeredType(err error) (string, bool) {
 	registry.mu.RLock()
 	defer registry.mu.RUnlock()
+	if len(registry.entries) == 0 {
+		return "", false
+	}
+	return matchRegistered(err)
+}
+
+func matchRegistered(err error) (string, bool) {
+	if err == nil {
+		return "", false
+	}
+	comparable := reflect.TypeOf(err).Comparable()
+	is, hasIs := err.(interface{ Is(error) bool })
 	for _, r := range registry.entries {
-		if errors.Is(err, r.err) {
+		if (comparable && err == r.err) || (hasIs && is.Is(r.err)) {
 			return r.name, true
+		}
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return matchRegistered(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, inner := range u.Unwrap() {
+			if name, ok := matchRegistered(inner); ok {
+				return name, true
+			}
 		}
 	}
 	return "", false
@@ -86,8 +110,9 @@ func registeredType(err error) (string, bool) {
 //
 //  1. the ErrorType of the first error in the chain that implements TypedError;
 //  2. "panic" for a recovered panic;
-//  3. the name of the first sentinel registered with RegisterErrorType that the error
-//     matches with errors.Is (context.DeadlineExceeded is "deadline_exceeded");
+//  3. the name of a sentinel registered with RegisterErrorType that the error matches with
+//     errors.Is, the outermost in the chain when it holds several (context.DeadlineExceeded
+//     is "deadline_exceeded"; sluice's packages register theirs, e.g. "unroutable");
 //  4. the Go type of the first error in the chain, searched in the order errors.As uses,
 //     that is not a pure wrapper, as package.Type without the pointer star: *net.OpError is
 //     "net.OpError", *json.SyntaxError "json.SyntaxError". Pure wrappers are fmt.Errorf's

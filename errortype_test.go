@@ -122,3 +122,14 @@ func TestPermanent_MarkerAppearsOnce(t *testing.T) {
 		})
 	}
 }
+
+// The outermost registered sentinel names the error, whichever was registered first.
+func TestRegisterErrorType_OutermostWins(t *testing.T) {
+	errInner, errOuter := errors.New("inner"), errors.New("outer")
+	sluice.RegisterErrorType(errInner, "inner")
+	sluice.RegisterErrorType(errOuter, "outer")
+	assert.Equal(t, "outer", sluice.ErrorType(fmt.Errorf("%w: %w", errOuter, errInner)))
+	assert.Equal(t, "outer", sluice.ErrorType(fmt.Errorf("x: %w", fmt.Errorf("%w: %w", errOuter, errInner))))
+	assert.Equal(t, "inner", sluice.ErrorType(fmt.Errorf("%w: %w", errInner, errOuter)))
+	assert.Equal(t, "inner", sluice.ErrorType(&wrapperErr{fmt.Errorf("%w", errInner)}))
+}
