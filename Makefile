@@ -9,14 +9,10 @@ BENCH_ROUNDS ?= 3
 run:
 	$(GO) run ./cmd/payments demo
 
-## test: every test, with the race detector, against RabbitMQ and a Jaeger started here
+## test: every test, with the race detector, against RabbitMQ (started here when installed) and
+## a Jaeger started here; ends with a list of the tests that skipped and why (scripts/test.sh)
 test:
-	@./scripts/jaeger-start.sh || { [ "$${SLUICE_REQUIRE_JAEGER:-0}" != 1 ] && echo "make: Jaeger not started; its tests will skip"; }
-	@status=0; \
-	$(GO) test -race -count=1 -timeout 20m $(PKGS) || status=$$?; \
-	if [ $$status = 0 ]; then $(MAKE) --no-print-directory test-chaos || status=$$?; fi; \
-	./scripts/jaeger-stop.sh >/dev/null 2>&1 || true; \
-	exit $$status
+	@GO="$(GO)" PKGS="$(PKGS)" ./scripts/test.sh
 
 ## test-chaos: the chaos test alone (restarts RabbitMQ; never beside other broker tests)
 test-chaos:

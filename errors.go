@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 )
 
 // Class says what the stack does with a handler's error.
@@ -86,10 +84,15 @@ func (e *DeferError) Unwrap() error { return e.Reason }
 
 // Permanent marks err as never retryable: the message goes to the dead-letter queue on this
 // attempt. Use it for validation and decode failures and business refusals. Permanent(nil)
-// returns nil.
+// returns nil, and an error that is already permanent is returned as it is.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
+	}
+	if ClassOf(err) == ClassPermanent {
+		// Already permanent: a second marker would change nothing but the text, which
+		// would read "permanent: ... permanent: ...".
+		return err
 	}
 	return &permanentError{err: err}
 }
@@ -207,43 +210,6 @@ func IsHandoff(err error) bool {
 
 // PanicStack returns the stack of a recovered panic carried by err, if any.
 func PanicStack(err error) (string, bool) {
-	var p middleware.RecoveredPanicError
-	if errors.As(err, &p) {
-		return p.Stacktrace, true
-	}
-	var pp *middleware.RecoveredPanicError
-	if errors.As(err, &pp) && pp != nil {
-		return pp.Stacktrace, true
-	}
-	return "", false
-}
-
-// ErrorType returns the name recorded as an error's type: the ErrorType of the first error
-// in the chain that implements TypedError; "panic" for a recovered panic; else the Go type
-// of the innermost error, with plain errors.New and fmt.Errorf errors named "error".
-func ErrorType(err error) string {
-	if err == nil {
-		return ""
-	}
-	var typed TypedError
-	if errors.As(err, &typed) {
-		return typed.ErrorType()
-	}
-	if _, ok := PanicStack(err); ok {
-		return "panic"
-	}
-	inner := err
-	for {
-		next := errors.Unwrap(inner)
-		if next == nil {
-			break
-		}
-		inner = next
-	}
-	switch name := fmt.Sprintf("%T", inner); name {
-	case "*errors.errorString", "*fmt.wrapError", "*fmt.wrapErrors", "*errors.joinError":
-		return "error"
-	default:
-		return name
-	}
+	p, ok := recoveredPanic(err)
+	return p.Stacktrace, ok
 }

@@ -22,7 +22,8 @@ const (
 	HeaderLastFailureTime = "x-last-failure-time"
 	// HeaderLastError is the type of the latest error (see ErrorType).
 	HeaderLastError = "x-last-error"
-	// HeaderLastErrorMessage is the latest error's text, truncated to MaxErrorMessageBytes.
+	// HeaderLastErrorMessage is the latest error's text (see ErrorMessage: a panic is its
+	// value, never its stack), truncated to MaxErrorMessageBytes.
 	HeaderLastErrorMessage = "x-last-error-message"
 	// HeaderOriginalQueue is the queue the message was first consumed from.
 	HeaderOriginalQueue = "x-original-queue"
@@ -34,7 +35,9 @@ const (
 	HeaderFirstDeferTime = "x-first-defer-time"
 	// HeaderIdempotencyKey, when a producer sets it, is the key the idempotency step uses.
 	HeaderIdempotencyKey = "idempotency-key"
-	// Failure record of a dead-lettered message (see package poison).
+	// Failure record of a dead-lettered message (see package poison). x-error-type is
+	// ErrorType's name, x-error-message ErrorMessage's text, and x-error-stack the only
+	// place a panic's stack is kept.
 	HeaderErrorType    = "x-error-type"
 	HeaderErrorMessage = "x-error-message"
 	HeaderErrorStack   = "x-error-stack"

@@ -119,9 +119,9 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 			// A step reported a failure without saying why; the span must still say failed.
 			cause = errors.New(string(rep.Outcome))
 		}
-		span.RecordError(cause)
+		recordError(span, cause)
 		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
-		span.SetStatus(codes.Error, cause.Error())
+		span.SetStatus(codes.Error, sluice.ErrorMessage(cause))
 	case rep.Outcome == sluice.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
 		if cause != nil {
@@ -129,7 +129,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 		}
 	case rep.Outcome == sluice.OutcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.
-		span.RecordError(cause)
+		recordError(span, cause)
 		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
 	}
 	span.SetAttributes(attrs...)

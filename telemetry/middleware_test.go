@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -292,4 +294,28 @@ func spanTree(spans []sdktrace.ReadOnlySpan) string {
 		s += fmt.Sprintf("%s %s parent=%s\n", sp.Name(), sp.SpanContext().SpanID(), sp.Parent().SpanID())
 	}
 	return s
+}
+
+// Issue 17: a panic's whole stack was the span's status and exception message. The span
+// says "panic: <value>"; the stack is the exception's stacktrace.
+func TestMiddleware_PanicSpanNamesItsValue(t *testing.T) {
+	e := newEnv(t)
+	queue := uniqueQueue("panic")
+	ps, results := e.runRouter(t, queue, middleware.Recoverer(func(*message.Message) ([]*message.Message, error) {
+		panic("card store is nil")
+	}), routerOpts{})
+	require.NoError(t, ps.Publish(queue, message.NewMessage("id", nil)))
+	r := next(t, results)
+	require.Error(t, r.err)
+
+	process := e.ended(t, "process "+queue)
+	assert.Equal(t, "panic: card store is nil", process.Status().Description)
+	require.Len(t, process.Events(), 1)
+	ev := map[attribute.Key]attribute.Value{}
+	for _, kv := range process.Events()[0].Attributes {
+		ev[kv.Key] = kv.Value
+	}
+	assert.Equal(t, "panic: card store is nil", ev[semconv.ExceptionMessageKey].AsString())
+	assert.Contains(t, ev[semconv.ExceptionStacktraceKey].AsString(), "goroutine")
+	assert.Equal(t, "panic", attrs(process)[semconv.ErrorTypeKey].AsString())
 }

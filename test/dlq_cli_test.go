@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -470,4 +471,49 @@ func TestDLQCLI(t *testing.T) {
 			})
 		}
 	})
+}
+
+// Issue 17: a panic's whole stack was in the DLQ list row (and every record field), and an
+// untyped error was listed as "error". The row names the panic by its value and a wrapped
+// *net.OpError by its Go type.
+func TestDLQCLIListRowsNameTheFailure(t *testing.T) {
+	e := rabbitEnv(t)
+	queue := e.newQueue(t, "test.dlqcli.rows")
+	cfg := router.Config{Retry: retry.Config{MaxRetries: -1}}
+	start(t, e, cfg, func(st *router.Stack) {
+		require.NoError(t, st.Handle("rows", queue, func(m *message.Message) error {
+			if m.UUID == "boom-1" {
+				panic("card store is nil")
+			}
+			return fmt.Errorf("charge %s: %w", m.UUID, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")})
+		}))
+	})
+	e.publish(t, queue, message.NewMessage("boom-1", []byte(`{}`)))
+	require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == 1 }, 30*time.Second, 20*time.Millisecond)
+	e.publish(t, queue, message.NewMessage("net-1", []byte(`{}`)))
+	require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == 2 }, 30*time.Second, 20*time.Millisecond)
+
+	res := runSluice(t, sluiceCLI(t), e.rabbit.URL, "dlq", "list", "--queue", queue)
+	require.Equal(t, 0, res.code, res.String())
+	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+	require.GreaterOrEqual(t, len(lines), 3, res.stdout)
+	assert.Regexp(t, `^boom-1\s+\S+\s+panic\s+retries exhausted after 0 retries: panic: card store is nil\s+0$`, lines[1])
+	assert.Regexp(t, `^net-1\s+\S+\s+net\.OpError\s+retries exhausted after 0 retries: charge net-1: .*…\s+0$`, lines[2])
+
+	show := runSluice(t, sluiceCLI(t), e.rabbit.URL, "dlq", "show", "--queue", queue, "boom-1")
+	require.Equal(t, 0, show.code, show.String())
+	// The stack is the record's stack (and its x-error-stack header); the message fields
+	// and the history name the panic by its value.
+	assert.Contains(t, show.stdout, "goroutine ")
+	checked := 0
+	for _, line := range strings.Split(show.stdout, "\n") {
+		field, _, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch field {
+		case "error", sluice.HeaderErrorMessage, sluice.HeaderLastErrorMessage, sluice.HeaderRetryHistory:
+			checked++
+			assert.Contains(t, line, "panic: card store is nil")
+			assert.NotContains(t, line, "goroutine", "%s holds no stack", field)
+		}
+	}
+	assert.Equal(t, 4, checked, show.stdout)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/testenv"
 )
@@ -198,11 +199,12 @@ func TestPaymentsEndToEnd(t *testing.T) {
 			msgID, errType string
 			retries        string
 			stack          bool
+			msgPrefix      string
 		}{
-			{"m-insufficient", example_payment.ErrorTypeInsufficientFunds, "0", false},
-			{"m-timeout", example_payment.ErrorTypeGatewayTimeout, "3", false},
-			{"m-panic", example_payment.ErrorTypePanic, "3", true},
-			{"m-malformed", example_payment.ErrorTypeDecode, "0", false},
+			{"m-insufficient", example_payment.ErrorTypeInsufficientFunds, "0", false, "permanent: "},
+			{"m-timeout", example_payment.ErrorTypeGatewayTimeout, "3", false, "retries exhausted after 3 retries: "},
+			{"m-panic", example_payment.ErrorTypePanic, "3", true, "retries exhausted after 3 retries: panic: example_payment: simulated gateway client crash"},
+			{"m-malformed", example_payment.ErrorTypeDecode, "0", false, "permanent: decode payment request: "},
 		}
 		require.Len(t, records, len(cases), "DLQ holds exactly the failed requests")
 		bodies := map[string][]byte{}
@@ -233,6 +235,21 @@ func TestPaymentsEndToEnd(t *testing.T) {
 				} else {
 					assert.Empty(t, rec[sluice.HeaderErrorStack])
 				}
+				// Issue 17: the record an operator reads names the failure, once, and holds
+				// a panic's stack only in x-error-stack.
+				msg := rec[sluice.HeaderErrorMessage]
+				assert.True(t, strings.HasPrefix(msg, tc.msgPrefix), "x-error-message %q starts with %q", msg, tc.msgPrefix)
+				assert.LessOrEqual(t, strings.Count(msg, "permanent"), 1, "x-error-message %q", msg)
+				assert.NotContains(t, msg, "cannot derive key", "a decode failure reads as one, x-error-message %q", msg)
+				for _, e := range history {
+					assert.NotContains(t, e.Message, "goroutine", "history entry of attempt %d", e.Attempt)
+					assert.Equal(t, tc.errType, e.Type, "history entry of attempt %d", e.Attempt)
+				}
+				for k, v := range rec {
+					if k != sluice.HeaderErrorStack {
+						assert.NotContains(t, v, "goroutine", "the stack is only in x-error-stack, not in %s", k)
+					}
+				}
 			})
 		}
 	})
@@ -259,6 +276,7 @@ func TestPaymentsDemoSummaryMatchesItsMix(t *testing.T) {
 			r := testenv.NewRabbit(t)
 			queue, output := testenv.Name("demo.payments.requested"), testenv.Name("demo.payments.succeeded")
 			r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+			leaveStaleEvents(t, r, output)
 			return fastPaymentsEnv(r.URL, queue, output)
 		}},
 	}
@@ -276,6 +294,51 @@ func TestPaymentsDemoSummaryMatchesItsMix(t *testing.T) {
 			for _, row := range []string{"succeeded", "dead-lettered", "duplicates absorbed", "double charges", "insufficient_funds", "gateway_timeout", "panic", "validation", "decode"} {
 				assert.Contains(t, text, row)
 			}
+			// Issue 17: the demo shows how long it has waited and for what, and where its
+			// dead letters are.
+			assert.Regexp(t, `\d+\.\ds  succeeded \d+/\d+ .* waiting for`, text)
+			assert.Regexp(t, `settled in \d+\.\ds`, text)
+			if tc.name == "rabbitmq" {
+				assert.Contains(t, text, fmt.Sprintf("(%d events of earlier runs were in the success queue: taken out, not counted)", staleEvents))
+				assert.Regexp(t, `\d+ dead letters of this run are in demo\.payments\.requested\.\S+\.dlq`, text)
+				assert.Regexp(t, `go run ./cmd/sluice dlq list --queue demo\.payments\.requested\.\S+\n`, text)
+			} else {
+				assert.Contains(t, text, "Run against RabbitMQ (AMQP_URL) to keep them and read them with sluice dlq list")
+			}
 		})
 	}
+}
+
+// staleEvents is how many events of an earlier run leaveStaleEvents leaves: more than the
+// demo's prefetch, so that requeueing them would starve its own events.
+const staleEvents = 120
+
+// leaveStaleEvents fills output with what an earlier demo run with the same mix (-n 80
+// -seed 42) would have left: a success event for every payment that succeeds, with the
+// attempt count it expects, then others. Issue 17: the demo waited 5 minutes and failed on
+// such a queue, and its summary still counted a row as matching.
+func leaveStaleEvents(t *testing.T, r *testenv.Rabbit, output string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, b.DeclareQueue(ctx, output), "the queue as the service declares it")
+	require.NoError(t, b.Close())
+
+	var events []example_payment.Succeeded
+	for _, req := range example_payment.DemoMix(80, 42) {
+		if x := req.ExpectWithin(4); x.Outcome == example_payment.ExpectSucceeded {
+			events = append(events, example_payment.Succeeded{PaymentID: req.PaymentID, OrderID: "ord", AmountCents: 1, Currency: "EUR", ChargeID: "ch_stale", Attempts: x.Attempts})
+		}
+	}
+	for i := len(events); i < staleEvents; i++ {
+		events = append(events, example_payment.Succeeded{PaymentID: fmt.Sprintf("pay_stale_%d", i), Attempts: 1})
+	}
+	for i, ev := range events {
+		body, err := json.Marshal(ev)
+		require.NoError(t, err)
+		r.Publish(output, amqp091.Publishing{MessageId: fmt.Sprintf("stale-%d", i), ContentType: "application/json", DeliveryMode: amqp091.Persistent, Body: body})
+	}
+	require.Equal(t, staleEvents, r.Count(output))
 }

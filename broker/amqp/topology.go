@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Topology names. See DESIGN.md: Q's dead letters go to Q.dlq through the direct exchange
+// Topology names. See docs/DESIGN.md: Q's dead letters go to Q.dlq through the direct exchange
 // sluice.dlx; the delay cascade sluice.delay.* is shared by every queue of a vhost.
 const (
 	// DeadLetterExchange is the direct exchange that routes dead letters to Q.dlq by key Q.

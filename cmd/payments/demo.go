@@ -14,7 +14,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
@@ -33,15 +35,19 @@ type tally struct {
 	duplicates int
 	settledIDs map[string]bool
 	reqs       []example_payment.DemoRequest
+	payments   map[string]bool // this run's payment ids
+	leftovers  int             // events of earlier runs found in the success queue
 }
 
 func newTally(reqs []example_payment.DemoRequest, ids []string) *tally {
 	t := &tally{
 		byID: map[string]int{}, succeeded: map[string]int{}, attempts: map[string]int{},
 		dead: map[string]string{}, retrying: map[string]bool{}, settledIDs: map[string]bool{}, reqs: reqs,
+		payments: map[string]bool{},
 	}
 	for i, id := range ids {
 		t.byID[id] = i
+		t.payments[reqs[i].PaymentID] = true
 	}
 	return t
 }
@@ -65,9 +71,17 @@ func (t *tally) deadLetter(e poison.Event) {
 	t.settledIDs[e.MessageID] = true
 }
 
-func (t *tally) duplicate(string) {
+func (t *tally) duplicate(key string) {
 	t.mu.Lock()
-	t.duplicates++
+	if t.payments[key] {
+		t.duplicates++
+	}
+	t.mu.Unlock()
+}
+
+func (t *tally) leftover() {
+	t.mu.Lock()
+	t.leftovers++
 	t.mu.Unlock()
 }
 
@@ -135,9 +149,13 @@ func demo(ctx context.Context, cfg config, args []string) int {
 		logger = newLogger(slog.LevelInfo)
 	}
 	reqs := example_payment.DemoMix(*n, *seed)
+	// The run id tells this run's messages and events from an earlier run's, even one
+	// with the same seed: it is the requests' correlation id, which the handler copies to
+	// its events, and part of every message id.
+	runID := "payments-demo-" + watermill.NewShortUUID()
 	ids := make([]string, len(reqs))
 	for i := range reqs {
-		ids[i] = fmt.Sprintf("demo-%d-%04d", *seed, i)
+		ids[i] = fmt.Sprintf("%s-%04d", runID, i)
 	}
 	t := newTally(reqs, ids)
 	maxAttempts := cfg.retry.MaxRetries + 1
@@ -173,26 +191,32 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	go func() {
 		for m := range events {
 			var ev example_payment.Succeeded
-			if json.Unmarshal(m.Payload, &ev) == nil && t.success(ev) {
+			if middleware.MessageCorrelationID(m) == runID && json.Unmarshal(m.Payload, &ev) == nil && t.success(ev) {
 				m.Ack()
 				continue
 			}
-			m.Nack() // another run's event: leave it for whoever waits for it
+			// An earlier run's event (an interrupted demo, a payments serve). A nack would
+			// requeue it at the head of the queue, where it would come back before this
+			// run's events for ever: it is taken out and counted instead.
+			t.leftover()
+			m.Ack()
 		}
 	}()
 
-	fmt.Printf("sluice payments demo: %d requests (seed %d) on the %s broker, up to %d attempts each\n",
-		len(reqs), *seed, svc.broker.Name(), maxAttempts)
+	fmt.Printf("sluice payments demo: %d requests (seed %d, run %s) on the %s broker, up to %d attempts each\n",
+		len(reqs), *seed, runID, svc.broker.Name(), maxAttempts)
 	pub := svc.broker.Publisher()
 	for i, r := range reqs {
 		m := message.NewMessage(ids[i], r.Body)
 		m.Metadata.Set(amqp.MetadataContentType, example_payment.ContentTypeJSON)
+		middleware.SetCorrelationID(runID, m)
 		if err := publishRequest(ctx, svc.broker, pub, cfg, m); err != nil {
 			fmt.Fprintf(os.Stderr, "\npayments demo: publish request %d: %v\n", i, err)
 			return 1
 		}
 	}
 
+	start := time.Now()
 	deadline := time.After(*timeout)
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
@@ -206,12 +230,13 @@ func demo(ctx context.Context, cfg config, args []string) int {
 			fmt.Fprintln(os.Stderr, "\npayments demo: the service stopped:", err)
 			return 1
 		case <-deadline:
-			fmt.Printf("\ngave up after %s: not every request settled\n", *timeout)
+			fmt.Printf("\ngave up after %s: still %s\n", *timeout, waitingFor(want, t.snapshot()))
 			settled = true
 		case <-tick.C:
 			s := t.snapshot()
-			line := fmt.Sprintf("published %d  succeeded %d  retrying %d  dead-lettered %d  duplicates absorbed %d",
-				len(reqs), s.succeeded, s.retrying, s.dead, s.duplicates)
+			line := fmt.Sprintf("%5.1fs  succeeded %d/%d  dead-lettered %d/%d  duplicates absorbed %d/%d  retrying %d  %s",
+				time.Since(start).Seconds(), s.succeeded, want.succeeded, s.dead, want.dead, s.duplicates, want.duplicates,
+				s.retrying, waitingFor(want, s))
 			if tty {
 				fmt.Printf("\r%s   ", line)
 			} else {
@@ -223,9 +248,11 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	if tty {
 		fmt.Println()
 	}
+	fmt.Printf("settled in %.1fs\n", time.Since(start).Seconds())
 	// Give late duplicates or double charges a moment to show up before judging.
 	time.Sleep(300 * time.Millisecond)
 	ok := t.printSummary(os.Stdout, want)
+	printDeadLetters(os.Stdout, svc.broker.Name(), cfg.queue, t.snapshot().dead)
 	cancelRun()
 	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "payments demo: service:", err)
@@ -259,12 +286,14 @@ func (t *tally) printSummary(w io.Writer, want expected) bool {
 	for _, typ := range t.dead {
 		deadByType[typ]++
 	}
-	wrongAttempts := 0
+	// Counted from what arrived: a run that saw no event must not match this row.
+	rightAttempts := 0
 	for pid, a := range t.attempts {
-		if exp, ok := want.attempts[pid]; ok && exp != a {
-			wrongAttempts++
+		if exp, ok := want.attempts[pid]; ok && exp == a {
+			rightAttempts++
 		}
 	}
+	leftovers := t.leftovers
 	t.mu.Unlock()
 
 	fmt.Fprintf(w, "\n%-36s %9s %9s\n", "outcome", "expected", "observed")
@@ -277,7 +306,7 @@ func (t *tally) printSummary(w io.Writer, want expected) bool {
 		return exp == got
 	}
 	ok := row("succeeded", want.succeeded, s.succeeded)
-	ok = row("  with the expected attempt count", want.succeeded, want.succeeded-wrongAttempts) && ok
+	ok = row("  with the expected attempt count", want.succeeded, rightAttempts) && ok
 	ok = row("dead-lettered", want.dead, s.dead) && ok
 	types := map[string]bool{}
 	for k := range want.deadByType {
@@ -296,12 +325,46 @@ func (t *tally) printSummary(w io.Writer, want expected) bool {
 	}
 	ok = row("duplicates absorbed", want.duplicates, s.duplicates) && ok
 	ok = row("double charges", 0, s.doubleCharges) && ok
+	if leftovers > 0 {
+		fmt.Fprintf(w, "(%d events of earlier runs were in the success queue: taken out, not counted)\n", leftovers)
+	}
 	if ok {
 		fmt.Fprintln(w, "every request settled as the contract says")
 	} else {
 		fmt.Fprintln(w, "MISMATCH: see the rows marked above")
 	}
 	return ok
+}
+
+// waitingFor says which outcomes the demo still waits for.
+func waitingFor(want expected, s snapshot) string {
+	var parts []string
+	add := func(n int, what string) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(want.succeeded-s.succeeded, "success events")
+	add(want.dead-s.dead, "dead letters")
+	add(want.duplicates-s.duplicates, "duplicates")
+	if len(parts) == 0 {
+		return "waiting for nothing"
+	}
+	return "waiting for " + strings.Join(parts, ", ")
+}
+
+// printDeadLetters says where the run's dead letters are and how to read them.
+func printDeadLetters(w io.Writer, broker, queue string, dead int) {
+	if dead == 0 {
+		return
+	}
+	if broker == "memory" {
+		fmt.Fprintf(w, "\n%d dead letters were in the embedded broker's %s.dlq; they end with this process.\n"+
+			"Run against RabbitMQ (AMQP_URL) to keep them and read them with sluice dlq list.\n", dead, queue)
+		return
+	}
+	fmt.Fprintf(w, "\n%d dead letters of this run are in %s.dlq. Read them with:\n"+
+		"  go run ./cmd/sluice dlq list --queue %s\n", dead, queue, queue)
 }
 
 func isTerminal(f *os.File) bool {

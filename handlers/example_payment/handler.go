@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	sluice "github.com/sluice-go/sluice"
 )
 
@@ -58,7 +59,8 @@ func NewHandler(g *Gateway) *Handler {
 func (h *Handler) Gateway() *Gateway { return h.gateway }
 
 // Handle decodes the request, charges it and returns one Succeeded event (a new message
-// with a new UUID and content-type application/json) for QueueSucceeded.
+// with a new UUID, content-type application/json and the request's correlation id, if it
+// has one) for QueueSucceeded.
 //
 // Its errors are the failure vocabulary of package sluice: a request that does not decode
 // or validate is sluice.Permanent (see Decode); a gateway refusal is returned as the
@@ -87,6 +89,11 @@ func (h *Handler) Handle(msg *message.Message) ([]*message.Message, error) {
 	}
 	out := message.NewMessage(watermill.NewUUID(), payload)
 	out.Metadata.Set(metadataContentType, ContentTypeJSON)
+	// The event belongs to the request's conversation, as Watermill's CorrelationID
+	// middleware would say: whoever sent the request can find its events (the demo does).
+	if id := middleware.MessageCorrelationID(msg); id != "" {
+		middleware.SetCorrelationID(id, out)
+	}
 	return []*message.Message{out}, nil
 }
 

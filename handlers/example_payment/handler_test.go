@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -220,6 +221,22 @@ func TestHandler_OutputsAreNewMessages(t *testing.T) {
 	assert.NotEqual(t, in.UUID, out1[0].UUID)
 	assert.NotEqual(t, out1[0].UUID, out2[0].UUID)
 	assert.Empty(t, out1[0].Metadata.Get(sluice.HeaderTraceParent), "trace context is the stack's job")
+}
+
+// The demo finds its own run's events by the correlation id of its requests.
+func TestHandler_EventKeepsTheCorrelationID(t *testing.T) {
+	h := ep.NewHandler(ep.NewGateway())
+	in := newMessage(t, requestBody(t, "pay_1", "tok_visa"), 1)
+	middleware.SetCorrelationID("run-7", in)
+	out, err := h.Handle(in)
+	require.NoError(t, err)
+	require.Len(t, out, 1)
+	assert.Equal(t, "run-7", middleware.MessageCorrelationID(out[0]))
+
+	out, err = h.Handle(newMessage(t, requestBody(t, "pay_2", "tok_visa"), 1))
+	require.NoError(t, err)
+	require.Len(t, out, 1)
+	assert.Empty(t, middleware.MessageCorrelationID(out[0]), "none without one on the request")
 }
 
 func TestNewHandler_NilGatewayPanics(t *testing.T) {

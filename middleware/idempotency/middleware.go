@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +17,7 @@ import (
 // being processed by another attempt.
 var ErrInFlight = errors.New("idempotency: key in flight")
 
-// ErrKey is wrapped, inside sluice.Permanent, by the error returned when the key function
+// ErrKey is matched (errors.Is) by the permanent *KeyError returned when the key function
 // fails.
 var ErrKey = errors.New("idempotency: cannot derive key")
 
@@ -221,7 +220,7 @@ func deriveKey(msg *message.Message, keyFunc func(*message.Message) (string, err
 	if keyFunc != nil {
 		k, err := keyFunc(msg)
 		if err != nil {
-			return "", "", sluice.Permanent(fmt.Errorf("%w of message %s: %w", ErrKey, msg.UUID, err))
+			return "", "", sluice.Permanent(&KeyError{MessageID: msg.UUID, Err: err})
 		}
 		if k != "" {
 			return k, sourceKeyFunc, nil

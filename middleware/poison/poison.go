@@ -104,7 +104,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		queue := message.SubscribeTopicFromCtx(ctx)
 		if sluice.IsDiscard(err) {
-			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", err)
+			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", sluice.ErrorMessage(err))
 			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
 			return nil, nil
 		}
@@ -121,7 +121,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		retries := sluice.RetryCount(msg.Metadata)
 		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
 		p.cfg.Logger.Error("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,
-			"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", retries, "error", err)
+			"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", retries, "error", sluice.ErrorMessage(err))
 		if p.cfg.OnDeadLetter != nil {
 			p.cfg.OnDeadLetter(Event{Queue: queue, MessageID: msg.UUID, ErrorType: record.Metadata.Get(sluice.HeaderErrorType), Retries: retries, Err: err})
 		}
@@ -139,7 +139,7 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	errType := sluice.ErrorType(err)
 	md.Set(sluice.HeaderErrorType, errType)
 	md.Set(sluice.HeaderErrorClass, sluice.ClassOf(err).String())
-	md.Set(sluice.HeaderErrorMessage, sluice.Truncate(err.Error(), sluice.MaxErrorMessageBytes))
+	md.Set(sluice.HeaderErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
 	if stack, ok := sluice.PanicStack(err); ok {
 		md.Set(sluice.HeaderErrorStack, sluice.Truncate(stack, MaxStackBytes))
 	} else {
@@ -155,9 +155,9 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	}
 	md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
 	md.Set(sluice.HeaderLastError, errType)
-	md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(err.Error(), sluice.MaxErrorMessageBytes))
+	md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
 	md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
-		At: now.UTC(), Attempt: retries + 1, Type: errType, Message: err.Error(),
+		At: now.UTC(), Attempt: retries + 1, Type: errType, Message: sluice.ErrorMessage(err),
 	}))
 	md.Set(sluice.HeaderFailedAt, sluice.FormatTime(now))
 	md.Set(sluice.HeaderFailedHost, p.cfg.Host)

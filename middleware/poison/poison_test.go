@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/steptest"
+	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -293,8 +294,18 @@ func TestMiddleware_PanicRecord(t *testing.T) {
 			md := dl.Calls()[0].msg.Metadata
 			assert.Equal(t, "panic", md.Get(sluice.HeaderErrorType))
 			assert.Equal(t, "panic", md.Get(sluice.HeaderLastError))
-			assert.Contains(t, md.Get(sluice.HeaderErrorMessage), "assignment to entry in nil map")
-			assert.LessOrEqual(t, len(md.Get(sluice.HeaderErrorMessage)), sluice.MaxErrorMessageBytes)
+			// Issue 17: the whole stack was in x-error-message and every history entry.
+			const want = "panic: assignment to entry in nil map"
+			assert.Equal(t, want, md.Get(sluice.HeaderErrorMessage))
+			assert.Equal(t, want, md.Get(sluice.HeaderLastErrorMessage))
+			history := sluice.History(md)
+			require.Len(t, history, 1)
+			assert.Equal(t, sluice.HistoryEntry{At: now, Attempt: 1, Type: "panic", Message: want}, history[0])
+			for k, v := range md {
+				if k != sluice.HeaderErrorStack {
+					assert.NotContains(t, v, "goroutine", "the stack is only in x-error-stack, not in %s", k)
+				}
+			}
 
 			stack := md.Get(sluice.HeaderErrorStack)
 			require.NotEmpty(t, stack, "a panic's record carries its stack")
@@ -307,6 +318,24 @@ func TestMiddleware_PanicRecord(t *testing.T) {
 			assert.Equal(t, "panic", events.All()[0].ErrorType)
 		})
 	}
+}
+
+// Issue 17: a panic's stack was in every log line. The dead-letter log line names the
+// panic's value; the stack is in the record only.
+func TestMiddleware_PanicLogLineHoldsNoStack(t *testing.T) {
+	var buf testenv.SyncBuffer
+	p, err := poison.New(poison.Config{
+		DeadLetterer: &fakeDeadLetterer{},
+		Logger:       slog.New(slog.NewTextHandler(&buf, nil)),
+		Now:          func() time.Time { return now },
+		Host:         host,
+	})
+	require.NoError(t, err)
+	res := run(t, p.Middleware, panicking(0), nil)
+	require.NoError(t, res.err)
+	assert.Contains(t, buf.String(), `error_type=panic`)
+	assert.Contains(t, buf.String(), `error="panic: assignment to entry in nil map"`)
+	assert.NotContains(t, buf.String(), "goroutine")
 }
 
 // A stack left on the message by an earlier failure must not describe this one.

@@ -2,7 +2,7 @@
 // the handler goroutine and does not hold the message unacked, as Watermill's Retry
 // middleware does: the step hands a copy of the message to the broker's delay (RabbitMQ's
 // delay cascade, or the embedded broker's scheduler) and lets the original be acked only
-// once the broker confirmed the copy. The copy carries the failure headers of DESIGN.md, so
+// once the broker confirmed the copy. The copy carries the failure headers of docs/DESIGN.md, so
 // the next attempt knows its number and history.
 //
 // What the step does with each error class of package sluice:
@@ -207,7 +207,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		case sluice.ClassPermanent:
 			return nil, err
 		case sluice.ClassDiscard:
-			r.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "error", err)
+			r.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "error", sluice.ErrorMessage(err))
 			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: attempt, Err: err})
 			return nil, nil
 		case sluice.ClassDefer:
@@ -239,12 +239,12 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(first))
 		md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
 		md.Set(sluice.HeaderLastError, errType)
-		md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(err.Error(), sluice.MaxErrorMessageBytes))
+		md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
 		if md.Get(sluice.HeaderOriginalQueue) == "" {
 			md.Set(sluice.HeaderOriginalQueue, queue)
 		}
 		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
-			At: now.UTC(), Attempt: attempt, Type: errType, Message: err.Error(),
+			At: now.UTC(), Attempt: attempt, Type: errType, Message: sluice.ErrorMessage(err),
 		}))
 		if herr := r.cfg.Delayer.Delay(hctx, queue, delay, retryCopy); herr != nil {
 			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
@@ -252,7 +252,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.Handoff(herr)
 		}
 		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeRetry, Delay: delay, Attempt: attempt, Err: err})
-		r.cfg.Logger.Debug("message handed to broker for retry", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "delay", delay, "error", err)
+		r.cfg.Logger.Debug("message handed to broker for retry", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "delay", delay, "error", sluice.ErrorMessage(err))
 		if r.cfg.OnRetry != nil {
 			r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Err: err})
 		}

@@ -5,17 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/steptest"
+	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -445,7 +448,9 @@ func TestMiddleware_LastErrorHeaders(t *testing.T) {
 	}{
 		{"plain error", errBoom, "error", "boom"},
 		{"typed error", &gatewayErr{msg: "slow"}, "gateway_timeout", "slow"},
-		{"custom struct type", &customErr{}, "*retry_test.customErr", "custom"},
+		{"custom struct type", &customErr{}, "retry_test.customErr", "custom"},
+		{"panic is its value", recoveredPanic(), "panic", "panic: card store is nil"},
+		{"untyped error names its Go type", fmt.Errorf("charge: %w", &net.OpError{Op: "dial", Net: "tcp", Err: errBoom}), "net.OpError", "charge: dial tcp: boom"},
 		{"RetryAfter keeps the type", sluice.RetryAfter(time.Second, &gatewayErr{msg: "429"}), "gateway_timeout", "retry after 1s: 429"},
 		{"long message is truncated", errors.New(long), "error", sluice.Truncate(long, sluice.MaxErrorMessageBytes)},
 	}
@@ -460,8 +465,38 @@ func TestMiddleware_LastErrorHeaders(t *testing.T) {
 			assert.Equal(t, tt.wantMsg, md.Get(sluice.HeaderLastErrorMessage))
 			assert.LessOrEqual(t, len(md.Get(sluice.HeaderLastErrorMessage)), sluice.MaxErrorMessageBytes)
 			assert.LessOrEqual(t, len(md.Get(sluice.HeaderRetryHistory)), 1024, "the history keeps a short message")
+			history := sluice.History(md)
+			require.NotEmpty(t, history)
+			assert.Equal(t, tt.wantType, history[len(history)-1].Type)
+			assert.Equal(t, sluice.Truncate(tt.wantMsg, sluice.MaxHistoryMessageBytes), history[len(history)-1].Message)
+			for k, v := range md {
+				assert.NotContains(t, v, "goroutine", "no stack in %s", k)
+			}
 		})
 	}
+}
+
+// recoveredPanic returns the error Watermill's Recoverer makes of a panic, stack included.
+func recoveredPanic() error {
+	_, err := middleware.Recoverer(func(*message.Message) ([]*message.Message, error) {
+		panic(errors.New("card store is nil"))
+	})(message.NewMessage("m-panic", nil))
+	return err
+}
+
+// Issue 17: a panic's stack was in every log line. The retry log names the panic's value.
+func TestMiddleware_LogLineHoldsNoStack(t *testing.T) {
+	var buf testenv.SyncBuffer
+	cfg := testPolicy()
+	cfg.Delayer = &fakeDelayer{}
+	cfg.Now = func() time.Time { return now }
+	cfg.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, err := retry.New(cfg)
+	require.NoError(t, err)
+	res := run(t, r.Middleware, failing(recoveredPanic()), nil)
+	require.NoError(t, res.err)
+	assert.Contains(t, buf.String(), `error="panic: card store is nil"`)
+	assert.NotContains(t, buf.String(), "goroutine")
 }
 
 type customErr struct{}

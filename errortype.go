@@ -1,0 +1,232 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+)
+
+// ErrorTypeGeneric is the error type of an error that says nothing about itself: an
+// errors.New or fmt.Errorf error with no declared type, no registered sentinel in its chain
+// and no named Go type behind it.
+const ErrorTypeGeneric = "error"
+
+// ErrorTypePanic is the error type of a recovered panic.
+const ErrorTypePanic = "panic"
+
+// modulePath is sluice's module; its error types that wrap another error only add context
+// (Permanent, RetryAfter, a failed hand-off, exhausted retries), so ErrorType looks through
+// them.
+const modulePath = "github.com/sluice-go/sluice"
+
+// registry holds the sentinels registered with RegisterErrorType, in registration order.
+var registry struct {
+	mu      sync.RWMutex
+	entries []registered
+}
+
+type registered struct {
+	err  error
+	name string
+}
+
+func init() {
+	RegisterErrorType(context.DeadlineExceeded, "deadline_exceeded")
+	RegisterErrorType(context.Canceled, "canceled")
+}
+
+// RegisterErrorType names the error type of every error that matches sentinel with
+// errors.Is, for failure records, metrics, spans and `sluice dlq replay --error-type`:
+//
+//	var ErrInsufficientFunds = errors.New("insufficient funds")
+//
+//	func init() { sluice.RegisterErrorType(ErrInsufficientFunds, "insufficient_funds") }
+//
+// Registering a sentinel again replaces its name. context.DeadlineExceeded
+// ("deadline_exceeded") and context.Canceled ("canceled") are registered by sluice. It
+// panics on a nil sentinel or an empty name: both are programming errors, found at start-up.
+func RegisterErrorType(sentinel error, name string) {
+	if sentinel == nil {
+		panic("sluice: RegisterErrorType with a nil sentinel")
+	}
+	if name == "" {
+		panic(fmt.Sprintf("sluice: RegisterErrorType(%q) with an empty name", sentinel.Error()))
+	}
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	for i, r := range registry.entries {
+		if r.err == sentinel {
+			registry.entries[i].name = name
+			return
+		}
+	}
+	registry.entries = append(registry.entries, registered{err: sentinel, name: name})
+}
+
+// registeredType returns the name of the registered sentinel found first in err's tree,
+// searched depth first as errors.Is searches it: the outermost one wins, whatever the order
+// in which packages registered theirs.
+func registeredType(err error) (string, bool) {
+	registry.mu.RLock()
+	defer registry.mu.RUnlock()
+	if len(registry.entries) == 0 {
+		return "", false
+	}
+	return matchRegistered(err)
+}
+
+func matchRegistered(err error) (string, bool) {
+	if err == nil {
+		return "", false
+	}
+	comparable := reflect.TypeOf(err).Comparable()
+	is, hasIs := err.(interface{ Is(error) bool })
+	for _, r := range registry.entries {
+		if (comparable && err == r.err) || (hasIs && is.Is(r.err)) {
+			return r.name, true
+		}
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return matchRegistered(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, inner := range u.Unwrap() {
+			if name, ok := matchRegistered(inner); ok {
+				return name, true
+			}
+		}
+	}
+	return "", false
+}
+
+// ErrorType returns the name recorded as an error's type (x-error-type, x-last-error, the
+// retry history, the error.type span attribute and metric label). The first rule that
+// applies wins:
+//
+//  1. the ErrorType of the first error in the chain that implements TypedError;
+//  2. "panic" for a recovered panic;
+//  3. the name of a sentinel registered with RegisterErrorType that the error matches with
+//     errors.Is, the outermost in the chain when it holds several (context.DeadlineExceeded
+//     is "deadline_exceeded"; sluice's packages register theirs, e.g. "unroutable");
+//  4. the Go type of the first error in the chain, searched in the order errors.As uses,
+//     that is not a pure wrapper, as package.Type without the pointer star: *net.OpError is
+//     "net.OpError", *json.SyntaxError "json.SyntaxError". Pure wrappers are fmt.Errorf's
+//     and errors.Join's, github.com/pkg/errors' WithStack and WithMessage, and sluice's own
+//     (Permanent, RetryAfter, a failed hand-off, exhausted retries...);
+//  5. "error" when the chain holds nothing but errors.New and fmt.Errorf errors.
+//
+// The name is stable across releases of the code that returns the error as long as its
+// declared type, sentinel or Go type stays: give a domain error an ErrorType method, or
+// register its sentinel, to choose the name operators filter on.
+func ErrorType(err error) string {
+	if err == nil {
+		return ""
+	}
+	var typed TypedError
+	if errors.As(err, &typed) {
+		return typed.ErrorType()
+	}
+	if _, ok := PanicStack(err); ok {
+		return ErrorTypePanic
+	}
+	if name, ok := registeredType(err); ok {
+		return name
+	}
+	if name, ok := goTypeName(err); ok {
+		return name
+	}
+	return ErrorTypeGeneric
+}
+
+// goTypeName returns the Go type of the first error in err's tree that is neither a pure
+// wrapper nor a plain text error, depth first as errors.As searches.
+func goTypeName(err error) (string, bool) {
+	if err == nil {
+		return "", false
+	}
+	if name, ok := namedType(err); ok {
+		return name, true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return goTypeName(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, inner := range u.Unwrap() {
+			if name, ok := goTypeName(inner); ok {
+				return name, true
+			}
+		}
+	}
+	return "", false
+}
+
+// namedType returns err's own type name, or false when the type only carries text or only
+// wraps another error.
+func namedType(err error) (string, bool) {
+	t := reflect.TypeOf(err)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	pkg, name := t.PkgPath(), t.Name()
+	if name == "" {
+		return "", false // an unnamed type says nothing an operator could filter on
+	}
+	switch pkg + "." + name {
+	case "errors.errorString", "errors.joinError",
+		"fmt.wrapError", "fmt.wrapErrors",
+		"github.com/pkg/errors.fundamental", "github.com/pkg/errors.withStack",
+		"github.com/pkg/errors.withMessage":
+		return "", false
+	}
+	if pkg == modulePath || strings.HasPrefix(pkg, modulePath+"/") {
+		if _, wraps := err.(interface{ Unwrap() error }); wraps {
+			return "", false
+		}
+	}
+	// %T names the package as its code does (backoff, not v4); reflect knows only the path.
+	return strings.TrimLeft(fmt.Sprintf("%T", err), "*"), true
+}
+
+// ErrorMessage returns the text recorded as an error's message (x-error-message,
+// x-last-error-message, the retry history, log lines, span status): the error's own text,
+// except that a recovered panic reads "panic: <value>". The panic's stack, which Watermill's
+// Recoverer puts into the error's text, is left out; it is kept once, in x-error-stack (see
+// PanicStack).
+func ErrorMessage(err error) string {
+	if err == nil {
+		return ""
+	}
+	text := err.Error()
+	p, ok := recoveredPanic(err)
+	if !ok {
+		return text
+	}
+	short := "panic: " + fmt.Sprint(p.V)
+	if full := p.Error(); strings.Contains(text, full) {
+		return strings.Replace(text, full, short, 1)
+	}
+	// A wrapper rewrote the panic's text; the stack starts where Watermill's format says.
+	if i := strings.Index(text, ", stacktrace:"); i >= 0 {
+		return text[:i]
+	}
+	return text
+}
+
+// recoveredPanic returns the recovered panic in err's chain, whether Watermill's Recoverer
+// put it there as a value or someone as a pointer.
+func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
+	var p middleware.RecoveredPanicError
+	if errors.As(err, &p) {
+		return p, true
+	}
+	var pp *middleware.RecoveredPanicError
+	if errors.As(err, &pp) && pp != nil {
+		return *pp, true
+	}
+	return middleware.RecoveredPanicError{}, false
+}

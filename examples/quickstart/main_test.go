@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/testenv"
+)
+
+// readmeMarker precedes, in README.md, the code block that must be this program.
+const readmeMarker = "<!-- examples/quickstart/main.go -->"
+
+// Issue 17: the README's first example registered WithIdempotencyKey without
+// Config.Idempotency, so a duplicate was handled three times. The example is this program;
+// the README shows it byte for byte.
+func TestREADMEShowsThisProgram(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(testenv.ModuleRoot(t), "README.md"))
+	require.NoError(t, err)
+	program, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+
+	_, after, found := strings.Cut(string(readme), readmeMarker)
+	require.True(t, found, "README.md has no %q before the example", readmeMarker)
+	after = strings.TrimLeft(after, "\n")
+	require.True(t, strings.HasPrefix(after, "```go\n"), "the marker is followed by a ```go block")
+	block, _, found := strings.Cut(strings.TrimPrefix(after, "```go\n"), "\n```\n")
+	require.True(t, found, "the README's example block is not closed")
+	assert.Equal(t, string(program), block+"\n", "README.md's example differs from examples/quickstart/main.go: copy the file into the block")
+}
+
+// The example consumes from RabbitMQ: a payment is charged once however often it is sent,
+// and a body that does not decode is dead-lettered as a decode failure.
+func TestRunAgainstRabbitMQ(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	t.Setenv("AMQP_URL", r.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "") // spans are made, not exported
+	queue, output := testenv.Name("quickstart.requested"), testenv.Name("quickstart.succeeded")
+	r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, queue, output) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			assert.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("run did not return after its context ended")
+		}
+	})
+	require.Eventually(t, func() bool { return r.Count(queue) >= 0 && r.Count(output) >= 0 }, 30*time.Second, 50*time.Millisecond, "queues declared")
+
+	publish := func(id, body string) {
+		r.Publish(queue, amqp091.Publishing{MessageId: id, DeliveryMode: amqp091.Persistent, Body: []byte(body)})
+	}
+	publish("m-1", `{"payment_id":"pay_1","amount_cents":1299}`)
+	publish("m-2", `{"payment_id":"pay_1","amount_cents":1299}`) // the same payment again
+	publish("m-3", `{"payment_id":`)
+
+	require.Eventually(t, func() bool { return r.Count(queue+".dlq") == 1 && r.Count(output) >= 1 }, 30*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Count(queue) == 0 }, 10*time.Second, 50*time.Millisecond, "every request handled")
+	time.Sleep(500 * time.Millisecond) // a second event for the duplicate would show now
+	assert.Equal(t, 1, r.Count(output), "pay_1 charged once")
+
+	ev, ok := r.Get(output)
+	require.True(t, ok)
+	var event map[string]string
+	require.NoError(t, json.Unmarshal(ev.Body, &event))
+	assert.Equal(t, map[string]string{"payment_id": "pay_1", "status": "succeeded"}, event)
+
+	dead, ok := r.Get(queue + ".dlq")
+	require.True(t, ok)
+	assert.Equal(t, "m-3", dead.MessageId)
+	assert.Equal(t, "json.SyntaxError", dead.Headers[sluice.HeaderErrorType])
+	assert.Equal(t, "permanent", dead.Headers[sluice.HeaderErrorClass])
+	assert.Contains(t, dead.Headers[sluice.HeaderErrorMessage], "permanent: decode payment request: unexpected end of JSON input")
+}

@@ -1,0 +1,37 @@
+package idempotency
+
+import "github.com/sluice-go/sluice"
+
+// ErrorTypeKey is the error type of a key function's failure whose error names no type of
+// its own.
+const ErrorTypeKey = "idempotency_key"
+
+// KeyError is the error of a message whose key function failed. Its text starts with the
+// key function's error, so a payload that does not decode reads as a decode failure in the
+// dead-letter record; it matches ErrKey with errors.Is.
+type KeyError struct {
+	// MessageID is the message whose key could not be derived.
+	MessageID string
+	// Err is what the key function returned.
+	Err error
+}
+
+// Error returns the key function's error, then what it prevented.
+func (e *KeyError) Error() string {
+	return e.Err.Error() + " (no idempotency key for message " + e.MessageID + ")"
+}
+
+// Unwrap returns the key function's error.
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// Is matches ErrKey.
+func (e *KeyError) Is(target error) bool { return target == ErrKey }
+
+// ErrorType is the key function's error type (a decode failure stays "decode"), or
+// ErrorTypeKey when that error says nothing about itself.
+func (e *KeyError) ErrorType() string {
+	if t := sluice.ErrorType(e.Err); t != sluice.ErrorTypeGeneric {
+		return t
+	}
+	return ErrorTypeKey
+}

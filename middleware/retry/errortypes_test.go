@@ -1,0 +1,24 @@
+package retry_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice"
+)
+
+// A message deferred past MaxTotalAge is dead-lettered as "deferral_expired", not as its
+// last deferral's reason.
+func TestMiddleware_DeferralExpiredHasItsOwnType(t *testing.T) {
+	cfg := testPolicy()
+	cfg.MaxTotalAge = time.Minute
+	r, _, _ := newStep(t, cfg, nil)
+	md := map[string]string{sluice.HeaderFirstDeferTime: sluice.FormatTime(now.Add(-time.Hour))}
+	res := run(t, r.Middleware, failing(sluice.Defer(time.Second, errBoom)), md)
+	require.Error(t, res.err)
+	assert.True(t, sluice.IsPermanent(res.err))
+	assert.Equal(t, "deferral_expired", sluice.ErrorType(res.err))
+}

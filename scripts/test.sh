@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# What `make test` runs: every test with the race detector, then the chaos test, against
+# RabbitMQ and Jaeger. It starts RabbitMQ when it is installed and not running
+# (rabbitmq-server, else `docker compose up -d rabbitmq` where a Docker engine runs), and
+# ends with a loud list of the tests that skipped and why: a test that cannot reach what it
+# needs skips on a developer's machine (and fails where SLUICE_REQUIRE_BROKER=1, as in CI).
+#
+# Environment:
+#   GO, PKGS               the go command and the packages (default: go, ./...)
+#   AMQP_URL               the broker the tests use (default amqp://guest:guest@127.0.0.1:5672/)
+#   SLUICE_TEST_START=0    never start RabbitMQ
+#   SLUICE_TEST_JAEGER=0   neither start nor stop the local Jaeger (use JAEGER_QUERY_URL's)
+#   SLUICE_TEST_CHAOS=0    leave out the chaos test
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+GO="${GO:-go}"
+PKGS="${PKGS:-./...}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+skips="$work/skips.jsonl"
+
+say() { echo "make test: $*"; }
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+# The broker's host and port, from AMQP_URL's first node.
+url="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
+hostport="${url%%,*}"
+hostport="${hostport#*://}"
+hostport="${hostport#*@}"
+hostport="${hostport%%/*}"
+host="${hostport%:*}"
+port="${hostport##*:}"
+[ "$port" = "$hostport" ] && port=5672
+[ "$host" = localhost ] && host=127.0.0.1
+
+start_rabbitmq() {
+	[ "${SLUICE_TEST_START:-1}" = 0 ] && return 1
+	# Only the local default node can be started from here.
+	[ "$host" = 127.0.0.1 ] && [ "$port" = 5672 ] || return 1
+	if command -v rabbitmq-server >/dev/null 2>&1; then
+		say "RabbitMQ is not running on 127.0.0.1:5672; starting it (rabbitmq-server -detached)"
+		rabbitmq-server -detached || return 1
+	elif command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+		say "RabbitMQ is not running on 127.0.0.1:5672; starting it (docker compose up -d rabbitmq)"
+		docker compose up -d rabbitmq || return 1
+	else
+		return 1
+	fi
+	for _ in $(seq 1 120); do
+		if port_open 127.0.0.1 5672; then
+			# The port opens before the node accepts connections; rabbitmqctl knows when.
+			if ! command -v rabbitmqctl >/dev/null 2>&1 || rabbitmqctl -q await_startup >/dev/null 2>&1; then
+				say "RabbitMQ is up"
+				return 0
+			fi
+		fi
+		sleep 1
+	done
+	say "RabbitMQ did not come up on 127.0.0.1:5672 within 2 minutes" >&2
+	return 1
+}
+
+if ! port_open "$host" "$port"; then
+	if ! start_rabbitmq; then
+		if [ "${SLUICE_REQUIRE_BROKER:-0}" = 1 ]; then
+			say "RabbitMQ is not reachable at $host:$port and could not be started here; its tests will fail (SLUICE_REQUIRE_BROKER=1)"
+		else
+			say "RabbitMQ is not reachable at $host:$port and could not be started here; its tests will skip (see the summary at the end)"
+		fi
+	fi
+fi
+
+jaeger="${SLUICE_TEST_JAEGER:-1}"
+if [ "$jaeger" != 0 ]; then
+	./scripts/jaeger-start.sh || {
+		[ "${SLUICE_REQUIRE_JAEGER:-0}" = 1 ] && exit 1
+		say "Jaeger not started; its tests will skip"
+	}
+fi
+
+summary="$work/testsummary"
+"$GO" build -o "$summary" ./internal/testsummary || exit 1
+
+# suite ARGS...: go test ARGS with -json, printed as go test prints it, skips recorded.
+suite() { "$GO" test -json "$@" 2>&1 | "$summary" -skips "$skips"; }
+
+status=0
+# shellcheck disable=SC2086 # PKGS is a list of patterns
+suite -race -count=1 -timeout 20m $PKGS || status=1
+if [ $status = 0 ] && [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
+	suite -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
+fi
+
+if [ "$jaeger" != 0 ]; then
+	./scripts/jaeger-stop.sh >/dev/null 2>&1 || true
+fi
+"$summary" -report "$skips"
+if [ $status = 0 ]; then say "PASS"; else say "FAIL"; fi
+exit $status
