@@ -89,6 +89,8 @@ type handlerConfig struct {
 	keyFunc     func(*message.Message) (string, error)
 	breaker     string
 	partitions  int // WithPartitions (partition.go)
+
+	sub subscription // WithSubscription, WithAdopt, WithOutputExchange (subscription.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -126,6 +128,9 @@ type Stack struct {
 	outputs []string
 	parted  []partitioned // partition.go
 	started bool
+
+	subscribed   []subscribed     // subscription.go
+	outExchanges []outputExchange // subscription.go
 }
 
 // New builds a stack on broker.
@@ -225,11 +230,17 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	for _, o := range opts {
 		o(&hc)
 	}
+	plain, err := s.registerExchanges(name, queue, outputTopic, hc)
+	if err != nil {
+		return err
+	}
 	if hc.partitions != 0 {
 		return s.addPartitioned(name, queue, outputTopic, h, hc)
 	}
 	s.names[name] = true
-	s.queues = append(s.queues, queue)
+	if plain {
+		s.queues = append(s.queues, queue)
+	}
 	if outputTopic != "" {
 		s.outputs = append(s.outputs, outputTopic)
 	}
@@ -251,6 +262,8 @@ func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerCon
 	}
 	if outputTopic != "" {
 		h = publishOutputs(s.output, outputTopic)(h)
+	} else if hc.sub.output != nil {
+		h = s.exchangeOutputs(*hc.sub.output)(h)
 	}
 	if s.cfg.Idempotency != nil {
 		h = s.cfg.Idempotency.Middleware(hc.keyFunc)(h)
@@ -280,6 +293,9 @@ func (s *Stack) Run(ctx context.Context) error {
 		}
 	}
 	if err := s.declarePartitioned(ctx); err != nil {
+		return err
+	}
+	if err := s.declareExchanges(ctx); err != nil {
 		return err
 	}
 	return s.router.Run(ctx)
