@@ -25,20 +25,26 @@ import (
 func (e *env) newExchange(t *testing.T, prefix string) string {
 	x := testenv.Name(prefix)
 	if e.rabbit != nil {
-		url := e.rabbit.URL
-		t.Cleanup(func() {
-			conn, err := amqp091.Dial(url)
-			if err != nil {
-				return
-			}
-			defer conn.Close()
+		deleteExchangesAfter(t, e.rabbit.URL, x)
+	}
+	return x
+}
+
+// deleteExchangesAfter deletes exchanges when t ends.
+func deleteExchangesAfter(t *testing.T, url string, exchanges ...string) {
+	t.Cleanup(func() {
+		conn, err := amqp091.Dial(url)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		for _, x := range exchanges {
 			if ch, err := conn.Channel(); err == nil {
 				_ = ch.ExchangeDelete(x, false, false)
 				_ = ch.Close()
 			}
-		})
-	}
-	return x
+		}
+	})
 }
 
 // publishToExchange sends msg to exchange with key as a producer outside sluice would: a
