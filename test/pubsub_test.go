@@ -253,6 +253,7 @@ func TestPreDeclaredQueueIsAdoptedOrRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = s.Run(ctx)
+	t.Logf("refused: %v", err)
 	require.ErrorIs(t, err, amqp.ErrInequivalent)
 	var ie *amqp.InequivalentError
 	require.ErrorAs(t, err, &ie)
