@@ -188,3 +188,49 @@ func TestAdoptOrRefuseExistingTopology(t *testing.T) {
 	require.NoError(t, b.Delay(ctx, queue, 0, message.NewMessage("r1", []byte("x"))))
 	require.Eventually(t, func() bool { return r.Count(amqp.DLQName(queue)) == 1 && r.Count(queue) == 2 }, 10*time.Second, 20*time.Millisecond)
 }
+
+// Each exchange kind routes to the queue what its binding matches, and keeps the rest in
+// sluice.unrouted.
+func TestBindingKindsRouteOnRabbitMQ(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	b := newBroker(t, amqp.Config{})
+	cases := []struct {
+		name    string
+		binding amqp.Binding
+		key     string
+		headers map[string]string
+		routed  bool
+	}{
+		{name: "direct match", binding: amqp.Binding{Kind: amqp.ExchangeDirect, Keys: []string{"a", "b"}}, key: "b", routed: true},
+		{name: "direct miss", binding: amqp.Binding{Kind: amqp.ExchangeDirect, Keys: []string{"a"}}, key: "a.b"},
+		{name: "fanout", binding: amqp.Binding{Kind: amqp.ExchangeFanout}, key: "anything", routed: true},
+		{name: "topic #", binding: amqp.Binding{Keys: []string{"order.#"}}, key: "order.created.eu", routed: true},
+		{name: "headers all", binding: amqp.Binding{Kind: amqp.ExchangeHeaders, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu", "tier": "gold"}, routed: true},
+		{name: "headers all, one differs", binding: amqp.Binding{Kind: amqp.ExchangeHeaders, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu", "tier": "free"}},
+		{name: "headers any", binding: amqp.Binding{Kind: amqp.ExchangeHeaders, MatchAny: true, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu"}, routed: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			exchange, queue := testenv.Name("test.kinds"), testenv.Name("test.kinds.q")
+			deleteExchanges(t, r.URL, exchange)
+			r.DeleteQueues(queue, amqp.DLQName(queue))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			tc.binding.Exchange = exchange
+			require.NoError(t, b.DeclareSubscription(ctx, queue, []amqp.Binding{tc.binding}, false))
+			id := testenv.Name("m")
+			m := message.NewMessage(id, []byte("x"))
+			for k, v := range tc.headers {
+				m.Metadata.Set(k, v)
+			}
+			require.NoError(t, b.PublishToExchange(ctx, exchange, tc.key, m))
+			if tc.routed {
+				require.Eventually(t, func() bool { return r.Count(queue) == 1 }, 10*time.Second, 20*time.Millisecond)
+				return
+			}
+			require.Eventually(t, func() bool { _, ok := unroutedCopy(t, r, id); return ok }, 10*time.Second, 20*time.Millisecond)
+			require.Equal(t, 0, r.Count(queue))
+			removeUnrouted(t, r, id)
+		})
+	}
+}
