@@ -8,8 +8,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/telemetry"
 )
 
 // plainBroker hides the embedded broker's exchanges: a Broker without ExchangeBroker.
@@ -121,4 +126,31 @@ func TestSubscriptionAndExchangeOutputOnTheEmbeddedBroker(t *testing.T) {
 		require.Empty(t, m.Metadata.Get(router.RoutingKeyMetadata))
 	}
 	require.Equal(t, map[string]string{"odd-o1": "checks check.flagged", "o2": "orders order.paid"}, unrouted)
+}
+
+// With telemetry, an output to an exchange gets its producer span, named after the
+// exchange, and carries the trace context like an output to a queue.
+func TestExchangeOutputIsTraced(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	in, err := telemetry.New(telemetry.WithTracerProvider(tp), telemetry.WithPropagator(propagation.TraceContext{}))
+	require.NoError(t, err)
+	mem := memory.New(memory.Config{Logger: silentLogger})
+	t.Cleanup(func() { _ = mem.Close() })
+	s, err := router.New(router.FromMemory(mem), router.Config{Logger: silentLogger, Telemetry: in})
+	require.NoError(t, err)
+	require.NoError(t, s.HandleWithOutput("h", "in", "", func(m *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage("out-"+m.UUID, nil)}, nil
+	}, router.WithOutputExchange(router.Output{Exchange: "events", Kind: router.Fanout})))
+	runSubscribed(t, s)
+	require.NoError(t, mem.Publish("in", message.NewMessage("m1", nil)))
+	require.Eventually(t, func() bool { return mem.Len(memory.UnroutedQueue) == 1 }, 5*time.Second, 5*time.Millisecond)
+	out := mem.Peek(memory.UnroutedQueue)[0]
+	require.NotEmpty(t, out.Metadata.Get("traceparent"))
+	var names []string
+	for _, sp := range spans.Ended() {
+		names = append(names, sp.Name())
+	}
+	require.Contains(t, names, "send events")
 }
