@@ -9,6 +9,10 @@ BENCH_ROUNDS ?= 3
 run:
 	$(GO) run ./cmd/payments demo
 
+## run-pubsub: the demo with the service subscribed to the exchange orders, successes on the exchange payments
+run-pubsub:
+	PAYMENTS_EXCHANGE=orders PAYMENTS_OUTPUT_EXCHANGE=payments $(GO) run ./cmd/payments demo
+
 ## test: every test, with the race detector, against RabbitMQ and a Jaeger started here
 test:
 	@./scripts/jaeger-start.sh || { [ "$${SLUICE_REQUIRE_JAEGER:-0}" != 1 ] && echo "make: Jaeger not started; its tests will skip"; }
