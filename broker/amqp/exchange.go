@@ -97,10 +97,10 @@ func (b *Binding) Validate() error {
 }
 
 // routes returns the (binding key, arguments) pairs the binding declares.
-func (b Binding) routes() []route {
+func (b Binding) routes() []bindingRoute {
 	switch b.Kind {
 	case ExchangeFanout:
-		return []route{{}}
+		return []bindingRoute{{}}
 	case ExchangeHeaders:
 		args := amqp.Table{"x-match": "all"}
 		if b.MatchAny {
@@ -109,16 +109,16 @@ func (b Binding) routes() []route {
 		for k, v := range b.Headers {
 			args[k] = v
 		}
-		return []route{{args: args}}
+		return []bindingRoute{{args: args}}
 	}
-	out := make([]route, len(b.Keys))
+	out := make([]bindingRoute, len(b.Keys))
 	for i, k := range b.Keys {
-		out[i] = route{key: k}
+		out[i] = bindingRoute{key: k}
 	}
 	return out
 }
 
-type route struct {
+type bindingRoute struct {
 	key  string
 	args amqp.Table
 }
@@ -158,7 +158,8 @@ func inequivalent(err error, what, name string) error {
 	return &InequivalentError{What: what, Name: name, Argument: m[1], Detail: m[2]}
 }
 
-func isNotFound(err error) bool {
+// is404 reports RabbitMQ's 404 NOT_FOUND channel error (a passive declare of nothing).
+func is404(err error) bool {
 	var ae *amqp.Error
 	return errors.As(err, &ae) && ae.Code == amqp.NotFound
 }
@@ -219,7 +220,7 @@ func (b *Broker) passive(ctx context.Context, declare func(*amqp.Channel) error)
 	}
 	defer ch.Close()
 	if err := declare(ch); err != nil {
-		if isNotFound(err) {
+		if is404(err) {
 			return false, nil
 		}
 		return false, err
