@@ -286,7 +286,7 @@ func (s *Stack) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	for _, q := range queues {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := s.broker.DeclareQueue(dctx, q)
+		err := s.declareQueue(dctx, q) // subscription.go
 		cancel()
 		if err != nil {
 			return fmt.Errorf("declare queue %q: %w", q, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -284,4 +285,35 @@ func (m memoryBroker) DeclareSubscription(ctx context.Context, queue string, bin
 		bs[i] = memory.Binding{Exchange: b.Exchange, Kind: memory.ExchangeKind(b.Kind), Keys: b.Keys, Headers: b.Headers, MatchAny: b.MatchAny}
 	}
 	return m.Broker.DeclareSubscription(ctx, queue, bs, adopt)
+}
+
+// outputQueueDeclarer declares a queue the stack only publishes to; the brokers of FromAMQP
+// and FromMemory implement it.
+type outputQueueDeclarer interface {
+	DeclareOutputQueue(ctx context.Context, queue string) error
+}
+
+// declareQueue declares queue for Run: a queue the stack only publishes to gets no
+// dead-letter queue of its own when the broker can do that (its consumer's declaration
+// adds one); every other queue gets its failure paths.
+func (s *Stack) declareQueue(ctx context.Context, queue string) error {
+	d, ok := s.broker.(outputQueueDeclarer)
+	if !ok || !s.onlyOutput(queue) {
+		return s.broker.DeclareQueue(ctx, queue)
+	}
+	return d.DeclareOutputQueue(ctx, queue)
+}
+
+func (s *Stack) onlyOutput(queue string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Contains(s.outputs, queue) || slices.Contains(s.queues, queue) {
+		return false
+	}
+	for _, sub := range s.subscribed {
+		if sub.queue == queue {
+			return false
+		}
+	}
+	return true
 }

@@ -277,3 +277,18 @@ func TestPreDeclaredQueueIsAdoptedOrRefused(t *testing.T) {
 	settle(t, func() bool { return got.of("adopted")["o1"] == 2 }, "the adopted queue's message, then its retry")
 	assert.Equal(t, map[string]int{"o1": 2}, got.of("adopted"))
 }
+
+// A queue the stack only publishes to gets no dead-letter queue; the consumed one does.
+func TestOutputQueueGetsNoDeadLetterQueue(t *testing.T) {
+	e := rabbitEnv(t)
+	in, out := e.newQueue(t, "test.outq.in"), e.newQueue(t, "test.outq.out")
+	start(t, e, router.Config{}, func(s *router.Stack) {
+		require.NoError(t, s.HandleWithOutput("copy", in, out, func(m *message.Message) ([]*message.Message, error) {
+			return []*message.Message{message.NewMessage("copy-"+m.UUID, m.Payload)}, nil
+		}))
+	})
+	e.publish(t, in, message.NewMessage("m1", []byte("x")))
+	require.Eventually(t, func() bool { return e.count(t, out) == 1 }, 30*time.Second, 20*time.Millisecond)
+	assert.Equal(t, 0, e.count(t, in+".dlq"))
+	assert.Equal(t, -1, e.count(t, out+".dlq"), "no DLQ for the output queue")
+}

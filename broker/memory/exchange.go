@@ -317,3 +317,13 @@ func (b *Broker) ReplayUnrouted(ctx context.Context, exchangeName string) (int, 
 	}
 	return len(take), nil
 }
+
+// DeclareOutputQueue creates queue for a stack that only publishes to it: without the
+// dead-letter queue, which its consumer's DeclareQueue adds.
+func (b *Broker) DeclareOutputQueue(_ context.Context, queue string) error {
+	if b.closed() {
+		return ErrClosed
+	}
+	b.queue(queue)
+	return nil
+}
