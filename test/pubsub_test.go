@@ -101,8 +101,9 @@ func (d *deliveries) of(handler string) map[string]int {
 
 // Two subscribers bound to one topic exchange with different keys each get every event
 // their keys match once (a subscriber two of whose keys match gets it once too). A handler
-// failing twice on one subscriber retries only there; on RabbitMQ a dead letter replayed
-// from one subscriber's DLQ goes back to that subscriber only.
+// failing twice on one subscriber retries only there, and a deferral stays there too; on
+// RabbitMQ a dead letter replayed from one subscriber's DLQ goes back to that subscriber
+// only.
 func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 	onEachBroker(t, func(t *testing.T, e *env) {
 		exchange := e.newExchange(t, "test.orders")
@@ -117,6 +118,8 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 					return errors.New("ledger not ready")
 				case m.UUID == "paid-1" && n == 1:
 					return sluice.Permanent(errors.New("refused"))
+				case m.UUID == "paid-2" && n == 1:
+					return sluice.Defer(50*time.Millisecond, errors.New("ledger busy"))
 				}
 				return nil
 			}, router.WithSubscription(router.Binding{Exchange: exchange, Keys: []string{"order.*"}})))
@@ -125,14 +128,14 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 				return nil
 			}, router.WithSubscription(router.Binding{Exchange: exchange, Kind: router.Topic, Keys: []string{"order.created", "*.paid"}})))
 		})
-		for id, key := range map[string]string{"created-1": "order.created", "paid-1": "order.paid", "shipped-1": "order.shipped", "invoice-1": "invoice.paid"} {
+		for id, key := range map[string]string{"created-1": "order.created", "paid-1": "order.paid", "paid-2": "order.paid", "shipped-1": "order.shipped", "invoice-1": "invoice.paid"} {
 			e.publishToExchange(t, exchange, key, message.NewMessage(id, []byte(`{}`)))
 		}
-		wantBilling := map[string]int{"created-1": 3, "paid-1": 1, "shipped-1": 1}
-		wantShipping := map[string]int{"created-1": 1, "paid-1": 1, "invoice-1": 1}
+		wantBilling := map[string]int{"created-1": 3, "paid-1": 1, "paid-2": 2, "shipped-1": 1}
+		wantShipping := map[string]int{"created-1": 1, "paid-1": 1, "paid-2": 1, "invoice-1": 1}
 		settle(t, func() bool {
 			return assert.ObjectsAreEqual(wantBilling, got.of("billing")) && assert.ObjectsAreEqual(wantShipping, got.of("shipping"))
-		}, "each subscriber gets its events; the retries stay with billing")
+		}, "each subscriber gets its events; the retries and the deferral stay with billing")
 		assert.Equal(t, wantBilling, got.of("billing"))
 		assert.Equal(t, wantShipping, got.of("shipping"))
 		require.Equal(t, 1, e.count(t, qa+".dlq"), "billing's refusal is in billing's DLQ")
