@@ -27,6 +27,7 @@ type unroutedFixture struct {
 func newUnroutedFixture(t *testing.T) *unroutedFixture {
 	t.Helper()
 	r := testenv.NewRabbit(t)
+	testenv.LockUnrouted(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}})

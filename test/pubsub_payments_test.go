@@ -110,6 +110,7 @@ func TestPaymentsServiceSubscribedToAnExchange(t *testing.T) {
 	assert.Equal(t, -1, r.Count(output), "success events go to the exchange, no output queue is declared")
 	assert.Equal(t, 0, r.Count(queue))
 
+	testenv.LockUnrouted(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := dlq.ListUnrouted(ctx, r.Conn, dlq.UnroutedSelector{Exchange: requests}, 0)

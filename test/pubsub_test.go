@@ -199,6 +199,9 @@ func TestOutputsNobodyIsBoundForAreKeptAndReplayed(t *testing.T) {
 		in := e.newQueue(t, "test.out.in")
 		sub := e.newQueue(t, "test.out.sub")
 		exchange := e.newExchange(t, "test.payments")
+		if e.rabbit != nil {
+			testenv.LockUnrouted(t)
+		}
 		start(t, e, router.Config{}, func(s *router.Stack) {
 			require.NoError(t, s.HandleWithOutput("charge", in, "", func(m *message.Message) ([]*message.Message, error) {
 				ok := message.NewMessage("ok-"+m.UUID, []byte("succeeded"))

@@ -91,6 +91,7 @@ func unroutedCopy(t *testing.T, r *testenv.Rabbit, id string) (amqp091.Delivery,
 // exchange, routing key, headers and payload, and its publish is confirmed, not returned.
 func TestExchangeRoutesToSubscribersAndKeepsUnrouted(t *testing.T) {
 	r := testenv.NewRabbit(t)
+	testenv.LockUnrouted(t)
 	b := newBroker(t, amqp.Config{})
 	exchange := testenv.Name("test.orders")
 	created, any := testenv.Name("test.created"), testenv.Name("test.any")
@@ -193,6 +194,7 @@ func TestAdoptOrRefuseExistingTopology(t *testing.T) {
 // sluice.unrouted.
 func TestBindingKindsRouteOnRabbitMQ(t *testing.T) {
 	r := testenv.NewRabbit(t)
+	testenv.LockUnrouted(t)
 	b := newBroker(t, amqp.Config{})
 	cases := []struct {
 		name    string

@@ -15,6 +15,7 @@ import (
 
 func TestUnroutedCommands(t *testing.T) {
 	r := testenv.NewRabbit(t)
+	testenv.LockUnrouted(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}})
