@@ -262,6 +262,12 @@ func publishContext(m *message.Message) (context.Context, context.CancelFunc) {
 }
 
 // The adapters' ExchangeBroker methods translate the router's types to each broker's.
+var (
+	_ ExchangeBroker      = amqpBroker{}
+	_ ExchangeBroker      = memoryBroker{}
+	_ outputQueueDeclarer = amqpBroker{}
+	_ outputQueueDeclarer = memoryBroker{}
+)
 
 func (a amqpBroker) DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error {
 	return a.Broker.DeclareExchange(ctx, exchange, amqp.ExchangeKind(kind), adopt)
