@@ -9,6 +9,10 @@ BENCH_ROUNDS ?= 3
 run:
 	$(GO) run ./cmd/payments demo
 
+## run-pubsub: the demo with the service subscribed to the exchange orders, successes on the exchange payments
+run-pubsub:
+	PAYMENTS_EXCHANGE=orders PAYMENTS_OUTPUT_EXCHANGE=payments $(GO) run ./cmd/payments demo
+
 ## test: every test, with the race detector, against RabbitMQ (started here when installed) and
 ## a Jaeger started here; ends with a list of the tests that skipped and why (scripts/test.sh)
 test:

@@ -67,7 +67,11 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	if s.cfg.Idempotency != nil {
 		mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc))
 	}
-	mws = append(mws, publishOutputs(s.output, outputTopic))
+	if outputTopic == "" && hc.sub.output != nil {
+		mws = append(mws, s.exchangeOutputs(*hc.sub.output)) // subscription.go
+	} else {
+		mws = append(mws, publishOutputs(s.output, outputTopic))
+	}
 	mws = append(mws, s.cfg.Middleware...)
 	if s.cfg.Breakers != nil {
 		mws = append(mws, s.cfg.Breakers.NewMiddleware(hc.breaker))

@@ -118,6 +118,8 @@ type handlerConfig struct {
 	breaker     string
 	breakerSet  bool // WithBreaker was given
 	partitions  int  // WithPartitions (partition.go)
+
+	sub subscription // WithSubscription, WithAdopt, WithOutputExchange (subscription.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -157,6 +159,9 @@ type Stack struct {
 	outputs []string
 	parted  []partitioned // partition.go
 	started bool
+
+	subscribed   []subscribed     // subscription.go
+	outExchanges []outputExchange // subscription.go
 }
 
 // New builds a stack on broker.
@@ -265,11 +270,17 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if err := s.checkOptions(name, hc); err != nil {
 		return err
 	}
+	plain, err := s.registerExchanges(name, queue, outputTopic, hc)
+	if err != nil {
+		return err
+	}
 	if hc.partitions != 0 {
 		return s.addPartitioned(name, queue, outputTopic, h, hc)
 	}
 	s.names[name] = true
-	s.queues = append(s.queues, queue)
+	if plain {
+		s.queues = append(s.queues, queue)
+	}
 	if outputTopic != "" {
 		s.outputs = append(s.outputs, outputTopic)
 	}
@@ -304,13 +315,16 @@ func (s *Stack) Declare(ctx context.Context) error {
 	s.mu.Unlock()
 	for _, q := range queues {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := s.broker.DeclareQueue(dctx, q)
+		err := s.declareQueue(dctx, q) // subscription.go
 		cancel()
 		if err != nil {
 			return fmt.Errorf("declare queue %q: %w", q, err)
 		}
 	}
-	return s.declarePartitioned(ctx)
+	if err := s.declarePartitioned(ctx); err != nil {
+		return err
+	}
+	return s.declareExchanges(ctx)
 }
 
 // Running is closed once every handler consumes.

@@ -23,6 +23,9 @@ type Broker struct {
 	cascadeMu       sync.Mutex
 	cascadeDeclared bool
 
+	unroutedMu       sync.Mutex // exchange.go
+	unroutedDeclared bool
+
 	subsMu sync.Mutex
 	subs   []*Subscriber
 }

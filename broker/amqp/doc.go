@@ -17,6 +17,9 @@
 //     which routes it to Q.dlq;
 //   - handler output: Publisher.Publish(topic) publishes to the default exchange with the
 //     topic as routing key (a queue of that name).
+//   - publish/subscribe (exchange.go): Broker.DeclareSubscription binds Q to exchanges;
+//     Broker.PublishToExchange publishes to one; every exchange sluice declares has the
+//     alternate exchange sluice.unrouted, whose queue keeps what nobody is bound for.
 //
 // # Partitioned queues
 //

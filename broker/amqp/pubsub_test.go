@@ -27,8 +27,11 @@ import (
 // deleted when the test ends.
 //
 // Features, as RabbitMQ queues behind sluice truly give them:
-//   - ConsumerGroups: false. A topic is one queue with competing consumers; sluice has no
-//     fan-out of a topic to a queue per group.
+//   - ConsumerGroups: true. For the consumer-group test a topic is a fanout exchange
+//     (Broker.DeclareExchange) and a group the queue "<topic>.<group>" bound to it
+//     (Broker.DeclareSubscription), as sluice's publish/subscribe declares them: every group
+//     gets every message, a group's subscribers compete for it. The other tests use a
+//     topic as one queue.
 //   - ExactlyOnceDelivery: false. At-least-once: an unacked delivery returns to the queue
 //     when its channel closes, and a publish retried after a lost confirm may be duplicated.
 //   - GuaranteedOrder: true only with Concurrency 1 and a single subscriber (prefetch 1, one
@@ -61,6 +64,7 @@ func TestUniversalPubSub(t *testing.T) {
 			name: "concurrency=1",
 			opts: amqp.SubscribeOptions{Concurrency: 1},
 			features: tests.Features{
+				ConsumerGroups:                      true,
 				GuaranteedOrder:                     true,
 				GuaranteedOrderWithSingleSubscriber: true,
 				Persistent:                          true,
@@ -70,14 +74,15 @@ func TestUniversalPubSub(t *testing.T) {
 			name: "concurrency=8",
 			opts: amqp.SubscribeOptions{Concurrency: 8, Prefetch: 16},
 			features: tests.Features{
-				Persistent: true,
+				ConsumerGroups: true,
+				Persistent:     true,
 			},
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSuiteEnv(t, url, tc.opts)
-			tests.TestPubSub(t, tc.features, s.newPubSub, nil)
+			tests.TestPubSub(t, tc.features, s.newPubSub, s.newGroupPubSub)
 		})
 	}
 }
@@ -88,8 +93,9 @@ type suiteEnv struct {
 	url  string
 	opts amqp.SubscribeOptions
 
-	mu     sync.Mutex
-	queues map[string]*declaration
+	mu        sync.Mutex
+	queues    map[string]*declaration
+	exchanges map[string]bool
 }
 
 type declaration struct {
@@ -98,9 +104,60 @@ type declaration struct {
 }
 
 func newSuiteEnv(t *testing.T, url string, opts amqp.SubscribeOptions) *suiteEnv {
-	s := &suiteEnv{url: url, opts: opts, queues: map[string]*declaration{}}
+	s := &suiteEnv{url: url, opts: opts, queues: map[string]*declaration{}, exchanges: map[string]bool{}}
 	t.Cleanup(func() { s.deleteQueues(t) })
 	return s
+}
+
+// newGroupPubSub gives the consumer-group test a publisher to the fanout exchange named by
+// the topic and a subscriber of the group's queue "<topic>.<group>" bound to it.
+func (s *suiteEnv) newGroupPubSub(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+	pub, sub := s.newPubSub(t)
+	p, q := pub.(*suitePublisher), sub.(*suiteSubscriber)
+	return &groupPublisher{p}, &groupSubscriber{suiteSubscriber: q, group: group}
+}
+
+type groupPublisher struct{ *suitePublisher }
+
+func (p *groupPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.s.declareExchange(p.b, topic); err != nil {
+		return err
+	}
+	return p.b.PublishToExchange(context.Background(), topic, "", msgs...)
+}
+
+type groupSubscriber struct {
+	*suiteSubscriber
+	group string
+}
+
+func (s *groupSubscriber) SubscribeInitialize(topic string) error {
+	if err := s.s.declareExchange(s.b, topic); err != nil {
+		return err
+	}
+	queue := topic + "." + s.group
+	s.s.mu.Lock()
+	s.s.queues[queue] = &declaration{}
+	s.s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return s.b.DeclareSubscription(ctx, queue, []amqp.Binding{{Exchange: topic, Kind: amqp.ExchangeFanout}}, false)
+}
+
+func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := s.SubscribeInitialize(topic); err != nil {
+		return nil, err
+	}
+	return s.sub.Subscribe(ctx, topic+"."+s.group)
+}
+
+func (s *suiteEnv) declareExchange(b *amqp.Broker, exchange string) error {
+	s.mu.Lock()
+	s.exchanges[exchange] = true
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return b.DeclareExchange(ctx, exchange, amqp.ExchangeFanout, false)
 }
 
 func (s *suiteEnv) newPubSub(t *testing.T) (message.Publisher, message.Subscriber) {
@@ -158,6 +215,14 @@ func (s *suiteEnv) deleteQueues(t *testing.T) {
 	for _, q := range names {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			t.Errorf("delete test queue %q: %v", q, err)
+			return
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for x := range s.exchanges {
+		if err := ch.ExchangeDelete(x, false, false); err != nil {
+			t.Errorf("delete test exchange %q: %v", x, err)
 			return
 		}
 	}

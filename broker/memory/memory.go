@@ -49,6 +49,7 @@ type Broker struct {
 	mu     sync.Mutex
 	queues map[string]*queue
 	parts  partitionSet // partitioned queues (partition.go)
+	ex     exchanges    // exchanges and bindings (exchange.go)
 
 	sched   scheduleHeap
 	wake    chan struct{}

@@ -1,6 +1,7 @@
 package memory_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +18,9 @@ import (
 // broker shared by that test, which is how a process uses the embedded broker: all its
 // handlers share it. The suite's "instances" are therefore subscribers of one broker, and
 // the features declared are what that truly gives:
-//   - ConsumerGroups: false. A queue has competing consumers, never a copy per group.
+//   - ConsumerGroups: true. A topic is a fanout exchange and a group is the queue
+//     "<topic>.<group>" bound to it (the publish/subscribe model): every group gets every
+//     message, the group's subscribers compete for it.
 //   - ExactlyOnceDelivery: false. At-least-once: a message whose subscriber closes before
 //     the handler's verdict goes back to the queue and may be handled again.
 //   - GuaranteedOrder with GuaranteedOrderWithSingleSubscriber: true. One subscriber with
@@ -42,7 +45,7 @@ import (
 //     waits at most 15s for each redelivery; with a 10s cap that alone would take ~40 min.
 func TestUniversalPubSub(t *testing.T) {
 	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:                      false,
+		ConsumerGroups:                      true,
 		ExactlyOnceDelivery:                 false,
 		GuaranteedOrder:                     true,
 		GuaranteedOrderWithSingleSubscriber: true,
@@ -50,28 +53,82 @@ func TestUniversalPubSub(t *testing.T) {
 		RequireSingleInstance:               false,
 		NewSubscriberReceivesOldMessages:    false,
 		ContextPreserved:                    false,
-	}, sharedBrokerPerTest(memory.Config{DrainTimeout: time.Second, NackBackoffMax: 5 * time.Millisecond}), nil)
+	}, sharedBrokerPerTest(memory.Config{DrainTimeout: time.Second, NackBackoffMax: 5 * time.Millisecond}),
+		groupsOfSharedBroker(memory.Config{DrainTimeout: time.Second, NackBackoffMax: 5 * time.Millisecond}))
 }
 
 // sharedBrokerPerTest returns a constructor that gives every call within one test a new
 // publisher and subscriber of that test's broker, closed when the test ends.
 func sharedBrokerPerTest(cfg memory.Config) tests.PubSubConstructor {
-	var mu sync.Mutex
-	brokers := map[*testing.T]*memory.Broker{}
+	bs := &testBrokers{cfg: cfg, all: map[*testing.T]*memory.Broker{}}
 	return func(t *testing.T) (message.Publisher, message.Subscriber) {
-		mu.Lock()
-		b, ok := brokers[t]
-		if !ok {
-			b = memory.New(cfg)
-			brokers[t] = b
-			t.Cleanup(func() {
-				mu.Lock()
-				delete(brokers, t)
-				mu.Unlock()
-				_ = b.Close()
-			})
-		}
-		mu.Unlock()
+		b := bs.get(t)
 		return b.Publisher(), b.Subscriber(memory.SubscribeOptions{})
 	}
 }
+
+// testBrokers holds one broker per test.
+type testBrokers struct {
+	cfg memory.Config
+	mu  sync.Mutex
+	all map[*testing.T]*memory.Broker
+}
+
+func (bs *testBrokers) get(t *testing.T) *memory.Broker {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	b, ok := bs.all[t]
+	if !ok {
+		b = memory.New(bs.cfg)
+		bs.all[t] = b
+		t.Cleanup(func() {
+			bs.mu.Lock()
+			delete(bs.all, t)
+			bs.mu.Unlock()
+			_ = b.Close()
+		})
+	}
+	return b
+}
+
+// groupsOfSharedBroker is sharedBrokerPerTest for consumer groups: publishers publish to
+// the fanout exchange named by the topic; a group's subscriber consumes the queue
+// "<topic>.<group>" bound to it.
+func groupsOfSharedBroker(cfg memory.Config) tests.ConsumerGroupPubSubConstructor {
+	bs := &testBrokers{cfg: cfg, all: map[*testing.T]*memory.Broker{}}
+	return func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+		b := bs.get(t)
+		return groupPublisher{b}, &groupSubscriber{b: b, sub: b.Subscriber(memory.SubscribeOptions{}), group: group}
+	}
+}
+
+type groupPublisher struct{ b *memory.Broker }
+
+func (p groupPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.b.DeclareExchange(context.Background(), topic, memory.ExchangeFanout, false); err != nil {
+		return err
+	}
+	return p.b.PublishToExchange(context.Background(), topic, "", msgs...)
+}
+
+func (p groupPublisher) Close() error { return nil }
+
+type groupSubscriber struct {
+	b     *memory.Broker
+	sub   message.Subscriber
+	group string
+}
+
+func (s *groupSubscriber) SubscribeInitialize(topic string) error {
+	return s.b.DeclareSubscription(context.Background(), topic+"."+s.group,
+		[]memory.Binding{{Exchange: topic, Kind: memory.ExchangeFanout}}, false)
+}
+
+func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := s.SubscribeInitialize(topic); err != nil {
+		return nil, err
+	}
+	return s.sub.Subscribe(ctx, topic+"."+s.group)
+}
+
+func (s *groupSubscriber) Close() error { return s.sub.Close() }

@@ -37,6 +37,13 @@ func connectBroker(ctx context.Context, cfg config, logger *slog.Logger) (router
 // partitioned, to the partition its payment_id hashes to, which is how a producer must
 // publish so that one instance sees every request of a payment.
 func publishRequest(ctx context.Context, b router.Broker, pub message.Publisher, cfg config, m *message.Message) error {
+	if cfg.exchange != "" {
+		eb, ok := b.(router.ExchangeBroker)
+		if !ok {
+			return fmt.Errorf("the %s broker cannot publish to exchanges", b.Name())
+		}
+		return eb.PublishToExchange(ctx, cfg.exchange, cfg.bindingKey, m)
+	}
 	if cfg.partitions == 0 {
 		return pub.Publish(cfg.queue, m)
 	}
@@ -49,4 +56,20 @@ func publishRequest(ctx context.Context, b router.Broker, pub message.Publisher,
 		key = m.UUID // a body without a payment_id is dead-lettered whichever partition it is in
 	}
 	return pp.PublishPartitioned(ctx, cfg.queue, key, m)
+}
+
+// watchSuccesses returns the queue the demo reads success events from: the output queue,
+// or, with PAYMENTS_OUTPUT_EXCHANGE, the queue "<exchange>.demo" bound to it with the
+// success routing key (declared here, before any request is sent).
+func watchSuccesses(ctx context.Context, b router.Broker, cfg config) (string, error) {
+	if cfg.outputExchange == "" {
+		return cfg.output, nil
+	}
+	eb, ok := b.(router.ExchangeBroker)
+	if !ok {
+		return "", fmt.Errorf("the %s broker cannot subscribe to exchanges", b.Name())
+	}
+	queue := cfg.outputExchange + ".demo"
+	err := eb.DeclareSubscription(ctx, queue, []router.Binding{{Exchange: cfg.outputExchange, Kind: router.Topic, Keys: []string{succeededRoutingKey}}}, false)
+	return queue, err
 }

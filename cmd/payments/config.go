@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router"
 )
 
 // config is the service's configuration, read from the environment (see README).
@@ -30,6 +31,11 @@ type config struct {
 	// snapshotEvery also writes it periodically (IDEMPOTENCY_SNAPSHOT_INTERVAL, default
 	// 1s), so a crash forgets only the last interval.
 	snapshotEvery time.Duration
+	// exchange, when set, binds queue to this topic exchange with bindingKey
+	// (PAYMENTS_EXCHANGE, PAYMENTS_BINDING_KEY); outputExchange, when set, sends success
+	// events to this topic exchange with routing key succeededRoutingKey instead of to
+	// output (PAYMENTS_OUTPUT_EXCHANGE).
+	exchange, bindingKey, outputExchange string
 	// maxKeys bounds the idempotency store (IDEMPOTENCY_MAX_KEYS; 0: the store's default,
 	// 1,000,000 keys, some 41 MB).
 	maxKeys int
@@ -45,6 +51,10 @@ func loadConfig() (config, error) {
 		queue:            envOr("PAYMENTS_QUEUE", example_payment.QueueRequested),
 		output:           envOr("PAYMENTS_OUTPUT_QUEUE", example_payment.QueueSucceeded),
 		metricsAddr:      os.Getenv("METRICS_ADDR"),
+
+		exchange:       os.Getenv("PAYMENTS_EXCHANGE"),
+		bindingKey:     envOr("PAYMENTS_BINDING_KEY", defaultBindingKey),
+		outputExchange: os.Getenv("PAYMENTS_OUTPUT_EXCHANGE"),
 
 		idempotencySnapshot: os.Getenv("IDEMPOTENCY_SNAPSHOT"),
 	}
@@ -82,10 +92,36 @@ func loadConfig() (config, error) {
 	if c.partitions, err = envInt("PAYMENTS_PARTITIONS", 0); err != nil {
 		return c, err
 	}
+	if c.exchange != "" && c.partitions > 0 {
+		return c, fmt.Errorf("PAYMENTS_EXCHANGE=%q with PAYMENTS_PARTITIONS=%d: a partitioned queue cannot subscribe to an exchange; set one", c.exchange, c.partitions)
+	}
 	if c.queueType = os.Getenv("AMQP_QUEUE_TYPE"); c.queueType != "" && c.queueType != "classic" && c.queueType != "quorum" {
 		return c, fmt.Errorf("AMQP_QUEUE_TYPE=%q: want classic or quorum", c.queueType)
 	}
 	return c, nil
+}
+
+// Routing keys of the publish/subscribe set-up (README, "Publish/subscribe").
+const (
+	// defaultBindingKey is PAYMENTS_BINDING_KEY's default: payment requests.
+	defaultBindingKey = "payment.requested"
+	// succeededRoutingKey is the routing key of a success event on PAYMENTS_OUTPUT_EXCHANGE.
+	succeededRoutingKey = "payment.succeeded"
+)
+
+// exchangeOptions are the handler options of PAYMENTS_EXCHANGE and
+// PAYMENTS_OUTPUT_EXCHANGE, and the output queue to give HandleWithOutput ("" when
+// success events go to the exchange).
+func (c config) exchangeOptions() (output string, opts []router.HandlerOption) {
+	output = c.output
+	if c.exchange != "" {
+		opts = append(opts, router.WithSubscription(router.Binding{Exchange: c.exchange, Kind: router.Topic, Keys: []string{c.bindingKey}}))
+	}
+	if c.outputExchange != "" {
+		output = ""
+		opts = append(opts, router.WithOutputExchange(router.Output{Exchange: c.outputExchange, Kind: router.Topic, RoutingKey: succeededRoutingKey}))
+	}
+	return output, opts
 }
 
 func envOr(key, def string) string {

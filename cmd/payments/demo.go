@@ -181,11 +181,16 @@ func demo(ctx context.Context, cfg config, args []string) int {
 		return 1
 	}
 
-	// Watch the success queue for this run's events.
-	sub := svc.broker.Subscriber(4, 32)
-	events, err := sub.Subscribe(runCtx, cfg.output)
+	// Watch the success queue (or exchange) for this run's events.
+	watched, err := watchSuccesses(runCtx, svc.broker, cfg)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "payments demo: watch", cfg.output+":", err)
+		fmt.Fprintln(os.Stderr, "payments demo: watch", cfg.outputExchange+":", err)
+		return 1
+	}
+	sub := svc.broker.Subscriber(4, 32)
+	events, err := sub.Subscribe(runCtx, watched)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payments demo: watch", watched+":", err)
 		return 1
 	}
 	go func() {

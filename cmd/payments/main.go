@@ -81,7 +81,8 @@ func serve(ctx context.Context, cfg config, args []string) int {
 		logger.Error("payments: start failed", "error", err)
 		return 1
 	}
-	logger.Info("payments: consuming", "queue", cfg.queue, "output", cfg.output, "broker", svc.broker.Name())
+	logger.Info("payments: consuming", "queue", cfg.queue, "output", cfg.output, "broker", svc.broker.Name(),
+		"exchange", cfg.exchange, "binding_key", cfg.bindingKey, "output_exchange", cfg.outputExchange)
 	runErr := svc.stack.Run(ctx)
 	if cerr := svc.close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
 		logger.Warn("payments: close", "error", cerr)

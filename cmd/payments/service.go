@@ -112,11 +112,12 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	}
 	svc.stack = stack
 	handler := example_payment.NewHandler(svc.gateway)
-	if err := stack.HandleWithOutput("payments", cfg.queue, cfg.output, handler.Handle,
+	output, exchangeOpts := cfg.exchangeOptions()
+	if err := stack.HandleWithOutput("payments", cfg.queue, output, handler.Handle, append([]router.HandlerOption{
 		router.WithIdempotencyKey(example_payment.KeyFunc),
 		router.WithBreaker("payment-gateway"),
 		router.WithPartitions(cfg.partitions),
-	); err != nil {
+	}, exchangeOpts...)...); err != nil {
 		_ = svc.close()
 		return nil, err
 	}

@@ -20,6 +20,7 @@ var dlqCommands = []command{
 	{name: "stats", summary: "count the DLQ's messages by error type, with the oldest age", run: runDLQStats},
 	{name: "replay", summary: "send messages back to their original queue, retries reset", run: runDLQReplay},
 	{name: "purge", summary: "delete every message of the DLQ (needs --yes)", run: runDLQPurge},
+	{name: "unrouted", summary: "list and replay events no queue was bound for (sluice.unrouted)", run: runUnrouted},
 }
 
 const dlqAbout = `Each command works on the dead-letter queue Q.dlq of a queue Q that uses

@@ -28,14 +28,15 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, "payments.requested", "payments.succeeded"); err != nil {
+	if err := run(ctx, "orders", "payments.requested", "payments.succeeded"); err != nil {
 		slog.Error("quickstart stopped", "error", err)
 		os.Exit(1)
 	}
 }
 
-// run consumes queue until ctx ends, publishing a succeeded event per payment to output.
-func run(ctx context.Context, queue, output string) error {
+// run consumes queue, bound to the topic exchange orders for payment.requested events, until
+// ctx ends, publishing a succeeded event per payment to output.
+func run(ctx context.Context, orders, queue, output string) error {
 	logger := slog.Default()
 	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "quickstart"})
 	if err != nil {
@@ -78,7 +79,9 @@ func run(ctx context.Context, queue, output string) error {
 	err = stack.HandleWithOutput("payments", queue, output, handle,
 		router.WithIdempotencyKey(paymentID), // a payment requested twice is charged once
 		router.WithBreaker("gateway"),        // handlers calling the gateway share its breaker
-		router.WithConcurrency(8))
+		router.WithConcurrency(8),
+		// a subscriber: every payment.requested event published to orders reaches queue
+		router.WithSubscription(router.Binding{Exchange: orders, Keys: []string{"payment.requested"}}))
 	if err != nil {
 		return err
 	}

@@ -49,7 +49,7 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, queue, output) }()
+	go func() { done <- run(ctx, testenv.Name("quickstart.orders"), queue, output) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

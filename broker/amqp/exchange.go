@@ -1,0 +1,371 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Publish/subscribe topology (see DESIGN.md, "Topology names"): a subscriber's queue Q is
+// bound to exchanges; every exchange sluice declares carries alternate-exchange
+// sluice.unrouted, a fanout exchange feeding the durable queue sluice.unrouted, so an event
+// nobody is bound to is kept, with its exchange and routing key, instead of being dropped.
+const (
+	// UnroutedExchange is the alternate exchange of every exchange sluice declares.
+	UnroutedExchange = "sluice.unrouted"
+	// UnroutedQueue keeps what UnroutedExchange receives.
+	UnroutedQueue = "sluice.unrouted"
+	// AlternateExchangeArg is RabbitMQ's exchange argument naming the alternate exchange.
+	AlternateExchangeArg = "alternate-exchange"
+)
+
+// ExchangeKind is an AMQP exchange type.
+type ExchangeKind string
+
+// Exchange kinds.
+const (
+	// ExchangeTopic routes on dot-separated binding keys with * and # wildcards.
+	ExchangeTopic ExchangeKind = amqp.ExchangeTopic
+	// ExchangeDirect routes on the exact binding key.
+	ExchangeDirect ExchangeKind = amqp.ExchangeDirect
+	// ExchangeFanout sends every message to every bound queue.
+	ExchangeFanout ExchangeKind = amqp.ExchangeFanout
+	// ExchangeHeaders routes on header values (Binding.Headers).
+	ExchangeHeaders ExchangeKind = amqp.ExchangeHeaders
+)
+
+// Errors of the publish/subscribe topology.
+var (
+	// ErrInequivalent means a queue or exchange exists with other arguments than sluice
+	// would declare; the *InequivalentError says which and what to do.
+	ErrInequivalent = errors.New("amqp: declared before with other arguments")
+	// ErrBinding means a Binding is incomplete or contradicts its exchange kind.
+	ErrBinding = errors.New("amqp: invalid binding")
+)
+
+// Binding binds a queue to an exchange.
+type Binding struct {
+	// Exchange is the exchange's name; it must not be empty (the default exchange takes
+	// no bindings).
+	Exchange string
+	// Kind is the exchange's type. Zero means ExchangeTopic.
+	Kind ExchangeKind
+	// Keys are the binding keys, one binding each. Empty means "#" on a topic exchange
+	// (every event); a direct exchange needs at least one; fanout and headers exchanges
+	// ignore keys.
+	Keys []string
+	// Headers are the header values a headers exchange matches (all of them, or any with
+	// MatchAny). Only for ExchangeHeaders, where at least one is needed.
+	Headers map[string]string
+	// MatchAny makes a headers binding match when any header matches instead of all.
+	MatchAny bool
+}
+
+// Validate fills the kind's default and checks that the binding can be declared.
+func (b *Binding) Validate() error {
+	if b.Exchange == "" {
+		return fmt.Errorf("%w: empty exchange name", ErrBinding)
+	}
+	if b.Kind == "" {
+		b.Kind = ExchangeTopic
+	}
+	switch b.Kind {
+	case ExchangeTopic:
+		if len(b.Keys) == 0 {
+			b.Keys = []string{"#"}
+		}
+	case ExchangeDirect:
+		if len(b.Keys) == 0 {
+			return fmt.Errorf("%w: direct exchange %q needs a binding key", ErrBinding, b.Exchange)
+		}
+	case ExchangeFanout:
+	case ExchangeHeaders:
+		if len(b.Headers) == 0 {
+			return fmt.Errorf("%w: headers exchange %q needs headers to match", ErrBinding, b.Exchange)
+		}
+	default:
+		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, b.Exchange, b.Kind)
+	}
+	if b.Kind != ExchangeHeaders && len(b.Headers) > 0 {
+		return fmt.Errorf("%w: headers given for %s exchange %q", ErrBinding, b.Kind, b.Exchange)
+	}
+	return nil
+}
+
+// routes returns the (binding key, arguments) pairs the binding declares.
+func (b Binding) routes() []bindingRoute {
+	switch b.Kind {
+	case ExchangeFanout:
+		return []bindingRoute{{}}
+	case ExchangeHeaders:
+		args := amqp.Table{"x-match": "all"}
+		if b.MatchAny {
+			args["x-match"] = "any"
+		}
+		for k, v := range b.Headers {
+			args[k] = v
+		}
+		return []bindingRoute{{args: args}}
+	}
+	out := make([]bindingRoute, len(b.Keys))
+	for i, k := range b.Keys {
+		out[i] = bindingRoute{key: k}
+	}
+	return out
+}
+
+type bindingRoute struct {
+	key  string
+	args amqp.Table
+}
+
+// InequivalentError says that a queue or exchange exists with an argument other than the
+// one sluice declares, and what to do. It matches ErrInequivalent.
+type InequivalentError struct {
+	// What is "queue" or "exchange"; Name is its name.
+	What, Name string
+	// Argument is the differing argument as RabbitMQ names it (x-queue-type, durable,
+	// type, alternate-exchange, ...); Detail is RabbitMQ's words on the two values.
+	Argument, Detail string
+}
+
+func (e *InequivalentError) Error() string {
+	return fmt.Sprintf("%s %q exists with another %s than sluice declares (%s): "+
+		"adopt it as it is (router.WithAdopt; passive declare, only sluice's bindings are added), "+
+		"or delete it and let sluice declare it: %v", e.What, e.Name, e.Argument, e.Detail, ErrInequivalent)
+}
+
+// Unwrap makes the error match ErrInequivalent.
+func (e *InequivalentError) Unwrap() error { return ErrInequivalent }
+
+var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)' for [a-z]+ '[^']*' in vhost '[^']*': (.*)$`)
+
+// inequivalent turns RabbitMQ's PRECONDITION_FAILED answer to a declaration into an
+// *InequivalentError; any other error is returned as it is.
+func inequivalent(err error, what, name string) error {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return err
+	}
+	m := inequivalentArg.FindStringSubmatch(ae.Reason)
+	if m == nil {
+		return &InequivalentError{What: what, Name: name, Argument: "argument", Detail: ae.Reason}
+	}
+	return &InequivalentError{What: what, Name: name, Argument: m[1], Detail: m[2]}
+}
+
+// is404 reports RabbitMQ's 404 NOT_FOUND channel error (a passive declare of nothing).
+func is404(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.NotFound
+}
+
+// DeclareExchange declares the durable exchange name of kind with alternate-exchange
+// sluice.unrouted (declared too, with its queue). With adopt, an exchange that exists is
+// used as it is (passive declare: its type and arguments are not checked, and it keeps
+// its own alternate exchange, if any); a missing one is declared. Without adopt, an
+// exchange declared before with other arguments is an *InequivalentError.
+func (b *Broker) DeclareExchange(ctx context.Context, name string, kind ExchangeKind, adopt bool) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty exchange name", ErrBinding)
+	}
+	if kind == "" {
+		kind = ExchangeTopic
+	}
+	switch kind {
+	case ExchangeTopic, ExchangeDirect, ExchangeFanout, ExchangeHeaders:
+	default:
+		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, name, kind)
+	}
+	if err := b.declareUnrouted(ctx); err != nil {
+		return err
+	}
+	return b.declareExchange(ctx, name, kind, adopt)
+}
+
+func (b *Broker) declareExchange(ctx context.Context, name string, kind ExchangeKind, adopt bool) error {
+	if adopt {
+		found, err := b.passive(ctx, func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclarePassive(name, string(kind), true, false, false, false, nil)
+		})
+		if err != nil || found {
+			if err != nil {
+				return fmt.Errorf("adopt exchange %q: %w", name, err)
+			}
+			return nil
+		}
+	}
+	ch, err := b.conn.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	args := amqp.Table{AlternateExchangeArg: UnroutedExchange}
+	if err := ch.ExchangeDeclare(name, string(kind), true, false, false, false, args); err != nil {
+		return fmt.Errorf("declare %s exchange %q: %w", kind, name, inequivalent(err, "exchange", name))
+	}
+	return nil
+}
+
+// passive runs a passive declaration on a channel of its own (a 404 closes the channel)
+// and reports whether the object exists.
+func (b *Broker) passive(ctx context.Context, declare func(*amqp.Channel) error) (bool, error) {
+	ch, err := b.conn.channel(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer ch.Close()
+	if err := declare(ch); err != nil {
+		if is404(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// declareUnrouted declares sluice.unrouted, exchange and queue, once per broker. The queue
+// is shared by every sluice service of the vhost: one that exists is kept as it is,
+// whatever its type, so services configured with other queue types do not refuse each
+// other; a missing one is declared with Config.QueueType.
+func (b *Broker) declareUnrouted(ctx context.Context) error {
+	b.unroutedMu.Lock()
+	defer b.unroutedMu.Unlock()
+	if b.unroutedDeclared {
+		return nil
+	}
+	found, err := b.passive(ctx, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(UnroutedQueue, true, false, false, false, nil)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("check queue %q: %w", UnroutedQueue, err)
+	}
+	ch, err := b.conn.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(UnroutedExchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", UnroutedExchange, inequivalent(err, "exchange", UnroutedExchange))
+	}
+	if !found {
+		if _, err := ch.QueueDeclare(UnroutedQueue, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
+			return fmt.Errorf("declare queue %q: %w", UnroutedQueue, err)
+		}
+	}
+	if err := ch.QueueBind(UnroutedQueue, "", UnroutedExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", UnroutedQueue, UnroutedExchange, err)
+	}
+	b.unroutedDeclared = true
+	return nil
+}
+
+// DeclareSubscription declares queue as a subscriber's queue: the queue with its
+// dead-letter queue and delay route (as DeclareQueue), each binding's exchange (as
+// DeclareExchange) and the bindings. Retries and deferrals of the queue's messages come
+// back to the queue through the delay cascade, never through the exchanges, so other
+// subscribers never see them.
+//
+// With adopt, a queue or exchange that exists is used as it is (passive declare) and only
+// what sluice needs is added: the bindings, Q.dlq and the route back from the delay
+// cascade. An adopted queue keeps its own arguments: without sluice's
+// x-dead-letter-exchange, what RabbitMQ itself dead-letters from it (delivery limit,
+// length limit) does not reach Q.dlq. Without adopt, a queue or exchange declared before
+// with other arguments is an *InequivalentError naming the argument.
+func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
+	for i := range bindings {
+		if err := bindings[i].Validate(); err != nil {
+			return fmt.Errorf("subscription of queue %q: %w", queue, err)
+		}
+	}
+	if err := b.declareSubscriberQueue(ctx, queue, adopt); err != nil {
+		return err
+	}
+	if len(bindings) > 0 {
+		if err := b.declareUnrouted(ctx); err != nil {
+			return err
+		}
+	}
+	for _, bd := range bindings {
+		if err := b.declareExchange(ctx, bd.Exchange, bd.Kind, adopt); err != nil {
+			return err
+		}
+		if err := b.bind(ctx, queue, bd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Broker) bind(ctx context.Context, queue string, bd Binding) error {
+	ch, err := b.conn.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	for _, r := range bd.routes() {
+		if err := ch.QueueBind(queue, r.key, bd.Exchange, false, r.args); err != nil {
+			return fmt.Errorf("bind queue %q to %s exchange %q with key %q: %w", queue, bd.Kind, bd.Exchange, r.key, err)
+		}
+	}
+	return nil
+}
+
+func (b *Broker) declareSubscriberQueue(ctx context.Context, queue string, adopt bool) error {
+	if adopt {
+		found, err := b.passive(ctx, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("adopt queue %q: %w", queue, err)
+		}
+		if found {
+			return b.declareFailurePaths(ctx, queue)
+		}
+	}
+	if err := b.declareQueue(ctx, queue); err != nil {
+		return inequivalent(err, "queue", queue)
+	}
+	return nil
+}
+
+// declareFailurePaths declares what an adopted queue's failure paths need: Q.dlq bound to
+// sluice.dlx, and the binding that brings delayed copies back to Q.
+func (b *Broker) declareFailurePaths(ctx context.Context, queue string) error {
+	if err := b.declareCascade(ctx); err != nil {
+		return err
+	}
+	ch, err := b.conn.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", DeadLetterExchange, err)
+	}
+	dlq := DLQName(queue)
+	if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
+		return fmt.Errorf("declare queue %q (type %s): %w", dlq, b.cfg.QueueType, inequivalent(err, "queue", dlq))
+	}
+	if err := ch.QueueBind(dlq, queue, DeadLetterExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", dlq, DeadLetterExchange, err)
+	}
+	if err := ch.QueueBind(queue, deliveryBindingKey(queue), DelayDeliveryExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", queue, DelayDeliveryExchange, err)
+	}
+	return nil
+}
+
+// PublishToExchange publishes messages to exchange with routingKey, mandatory and
+// confirmed, like every publish of the broker. On an exchange sluice declared, a message
+// no queue is bound for goes to sluice.unrouted (the confirm still succeeds); on an
+// exchange without an alternate exchange it fails with ErrUnroutable.
+func (b *Broker) PublishToExchange(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error {
+	return b.pub.PublishTo(ctx, exchange, routingKey, messages...)
+}

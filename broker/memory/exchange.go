@@ -1,0 +1,329 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Publish/subscribe, as on RabbitMQ (see broker/amqp): a subscriber's queue is bound to
+// exchanges, and what an exchange cannot route goes to the queue sluice.unrouted, keeping
+// its exchange and routing key in metadata.
+const (
+	// UnroutedQueue keeps what an exchange could route to no queue.
+	UnroutedQueue = "sluice.unrouted"
+	// MetadataExchange and MetadataRoutingKey say which exchange and routing key a message
+	// was published with; they are the keys sluice's RabbitMQ marshaler uses.
+	MetadataExchange   = "amqp-exchange"
+	MetadataRoutingKey = "amqp-routing-key"
+)
+
+// ExchangeKind is an exchange type: how an exchange matches routing keys to bindings.
+type ExchangeKind string
+
+// Exchange kinds, as in AMQP.
+const (
+	// ExchangeTopic matches dot-separated words; * is one word, # zero or more.
+	ExchangeTopic ExchangeKind = "topic"
+	// ExchangeDirect matches the routing key exactly.
+	ExchangeDirect ExchangeKind = "direct"
+	// ExchangeFanout routes every message to every bound queue.
+	ExchangeFanout ExchangeKind = "fanout"
+	// ExchangeHeaders matches metadata values.
+	ExchangeHeaders ExchangeKind = "headers"
+)
+
+// Exchange errors.
+var (
+	// ErrNoExchange means a publish named an exchange that was never declared.
+	ErrNoExchange = errors.New("memory: no such exchange")
+	// ErrInequivalent means an exchange was declared again with another kind.
+	ErrInequivalent = errors.New("memory: exchange declared before with another kind")
+	// ErrBinding means a binding is incomplete or contradicts its exchange kind.
+	ErrBinding = errors.New("memory: invalid binding")
+)
+
+// Binding binds a queue to an exchange; the fields mean what they mean for RabbitMQ's
+// amqp.Binding.
+type Binding struct {
+	// Exchange is the exchange's name (not empty).
+	Exchange string
+	// Kind is the exchange's type. Zero means ExchangeTopic.
+	Kind ExchangeKind
+	// Keys are the binding keys. Empty means "#" on a topic exchange; direct needs one;
+	// fanout and headers ignore them.
+	Keys []string
+	// Headers are the metadata values a headers binding matches (all, or any with
+	// MatchAny).
+	Headers map[string]string
+	// MatchAny makes a headers binding match when any of Headers matches.
+	MatchAny bool
+}
+
+// Validate fills the kind's default and checks the binding.
+func (b *Binding) Validate() error {
+	if b.Exchange == "" {
+		return fmt.Errorf("%w: empty exchange name", ErrBinding)
+	}
+	if b.Kind == "" {
+		b.Kind = ExchangeTopic
+	}
+	switch b.Kind {
+	case ExchangeTopic:
+		if len(b.Keys) == 0 {
+			b.Keys = []string{"#"}
+		}
+	case ExchangeDirect:
+		if len(b.Keys) == 0 {
+			return fmt.Errorf("%w: direct exchange %q needs a binding key", ErrBinding, b.Exchange)
+		}
+	case ExchangeFanout:
+	case ExchangeHeaders:
+		if len(b.Headers) == 0 {
+			return fmt.Errorf("%w: headers exchange %q needs headers to match", ErrBinding, b.Exchange)
+		}
+	default:
+		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, b.Exchange, b.Kind)
+	}
+	return nil
+}
+
+// exchanges is the broker's set of exchanges. The zero value is empty.
+type exchanges struct {
+	mu  sync.Mutex
+	all map[string]*exchange
+}
+
+type exchange struct {
+	kind     ExchangeKind
+	bindings []bound
+}
+
+type bound struct {
+	queue    string
+	key      string
+	headers  map[string]string
+	matchAny bool
+}
+
+// DeclareExchange declares the exchange name of kind (zero: topic). Declaring it again with
+// the same kind is harmless; with another kind it is ErrInequivalent, unless adopt, which
+// uses the exchange as it is.
+func (b *Broker) DeclareExchange(_ context.Context, name string, kind ExchangeKind, adopt bool) error {
+	if b.closed() {
+		return ErrClosed
+	}
+	if name == "" {
+		return fmt.Errorf("%w: empty exchange name", ErrBinding)
+	}
+	if kind == "" {
+		kind = ExchangeTopic
+	}
+	switch kind {
+	case ExchangeTopic, ExchangeDirect, ExchangeFanout, ExchangeHeaders:
+	default:
+		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, name, kind)
+	}
+	b.ex.mu.Lock()
+	defer b.ex.mu.Unlock()
+	if b.ex.all == nil {
+		b.ex.all = map[string]*exchange{}
+	}
+	e, ok := b.ex.all[name]
+	switch {
+	case !ok:
+		b.ex.all[name] = &exchange{kind: kind}
+	case e.kind != kind && !adopt:
+		return fmt.Errorf("exchange %q is a %s exchange, declared now as %s: %w", name, e.kind, kind, ErrInequivalent)
+	}
+	return nil
+}
+
+// DeclareSubscription declares queue (as DeclareQueue), each binding's exchange and the
+// bindings. Retries and deferrals of the queue's messages come back to the queue itself,
+// never through an exchange.
+func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
+	for i := range bindings {
+		if err := bindings[i].Validate(); err != nil {
+			return fmt.Errorf("subscription of queue %q: %w", queue, err)
+		}
+	}
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		return err
+	}
+	for _, bd := range bindings {
+		if err := b.DeclareExchange(ctx, bd.Exchange, bd.Kind, adopt); err != nil {
+			return err
+		}
+		b.ex.mu.Lock()
+		e := b.ex.all[bd.Exchange]
+		add := func(nb bound) {
+			for _, old := range e.bindings {
+				if old.queue == nb.queue && old.key == nb.key && old.matchAny == nb.matchAny && sameHeaders(old.headers, nb.headers) {
+					return
+				}
+			}
+			e.bindings = append(e.bindings, nb)
+		}
+		switch bd.Kind {
+		case ExchangeFanout:
+			add(bound{queue: queue})
+		case ExchangeHeaders:
+			add(bound{queue: queue, headers: bd.Headers, matchAny: bd.MatchAny})
+		default:
+			for _, k := range bd.Keys {
+				add(bound{queue: queue, key: k})
+			}
+		}
+		b.ex.mu.Unlock()
+	}
+	return nil
+}
+
+func sameHeaders(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// PublishToExchange routes copies of messages to every queue bound to exchange whose
+// binding matches routingKey (or, on a headers exchange, the message's metadata), each
+// queue once. A message no binding matches goes to UnroutedQueue. Every copy carries its
+// exchange and routing key in MetadataExchange and MetadataRoutingKey.
+func (b *Broker) PublishToExchange(_ context.Context, exchangeName, routingKey string, messages ...*message.Message) error {
+	if b.closed() {
+		return ErrClosed
+	}
+	for _, m := range messages {
+		queues, err := b.route(exchangeName, routingKey, m.Metadata)
+		if err != nil {
+			return err
+		}
+		if len(queues) == 0 {
+			queues = []string{UnroutedQueue}
+		}
+		for _, q := range queues {
+			c := copyMessage(m)
+			c.Metadata.Set(MetadataExchange, exchangeName)
+			c.Metadata.Set(MetadataRoutingKey, routingKey)
+			b.queue(q).push(c, false)
+		}
+	}
+	return nil
+}
+
+func (b *Broker) route(name, key string, md message.Metadata) ([]string, error) {
+	b.ex.mu.Lock()
+	defer b.ex.mu.Unlock()
+	e, ok := b.ex.all[name]
+	if !ok {
+		return nil, fmt.Errorf("publish to exchange %q: %w", name, ErrNoExchange)
+	}
+	var queues []string
+	for _, bd := range e.bindings {
+		if !slices.Contains(queues, bd.queue) && bd.matches(e.kind, key, md) {
+			queues = append(queues, bd.queue)
+		}
+	}
+	return queues, nil
+}
+
+func (bd bound) matches(kind ExchangeKind, key string, md message.Metadata) bool {
+	switch kind {
+	case ExchangeFanout:
+		return true
+	case ExchangeDirect:
+		return bd.key == key
+	case ExchangeHeaders:
+		n := 0
+		for k, v := range bd.headers {
+			if got, ok := md[k]; ok && got == v {
+				n++
+			}
+		}
+		if bd.matchAny {
+			return n > 0
+		}
+		return n == len(bd.headers)
+	default:
+		return TopicMatch(bd.key, key)
+	}
+}
+
+// TopicMatch reports whether a topic exchange's binding key matches routingKey: words are
+// separated by dots, * stands for exactly one word and # for zero or more.
+func TopicMatch(bindingKey, routingKey string) bool {
+	return topicWords(strings.Split(bindingKey, "."), strings.Split(routingKey, "."))
+}
+
+func topicWords(pattern, words []string) bool {
+	for len(pattern) > 0 {
+		switch pattern[0] {
+		case "#":
+			for i := 0; i <= len(words); i++ {
+				if topicWords(pattern[1:], words[i:]) {
+					return true
+				}
+			}
+			return false
+		case "*":
+			if len(words) == 0 {
+				return false
+			}
+		default:
+			if len(words) == 0 || words[0] != pattern[0] {
+				return false
+			}
+		}
+		pattern, words = pattern[1:], words[1:]
+	}
+	return len(words) == 0
+}
+
+// ReplayUnrouted publishes again, to their exchange with their routing key, the messages
+// of UnroutedQueue that came from exchange (every exchange when it is empty), and returns
+// how many it took. One nobody is bound for yet comes back to UnroutedQueue.
+func (b *Broker) ReplayUnrouted(ctx context.Context, exchangeName string) (int, error) {
+	q := b.queue(UnroutedQueue)
+	q.mu.Lock()
+	var take, keep []*message.Message
+	for _, m := range q.ready {
+		if exchangeName == "" || m.Metadata.Get(MetadataExchange) == exchangeName {
+			take = append(take, m)
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	q.ready = keep
+	q.mu.Unlock()
+	for i, m := range take {
+		if err := b.PublishToExchange(ctx, m.Metadata.Get(MetadataExchange), m.Metadata.Get(MetadataRoutingKey), m); err != nil {
+			for _, back := range take[i:] {
+				q.push(back, false)
+			}
+			return i, err
+		}
+	}
+	return len(take), nil
+}
+
+// DeclareOutputQueue creates queue for a stack that only publishes to it: without the
+// dead-letter queue, which its consumer's DeclareQueue adds.
+func (b *Broker) DeclareOutputQueue(_ context.Context, queue string) error {
+	if b.closed() {
+		return ErrClosed
+	}
+	b.queue(queue)
+	return nil
+}

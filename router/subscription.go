@@ -1,0 +1,332 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/lifecycle"
+)
+
+// ExchangeKind is the type of an exchange a handler subscribes or publishes to.
+type ExchangeKind string
+
+// Exchange kinds, as in AMQP.
+const (
+	// Topic routes on dot-separated binding keys; * is one word, # zero or more.
+	Topic ExchangeKind = "topic"
+	// Direct routes on the exact binding key.
+	Direct ExchangeKind = "direct"
+	// Fanout sends every event to every bound queue.
+	Fanout ExchangeKind = "fanout"
+	// Headers routes on header (metadata) values.
+	Headers ExchangeKind = "headers"
+)
+
+// RoutingKeyMetadata is the metadata key with which a handler gives one output message its
+// own routing key (see WithOutputExchange). It is removed before the message is published.
+const RoutingKeyMetadata = "sluice-routing-key"
+
+// Subscription errors.
+var (
+	// ErrNoExchanges means a handler asked for exchanges (WithSubscription,
+	// WithOutputExchange, WithAdopt) on a broker that does not implement ExchangeBroker.
+	ErrNoExchanges = errors.New("router: the broker does not support exchanges")
+	// ErrSubscription means a handler's subscription options contradict each other.
+	ErrSubscription = errors.New("router: invalid subscription")
+)
+
+// Binding binds a handler's queue to an exchange: every event the exchange routes to it
+// reaches the handler once, whichever of its keys match.
+type Binding struct {
+	// Exchange is the exchange's name (not empty). It is declared durable, with the
+	// alternate exchange sluice.unrouted, unless WithAdopt adopts an existing one.
+	Exchange string
+	// Kind is the exchange's type. Zero means Topic.
+	Kind ExchangeKind
+	// Keys are the binding keys. Empty means "#" on a topic exchange (every event); a
+	// direct exchange needs one; fanout and headers exchanges ignore them.
+	Keys []string
+	// Headers are the header values a Headers exchange matches: all of them, or any with
+	// MatchAny.
+	Headers map[string]string
+	// MatchAny makes a headers binding match when any header matches.
+	MatchAny bool
+}
+
+// Output is the exchange a handler publishes its output messages to.
+type Output struct {
+	// Exchange is the exchange's name (not empty); declared like a Binding's.
+	Exchange string
+	// Kind is the exchange's type. Zero means Topic.
+	Kind ExchangeKind
+	// RoutingKey is the routing key of an output message without RoutingKeyMetadata.
+	RoutingKey string
+}
+
+// WithSubscription makes the handler a subscriber: its queue is bound to each binding's
+// exchange, and Run declares the queue, the exchanges and the bindings. Each subscriber
+// (each handler, each service) needs its own queue to get its own copy of every event.
+// A retry, deferral or dead-letter replay of a message goes back to the handler's queue
+// only, never through the exchange, so other subscribers never see it again. Not
+// available with WithPartitions.
+func WithSubscription(bindings ...Binding) HandlerOption {
+	return func(c *handlerConfig) { c.sub.bindings = append(c.sub.bindings, bindings...) }
+}
+
+// WithAdopt uses the handler's queue and exchanges as they are when they exist already,
+// declared by someone else with other arguments: Run declares them passively and adds
+// only what sluice needs (the bindings, the queue's dead-letter queue and its route back
+// from the delay cascade). Without it, Run refuses such a queue or exchange with an error
+// naming the differing argument. An adopted queue keeps its own dead-letter settings, so
+// what RabbitMQ itself dead-letters from it does not reach sluice's DLQ.
+func WithAdopt() HandlerOption { return func(c *handlerConfig) { c.sub.adopt = true } }
+
+// WithOutputExchange publishes the handler's output messages to an exchange, confirmed,
+// with out.RoutingKey or the message's own RoutingKeyMetadata, instead of to a queue; use
+// it with HandleWithOutput and an empty output topic. An event nobody is bound for is
+// kept in sluice.unrouted (see amqp.UnroutedQueue), from where `sluice dlq replay
+// --unrouted` sends it again once someone subscribes.
+func WithOutputExchange(out Output) HandlerOption {
+	return func(c *handlerConfig) { c.sub.output = &out }
+}
+
+// ExchangeBroker is what a broker needs for subscriptions and exchange outputs; the
+// brokers of FromAMQP and FromMemory implement it.
+type ExchangeBroker interface {
+	// DeclareExchange declares exchange of kind with sluice's alternate exchange, or, with
+	// adopt, uses an existing one as it is.
+	DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error
+	// DeclareSubscription declares queue with its failure paths, the bindings' exchanges
+	// and the bindings (adopting what exists, with adopt).
+	DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error
+	// PublishToExchange publishes messages to exchange with routingKey, confirmed.
+	PublishToExchange(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error
+}
+
+// subscription is a handler's exchange options.
+type subscription struct {
+	bindings []Binding
+	adopt    bool
+	output   *Output
+}
+
+func (s subscription) wanted() bool { return len(s.bindings) > 0 || s.adopt || s.output != nil }
+
+// subscribed is a queue Run declares through ExchangeBroker.DeclareSubscription.
+type subscribed struct {
+	queue    string
+	bindings []Binding
+	adopt    bool
+}
+
+// registerExchanges checks the handler's exchange options and records what Run declares.
+// It reports whether the queue is a plain one, for Broker.DeclareQueue. s.mu is held.
+func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerConfig) (plain bool, err error) {
+	sub := hc.sub
+	if !sub.wanted() {
+		return true, nil
+	}
+	if _, ok := s.broker.(ExchangeBroker); !ok {
+		return false, fmt.Errorf("%w: handler %q on broker %s", ErrNoExchanges, name, s.broker.Name())
+	}
+	if sub.output != nil {
+		if outputTopic != "" {
+			return false, fmt.Errorf("%w: handler %q has output queue %q and output exchange %q; give one", ErrSubscription, name, outputTopic, sub.output.Exchange)
+		}
+		if sub.output.Exchange == "" {
+			return false, fmt.Errorf("%w: handler %q has an output exchange without a name", ErrSubscription, name)
+		}
+		s.outExchanges = append(s.outExchanges, outputExchange{Output: *sub.output, adopt: sub.adopt})
+	}
+	if len(sub.bindings) == 0 && !sub.adopt {
+		return true, nil
+	}
+	if hc.partitions != 0 {
+		return false, fmt.Errorf("%w: handler %q: WithSubscription and WithAdopt do not combine with WithPartitions", ErrSubscription, name)
+	}
+	for _, b := range sub.bindings {
+		if b.Exchange == "" {
+			return false, fmt.Errorf("%w: handler %q binds to an exchange without a name", ErrSubscription, name)
+		}
+	}
+	s.subscribed = append(s.subscribed, subscribed{queue: queue, bindings: sub.bindings, adopt: sub.adopt})
+	return false, nil
+}
+
+type outputExchange struct {
+	Output
+	adopt bool
+}
+
+// declareExchanges declares every subscribed queue with its bindings, and every output
+// exchange, before anything consumes.
+func (s *Stack) declareExchanges(ctx context.Context) error {
+	s.mu.Lock()
+	subs := append([]subscribed(nil), s.subscribed...)
+	outs := append([]outputExchange(nil), s.outExchanges...)
+	s.mu.Unlock()
+	if len(subs) == 0 && len(outs) == 0 {
+		return nil
+	}
+	eb := s.broker.(ExchangeBroker) // checked at registration
+	for _, sub := range subs {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := eb.DeclareSubscription(dctx, sub.queue, sub.bindings, sub.adopt)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("declare subscription of queue %q: %w", sub.queue, err)
+		}
+	}
+	for _, o := range outs {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := eb.DeclareExchange(dctx, o.Exchange, o.Kind, o.adopt)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("declare output exchange %q: %w", o.Exchange, err)
+		}
+	}
+	return nil
+}
+
+// exchangeOutputs publishes the handler's output to out's exchange, confirmed, before the
+// stack acks, through the telemetry decorator when there is one. A failed publish is an
+// ordinary retryable error, as for a queue output.
+func (s *Stack) exchangeOutputs(out Output) message.HandlerMiddleware {
+	var pub message.Publisher = exchangePublisher{eb: s.broker.(ExchangeBroker)}
+	if s.cfg.Telemetry != nil {
+		pub = s.cfg.Telemetry.WrapPublisher(pub)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			// As publishOutputs: publish with the context the attempt arrived with, without
+			// the handler's deadline.
+			ctx := msg.Context()
+			produced, err := h(msg)
+			msg.SetContext(ctx)
+			if err != nil || len(produced) == 0 {
+				return nil, err
+			}
+			hctx, cancel := lifecycle.HandoffContext(ctx)
+			defer cancel()
+			for _, o := range produced {
+				o.SetContext(hctx)
+				if o.Metadata.Get(RoutingKeyMetadata) == "" {
+					o.Metadata.Set(RoutingKeyMetadata, out.RoutingKey)
+				}
+			}
+			if err := pub.Publish(out.Exchange, produced...); err != nil {
+				return nil, fmt.Errorf("publish %d output message(s) to exchange %q: %w", len(produced), out.Exchange, err)
+			}
+			return nil, nil
+		}
+	}
+}
+
+// exchangePublisher is a message.Publisher whose topic is an exchange and whose routing
+// key is each message's RoutingKeyMetadata.
+type exchangePublisher struct{ eb ExchangeBroker }
+
+func (p exchangePublisher) Publish(exchange string, messages ...*message.Message) error {
+	for len(messages) > 0 {
+		key := messages[0].Metadata.Get(RoutingKeyMetadata)
+		n := 1
+		for n < len(messages) && messages[n].Metadata.Get(RoutingKeyMetadata) == key {
+			n++
+		}
+		batch := messages[:n]
+		messages = messages[n:]
+		for _, m := range batch {
+			delete(m.Metadata, RoutingKeyMetadata)
+		}
+		ctx, cancel := publishContext(batch[0])
+		err := p.eb.PublishToExchange(ctx, exchange, key, batch...)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("routing key %q: %w", key, err)
+		}
+	}
+	return nil
+}
+
+func (exchangePublisher) Close() error { return nil }
+
+// publishContext keeps the deadline of the message's context, not its cancellation: a
+// handler's context ends right after it returns, while its output may still be confirming.
+func publishContext(m *message.Message) (context.Context, context.CancelFunc) {
+	parent := m.Context()
+	ctx := context.WithoutCancel(parent)
+	if dl, ok := parent.Deadline(); ok {
+		return context.WithDeadline(ctx, dl)
+	}
+	return ctx, func() {}
+}
+
+// The adapters' ExchangeBroker methods translate the router's types to each broker's.
+var (
+	_ ExchangeBroker      = amqpBroker{}
+	_ ExchangeBroker      = memoryBroker{}
+	_ outputQueueDeclarer = amqpBroker{}
+	_ outputQueueDeclarer = memoryBroker{}
+)
+
+func (a amqpBroker) DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error {
+	return a.Broker.DeclareExchange(ctx, exchange, amqp.ExchangeKind(kind), adopt)
+}
+
+func (a amqpBroker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
+	bs := make([]amqp.Binding, len(bindings))
+	for i, b := range bindings {
+		bs[i] = amqp.Binding{Exchange: b.Exchange, Kind: amqp.ExchangeKind(b.Kind), Keys: b.Keys, Headers: b.Headers, MatchAny: b.MatchAny}
+	}
+	return a.Broker.DeclareSubscription(ctx, queue, bs, adopt)
+}
+
+func (m memoryBroker) DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error {
+	return m.Broker.DeclareExchange(ctx, exchange, memory.ExchangeKind(kind), adopt)
+}
+
+func (m memoryBroker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
+	bs := make([]memory.Binding, len(bindings))
+	for i, b := range bindings {
+		bs[i] = memory.Binding{Exchange: b.Exchange, Kind: memory.ExchangeKind(b.Kind), Keys: b.Keys, Headers: b.Headers, MatchAny: b.MatchAny}
+	}
+	return m.Broker.DeclareSubscription(ctx, queue, bs, adopt)
+}
+
+// outputQueueDeclarer declares a queue the stack only publishes to; the brokers of FromAMQP
+// and FromMemory implement it.
+type outputQueueDeclarer interface {
+	DeclareOutputQueue(ctx context.Context, queue string) error
+}
+
+// declareQueue declares queue for Run: a queue the stack only publishes to gets no
+// dead-letter queue of its own when the broker can do that (its consumer's declaration
+// adds one); every other queue gets its failure paths.
+func (s *Stack) declareQueue(ctx context.Context, queue string) error {
+	d, ok := s.broker.(outputQueueDeclarer)
+	if !ok || !s.onlyOutput(queue) {
+		return s.broker.DeclareQueue(ctx, queue)
+	}
+	return d.DeclareOutputQueue(ctx, queue)
+}
+
+func (s *Stack) onlyOutput(queue string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Contains(s.outputs, queue) || slices.Contains(s.queues, queue) {
+		return false
+	}
+	for _, sub := range s.subscribed {
+		if sub.queue == queue {
+			return false
+		}
+	}
+	return true
+}
