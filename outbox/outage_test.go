@@ -63,7 +63,7 @@ func TestOutboxOutage(t *testing.T) {
 		restarted := time.Now()
 
 		produce(t, ob, queue, producers, during, perProducer)
-		require.Eventually(t, func() bool { return ob.Stats().Pending == 0 }, 60*time.Second, 50*time.Millisecond, "outbox drained")
+		require.Eventually(t, func() bool { return ob.Stats().Pending == 0 }, 60*time.Second, 50*time.Millisecond, "outbox drained: %+v", ob.Stats())
 		drained := time.Since(restarted)
 		st = ob.Stats()
 		t.Logf("broker up: %d publishes, %.0f msg/s, p50 %s p99 %s; broker down: %d publishes, %.0f msg/s, p50 %s p99 %s (the first waited DirectTimeout); drained %s after start_app; stats %+v",

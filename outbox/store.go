@@ -239,8 +239,14 @@ func (s *Store) commit(batch []*appendReq) {
 		})
 	}
 	if err == nil {
+		// Deltas, not the totals computed above: the forwarder removes entries meanwhile.
 		s.mu.Lock()
-		s.entries, s.bytes = entries, bytes
+		for i := range batch {
+			if enc[i].err == nil {
+				s.entries += len(enc[i].vals)
+				s.bytes += enc[i].bytes
+			}
+		}
 		s.mu.Unlock()
 	}
 	for i, req := range batch {
