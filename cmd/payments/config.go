@@ -33,6 +33,10 @@ type config struct {
 	// maxKeys bounds the idempotency store (IDEMPOTENCY_MAX_KEYS; 0: the store's default,
 	// 1,000,000 keys, some 41 MB).
 	maxKeys int
+	// outboxDir keeps the demo producer's unconfirmed requests on disk
+	// (PAYMENTS_OUTBOX_DIR); secondaryURL names a second cluster it fails over to
+	// (AMQP_SECONDARY_URL). See producer.go.
+	outboxDir, secondaryURL string
 }
 
 func loadConfig() (config, error) {
@@ -80,6 +84,9 @@ func loadConfig() (config, error) {
 	}
 	if c.queueType = os.Getenv("AMQP_QUEUE_TYPE"); c.queueType != "" && c.queueType != "classic" && c.queueType != "quorum" {
 		return c, fmt.Errorf("AMQP_QUEUE_TYPE=%q: want classic or quorum", c.queueType)
+	}
+	if err := producerConfig(&c); err != nil {
+		return c, err
 	}
 	return c, nil
 }
