@@ -25,8 +25,8 @@ type Config struct {
 	// published to the secondary. Zero means 2s.
 	PrimaryTimeout time.Duration
 	// RetryPrimaryEvery is how often, while publishing to the secondary, one publish tries
-	// the primary again, for primaries that cannot say whether they are connected (see
-	// PrimaryUp). Zero means 1s.
+	// the primary again when it seems connected (or cannot say, see PrimaryUp) but failed.
+	// A primary that reconnects after being unreachable is tried at once. Zero means 1s.
 	RetryPrimaryEvery time.Duration
 	// PrimaryUp reports whether a primary node can be reached now. Nil means the primary
 	// publisher's Connected method (sluice's *amqp.Publisher has one), else unknown: then
@@ -123,14 +123,16 @@ func (p *Publisher) PublishContext(ctx context.Context, topic string, messages .
 	return nil
 }
 
-// tryPrimary says whether this publish goes to the primary first.
+// tryPrimary says whether this publish goes to the primary first: not while no primary
+// node is connected, and, after a failure, once every RetryPrimaryEvery (a connected but
+// blocked primary must not cost every publish PrimaryTimeout).
 func (p *Publisher) tryPrimary() bool {
-	if p.up != nil {
-		up := p.up()
-		if !up {
-			p.use(true, errors.New("no primary node connected"))
-		}
-		return up
+	if p.up != nil && !p.up() {
+		p.use(true, errNotConnected)
+		p.mu.Lock()
+		p.lastTry = time.Time{} // back and connected: try it at once
+		p.mu.Unlock()
+		return false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -140,6 +142,8 @@ func (p *Publisher) tryPrimary() bool {
 	}
 	return false
 }
+
+var errNotConnected = errors.New("no primary node connected")
 
 func (p *Publisher) use(secondary bool, why error) {
 	p.mu.Lock()
