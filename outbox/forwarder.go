@@ -36,8 +36,8 @@ func publishContext(ctx context.Context, pub message.Publisher, topic string, me
 
 // forward drains the outbox in order until Close: a batch of the oldest entries is
 // published (consecutive entries of one topic together, confirms pipelined), and removed
-// once confirmed. A failed batch stays where it is and is tried again after a backoff,
-// so nothing behind it overtakes it.
+// once confirmed. A failed batch stays where it is and its oldest entry is tried again
+// after a backoff, so nothing behind it overtakes it.
 func (p *Publisher) forward() {
 	defer close(p.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -54,8 +54,16 @@ func (p *Publisher) forward() {
 	bo.InitialInterval = 50 * time.Millisecond
 	bo.MaxInterval = p.cfg.RetryMaxInterval
 	bo.MaxElapsedTime = 0
+	// After a failure only the oldest entry is tried, until it is confirmed: a broker that
+	// is connected but blocked keeps what it was sent and confirms it later, so a whole
+	// batch sent again on every retry would come out that many times.
+	probe := false
 	for {
-		entries, err := p.store.Peek(p.cfg.ForwardBatch)
+		n := p.cfg.ForwardBatch
+		if probe {
+			n = 1
+		}
+		entries, err := p.store.Peek(n)
 		if err == nil && len(entries) == 0 {
 			select {
 			case <-p.kick:
@@ -67,6 +75,7 @@ func (p *Publisher) forward() {
 		if err == nil {
 			err = p.forwardEntries(ctx, entries)
 		}
+		probe = err != nil
 		if err == nil {
 			bo.Reset()
 			continue
