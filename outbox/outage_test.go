@@ -150,11 +150,17 @@ func TestOutboxOutage(t *testing.T) {
 		produce(t, ob, queue, producers, 0, perProducer/2)
 		ctl("set_vm_memory_high_watermark", "0")
 		alarmed := time.Now()
-		defer ctl("set_vm_memory_high_watermark", "0.4")
+		alarmOn := true
+		defer func() {
+			if alarmOn { // the test failed before clearing it; the next subtests need it off
+				ctl("set_vm_memory_high_watermark", "0.4")
+			}
+		}()
 		produce(t, ob, queue, producers, perProducer/2, perProducer)
 		require.GreaterOrEqual(t, ob.Stats().Pending, producers*perProducer/2, "publishes during the alarm kept")
 		keptIn := time.Since(alarmed)
 		ctl("set_vm_memory_high_watermark", "0.4")
+		alarmOn = false
 		cleared := time.Now()
 		blocked := cleared.Sub(alarmed)
 		require.Eventually(t, func() bool { return ob.Stats().Pending == 0 }, 60*time.Second, 50*time.Millisecond, "outbox drained: %+v", ob.Stats())
