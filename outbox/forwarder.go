@@ -37,7 +37,7 @@ func publishContext(ctx context.Context, pub message.Publisher, topic string, me
 // forward drains the outbox in order until Close: a batch of the oldest entries is
 // published (consecutive entries of one topic together, confirms pipelined), and removed
 // once confirmed. A failed batch stays where it is and its oldest entry is tried again
-// after a backoff, so nothing behind it overtakes it.
+// after a backoff, so nothing behind it overtakes it; batches then grow back.
 func (p *Publisher) forward() {
 	defer close(p.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -54,16 +54,13 @@ func (p *Publisher) forward() {
 	bo.InitialInterval = 50 * time.Millisecond
 	bo.MaxInterval = p.cfg.RetryMaxInterval
 	bo.MaxElapsedTime = 0
-	// After a failure only the oldest entry is tried, until it is confirmed: a broker that
-	// is connected but blocked keeps what it was sent and confirms it later, so a whole
-	// batch sent again on every retry would come out that many times.
-	probe := false
+	// After a failure only the oldest entry is tried until it is confirmed, then the batch
+	// doubles with each success: a broker that is connected but blocked or slow keeps what
+	// it was sent and confirms it later, so a whole batch sent again on every retry would
+	// come out that many times.
+	size := p.cfg.ForwardBatch
 	for {
-		n := p.cfg.ForwardBatch
-		if probe {
-			n = 1
-		}
-		entries, err := p.store.Peek(n)
+		entries, err := p.store.Peek(size)
 		if err == nil && len(entries) == 0 {
 			select {
 			case <-p.kick:
@@ -75,11 +72,12 @@ func (p *Publisher) forward() {
 		if err == nil {
 			err = p.forwardEntries(ctx, entries)
 		}
-		probe = err != nil
 		if err == nil {
+			size = min(2*size, p.cfg.ForwardBatch)
 			bo.Reset()
 			continue
 		}
+		size = 1
 		if ctx.Err() != nil {
 			return
 		}
@@ -112,6 +110,7 @@ func (p *Publisher) forwardEntries(ctx context.Context, entries []Entry) error {
 			return p.forwardOneByOne(ctx, run)
 		}
 		if err != nil {
+			p.unconfirmed.Add(uint64(len(run)))
 			return err
 		}
 		if err := p.removed(run, ""); err != nil {
@@ -127,6 +126,7 @@ func (p *Publisher) forwardOneByOne(ctx context.Context, run []Entry) error {
 		reason := ""
 		if err != nil {
 			if !p.cfg.Permanent(err) {
+				p.unconfirmed.Add(1)
 				return err
 			}
 			reason = err.Error()

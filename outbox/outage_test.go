@@ -142,7 +142,7 @@ func TestOutboxOutage(t *testing.T) {
 		queue := testenv.Name("outbox.blocked")
 		b := connect(t, url, queue)
 		dir := t.TempDir()
-		const forwardTimeout = 2 * time.Second
+		const forwardTimeout = 10 * time.Second // the default
 		ob, err := outbox.New(b.Publisher(), outbox.Config{Dir: dir, DirectTimeout: time.Second, ForwardTimeout: forwardTimeout, Logger: quietLogger()})
 		require.NoError(t, err)
 		defer ob.Close()
@@ -168,11 +168,14 @@ func TestOutboxOutage(t *testing.T) {
 		r := drainQueue(t, url, queue, producers*perProducer)
 		// A blocked connection keeps what it was sent and confirms it when the alarm
 		// clears: the publish each producer had in flight when the alarm began (its
-		// DirectTimeout sent it to the outbox too) and the oldest entry of each forward
-		// attempt during the alarm may come twice (at-least-once), nothing more.
+		// DirectTimeout sent it to the outbox too) and the entries of forward attempts
+		// that timed out during the alarm may come twice (at-least-once), nothing more;
+		// after a failure the forwarder sends one entry per attempt.
+		st := ob.Stats()
 		attempts := int(blocked/forwardTimeout) + 1
-		requireAllInOrderDup(t, r, producers, 0, perProducer, producers+attempts)
-		t.Logf("memory alarm of %s: %d messages, %d second copies (bound %d); stats %+v", blocked, producers*perProducer, r.duplicates, producers+attempts, ob.Stats())
+		require.LessOrEqual(t, st.Unconfirmed, uint64(perProducer/2+attempts), "entries sent by attempts that failed")
+		requireAllInOrderDup(t, r, producers, 0, perProducer, producers+int(st.Unconfirmed))
+		t.Logf("memory alarm of %s: %d messages, %d second copies (bound %d); stats %+v", blocked, producers*perProducer, r.duplicates, producers+int(st.Unconfirmed), st)
 		require.NoError(t, ob.Close())
 		requireEmptyOutbox(t, dir)
 	})

@@ -34,7 +34,7 @@ type Publisher struct {
 	done    chan struct{}
 	once    sync.Once
 
-	direct, kept, forwarded, rejected atomic.Uint64
+	direct, kept, forwarded, rejected, unconfirmed atomic.Uint64
 }
 
 // Stats counts what a Publisher did since it was created.
@@ -47,6 +47,9 @@ type Stats struct {
 	Forwarded uint64
 	// Rejected is the number of entries set aside with a permanent error.
 	Rejected uint64
+	// Unconfirmed counts forwarded entries whose attempt failed without a confirm: each
+	// may have reached the broker anyway and come out twice.
+	Unconfirmed uint64
 	// Pending is the number of entries in the outbox now.
 	Pending int
 	// PendingBytes is their encoded size.
@@ -146,7 +149,7 @@ func (p *Publisher) Stats() Stats {
 	n, b := p.store.Len()
 	return Stats{
 		Direct: p.direct.Load(), Kept: p.kept.Load(), Forwarded: p.forwarded.Load(),
-		Rejected: p.rejected.Load(), Pending: n, PendingBytes: b,
+		Rejected: p.rejected.Load(), Unconfirmed: p.unconfirmed.Load(), Pending: n, PendingBytes: b,
 	}
 }
 
