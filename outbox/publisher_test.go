@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -127,4 +128,13 @@ func TestConfig_Validate(t *testing.T) {
 			require.ErrorContains(t, err, tt.err)
 		})
 	}
+}
+
+func TestPublisher_CloseLeavesNoGoroutine(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ob, err := outbox.New(failing{}, outbox.Config{Dir: t.TempDir(), RetryMaxInterval: 10 * time.Millisecond, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, ob.Publish("q", seqMessage(0, 0)))
+	time.Sleep(50 * time.Millisecond) // the forwarder is retrying
+	require.NoError(t, ob.Close())
 }
