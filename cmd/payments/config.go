@@ -42,6 +42,10 @@ type config struct {
 	// embeddedFallback runs on the embedded broker when AMQP_URL is unset (the demo);
 	// serve turns it off, so a deployment missing AMQP_URL fails to start.
 	embeddedFallback bool
+	// outboxDir keeps the demo producer's unconfirmed requests on disk
+	// (PAYMENTS_OUTBOX_DIR); secondaryURL names a second cluster it fails over to
+	// (AMQP_SECONDARY_URL). See producer.go.
+	outboxDir, secondaryURL string
 }
 
 func loadConfig() (config, error) {
@@ -97,6 +101,9 @@ func loadConfig() (config, error) {
 	}
 	if c.queueType = os.Getenv("AMQP_QUEUE_TYPE"); c.queueType != "" && c.queueType != "classic" && c.queueType != "quorum" {
 		return c, fmt.Errorf("AMQP_QUEUE_TYPE=%q: want classic or quorum", c.queueType)
+	}
+	if err := producerConfig(&c); err != nil {
+		return c, err
 	}
 	return c, nil
 }

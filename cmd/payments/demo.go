@@ -210,7 +210,12 @@ func demo(ctx context.Context, cfg config, args []string) int {
 
 	fmt.Printf("sluice payments demo: %d requests (seed %d, run %s) on the %s broker, up to %d attempts each\n",
 		len(reqs), *seed, runID, svc.broker.Name(), maxAttempts)
-	pub := svc.broker.Publisher()
+	pub, closePub, err := producerPublisher(ctx, cfg, svc.broker, logger)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payments demo:", err)
+		return 1
+	}
+	defer closePub()
 	for i, r := range reqs {
 		m := message.NewMessage(ids[i], r.Body)
 		m.Metadata.Set(amqp.MetadataContentType, example_payment.ContentTypeJSON)

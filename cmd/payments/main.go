@@ -9,7 +9,8 @@
 // RETRY_MAX_RETRIES, RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, RETRY_MULTIPLIER, RETRY_JITTER,
 // PAYMENTS_CONCURRENCY, PAYMENTS_QUEUE, PAYMENTS_OUTPUT_QUEUE, PAYMENTS_PARTITIONS (consume
 // as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), OTEL_SERVICE_NAME
-// and the standard OTEL_EXPORTER_OTLP_* variables.
+// and the standard OTEL_EXPORTER_OTLP_* variables. The demo's producer publishes through an
+// outbox in PAYMENTS_OUTBOX_DIR and fails over to AMQP_SECONDARY_URL when they are set.
 package main
 
 import (

@@ -1,0 +1,77 @@
+package failover_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/failover"
+)
+
+func TestConfig_Validate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  failover.Config
+		err  bool
+	}{
+		{"zero value", failover.Config{}, false},
+		{"negative timeout", failover.Config{PrimaryTimeout: -time.Second}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if tt.err {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, 2*time.Second, tt.cfg.PrimaryTimeout)
+			require.True(t, tt.cfg.Permanent(amqp.ErrUnroutable))
+			require.False(t, tt.cfg.Permanent(errors.New("connection refused")))
+		})
+	}
+}
+
+// recorder is an in-memory publisher for the switching rules alone (the clusters
+// themselves are TestFailover's).
+type recorder struct {
+	fail bool
+	got  int
+}
+
+func (r *recorder) Publish(string, ...*message.Message) error {
+	if r.fail {
+		return errors.New("unreachable")
+	}
+	r.got++
+	return nil
+}
+func (r *recorder) Close() error { return nil }
+
+func TestPublisher_BlockedPrimaryIsRetriedEveryInterval(t *testing.T) {
+	primary, secondary := &recorder{fail: true}, &recorder{}
+	up := true
+	pub, err := failover.NewPublisher(primary, secondary, failover.Config{
+		PrimaryUp: func() bool { return up }, RetryPrimaryEvery: time.Hour, Logger: quietLogger(),
+	})
+	require.NoError(t, err)
+	for i := 0; i < 5; i++ {
+		require.NoError(t, pub.Publish("q", message.NewMessage("m", nil)))
+	}
+	require.Equal(t, 5, secondary.got)
+	require.True(t, pub.OnSecondary())
+
+	// The primary goes away and comes back: it is tried at once, whatever the interval.
+	primary.fail = false
+	up = false
+	require.NoError(t, pub.Publish("q", message.NewMessage("m", nil)))
+	require.Equal(t, 6, secondary.got)
+	up = true
+	require.NoError(t, pub.Publish("q", message.NewMessage("m", nil)))
+	require.Equal(t, 1, primary.got)
+	require.False(t, pub.OnSecondary())
+}

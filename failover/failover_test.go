@@ -1,0 +1,125 @@
+package failover_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/failover"
+	"github.com/sluice-go/sluice/internal/testenv"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func nodeURL(n *testenv.Node) string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.Port) }
+
+func connect(t *testing.T, url, queue string) *amqp.Broker {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: quietLogger(), ReconnectMaxInterval: 500 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	require.NoError(t, b.DeclareQueue(ctx, queue))
+	return b
+}
+
+// depth counts the ready messages of queue on the node at url, with a plain client.
+func depth(t *testing.T, url, queue string) int {
+	t.Helper()
+	conn, err := amqp091.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Messages
+}
+
+// TestFailover runs two RabbitMQ nodes of its own, not clustered, on their own ports: the
+// primary's app is stopped in the middle of a run and started again.
+func TestFailover(t *testing.T) {
+	primaryNode := testenv.StartNode(t, testenv.NodeOptions{})
+	secondaryNode := testenv.StartNode(t, testenv.NodeOptions{})
+	queue := testenv.Name("failover")
+	primary := connect(t, nodeURL(primaryNode), queue)
+	secondary := connect(t, nodeURL(secondaryNode), queue)
+	pub, err := failover.NewPublisher(primary.Publisher(), secondary.Publisher(), failover.Config{PrimaryTimeout: time.Second, Logger: quietLogger()})
+	require.NoError(t, err)
+
+	const per = 300
+	sent := 0
+	publish := func(n int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			require.NoError(t, pub.Publish(queue, message.NewMessage(fmt.Sprintf("m%05d", sent), []byte("{}"))), "message %d", sent)
+			sent++
+		}
+	}
+	ctl := func(args ...string) {
+		t.Helper()
+		out, err := primaryNode.Ctl(args...)
+		require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
+	}
+
+	publish(per)
+	p, s := pub.Counts()
+	require.Equal(t, [2]uint64{per, 0}, [2]uint64{p, s}, "primary up: every publish on the primary")
+	require.False(t, pub.OnSecondary())
+
+	ctl("stop_app")
+	publish(per)
+	p, s = pub.Counts()
+	require.Equal(t, [2]uint64{per, per}, [2]uint64{p, s}, "primary down: every publish on the secondary, none lost")
+	require.True(t, pub.OnSecondary())
+
+	ctl("start_app")
+	require.Eventually(t, primary.Connected, 60*time.Second, 50*time.Millisecond, "primary reconnected")
+	publish(per)
+	p, s = pub.Counts()
+	require.Equal(t, [2]uint64{2 * per, per}, [2]uint64{p, s}, "primary back: new publishes on it again")
+	require.False(t, pub.OnSecondary())
+
+	require.Equal(t, 2*per, depth(t, nodeURL(primaryNode), queue), "messages on the primary")
+	require.Equal(t, per, depth(t, nodeURL(secondaryNode), queue), "messages on the secondary")
+
+	t.Run("a subscriber over both clusters consumes every message once", func(t *testing.T) {
+		sub := failover.NewSubscriber(
+			primary.Subscriber(amqp.SubscribeOptions{Concurrency: 8}),
+			secondary.Subscriber(amqp.SubscribeOptions{Concurrency: 8}),
+		)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		msgs, err := sub.Subscribe(ctx, queue)
+		require.NoError(t, err)
+		seen := map[string]int{}
+		timeout := time.After(60 * time.Second)
+		for len(seen) < sent {
+			select {
+			case m := <-msgs:
+				seen[m.UUID]++
+				m.Ack()
+			case <-timeout:
+				t.Fatalf("%d of %d messages consumed", len(seen), sent)
+			}
+		}
+		for i := 0; i < sent; i++ {
+			require.Equal(t, 1, seen[fmt.Sprintf("m%05d", i)], "message %d", i)
+		}
+		require.NoError(t, sub.Close())
+		cancel()
+		for range msgs {
+		}
+		require.Zero(t, depth(t, nodeURL(primaryNode), queue))
+		require.Zero(t, depth(t, nodeURL(secondaryNode), queue))
+	})
+}
