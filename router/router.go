@@ -10,7 +10,8 @@
 //  5. idempotency — a key already done is acked without calling the handler
 //  6. output — the handler's output messages are published, confirmed (so idempotency marks
 //     a key done only once its outputs are safe, and a failed output publish is retried)
-//  7. breaker — while open, the call is not made; the message is deferred
+//  7. breaker — while open, the call is not made; the handler pauses (pause.go) or, with
+//     WithDeferWhileOpen, the message is deferred
 //  8. timeout — the handler's context carries a deadline
 //  9. the handler, whose own panic becomes an error carrying its stack, so retry and poison
 //     treat it like any failure
@@ -89,6 +90,9 @@ type handlerConfig struct {
 	keyFunc     func(*message.Message) (string, error)
 	breaker     string
 	partitions  int // WithPartitions (partition.go)
+
+	deferWhileOpen bool             // WithDeferWhileOpen (pause.go)
+	pause          *pauseController // set by add (pause.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -126,6 +130,8 @@ type Stack struct {
 	outputs []string
 	parted  []partitioned // partition.go
 	started bool
+
+	overload overloadState // pause.go
 }
 
 // New builds a stack on broker.
@@ -195,7 +201,11 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	return &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}, nil
+	s := &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}
+	if err := s.initOverload(); err != nil {
+		return nil, fmt.Errorf("router: overload metrics: %w", err)
+	}
+	return s, nil
 }
 
 // Retry returns the retry step in force (for its policy, e.g. Backoff).
@@ -233,8 +243,9 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if outputTopic != "" {
 		s.outputs = append(s.outputs, outputTopic)
 	}
-	stack := s.compose(h, outputTopic, hc)
 	sub := s.broker.Subscriber(hc.concurrency, hc.prefetch)
+	hc.pause = s.pauseFor(name, hc, sub)
+	stack := s.compose(h, outputTopic, hc)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
 		return err
@@ -247,7 +258,7 @@ func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerCon
 	h = recoverHandlerPanic(h)
 	h = timeout(s.cfg.HandlerTimeout)(h)
 	if s.cfg.Breakers != nil {
-		h = s.cfg.Breakers.Middleware(hc.breaker)(h)
+		h = s.breakerStep(hc)(h)
 	}
 	if outputTopic != "" {
 		h = publishOutputs(s.output, outputTopic)(h)
@@ -256,6 +267,7 @@ func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerCon
 		h = s.cfg.Idempotency.Middleware(hc.keyFunc)(h)
 	}
 	h = s.retry.Middleware(h)
+	h = s.dependencyStep(hc)(h)
 	h = s.poison.Middleware(h)
 	h = middleware.Recoverer(h)
 	if s.cfg.Telemetry != nil {
@@ -292,6 +304,7 @@ func (s *Stack) Running() chan struct{} { return s.router.Running() }
 // subscribers. Messages not finished are returned to the broker and redelivered later. The
 // broker itself stays open: its owner closes it.
 func (s *Stack) Close() error {
+	s.closeOverload()
 	err := s.router.Close()
 	if s.gauge != nil {
 		_ = s.gauge.Unregister()

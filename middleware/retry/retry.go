@@ -87,6 +87,9 @@ type Config struct {
 	MaxRetryAfter time.Duration
 	// OnRetry is called after each confirmed hand-off, for logs and telemetry.
 	OnRetry func(Event)
+	// Overload, when set, adds a retry budget, a limit on concurrent retries and an
+	// adaptive policy, per dependency (see Overload). Nil means none.
+	Overload *Overload
 	// Logger receives discards and hand-offs. Nil means slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Nil means time.Now.
@@ -176,7 +179,7 @@ func (r *Retry) Backoff(n int) time.Duration {
 // Middleware returns h wrapped by the retry step.
 func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		out, err := h(msg)
+		out, err := r.call(h, msg)
 		if err == nil || sluice.IsHandoff(err) {
 			return out, err
 		}
@@ -212,7 +215,8 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !ok {
 			first = now
 		}
-		if count >= r.cfg.MaxRetries {
+		plan := r.plan(ctx, queue)
+		if count >= plan.MaxRetries {
 			return nil, &ExhaustedError{Retries: count, Err: err}
 		}
 		if age := now.Sub(first); age > r.cfg.MaxTotalAge {
@@ -223,7 +227,11 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if ra := (*sluice.RetryAfterError)(nil); errors.As(err, &ra) && ra.After > 0 {
 			delay = min(ra.After, r.cfg.MaxRetryAfter)
 		} else {
-			delay = r.Backoff(count + 1)
+			delay = stretch(r.Backoff(count+1), plan)
+		}
+		delay, berr := r.admit(ctx, msg, delay, plan, err)
+		if berr != nil {
+			return nil, berr
 		}
 		errType := sluice.ErrorType(err)
 
