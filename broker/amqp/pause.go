@@ -1,8 +1,13 @@
 package amqp
 
 import (
+	"cmp"
 	"errors"
+	"log/slog"
+	"slices"
 	"sync"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
 // gate is a subscription's switch between consuming, paused and probing (consuming with
@@ -49,10 +54,13 @@ func (g *gate) set(paused bool, limit int) {
 }
 
 // Pause stops taking deliveries: the consumer is cancelled, deliveries prefetched but not
-// yet handed to a handler go back to the queue with basic.nack and requeue (the return a
-// shutdown makes, which a quorum queue's delivery limit does not count as a failure), and
-// messages with a handler finish and are settled as usual. On a classic queue a returned
-// message takes back its place, so the queue keeps its order. Pause does not wait.
+// yet handed to a handler go back to the queue with basic.nack and requeue, in delivery
+// order, and messages with a handler finish and are settled as usual. The queue keeps its
+// order: a classic queue puts a returned message back in its place, a quorum queue
+// delivers returned messages first. The return is the one a shutdown makes, not a
+// failure's basic.reject; RabbitMQ before 4.3 still counts it toward a quorum queue's
+// delivery limit, so each pause adds one to at most Prefetch messages. Pause does not
+// wait.
 func (s *Subscriber) Pause() { s.gate.set(true, 0) }
 
 // Resume takes deliveries again. A positive limit caps the deliveries outstanding at once
@@ -83,3 +91,37 @@ func closedChan(c <-chan struct{}) bool {
 
 // errGateChanged ends a consumer that stopped for Pause or Resume.
 var errGateChanged = errors.New("consumer restarted for pause or resume")
+
+// returns collects the deliveries a consumer gives back for Pause or Resume, so that they
+// go back in delivery order once its handlers are done: a classic queue puts a returned
+// message back in its place whatever the order, but a quorum queue delivers returned
+// messages first, in the order they came back, and workers giving theirs back at once
+// would shuffle them.
+type returns struct {
+	changed <-chan struct{}
+
+	mu sync.Mutex
+	ds []amqp091.Delivery
+}
+
+func (r *returns) add(d amqp091.Delivery) {
+	r.mu.Lock()
+	r.ds = append(r.ds, d)
+	r.mu.Unlock()
+}
+
+// flush returns the collected deliveries with basic.nack and requeue, in tag order.
+func (r *returns) flush(acks *acker, logger *slog.Logger) {
+	r.mu.Lock()
+	ds := r.ds
+	r.ds = nil
+	r.mu.Unlock()
+	slices.SortFunc(ds, func(a, b amqp091.Delivery) int { return cmp.Compare(a.DeliveryTag, b.DeliveryTag) })
+	for _, d := range ds {
+		if err := d.Nack(false, true); err != nil {
+			// The channel is gone, and RabbitMQ returned the delivery with it.
+			logger.Debug("return of a delivery on pause failed", "error", err)
+		}
+		acks.nacked(d.DeliveryTag)
+	}
+}

@@ -184,17 +184,19 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		close(closed)
 	}()
 	acks := newAcker(ch, (opts.Prefetch-opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
+	back := &returns{changed: st.changed}
 	var workers sync.WaitGroup
 	for i := 0; i < opts.Concurrency; i++ {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
 			for d := range deliveries {
-				s.handle(ctx, d, out, acks, closed, st.changed)
+				s.handle(ctx, d, out, acks, closed, back)
 			}
 		}()
 	}
 	workers.Wait()
+	back.flush(acks, s.logger)
 	acks.close() // before the deferred ch.Close: a waiting ack must still leave
 	if closedChan(st.changed) {
 		return errGateChanged
@@ -203,7 +205,8 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 }
 
 // handle hands one delivery out and settles it with RabbitMQ.
-func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, acks *acker, chClosed, gateChanged <-chan struct{}) {
+func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, acks *acker, chClosed <-chan struct{}, back *returns) {
+	gateChanged := back.changed
 	msg := unmarshal(d)
 	msgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -213,8 +216,12 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 		_ = d.Nack(false, true)
 		acks.nacked(d.DeliveryTag)
 	}
-	if s.stopping(ctx) || closedChan(gateChanged) {
+	if s.stopping(ctx) {
 		giveBack()
+		return
+	}
+	if closedChan(gateChanged) {
+		back.add(d)
 		return
 	}
 	select {
@@ -226,7 +233,7 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 		giveBack()
 		return
 	case <-gateChanged:
-		giveBack()
+		back.add(d)
 		return
 	}
 
