@@ -55,9 +55,9 @@ func (g *gate) set(paused bool, limit int) {
 
 // Pause stops taking deliveries: the consumer is cancelled, deliveries prefetched but not
 // yet handed to a handler go back to the queue with basic.nack and requeue, in delivery
-// order, and messages with a handler finish and are settled as usual. The queue keeps its
-// order: a classic queue puts a returned message back in its place, a quorum queue
-// delivers returned messages first. The return is the one a shutdown makes, not a
+// order, and messages with a handler finish and are settled as usual. A classic queue
+// (sluice's default) puts a returned message back in its place, so it keeps its order; a
+// quorum queue may deliver a returned message after later ones. The return is the one a shutdown makes, not a
 // failure's basic.reject; RabbitMQ before 4.3 still counts it toward a quorum queue's
 // delivery limit, so each pause adds one to at most Prefetch messages. Pause does not
 // wait.
@@ -94,9 +94,8 @@ var errGateChanged = errors.New("consumer restarted for pause or resume")
 
 // returns collects the deliveries a consumer gives back for Pause or Resume, so that they
 // go back in delivery order once its handlers are done: a classic queue puts a returned
-// message back in its place whatever the order, but a quorum queue delivers returned
-// messages first, in the order they came back, and workers giving theirs back at once
-// would shuffle them.
+// message back in its place whatever the order, but a quorum queue goes by the order the
+// returns arrive in, and workers giving theirs back at once would shuffle them more.
 type returns struct {
 	changed <-chan struct{}
 

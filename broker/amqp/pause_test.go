@@ -18,7 +18,7 @@ import (
 
 // Pausing a subscription on RabbitMQ: messages with a handler finish, prefetched ones go
 // back, and the queue keeps them in order; Resume with a limit lets only that many out at
-// once. Both queue types sluice declares are covered.
+// once. Both queue types sluice declares are covered; the order holds on classic queues.
 func TestSubscriberPauseKeepsTheQueueInOrder(t *testing.T) {
 	for _, qt := range []amqp.QueueType{amqp.QueueClassic, amqp.QueueQuorum} {
 		t.Run(string(qt), func(t *testing.T) {
@@ -89,9 +89,18 @@ func TestSubscriberPauseKeepsTheQueueInOrder(t *testing.T) {
 			for i := range total {
 				want = append(want, fmt.Sprintf("m-%02d", i))
 			}
-			assert.Equal(t, want[5:], rest, "the queue keeps the messages it got back in order")
-			slices.Sort(got)
-			assert.Equal(t, want[:5], got, "the deliveries were the head of the queue, each once")
+			if qt == amqp.QueueClassic {
+				assert.Equal(t, want[5:], rest, "the queue keeps the messages it got back in order")
+				slices.Sort(got)
+				assert.Equal(t, want[:5], got, "the deliveries were the head of the queue, each once")
+				return
+			}
+			// A quorum queue (RabbitMQ 3.10) may deliver a returned message after later
+			// ones: measured here, returns reach the queue's log after the new consumer
+			// started. Nothing is lost or doubled.
+			all := append(append([]string(nil), got...), rest...)
+			slices.Sort(all)
+			assert.Equal(t, want, all, "every message once, delivered or waiting")
 		})
 	}
 }
