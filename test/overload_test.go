@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"sync"
@@ -14,11 +15,75 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/telemetry"
 )
+
+// metricsReader collects the stack's metrics on demand.
+type metricsReader struct {
+	in     *telemetry.Instrumentation
+	reader *sdkmetric.ManualReader
+}
+
+func newMetricsReader(t testing.TB) *metricsReader {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	in, err := telemetry.New(telemetry.WithMeterProvider(mp))
+	require.NoError(t, err)
+	return &metricsReader{in: in, reader: reader}
+}
+
+// value returns the value of the instrument name's point whose attribute key is val (a
+// gauge's last value or a counter's sum).
+func (m *metricsReader) value(name, key, val string) (float64, bool) {
+	var rm metricdata.ResourceMetrics
+	if err := m.reader.Collect(context.Background(), &rm); err != nil {
+		return 0, false
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name != name {
+				continue
+			}
+			match := func(set attribute.Set) bool {
+				v, ok := set.Value(attribute.Key(key))
+				return ok && v.Emit() == val
+			}
+			switch d := mt.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						return float64(p.Value), true
+					}
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						return p.Value, true
+					}
+				}
+			case metricdata.Sum[int64]:
+				var sum float64
+				var found bool
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						sum += float64(p.Value)
+						found = true
+					}
+				}
+				return sum, found
+			}
+		}
+	}
+	return 0, false
+}
 
 // handoffCounter counts what the stack asks the broker to do during an outage: deliveries
 // handed to the handler and publishes (retry and deferral copies, dead letters), each
@@ -202,20 +267,32 @@ func outageScenario(t testing.TB, e *env, backlog int, outage, openTimeout time.
 		opts = append(opts, router.WithDeferWhileOpen())
 		mode = "defer"
 	}
+	metrics := newMetricsReader(t)
 	start(t, e, router.Config{
 		Concurrency: concurrency,
 		Prefetch:    4 * concurrency,
 		Breakers:    reg,
+		Telemetry:   metrics.in,
 		Retry:       retry.Config{MaxRetries: 20, InitialDelay: 200 * time.Millisecond, MaxDelay: 2 * time.Second},
 	}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("charge", q, dep.handle, opts...))
 	})
+	if !deferring {
+		require.Eventually(t, func() bool {
+			v, ok := metrics.value(telemetry.MetricHandlerPaused, "handler", "charge")
+			return ok && v == 1
+		}, outage, 10*time.Millisecond, "the pause shows in %s", telemetry.MetricHandlerPaused)
+	}
 
 	require.Eventually(t, func() bool {
 		_, _, done, _ := dep.stats()
 		return done == backlog
 	}, outage+3*time.Minute, 20*time.Millisecond, "every message is processed after recovery")
 	require.Eventually(t, func() bool { return e.count(t, q) == 0 }, 30*time.Second, 20*time.Millisecond)
+	if !deferring {
+		v, ok := metrics.value(telemetry.MetricHandlerPaused, "handler", "charge")
+		assert.True(t, ok && v == 0, "resumed: %s is %v", telemetry.MetricHandlerPaused, v)
+	}
 	down, up, _, last := dep.stats()
 	run := outageRun{
 		mode: mode, backlog: backlog,
@@ -291,4 +368,236 @@ func envInt(name string, def int) int {
 		return v
 	}
 	return def
+}
+
+// flakyDep fails a share of its calls while it is degraded (from its first call for a
+// while), then succeeds; it counts calls made while degraded.
+type flakyDep struct {
+	failShare float64
+	degraded  time.Duration
+
+	mu            sync.Mutex
+	rng           *rand.Rand
+	until         time.Time
+	callsDegraded int
+	callsAfter    int
+	failures      int
+	done          map[string]bool
+}
+
+func newFlakyDep(failShare float64, degraded time.Duration) *flakyDep {
+	return &flakyDep{failShare: failShare, degraded: degraded, rng: rand.New(rand.NewPCG(1, 2)), done: map[string]bool{}}
+}
+
+func (d *flakyDep) handle(msg *message.Message) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	if d.until.IsZero() {
+		d.until = now.Add(d.degraded)
+	}
+	if now.Before(d.until) {
+		d.callsDegraded++
+		if d.rng.Float64() < d.failShare {
+			d.failures++
+			return errGatewayDown
+		}
+	} else {
+		d.callsAfter++
+	}
+	d.done[string(msg.Payload)] = true
+	return nil
+}
+
+func (d *flakyDep) stats() (degraded, after, failures, done int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.callsDegraded, d.callsAfter, d.failures, len(d.done)
+}
+
+// degradationRun is the result of one degradation scenario.
+type degradationRun struct {
+	budget                    bool
+	messages                  int
+	callsDegraded, callsAfter int
+	failures                  int
+	refused                   int64
+	deadLetters               int
+}
+
+func (r degradationRun) String() string {
+	return fmt.Sprintf("budget %v: %d messages; %d dependency calls while degraded (%.3f per message, %d failed), %d after; %d retries refused; %d dead-lettered",
+		r.budget, r.messages, r.callsDegraded, float64(r.callsDegraded)/float64(r.messages), r.failures, r.callsAfter, r.refused, r.deadLetters)
+}
+
+// degradationScenario: steady traffic of rate messages a second for degraded, during
+// which the dependency fails failShare of its calls; then it is healthy. Returns once
+// every message succeeded.
+func degradationScenario(t testing.TB, e *env, rate int, degraded time.Duration, withBudget bool) degradationRun {
+	q := e.newQueue(t, "degraded")
+	dep := newFlakyDep(0.3, degraded)
+	metrics := newMetricsReader(t)
+	cfg := router.Config{
+		Concurrency: 4,
+		Prefetch:    16,
+		Telemetry:   metrics.in,
+		// The cap is longer than the degradation: a retry the budget refuses comes back
+		// once the dependency is healthy.
+		Retry: retry.Config{MaxRetries: 20, InitialDelay: 100 * time.Millisecond, MaxDelay: degraded + 2*time.Second},
+	}
+	var refused atomic.Int64
+	if withBudget {
+		o, err := retry.NewOverload(retry.OverloadConfig{
+			Window:    degraded / 2,
+			OnRefused: func(retry.RefusedEvent) { refused.Add(1) },
+			Logger:    testLogger(),
+		})
+		require.NoError(t, err)
+		cfg.Retry.Overload = o
+	}
+	counter := &handoffCounter{Broker: e.broker, upAt: func() time.Time { return time.Time{} }}
+	e.broker = counter
+	start(t, e, cfg, func(s *router.Stack) {
+		require.NoError(t, s.Handle("charge", q, dep.handle, router.WithBreaker("gateway")))
+	})
+	pub := e.broker.Publisher()
+	messages := 0
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	per := max(rate/50, 1)
+	for end := time.Now().Add(degraded); time.Now().Before(end); {
+		<-tick.C
+		for range per {
+			require.NoError(t, pub.Publish(q, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "m-%06d", messages))))
+			messages++
+		}
+	}
+	require.Eventually(t, func() bool {
+		_, _, _, done := dep.stats()
+		return done == messages
+	}, degraded+2*time.Minute, 20*time.Millisecond, "every message succeeds in the end")
+	require.Eventually(t, func() bool { return e.count(t, q) == 0 }, 30*time.Second, 20*time.Millisecond)
+	if withBudget {
+		v, _ := metrics.value(telemetry.MetricRetriesRefused, "dependency", "gateway")
+		assert.EqualValues(t, refused.Load(), v, "%s counts every refusal", telemetry.MetricRetriesRefused)
+		_, ok := metrics.value(telemetry.MetricRetryBudgetRemaining, "dependency", "gateway")
+		assert.True(t, ok, "%s reports the gateway's budget", telemetry.MetricRetryBudgetRemaining)
+	}
+	degr, after, failures, _ := dep.stats()
+	return degradationRun{
+		budget: withBudget, messages: messages, callsDegraded: degr, callsAfter: after, failures: failures,
+		refused: refused.Load(), deadLetters: len(e.dlq(t, q)) + int(counter.deadLetters.Load()),
+	}
+}
+
+// The dependency fails 30% of its calls under steady traffic. Without a budget every
+// failure is retried soon, so the sick dependency takes about 1.4 calls per message; with
+// the default 20% budget the retries past it wait until it is healthy again. Nothing is
+// lost or dead-lettered either way.
+func TestOverload_DegradationWithAndWithoutBudget(t *testing.T) {
+	const (
+		rate     = 200
+		degraded = 4 * time.Second
+	)
+	onEachBroker(t, func(t *testing.T, e *env) {
+		runs := map[bool]degradationRun{}
+		for _, withBudget := range []bool{false, true} {
+			sub := *e
+			t.Run(map[bool]string{false: "no-budget", true: "budget"}[withBudget], func(t *testing.T) {
+				run := degradationScenario(t, &sub, rate, degraded, withBudget)
+				t.Log(run)
+				runs[withBudget] = run
+				assert.Zero(t, run.deadLetters, "nothing may be dead-lettered")
+			})
+		}
+		off, on := runs[false], runs[true]
+		require.NotZero(t, off.messages)
+		require.NotZero(t, on.messages)
+		perOff := float64(off.callsDegraded) / float64(off.messages)
+		perOn := float64(on.callsDegraded) / float64(on.messages)
+		// First attempts, plus 20% of them, plus the floor of one retry a second.
+		allowed := 1.2 + float64(degraded/time.Second)/float64(on.messages) + 0.05
+		assert.Less(t, perOn, allowed, "with a budget retries add at most its share")
+		assert.Greater(t, perOff, allowed, "without a budget failures are retried soon, past that share")
+		assert.Positive(t, on.refused)
+	})
+}
+
+// The default adaptive policy under a load step on RabbitMQ: while the queue is short a
+// failure is retried after the policy's delay; once a burst fills the queue past
+// BacklogHigh (read from the broker), the same failure waits four times as long.
+func TestOverload_AdaptivePolicyUnderALoadStep(t *testing.T) {
+	e := rabbitEnv(t)
+	q := e.newQueue(t, "adaptive")
+	o, err := retry.NewOverload(retry.OverloadConfig{
+		BudgetRatio: -1,
+		Policy:      retry.DefaultAdaptive{BacklogHigh: 400},
+		Logger:      testLogger(),
+	})
+	require.NoError(t, err)
+	type retried struct {
+		at    time.Time
+		delay time.Duration
+	}
+	var (
+		mu      sync.Mutex
+		retries []retried
+	)
+	var calls atomic.Int64
+	handle := func(msg *message.Message) error {
+		time.Sleep(5 * time.Millisecond)
+		// Every tenth first attempt fails: too few failures to move the pressure.
+		if calls.Add(1)%10 == 0 && msg.Metadata.Get("x-retry-count") == "" {
+			return errGatewayDown
+		}
+		return nil
+	}
+	start(t, e, router.Config{
+		Concurrency: 2,
+		Retry: retry.Config{
+			MaxRetries: 5, InitialDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Second, Jitter: -1,
+			Overload: o,
+			OnRetry: func(ev retry.Event) {
+				mu.Lock()
+				retries = append(retries, retried{at: time.Now(), delay: ev.Delay})
+				mu.Unlock()
+			},
+		},
+	}, func(s *router.Stack) {
+		require.NoError(t, s.Handle("charge", q, handle))
+	})
+	pub := e.broker.Publisher()
+	publish := func(n int) {
+		for range n {
+			require.NoError(t, pub.Publish(q, message.NewMessage(watermill.NewUUID(), []byte("x"))))
+		}
+	}
+	// Calm: a trickle.
+	for range 40 {
+		publish(1)
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Eventually(t, func() bool { return e.count(t, q) == 0 }, 10*time.Second, 20*time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // let the calm backlog reading age out
+	step := time.Now()
+	publish(2000)
+	require.Eventually(t, func() bool { return calls.Load() >= 2040 && e.count(t, q) == 0 }, 2*time.Minute, 50*time.Millisecond)
+
+	mu.Lock()
+	defer mu.Unlock()
+	var calm, loaded []time.Duration
+	for _, r := range retries {
+		if r.at.Before(step) {
+			calm = append(calm, r.delay)
+		} else {
+			loaded = append(loaded, r.delay)
+		}
+	}
+	require.NotEmpty(t, calm)
+	require.NotEmpty(t, loaded)
+	for _, d := range calm {
+		assert.Equal(t, 100*time.Millisecond, d, "calm: the policy's first delay")
+	}
+	assert.Contains(t, loaded, 400*time.Millisecond, "under the burst the first delay is quadrupled")
+	t.Logf("retry delays: calm %v; after the step %d retries, first ones %v", calm, len(loaded), loaded[:min(len(loaded), 10)])
 }
