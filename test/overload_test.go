@@ -243,8 +243,13 @@ func outageScenario(t testing.TB, e *env, backlog int, outage, openTimeout time.
 	)
 	q := e.newQueue(t, "outage")
 	require.NoError(t, e.broker.DeclareQueue(context.Background(), q))
+	batch := make([]*message.Message, 0, 500)
 	for i := range backlog {
-		e.publish(t, q, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "m-%06d", i)))
+		batch = append(batch, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "m-%06d", i)))
+		if len(batch) == cap(batch) || i == backlog-1 {
+			require.NoError(t, e.broker.Publisher().Publish(q, batch...))
+			batch = batch[:0]
+		}
 	}
 	var opens atomic.Int64
 	reg, err := breaker.New(breaker.Config{
@@ -600,4 +605,24 @@ func TestOverload_AdaptivePolicyUnderALoadStep(t *testing.T) {
 	}
 	assert.Contains(t, loaded, 400*time.Millisecond, "under the burst the first delay is quadrupled")
 	t.Logf("retry delays: calm %v; after the step %d retries, first ones %v", calm, len(loaded), loaded[:min(len(loaded), 10)])
+}
+
+// BenchmarkOverloadDegradation measures the degradation scenario on RabbitMQ: steady
+// traffic while the dependency fails 30% of its calls, without and with the default
+// retry budget. The default is a short run (200 messages a second for 5 s); the issue's
+// figure comes from SLUICE_DEGRADED_SECONDS=30.
+func BenchmarkOverloadDegradation(b *testing.B) {
+	rate := envInt("SLUICE_DEGRADED_RATE", 200)
+	degraded := time.Duration(envInt("SLUICE_DEGRADED_SECONDS", 5)) * time.Second
+	for _, mode := range []string{"no-budget", "budget"} {
+		b.Run(mode, func(b *testing.B) {
+			for range b.N {
+				run := degradationScenario(b, rabbitEnv(b), rate, degraded, mode == "budget")
+				b.ReportMetric(float64(run.callsDegraded)/float64(run.messages), "calls/msg-degraded")
+				b.ReportMetric(float64(run.callsDegraded), "calls-degraded")
+				b.ReportMetric(float64(run.refused), "refused")
+				b.ReportMetric(float64(run.deadLetters), "dead-letters")
+			}
+		})
+	}
 }

@@ -166,6 +166,7 @@ type dependency struct {
 	inFlight atomic.Int64
 	retrying atomic.Int64 // retries in flight, for MaxConcurrentRetries
 	spent    atomic.Bool  // the budget refused the last retry, for logging the change once
+	adapted  atomic.Bool  // the policy changed the last plan, likewise
 }
 
 // NewOverload validates cfg and applies its defaults.

@@ -93,6 +93,16 @@ func (r *Retry) plan(ctx context.Context, queue string) Adjustment {
 	if adj.MaxDelay <= 0 || adj.MaxDelay > plan.MaxDelay {
 		adj.MaxDelay = plan.MaxDelay
 	}
+	if changed := adj != plan; d.adapted.Swap(changed) != changed {
+		if changed {
+			o.cfg.Logger.Warn("retries adapted to load", "dependency", d.name, "max_retries", adj.MaxRetries,
+				"delay_factor", adj.DelayFactor, "max_delay", adj.MaxDelay,
+				"failure_ratio", load.FailureRatio, "backlog", load.Backlog, "in_flight", load.InFlight)
+		} else {
+			o.cfg.Logger.Info("retries back to the step's policy", "dependency", d.name,
+				"failure_ratio", load.FailureRatio, "backlog", load.Backlog)
+		}
+	}
 	if adj != plan {
 		trace.SpanFromContext(ctx).AddEvent("retry.adapted", trace.WithAttributes(
 			attrDependency.String(d.name),
