@@ -348,11 +348,11 @@ func TestOverload_OutagePauseBesideDeferral(t *testing.T) {
 
 // BenchmarkOverloadOutage measures the outage scenario on RabbitMQ: a backlog, the
 // dependency down, then back, with today's deferral beside the pause. The default is a
-// short run (2,000 messages, 5 s outage, 1 s open timeout); the figure comes from
+// short run (1,000 messages, 3 s outage, 1 s open timeout); the figure comes from
 // SLUICE_OUTAGE_BACKLOG=20000 SLUICE_OUTAGE_SECONDS=30 SLUICE_OUTAGE_OPEN_SECONDS=5.
 func BenchmarkOverloadOutage(b *testing.B) {
-	backlog := envInt("SLUICE_OUTAGE_BACKLOG", 2000)
-	outage := time.Duration(envInt("SLUICE_OUTAGE_SECONDS", 5)) * time.Second
+	backlog := envInt("SLUICE_OUTAGE_BACKLOG", 1000)
+	outage := time.Duration(envInt("SLUICE_OUTAGE_SECONDS", 3)) * time.Second
 	openTimeout := time.Duration(envInt("SLUICE_OUTAGE_OPEN_SECONDS", 1)) * time.Second
 	for _, mode := range []string{"defer", "pause"} {
 		b.Run(mode, func(b *testing.B) {
@@ -609,11 +609,11 @@ func TestOverload_AdaptivePolicyUnderALoadStep(t *testing.T) {
 
 // BenchmarkOverloadDegradation measures the degradation scenario on RabbitMQ: steady
 // traffic while the dependency fails 30% of its calls, without and with the default
-// retry budget. The default is a short run (200 messages a second for 5 s); the issue's
+// retry budget. The default is a short run (200 messages a second for 3 s); the issue's
 // figure comes from SLUICE_DEGRADED_SECONDS=30.
 func BenchmarkOverloadDegradation(b *testing.B) {
 	rate := envInt("SLUICE_DEGRADED_RATE", 200)
-	degraded := time.Duration(envInt("SLUICE_DEGRADED_SECONDS", 5)) * time.Second
+	degraded := time.Duration(envInt("SLUICE_DEGRADED_SECONDS", 3)) * time.Second
 	for _, mode := range []string{"no-budget", "budget"} {
 		b.Run(mode, func(b *testing.B) {
 			for range b.N {
