@@ -8,6 +8,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/middleware/breaker"
@@ -46,8 +49,18 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	assert.Equal(t, openTimeout, b.OpenTimeout())
 	assert.Equal(t, 1, b.Probes())
 
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	spanCtx, span := tp.Tracer("test").Start(context.Background(), "attempt")
 	rep := &sluice.Reporter{}
-	msgs, err := h(newMsg(sluice.WithReporter(context.Background(), rep)))
+	msgs, err := h(newMsg(sluice.WithReporter(spanCtx, rep)))
+	span.End()
+	require.Len(t, rec.Ended(), 1)
+	require.NotEmpty(t, rec.Ended()[0].Events())
+	ev := rec.Ended()[0].Events()[0]
+	assert.Equal(t, "breaker.returned", ev.Name)
+	assert.Contains(t, ev.Attributes, attribute.String("breaker.state", "open"))
 	assert.Nil(t, msgs)
 	assert.True(t, sluice.IsHandoff(err), "the message goes back to its queue: %v", err)
 	assert.ErrorIs(t, err, breaker.ErrOpen)

@@ -13,6 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -297,4 +300,38 @@ func TestOverload_AdaptivePolicyReactsToALoadStep(t *testing.T) {
 	assert.Equal(t, 8000, last.Backlog)
 	assert.Equal(t, 1, last.InFlight)
 	assert.True(t, errors.Is(err, retry.ErrRetriesExhausted))
+}
+
+// A refused retry and an adapted plan are span events on the attempt's span.
+func TestOverload_SpanEvents(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
+	r, _, _, _ := overloadStep(t, retry.OverloadConfig{
+		BudgetRatio: 0.01, MinRetriesPerSecond: -1,
+		Policy: retry.AdaptiveFunc(func(_ retry.Load, plan retry.Adjustment) retry.Adjustment {
+			plan.DelayFactor = 3
+			return plan
+		}),
+	})
+	ctx, span := tp.Tracer("test").Start(retry.WithDependency(context.Background(), "gateway"), "attempt")
+	msg := message.NewMessage("m-1", []byte("x"))
+	msg.SetContext(ctx)
+	_, err := r.Middleware(failing(errBoom))(msg)
+	span.End()
+	require.NoError(t, err, "refused: retried after the cap")
+
+	events := map[string]map[attribute.Key]attribute.Value{}
+	for _, e := range rec.Ended()[0].Events() {
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, a := range e.Attributes {
+			attrs[a.Key] = a.Value
+		}
+		events[e.Name] = attrs
+	}
+	require.Contains(t, events, "retry.refused")
+	assert.Equal(t, "gateway", events["retry.refused"]["sluice.dependency"].AsString())
+	assert.Equal(t, retry.RefusedBudget, events["retry.refused"]["sluice.retry.refused_reason"].AsString())
+	require.Contains(t, events, "retry.adapted")
+	assert.InDelta(t, 3, events["retry.adapted"]["sluice.retry.delay_factor"].AsFloat64(), 1e-9)
 }
