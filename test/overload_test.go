@@ -626,3 +626,60 @@ func BenchmarkOverloadDegradation(b *testing.B) {
 		})
 	}
 }
+
+// At most MaxConcurrentRetries retries run against a dependency at once on RabbitMQ; the
+// retries past it are deferred, first attempts are not held up, and every message
+// succeeds.
+func TestOverload_ConcurrentRetriesOnRabbitMQ(t *testing.T) {
+	const messages = 40
+	e := rabbitEnv(t)
+	q := e.newQueue(t, "retrylimit")
+	o, err := retry.NewOverload(retry.OverloadConfig{
+		BudgetRatio: -1, MaxConcurrentRetries: 1, ConcurrencyDelay: 100 * time.Millisecond, Logger: testLogger(),
+	})
+	require.NoError(t, err)
+	var (
+		retrying, most, deferred atomic.Int64
+		mu                       sync.Mutex
+		done                     = map[string]bool{}
+	)
+	handle := func(msg *message.Message) error {
+		if msg.Metadata.Get("x-retry-count") == "" {
+			return errGatewayDown // every first attempt fails
+		}
+		n := retrying.Add(1)
+		defer retrying.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		done[string(msg.Payload)] = true
+		mu.Unlock()
+		return nil
+	}
+	start(t, e, router.Config{
+		Concurrency: 4,
+		Retry: retry.Config{
+			MaxRetries: 3, InitialDelay: 50 * time.Millisecond, MaxDelay: time.Second, Overload: o,
+			OnRetry: func(ev retry.Event) {
+				if ev.Deferred {
+					deferred.Add(1)
+				}
+			},
+		},
+	}, func(s *router.Stack) {
+		require.NoError(t, s.Handle("charge", q, handle))
+	})
+	for i := range messages {
+		e.publish(t, q, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "m-%02d", i)))
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(done) == messages
+	}, time.Minute, 20*time.Millisecond)
+	assert.EqualValues(t, 1, most.Load(), "one retry at a time against the dependency")
+	assert.Positive(t, deferred.Load(), "retries past the limit were deferred")
+	assert.Empty(t, e.dlq(t, q))
+	t.Logf("%d retries deferred by the limit", deferred.Load())
+}
