@@ -146,11 +146,12 @@ type pauseController struct {
 	logger    *slog.Logger
 	stopWatch func()
 
-	mu     sync.Mutex
-	paused bool
-	timer  *time.Timer
-	closed bool
-	ticks  sync.WaitGroup // the timer's function, while it runs
+	mu      sync.Mutex
+	paused  bool
+	probing bool
+	timer   *time.Timer
+	closed  bool
+	ticks   sync.WaitGroup // the timer's function, while it runs
 }
 
 // onState follows the breaker's announced state changes.
@@ -183,9 +184,13 @@ func (c *pauseController) apply(state breaker.State, from string) {
 	case breaker.StateHalfOpen:
 		c.stopTimerLocked()
 		c.sub.Resume(c.b.Probes())
-		c.logger.Info("handler probing its dependency", "handler", c.handler, "breaker", c.b.Name(), "probes", c.b.Probes(), "from", from)
+		if !c.probing {
+			c.probing = true
+			c.logger.Info("handler probing its dependency", "handler", c.handler, "breaker", c.b.Name(), "probes", c.b.Probes(), "from", from)
+		}
 	case breaker.StateClosed:
 		c.stopTimerLocked()
+		c.probing = false
 		c.sub.Resume(0)
 		if c.paused {
 			c.paused = false
@@ -196,6 +201,7 @@ func (c *pauseController) apply(state breaker.State, from string) {
 
 func (c *pauseController) pauseLocked(state breaker.State) {
 	c.sub.Pause()
+	c.probing = false
 	wait := c.b.OpenRemaining()
 	if state != breaker.StateOpen || wait <= 0 {
 		wait = c.b.OpenTimeout()

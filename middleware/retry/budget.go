@@ -165,8 +165,8 @@ type dependency struct {
 	win      *window
 	inFlight atomic.Int64
 	retrying atomic.Int64 // retries in flight, for MaxConcurrentRetries
-	spent    atomic.Bool  // the budget refused the last retry, for logging the change once
-	adapted  atomic.Bool  // the policy changed the last plan, likewise
+	spent    stateLog     // the budget refuses retries, for logging the changes
+	adapted  stateLog     // the policy changes plans, likewise
 }
 
 // NewOverload validates cfg and applies its defaults.
@@ -210,7 +210,7 @@ func (o *Overload) withdraw(d *dependency) bool {
 		d.win.bucket[d.win.head].retries++
 	}
 	d.win.mu.Unlock()
-	if d.spent.Swap(!ok) != !ok {
+	if d.spent.set(!ok, now, o.cfg.Window/windowBuckets) {
 		if ok {
 			o.cfg.Logger.Info("retry budget has room again", "dependency", d.name)
 		} else {
@@ -324,4 +324,24 @@ func (o *Overload) NotifyRefused(f func(RefusedEvent)) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.listeners = append(o.listeners, f)
+}
+
+// stateLog tracks an on/off state for logging its changes. It turns off only once it has
+// not been set on for hold, so a state flapping at its boundary (a budget with just enough
+// room for every other retry) logs once, not at every call.
+type stateLog struct {
+	on     atomic.Bool
+	lastOn atomic.Int64 // unix nanoseconds
+}
+
+// set records the state at now and reports whether that is a change to log.
+func (s *stateLog) set(on bool, now time.Time, hold time.Duration) bool {
+	if on {
+		s.lastOn.Store(now.UnixNano())
+		return !s.on.Swap(true)
+	}
+	if !s.on.Load() || now.UnixNano()-s.lastOn.Load() < int64(hold) {
+		return false
+	}
+	return s.on.Swap(false)
 }

@@ -93,7 +93,7 @@ func (r *Retry) plan(ctx context.Context, queue string) Adjustment {
 	if adj.MaxDelay <= 0 || adj.MaxDelay > plan.MaxDelay {
 		adj.MaxDelay = plan.MaxDelay
 	}
-	if changed := adj != plan; d.adapted.Swap(changed) != changed {
+	if changed := adj != plan; d.adapted.set(changed, o.cfg.Now(), o.cfg.Window/windowBuckets) {
 		if changed {
 			o.cfg.Logger.Warn("retries adapted to load", "dependency", d.name, "max_retries", adj.MaxRetries,
 				"delay_factor", adj.DelayFactor, "max_delay", adj.MaxDelay,
