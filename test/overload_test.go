@@ -647,6 +647,7 @@ func BenchmarkOverloadDegradation(b *testing.B) {
 				run := degradationScenario(b, rabbitEnv(b), rate, degraded, mode == "budget")
 				b.ReportMetric(float64(run.callsDegraded)/float64(run.messages), "calls/msg-degraded")
 				b.ReportMetric(float64(run.callsDegraded), "calls-degraded")
+				b.ReportMetric(run.retryShare, "retries/first-degraded")
 				b.ReportMetric(float64(run.refused), "refused")
 				b.ReportMetric(float64(run.deadLetters), "dead-letters")
 			}
