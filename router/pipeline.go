@@ -63,7 +63,7 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	if s.cfg.Telemetry != nil {
 		mws = append(mws, s.cfg.Telemetry.Middleware)
 	}
-	mws = append(mws, middleware.Recoverer, s.poison.Middleware, s.retry.Middleware)
+	mws = append(mws, middleware.Recoverer, s.poison.Middleware, s.dependencyStep(hc), s.retry.Middleware)
 	if s.cfg.Idempotency != nil {
 		mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc))
 	}
@@ -74,7 +74,7 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	}
 	mws = append(mws, s.cfg.Middleware...)
 	if s.cfg.Breakers != nil {
-		mws = append(mws, s.cfg.Breakers.NewMiddleware(hc.breaker))
+		mws = append(mws, s.breakerStep(hc)) // pause.go
 	}
 	return append(mws, timeout(s.cfg.HandlerTimeout), recoverHandlerPanic)
 }

@@ -16,7 +16,8 @@
 //     handler's, duplicates never reach them and the messages they return are published;
 //     outside the breaker, so a validation or auth failure does not count against the
 //     dependency
-//  8. breaker — while open, the call is not made; the message is deferred
+//  8. breaker — while open, the call is not made; the handler pauses (pause.go) or, with
+//     WithDeferWhileOpen, the message is deferred
 //  9. timeout — the handler's context carries a deadline
 //  10. the handler, whose own panic becomes an error carrying its stack, so retry and poison
 //     treat it like any failure
@@ -120,6 +121,9 @@ type handlerConfig struct {
 	partitions  int  // WithPartitions (partition.go)
 
 	sub subscription // WithSubscription, WithAdopt, WithOutputExchange (subscription.go)
+
+	deferWhileOpen bool             // WithDeferWhileOpen (pause.go)
+	pause          *pauseController // set by add (pause.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -162,6 +166,8 @@ type Stack struct {
 
 	subscribed   []subscribed     // subscription.go
 	outExchanges []outputExchange // subscription.go
+
+	overload overloadState // pause.go
 }
 
 // New builds a stack on broker.
@@ -237,7 +243,11 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	return &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}, nil
+	s := &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}
+	if err := s.initOverload(); err != nil {
+		return nil, fmt.Errorf("router: overload metrics: %w", err)
+	}
+	return s, nil
 }
 
 // Retry returns the retry step in force (for its policy, e.g. Backoff).
@@ -284,8 +294,9 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if outputTopic != "" {
 		s.outputs = append(s.outputs, outputTopic)
 	}
-	stack := s.compose(h, outputTopic, hc)
 	sub := s.broker.Subscriber(hc.concurrency, hc.prefetch)
+	hc.pause = s.pauseFor(name, hc, sub)
+	stack := s.compose(h, outputTopic, hc)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
 		return err
@@ -334,6 +345,7 @@ func (s *Stack) Running() chan struct{} { return s.router.Running() }
 // subscribers. Messages not finished are returned to the broker and redelivered later. The
 // broker itself stays open: its owner closes it.
 func (s *Stack) Close() error {
+	s.closeOverload()
 	err := s.router.Close()
 	if s.gauge != nil {
 		_ = s.gauge.Unregister()

@@ -29,7 +29,7 @@ type env struct {
 }
 
 // newQueue names a fresh queue and removes it (and its DLQ) after the test.
-func (e *env) newQueue(t *testing.T, prefix string) string {
+func (e *env) newQueue(t testing.TB, prefix string) string {
 	q := testenv.Name(prefix)
 	if e.rabbit != nil {
 		e.rabbit.DeleteQueues(q, q+".dlq")
@@ -38,7 +38,7 @@ func (e *env) newQueue(t *testing.T, prefix string) string {
 }
 
 // count returns the messages waiting in queue.
-func (e *env) count(t *testing.T, queue string) int {
+func (e *env) count(t testing.TB, queue string) int {
 	if e.rabbit != nil {
 		return e.rabbit.Count(queue)
 	}
@@ -46,7 +46,7 @@ func (e *env) count(t *testing.T, queue string) int {
 }
 
 // publish sends a message to queue as a producer outside sluice would.
-func (e *env) publish(t *testing.T, queue string, msg *message.Message) {
+func (e *env) publish(t testing.TB, queue string, msg *message.Message) {
 	t.Helper()
 	if e.rabbit != nil {
 		pub, err := amqp.Marshaler{}.Marshal(msg)
@@ -59,7 +59,7 @@ func (e *env) publish(t *testing.T, queue string, msg *message.Message) {
 
 // dlq returns the messages in queue's DLQ without consuming them for good on the embedded
 // broker, and by taking them on RabbitMQ.
-func (e *env) dlq(t *testing.T, queue string) []*message.Message {
+func (e *env) dlq(t testing.TB, queue string) []*message.Message {
 	t.Helper()
 	if e.rabbit == nil {
 		return e.mem.Peek(queue + ".dlq")
@@ -83,7 +83,7 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-func rabbitEnv(t *testing.T) *env {
+func rabbitEnv(t testing.TB) *env {
 	r := testenv.NewRabbit(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -93,7 +93,7 @@ func rabbitEnv(t *testing.T) *env {
 	return &env{name: "rabbitmq", broker: router.FromAMQP(b), amqp: b, rabbit: r}
 }
 
-func memoryEnv(t *testing.T) *env {
+func memoryEnv(t testing.TB) *env {
 	b := memory.New(memory.Config{Logger: testLogger()})
 	t.Cleanup(func() { _ = b.Close() })
 	return &env{name: "memory", broker: router.FromMemory(b), mem: b}
@@ -106,7 +106,7 @@ func onEachBroker(t *testing.T, scenario func(t *testing.T, e *env)) {
 }
 
 // start runs a stack built by build until the test ends.
-func start(t *testing.T, e *env, cfg router.Config, build func(s *router.Stack)) *router.Stack {
+func start(t testing.TB, e *env, cfg router.Config, build func(s *router.Stack)) *router.Stack {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()

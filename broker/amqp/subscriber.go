@@ -52,6 +52,8 @@ type Subscriber struct {
 	wg        sync.WaitGroup
 
 	nacks atomic.Int64 // consecutive nacks, for the requeue backoff
+
+	gate gate // Pause and Resume (pause.go)
 }
 
 func newSubscriber(conn *connection, cfg Config, opts SubscribeOptions) *Subscriber {
@@ -94,9 +96,23 @@ func (s *Subscriber) checkQueue(ctx context.Context, queue string) error {
 
 func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *message.Message) {
 	for {
-		err := s.consumeOnce(ctx, queue, out)
+		st := s.gate.state()
+		if st.paused {
+			select {
+			case <-st.changed:
+				continue
+			case <-s.closing:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		err := s.consumeOnce(ctx, queue, out, st)
 		if s.stopping(ctx) {
 			return
+		}
+		if errors.Is(err, errGateChanged) {
+			continue
 		}
 		s.logger.Warn("consumer stopped; resuming", "queue", queue, "error", err)
 		select {
@@ -121,7 +137,8 @@ func (s *Subscriber) stopping(ctx context.Context) bool {
 }
 
 // consumeOnce consumes on one channel until it closes or the subscriber stops.
-func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message) error {
+func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message, st gateState) error {
+	opts := s.opts.optsFor(st)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -136,19 +153,22 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		return err
 	}
 	defer ch.Close()
-	if err := ch.Qos(s.opts.Prefetch, 0, false); err != nil {
-		return fmt.Errorf("set prefetch %d: %w", s.opts.Prefetch, err)
+	if err := ch.Qos(opts.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch %d: %w", opts.Prefetch, err)
 	}
 	tag := fmt.Sprintf("sluice-%s-%d", queue, rand.Uint64())
 	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume queue %q: %w", queue, err)
 	}
-	// Stop the consumer on Close so no new deliveries arrive while in-flight ones drain.
+	// Stop the consumer on Close (or Pause, Resume) so no new deliveries arrive while
+	// in-flight ones drain.
 	stopped := make(chan struct{})
 	go func() {
 		select {
 		case <-waitCtx.Done():
+			_ = ch.Cancel(tag, false)
+		case <-st.changed:
 			_ = ch.Cancel(tag, false)
 		case <-stopped:
 		}
@@ -163,24 +183,30 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		<-chClosed
 		close(closed)
 	}()
-	acks := newAcker(ch, (s.opts.Prefetch-s.opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
+	acks := newAcker(ch, (opts.Prefetch-opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
+	back := &returns{changed: st.changed}
 	var workers sync.WaitGroup
-	for i := 0; i < s.opts.Concurrency; i++ {
+	for i := 0; i < opts.Concurrency; i++ {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
 			for d := range deliveries {
-				s.handle(ctx, d, out, acks, closed)
+				s.handle(ctx, d, out, acks, closed, back)
 			}
 		}()
 	}
 	workers.Wait()
+	back.flush(acks, s.logger)
 	acks.close() // before the deferred ch.Close: a waiting ack must still leave
+	if closedChan(st.changed) {
+		return errGateChanged
+	}
 	return errors.New("delivery channel closed")
 }
 
 // handle hands one delivery out and settles it with RabbitMQ.
-func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, acks *acker, chClosed <-chan struct{}) {
+func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, acks *acker, chClosed <-chan struct{}, back *returns) {
+	gateChanged := back.changed
 	msg := unmarshal(d)
 	msgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -194,6 +220,10 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 		giveBack()
 		return
 	}
+	if closedChan(gateChanged) {
+		back.add(d)
+		return
+	}
 	select {
 	case out <- msg:
 	case <-s.closing:
@@ -201,6 +231,9 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 		return
 	case <-ctx.Done():
 		giveBack()
+		return
+	case <-gateChanged:
+		back.add(d)
 		return
 	}
 
@@ -215,7 +248,7 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 			acks.ack(d.DeliveryTag)
 			return
 		case <-msg.Nacked():
-			if s.requeueLater(d, msg, chClosed) {
+			if s.requeueLater(d, msg, chClosed, gateChanged) {
 				acks.nacked(d.DeliveryTag)
 			}
 			return
@@ -244,7 +277,7 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 
 // requeueLater nacks with requeue after a backoff that grows with consecutive nacks. It
 // reports whether it sent the nack: not when the channel closed first.
-func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed <-chan struct{}) bool {
+func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed, gateChanged <-chan struct{}) bool {
 	n := s.nacks.Add(1)
 	wait := time.Duration(0)
 	if n > 1 {
@@ -259,6 +292,9 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClose
 		select {
 		case <-t.C:
 		case <-s.closing:
+			t.Stop()
+		case <-gateChanged:
+			// Paused: nobody takes the message before Resume, so the backoff has no use.
 			t.Stop()
 		case <-chClosed:
 			t.Stop()

@@ -250,6 +250,7 @@ type subscriber struct {
 	wg      sync.WaitGroup
 	nacks   int64
 	nackMu  sync.Mutex
+	gate    gate // Pause and Resume (pause.go)
 }
 
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -268,7 +269,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			s.work(ctx, q, out)
+			s.work(ctx, q, out, i)
 		}()
 	}
 	s.wg.Add(1)
@@ -293,15 +294,26 @@ func (s *subscriber) stop(ctx context.Context) bool {
 	}
 }
 
-func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Message) {
+func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Message, worker int) {
 	for {
 		if s.stop(ctx) {
 			return
+		}
+		st := s.gate.state()
+		if !st.admits(worker) {
+			select {
+			case <-st.changed:
+			case <-ctx.Done():
+			case <-s.closing:
+			case <-s.b.closing:
+			}
+			continue
 		}
 		m, ok := q.pop()
 		if !ok {
 			select {
 			case <-q.avail:
+			case <-st.changed:
 			case <-ctx.Done():
 				return
 			case <-s.closing:
@@ -328,6 +340,10 @@ func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Mes
 			q.push(m, true)
 			cancel()
 			return
+		case <-st.changed:
+			q.push(m, true)
+			cancel()
+			continue
 		}
 		s.settle(q, m, msg, cancel)
 		cancel()

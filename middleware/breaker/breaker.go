@@ -120,6 +120,8 @@ type Breaker struct {
 	// announcing is held by the one goroutine announcing pending transitions, so that
 	// announcements run in order and outside gobreaker's lock.
 	announcing sync.Mutex
+
+	watchers watchers // Watch (pause.go)
 }
 
 func newBreaker(name string, cfg *Config) *Breaker {
@@ -170,11 +172,13 @@ func (b *Breaker) State() State {
 // through; otherwise the message is deferred (or handed to Config.Fallback).
 func (b *Breaker) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		return b.handle(h, msg)
+		return b.handle(h, msg, nil)
 	}
 }
 
-func (b *Breaker) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+// handle makes the guarded call; a call the breaker rejects goes to onReject, or is
+// deferred when onReject is nil.
+func (b *Breaker) handle(h message.HandlerFunc, msg *message.Message, onReject rejecter) ([]*message.Message, error) {
 	// Steps below (timeout) may replace the message's context; the verdict needs the one
 	// the attempt started with.
 	ctx := msg.Context()
@@ -185,6 +189,9 @@ func (b *Breaker) handle(h message.HandlerFunc, msg *message.Message) ([]*messag
 	})
 	switch verdict {
 	case gobreaker.ErrOpenState, gobreaker.ErrTooManyRequests:
+		if onReject != nil {
+			return onReject(ctx, msg, verdict)
+		}
 		return b.reject(ctx, msg, verdict)
 	}
 	return res.msgs, res.err
@@ -338,4 +345,5 @@ func (b *Breaker) announceOne(ctx context.Context, t transition) {
 	if b.cfg.OnStateChange != nil {
 		b.cfg.OnStateChange(b.name, t.from, t.to)
 	}
+	b.watchers.notify(b.name, t.from, t.to)
 }

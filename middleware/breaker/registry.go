@@ -92,7 +92,7 @@ func (r *Registry) NewMiddleware(dependency string) message.HandlerMiddleware {
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			return r.Breaker(message.HandlerNameFromCtx(msg.Context())).handle(h, msg)
+			return r.Breaker(message.HandlerNameFromCtx(msg.Context())).handle(h, msg, nil)
 		}
 	}
 }

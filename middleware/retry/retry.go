@@ -88,6 +88,9 @@ type Config struct {
 	MaxRetryAfter time.Duration
 	// OnRetry is called after each confirmed hand-off, for logs and telemetry.
 	OnRetry func(Event)
+	// Overload, when set, adds a retry budget, a limit on concurrent retries and an
+	// adaptive policy, per dependency (see Overload). Nil means none.
+	Overload *Overload
 	// Logger receives discards and hand-offs. Nil means slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Nil means time.Now.
@@ -180,7 +183,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		// A step inside (Watermill's Timeout) may replace the message's context and cancel
 		// it on return: decide and hand off with the one this attempt arrived with.
 		ctx := msg.Context()
-		out, err := h(msg)
+		out, err := r.call(h, msg) // overload.go: budget, concurrency limit, load
 		msg.SetContext(ctx)
 		if err == nil || sluice.IsHandoff(err) {
 			return out, err
@@ -218,7 +221,8 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !ok {
 			first = now
 		}
-		if count >= r.cfg.MaxRetries {
+		plan := r.plan(ctx, queue)
+		if count >= plan.MaxRetries {
 			return nil, &ExhaustedError{Retries: count, Err: err}
 		}
 		if age := now.Sub(first); age > r.cfg.MaxTotalAge {
@@ -229,7 +233,11 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if ra := (*sluice.RetryAfterError)(nil); errors.As(err, &ra) && ra.After > 0 {
 			delay = min(ra.After, r.cfg.MaxRetryAfter)
 		} else {
-			delay = r.Backoff(count + 1)
+			delay = stretch(r.Backoff(count+1), plan)
+		}
+		delay, berr := r.admit(ctx, msg, delay, plan, err)
+		if berr != nil {
+			return nil, berr
 		}
 		errType := sluice.ErrorType(err)
 

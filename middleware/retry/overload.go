@@ -1,0 +1,163 @@
+package retry
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Span attributes of the overload events.
+const (
+	attrDependency = attribute.Key("sluice.dependency")
+	attrReason     = attribute.Key("sluice.retry.refused_reason")
+	attrMaxRetries = attribute.Key("sluice.retry.max_retries")
+	attrFactor     = attribute.Key("sluice.retry.delay_factor")
+	attrFailRatio  = attribute.Key("sluice.dependency.failure_ratio")
+	attrBacklog    = attribute.Key("sluice.queue.backlog")
+)
+
+// call runs h for one attempt, counting it against its dependency: first attempts and
+// outcomes feed the budget and the failure ratio, and a retry past MaxConcurrentRetries is
+// deferred without calling h.
+func (r *Retry) call(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	o := r.cfg.Overload
+	if o == nil {
+		return h(msg)
+	}
+	ctx := msg.Context()
+	d := o.dependency(dependencyOf(ctx))
+	isRetry := sluice.RetryCount(msg.Metadata) > 0
+	if isRetry && o.cfg.MaxConcurrentRetries > 0 {
+		if d.retrying.Add(1) > int64(o.cfg.MaxConcurrentRetries) {
+			d.retrying.Add(-1)
+			o.refused(ctx, d, msg, RefusedConcurrency, false)
+			return nil, sluice.Defer(o.cfg.ConcurrencyDelay, fmt.Errorf("%w: %d already running against dependency %q",
+				ErrRetryConcurrency, o.cfg.MaxConcurrentRetries, d.name))
+		}
+		defer d.retrying.Add(-1)
+	}
+	d.inFlight.Add(1)
+	out, err := h(msg)
+	d.inFlight.Add(-1)
+
+	var c counts
+	switch sluice.ClassOf(err) {
+	case sluice.ClassNone:
+		c.attempts = 1
+	case sluice.ClassRetryable:
+		// A failed hand-off or a shutdown says nothing about the dependency.
+		if !sluice.IsHandoff(err) && ctx.Err() == nil {
+			c.attempts, c.failures = 1, 1
+		}
+	}
+	if c.attempts > 0 && !isRetry {
+		c.first = 1
+	}
+	if c != (counts{}) {
+		d.win.add(o.cfg.Now(), c)
+	}
+	return out, err
+}
+
+// plan returns the retry plan of a failed attempt: the step's own, adapted by the policy.
+func (r *Retry) plan(ctx context.Context, queue string) Adjustment {
+	plan := Adjustment{MaxRetries: r.cfg.MaxRetries, DelayFactor: 1, MaxDelay: r.cfg.MaxDelay}
+	o := r.cfg.Overload
+	if o == nil || o.cfg.Policy == nil {
+		return plan
+	}
+	d := o.dependency(dependencyOf(ctx))
+	sum := d.win.sum(o.cfg.Now())
+	load := Load{
+		Dependency: d.name,
+		Queue:      queue,
+		Attempts:   sum.attempts,
+		Backlog:    o.backlog(ctx, queue),
+		InFlight:   int(d.inFlight.Load()) + 1,
+	}
+	if sum.attempts > 0 {
+		load.FailureRatio = float64(sum.failures) / float64(sum.attempts)
+	}
+	adj := o.cfg.Policy.Adjust(load, plan)
+	// The policy may only be gentler on the dependency than the step's settings.
+	adj.MaxRetries = min(max(adj.MaxRetries, 0), plan.MaxRetries)
+	if adj.DelayFactor <= 0 {
+		adj.DelayFactor = 1
+	}
+	if adj.MaxDelay <= 0 || adj.MaxDelay > plan.MaxDelay {
+		adj.MaxDelay = plan.MaxDelay
+	}
+	if changed := adj != plan; d.adapted.set(changed, o.cfg.Now(), o.cfg.Window/windowBuckets) {
+		if changed {
+			o.cfg.Logger.Warn("retries adapted to load", "dependency", d.name, "max_retries", adj.MaxRetries,
+				"delay_factor", adj.DelayFactor, "max_delay", adj.MaxDelay,
+				"failure_ratio", load.FailureRatio, "backlog", load.Backlog, "in_flight", load.InFlight)
+		} else {
+			o.cfg.Logger.Info("retries back to the step's policy", "dependency", d.name,
+				"failure_ratio", load.FailureRatio, "backlog", load.Backlog)
+		}
+	}
+	if adj != plan {
+		trace.SpanFromContext(ctx).AddEvent("retry.adapted", trace.WithAttributes(
+			attrDependency.String(d.name),
+			attrMaxRetries.Int(adj.MaxRetries),
+			attrFactor.Float64(adj.DelayFactor),
+			attrFailRatio.Float64(load.FailureRatio),
+			attrBacklog.Int(load.Backlog),
+		))
+	}
+	return adj
+}
+
+// admit takes the retry from the budget. Within it the delay stands; past it the delay is
+// the plan's cap, or, with ExhaustedToDLQ, the message goes to the dead-letter queue.
+func (r *Retry) admit(ctx context.Context, msg *message.Message, delay time.Duration, plan Adjustment, err error) (time.Duration, error) {
+	o := r.cfg.Overload
+	if o == nil {
+		return delay, nil
+	}
+	d := o.dependency(dependencyOf(ctx))
+	if o.withdraw(d) {
+		return delay, nil
+	}
+	o.refused(ctx, d, msg, RefusedBudget, o.cfg.ExhaustedToDLQ)
+	if o.cfg.ExhaustedToDLQ {
+		return 0, &BudgetExhaustedError{Dependency: d.name, Err: err}
+	}
+	return max(delay, plan.MaxDelay), nil
+}
+
+// stretch applies the plan's factor and cap to a backoff delay.
+func stretch(delay time.Duration, plan Adjustment) time.Duration {
+	if plan.DelayFactor != 1 {
+		delay = time.Duration(float64(delay) * plan.DelayFactor)
+	}
+	return min(delay, plan.MaxDelay)
+}
+
+func (o *Overload) refused(ctx context.Context, d *dependency, msg *message.Message, reason string, dead bool) {
+	trace.SpanFromContext(ctx).AddEvent("retry.refused", trace.WithAttributes(
+		attrDependency.String(d.name),
+		attrReason.String(reason),
+	))
+	o.cfg.Logger.Debug("retry refused", "dependency", d.name, "reason", reason, "message_id", msg.UUID, "dead_letter", dead)
+	ev := RefusedEvent{
+		Dependency: d.name, Queue: message.SubscribeTopicFromCtx(ctx), MessageID: msg.UUID,
+		Reason: reason, DeadLettered: dead,
+	}
+	if o.cfg.OnRefused != nil {
+		o.cfg.OnRefused(ev)
+	}
+	o.mu.Lock()
+	listeners := o.listeners
+	o.mu.Unlock()
+	for _, f := range listeners {
+		f(ev)
+	}
+}
