@@ -51,7 +51,8 @@ type Config struct {
 	// ServiceVersion is service.version. Empty leaves it out.
 	ServiceVersion string
 	// MetricsAddr is the TCP address (for example "127.0.0.1:9464") of an HTTP server
-	// that serves the metrics in Prometheus format on /metrics. Empty starts no server;
+	// that serves the metrics in Prometheus format on /metrics, and /healthz and /readyz
+	// (see Providers.Health). Empty starts no server;
 	// Providers.MetricsHandler still serves them from the caller's own server.
 	MetricsAddr string
 }
@@ -68,6 +69,7 @@ type Providers struct {
 	Resource *resource.Resource
 
 	exporter     string
+	health       Health
 	closeIdle    func()
 	registry     *prometheus.Registry
 	server       *http.Server
@@ -260,6 +262,8 @@ func (p *Providers) serveMetrics(addr string) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", p.MetricsHandler())
+	mux.Handle(LivenessPath, p.health.LivenessHandler())
+	mux.Handle(ReadinessPath, p.health.ReadinessHandler())
 	p.listener = ln
 	p.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	p.serveDone = make(chan struct{})
@@ -277,6 +281,10 @@ func (p *Providers) serveMetrics(addr string) error {
 func (p *Providers) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{})
 }
+
+// Health returns the readiness checks and pauses the metrics server answers on
+// ReadinessPath (and LivenessPath); add the process's checks to it.
+func (p *Providers) Health() *Health { return &p.health }
 
 // MetricsAddr returns the address the metrics server listens on (with the port chosen
 // when Config.MetricsAddr asked for port 0), or "" if there is no server.
