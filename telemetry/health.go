@@ -1,11 +1,14 @@
 package telemetry
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sort"
 	"strings"
 	"sync"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Health paths served beside /metrics by Setup's server.
@@ -97,4 +100,26 @@ func (h *Health) ReadinessHandler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+}
+
+// MetricReady is 1 while ReadinessPath answers 200, else 0: what an alert on a consumer
+// that is not ready reads, since Prometheus does not probe /readyz itself.
+const MetricReady = "sluice.ready"
+
+// registerReady reports MetricReady from h on m at every collection.
+func registerReady(m metric.Meter, h *Health) error {
+	_, err := m.Int64ObservableGauge(MetricReady,
+		metric.WithDescription("1 while the process is ready (/readyz answers 200), else 0."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			v := int64(1)
+			if len(h.NotReady()) > 0 {
+				v = 0
+			}
+			o.Observe(v)
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("create gauge %s: %w", MetricReady, err)
+	}
+	return nil
 }

@@ -121,6 +121,11 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		return nil, fmt.Errorf("create prometheus exporter: %w", err)
 	}
 	p.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(reader))
+	if err := registerReady(p.MeterProvider.Meter(ScopeName), &p.health); err != nil {
+		_ = p.TracerProvider.Shutdown(ctx)
+		_ = p.MeterProvider.Shutdown(ctx)
+		return nil, err
+	}
 
 	if cfg.MetricsAddr != "" {
 		if err := p.serveMetrics(cfg.MetricsAddr); err != nil {

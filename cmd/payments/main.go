@@ -80,7 +80,7 @@ func serve(ctx context.Context, cfg config, args []string) int {
 		return 1
 	}
 	logger.Info("payments: consuming", "queue", cfg.queue, "output", cfg.output, "broker", svc.broker.Name())
-	runErr := svc.stack.Run(ctx)
+	runErr := svc.run(ctx)
 	if cerr := svc.close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
 		logger.Warn("payments: close", "error", cerr)
 	}
