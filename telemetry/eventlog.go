@@ -80,6 +80,10 @@ func (in *Instrumentation) createEventLog(logger *slog.Logger, limit LogLimit) e
 			string(sluice.OutcomeDeadLetter): metric.WithAttributes(attribute.String(MetricAttrEvent, string(sluice.OutcomeDeadLetter))),
 		},
 	}
+	// Both series exist from the start, at 0, so a dashboard or alert reads 0, not nothing.
+	for _, opt := range in.events.attrs {
+		c.Add(context.Background(), 0, opt)
+	}
 	return nil
 }
 
