@@ -7,8 +7,9 @@
 // Configuration comes from the environment: AMQP_URL (unset: the embedded broker),
 // RETRY_MAX_RETRIES, RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, RETRY_MULTIPLIER, RETRY_JITTER,
 // PAYMENTS_CONCURRENCY, PAYMENTS_QUEUE, PAYMENTS_OUTPUT_QUEUE, PAYMENTS_PARTITIONS (consume
-// as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), OTEL_SERVICE_NAME
-// and the standard OTEL_EXPORTER_OTLP_* variables.
+// as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), METRICS_ADDR
+// (/metrics, /healthz and /readyz), QUEUE_DEPTH_INTERVAL, RABBITMQ_MANAGEMENT_URL (queue depths
+// with unacknowledged counts), OTEL_SERVICE_NAME and the standard OTEL_EXPORTER_OTLP_* variables.
 package main
 
 import (
