@@ -177,4 +177,3 @@ func TestManagementDepthAndReadiness(t *testing.T) {
 		}
 	})
 }
-
