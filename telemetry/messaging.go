@@ -61,11 +61,20 @@ type messagingMetrics struct {
 	opDuration      messagingconv.ClientOperationDuration
 	retryDelay      metric.Float64Histogram
 
-	sets sync.Map // messagingKey -> attribute.Set
+	// opts holds the options of each messagingKey, as the slices Add and Record take:
+	// boxing an attribute.Set into an option allocates (the conventions' AddSet and
+	// RecordSet do it per call), and so does a variadic slice built per call.
+	opts sync.Map // messagingKey -> messagingOpts
 }
 
 // messagingKey names one combination of convention attributes; errType "" means none.
 type messagingKey struct{ op, destination, errType string }
+
+// messagingOpts are one attribute set as counter and histogram options.
+type messagingOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
 
 func (in *Instrumentation) createMessagingInstruments() error {
 	var err error
@@ -92,11 +101,12 @@ func (in *Instrumentation) createMessagingInstruments() error {
 	return nil
 }
 
-// messagingSet returns the convention attributes of k, built once per k: the keys are the
-// stack's queues, two operations and the capped error types, a small set.
-func (in *Instrumentation) messagingSet(k messagingKey) attribute.Set {
-	if s, ok := in.mm.sets.Load(k); ok {
-		return s.(attribute.Set)
+// messagingAttrs returns the convention attributes of k as a measurement option, built
+// once per k: the keys are the stack's queues, two operations and the capped error types,
+// a small set.
+func (in *Instrumentation) messagingAttrs(k messagingKey) messagingOpts {
+	if o, ok := in.mm.opts.Load(k); ok {
+		return o.(messagingOpts)
 	}
 	kvs := []attribute.KeyValue{in.system, semconv.MessagingOperationName(k.op)}
 	if k.destination != "" {
@@ -105,26 +115,27 @@ func (in *Instrumentation) messagingSet(k messagingKey) attribute.Set {
 	if k.errType != "" {
 		kvs = append(kvs, semconv.ErrorTypeKey.String(k.errType))
 	}
-	s, _ := in.mm.sets.LoadOrStore(k, attribute.NewSet(kvs...))
-	return s.(attribute.Set)
+	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	o, _ := in.mm.opts.LoadOrStore(k, messagingOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
+	return o.(messagingOpts)
 }
 
 // recordConsumed counts one delivery of queue handed to the stack.
 func (in *Instrumentation) recordConsumed(ctx context.Context, queue string) {
-	in.mm.consumed.AddSet(ctx, 1, in.messagingSet(messagingKey{op: opProcess, destination: queue}))
+	in.mm.consumed.Inst().Add(ctx, 1, in.messagingAttrs(messagingKey{op: opProcess, destination: queue}).add...)
 }
 
 // recordProcessed records the duration of one attempt on queue; errType is empty when it
 // succeeded (whatever the outcome: a retry hand-off is a failed attempt).
 func (in *Instrumentation) recordProcessed(ctx context.Context, queue string, d time.Duration, errType string) {
-	set := in.messagingSet(messagingKey{op: opProcess, destination: queue, errType: in.errTypes.label(errType)})
-	in.mm.processDuration.RecordSet(ctx, d.Seconds(), set)
+	opt := in.messagingAttrs(messagingKey{op: opProcess, destination: queue, errType: in.errTypes.label(errType)})
+	in.mm.processDuration.Inst().Record(ctx, d.Seconds(), opt.rec...)
 }
 
 // recordSent records one publish of n messages to destination that took d and failed
 // with err (nil: confirmed).
 func (in *Instrumentation) recordSent(ctx context.Context, destination string, n int, d time.Duration, err error) {
-	set := in.messagingSet(messagingKey{op: opSend, destination: destination, errType: in.errTypes.label(sluice.ErrorType(err))})
-	in.mm.sent.AddSet(ctx, int64(n), set)
-	in.mm.opDuration.RecordSet(ctx, d.Seconds(), set)
+	opt := in.messagingAttrs(messagingKey{op: opSend, destination: destination, errType: in.errTypes.label(sluice.ErrorType(err))})
+	in.mm.sent.Inst().Add(ctx, int64(n), opt.add...)
+	in.mm.opDuration.Inst().Record(ctx, d.Seconds(), opt.rec...)
 }
