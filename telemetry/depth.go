@@ -158,7 +158,7 @@ type DepthWatcher struct {
 	mu     sync.Mutex
 	depths map[string]QueueDepth // by queue name; a queue not read is absent
 	status map[string]string     // "ok", "absent" or "error", to log changes only
-	polled chan struct{}         // closed and replaced after each round, for WaitPoll
+	rounds int64                 // rounds of reads completed
 }
 
 // WatchDepth starts reading cfg.Queues from cfg.Source every cfg.Interval (the first
@@ -183,7 +183,6 @@ func (in *Instrumentation) WatchDepth(cfg DepthConfig) (*DepthWatcher, error) {
 		done:   make(chan struct{}),
 		depths: map[string]QueueDepth{},
 		status: map[string]string{},
-		polled: make(chan struct{}),
 	}
 	w.reg, err = in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		w.mu.Lock()
@@ -266,17 +265,16 @@ func (w *DepthWatcher) poll() {
 		}
 	}
 	w.mu.Lock()
-	close(w.polled)
-	w.polled = make(chan struct{})
+	w.rounds++
 	w.mu.Unlock()
 }
 
-// Polled returns a channel closed when the round of reads under way (or the next one)
-// ends, so a caller can wait for values fresher than a change it made.
-func (w *DepthWatcher) Polled() <-chan struct{} {
+// Rounds returns how many rounds of reads have completed: two more than a caller saw
+// before a change means the values reflect it.
+func (w *DepthWatcher) Rounds() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.polled
+	return w.rounds
 }
 
 // Close stops the reads and the gauges. It waits for a read under way to end.

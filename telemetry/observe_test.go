@@ -153,7 +153,7 @@ func TestEventLog_RateLimited(t *testing.T) {
 
 func TestEventLog_NewWindowSumsUpDrops(t *testing.T) {
 	var log syncLog
-	e := newEnv(t, telemetry.WithEventLog(log.logger(), telemetry.LogLimit{Lines: 1, Interval: 300 * time.Millisecond}))
+	e := newEnv(t, telemetry.WithEventLog(log.logger(), telemetry.LogLimit{Lines: 1, Interval: 2 * time.Second}))
 	queue := uniqueQueue("window")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: time.Second, Err: namedErr("timeout")})
@@ -163,12 +163,12 @@ func TestEventLog_NewWindowSumsUpDrops(t *testing.T) {
 		require.NoError(t, ps.Publish(queue, message.NewMessage(fmt.Sprintf("a%d", i), nil)))
 		next(t, results)
 	}
-	time.Sleep(350 * time.Millisecond) // the window closes
+	time.Sleep(2100 * time.Millisecond) // the window closes
 	require.NoError(t, ps.Publish(queue, message.NewMessage("b", nil)))
 	next(t, results)
 	out := log.String()
 	assert.Equal(t, 2, strings.Count(out, "level=INFO"), out)
-	assert.Contains(t, out, `level=WARN msg="retry and dead-letter log lines dropped by the rate limit" dropped=2 limit_lines=1 limit_interval=300ms`)
+	assert.Contains(t, out, `level=WARN msg="retry and dead-letter log lines dropped by the rate limit" dropped=2 limit_lines=1 limit_interval=2s`)
 	assert.Contains(t, out, "message_id=b ")
 }
 
@@ -219,6 +219,12 @@ func gaugePoints(t *testing.T, data metricdata.Aggregation) map[string]int64 {
 	return out
 }
 
+// waitRounds waits until w has completed n rounds of reads.
+func waitRounds(t *testing.T, w *telemetry.DepthWatcher, n int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return w.Rounds() >= n }, 10*time.Second, 5*time.Millisecond, "%d rounds of depth reads", n)
+}
+
 func TestWatchDepth(t *testing.T) {
 	e := newEnv(t)
 	var log syncLog
@@ -230,7 +236,7 @@ func TestWatchDepth(t *testing.T) {
 	w, err := e.in.WatchDepth(telemetry.DepthConfig{Source: src, Queues: queues, Interval: time.Hour, Logger: log.logger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
-	<-w.Polled()
+	waitRounds(t, w, 1)
 
 	m := e.collect(t)
 	assert.Equal(t, map[string]int64{
@@ -264,13 +270,10 @@ func TestWatchDepth_PollsAtItsIntervalAndLogsChangesOnce(t *testing.T) {
 		Interval: telemetry.MinDepthInterval, Logger: log.logger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
-	<-w.Polled()
-	<-w.Polled()
-	<-w.Polled() // three reads of a missing queue
+	waitRounds(t, w, 3) // three reads of a missing queue
 	assert.Empty(t, gaugePoints(t, e.collect(t)[telemetry.MetricQueueDepth]))
 	src.set("q", telemetry.QueueDepth{Ready: 7})
-	<-w.Polled()
-	<-w.Polled()
+	waitRounds(t, w, w.Rounds()+2)
 	assert.Equal(t, map[string]int64{"q/consumed/ready": 7}, gaugePoints(t, e.collect(t)[telemetry.MetricQueueDepth]))
 	out := log.String()
 	assert.Equal(t, 1, strings.Count(out, "the queue does not exist"), out)
