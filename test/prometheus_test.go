@@ -264,6 +264,9 @@ func TestPaymentsObservedByPrometheus(t *testing.T) {
 	dup := testenv.Name("pay")
 	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: example_payment.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
 	require.Eventually(t, func() bool { return len(events()) == succeeded+1 }, 30*time.Second, 50*time.Millisecond)
+	// The ack is counted once the attempt is over, idempotency's record included: only
+	// then is the second request a plain duplicate (not one of a payment in flight).
+	prom.eventually(t, fmt.Sprintf(`sum(sluice_messages_total{queue=%q,outcome="ack"})`, queue), succeeded+1, 0)
 	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: example_payment.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
 
 	q := fmt.Sprintf("queue=%q", queue)
