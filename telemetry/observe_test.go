@@ -418,3 +418,64 @@ func TestRegisterConnection(t *testing.T) {
 	_, err = e.in.RegisterConnection(nil)
 	require.Error(t, err)
 }
+
+func TestNewManagementSource(t *testing.T) {
+	for name, tc := range map[string]struct {
+		url string
+		ok  bool
+	}{
+		"http with credentials": {"http://guest:guest@127.0.0.1:15672", true},
+		"https with a prefix":   {"https://ops:pw@rabbit.example/rabbitmq/", true},
+		"amqp scheme":           {"amqp://user:s3cret@rabbit:5672/", false},
+		"no host":               {"http://user:s3cret@/", false},
+		"does not parse":        {"http://user:s3cret@rabbit:99999999999/%zz", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := telemetry.NewManagementSource(tc.url, "")
+			if tc.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, telemetry.ErrManagementURL)
+			assert.NotContains(t, err.Error(), "s3cret", "the password stays out of errors")
+		})
+	}
+}
+
+func TestManagementSource_AnswersOfTheAPI(t *testing.T) {
+	var gotPath, gotUser, gotPass string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotPath = r.URL.EscapedPath()
+		gotUser, gotPass, _ = r.BasicAuth()
+		switch {
+		case strings.HasSuffix(gotPath, "/missing"):
+			http.Error(w, `{"error":"Object Not Found","reason":"Not Found"}`, http.StatusNotFound)
+		case strings.HasSuffix(gotPath, "/fresh"):
+			_, _ = w.Write([]byte(`{}`)) // statistics not collected yet
+		case strings.HasSuffix(gotPath, "/denied"):
+			http.Error(w, "no", http.StatusUnauthorized)
+		default:
+			_, _ = w.Write([]byte(`{"messages_ready":3,"messages_unacknowledged":2,"consumers":1}`))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	src, err := telemetry.NewManagementSource(strings.Replace(srv.URL, "http://", "http://ops:pw@", 1)+"/prefix", "")
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	d, err := src.QueueDepth(ctx, "orders.dlq")
+	require.NoError(t, err)
+	assert.Equal(t, telemetry.QueueDepth{Ready: 3, Unacked: 2, UnackedKnown: true, Consumers: 1}, d)
+	assert.Equal(t, "/prefix/api/queues/%2F/orders.dlq", gotPath, "the default vhost travels as %2F")
+	assert.Equal(t, []string{"ops", "pw"}, []string{gotUser, gotPass})
+
+	_, err = src.QueueDepth(ctx, "missing")
+	require.ErrorIs(t, err, telemetry.ErrQueueAbsent)
+	d, err = src.QueueDepth(ctx, "fresh")
+	require.NoError(t, err)
+	assert.False(t, d.UnackedKnown, "no unacked figure yet")
+	_, err = src.QueueDepth(ctx, "denied")
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, telemetry.ErrQueueAbsent)
+	assert.NotContains(t, err.Error(), "pw")
+}
