@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -356,16 +357,19 @@ func TestHealth(t *testing.T) {
 
 func TestSetup_ServesHealthBesideMetrics(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "none")
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{MetricsAddr: "127.0.0.1:0"})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, p.Shutdown(context.Background())) })
-	ready := true
-	p.Health().AddReadyCheck("consumer", func() error {
-		if !ready {
+	// The check is in place before the server answers: ready must not be said early.
+	var ready atomic.Bool
+	health := &telemetry.Health{}
+	health.AddReadyCheck("consumer", func() error {
+		if !ready.Load() {
 			return errors.New("not consuming")
 		}
 		return nil
 	})
+	p, err := telemetry.Setup(context.Background(), telemetry.Config{MetricsAddr: "127.0.0.1:0", Health: health})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Shutdown(context.Background())) })
+	require.Same(t, health, p.Health())
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + p.MetricsAddr() + path)
 		require.NoError(t, err)
@@ -374,16 +378,20 @@ func TestSetup_ServesHealthBesideMetrics(t *testing.T) {
 		_, _ = b.ReadFrom(resp.Body)
 		return resp.StatusCode, b.String()
 	}
-	code, _ := get(telemetry.LivenessPath)
+	code, body := get(telemetry.ReadinessPath)
+	assert.Equal(t, http.StatusServiceUnavailable, code, "not ready from the first answer")
+	assert.Contains(t, body, "consumer: not consuming")
+	code, _ = get(telemetry.LivenessPath)
 	assert.Equal(t, http.StatusOK, code)
+	ready.Store(true)
 	code, _ = get(telemetry.ReadinessPath)
 	assert.Equal(t, http.StatusOK, code)
 	_, metrics := get("/metrics")
 	assert.Contains(t, metrics, "\nsluice_ready{")
 	assert.Regexp(t, `sluice_ready\{[^}]*\} 1\n`, metrics)
 
-	ready = false
-	code, body := get(telemetry.ReadinessPath)
+	ready.Store(false)
+	code, body = get(telemetry.ReadinessPath)
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "consumer: not consuming")
 	_, metrics = get("/metrics")

@@ -232,6 +232,7 @@ func TestPaymentsObservedByPrometheus(t *testing.T) {
 	_ = resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "/healthz")
 
+	require.GreaterOrEqual(t, r.Count(output), 0, "ready means consuming, so the queues are declared")
 	prom := startPrometheus(t, metricsAddr)
 	events := collectEvents(t, r, output)
 

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"log/slog"
-	"sync/atomic"
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/router"
@@ -14,10 +13,10 @@ import (
 var errNotConsuming = errors.New("not consuming")
 
 // observe adds what an operator watches beside the per-message metrics: the broker
-// connection, the depths of the queue, its DLQ and archive and sluice.unrouted, and the
-// readiness checks of /readyz. The returned closers stop it.
+// connection (a metric and a readiness check) and the depths of the queue, its DLQ and
+// archive and sluice.unrouted. The returned closers stop it.
 func observe(cfg config, logger *slog.Logger, b router.Broker, providers *telemetry.Providers,
-	inst *telemetry.Instrumentation, consuming *atomic.Bool) ([]func() error, error) {
+	inst *telemetry.Instrumentation) ([]func() error, error) {
 	var closers []func() error
 	health := providers.Health()
 	if state := router.ConnectionState(b); state != nil {
@@ -33,12 +32,6 @@ func observe(cfg config, logger *slog.Logger, b router.Broker, providers *teleme
 			return nil
 		})
 	}
-	health.AddReadyCheck("consumer", func() error {
-		if !consuming.Load() {
-			return errNotConsuming
-		}
-		return nil
-	})
 
 	source := router.DepthSource(b)
 	if cfg.managementURL != "" {

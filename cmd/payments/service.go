@@ -48,7 +48,16 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 
 	// Traces go to OTEL_EXPORTER_OTLP_ENDPOINT when it is set; metrics are served on
 	// METRICS_ADDR when it is set.
-	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr})
+	// /readyz answers from the moment Setup returns: the consumer check is in place
+	// before, so the service is not ready until it consumes.
+	health := &telemetry.Health{}
+	health.AddReadyCheck("consumer", func() error {
+		if !svc.consuming.Load() {
+			return errNotConsuming
+		}
+		return nil
+	})
+	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health})
 	if err != nil {
 		_ = b.Close()
 		return nil, fmt.Errorf("telemetry: %w", err)
@@ -63,7 +72,7 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		_ = svc.close()
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
-	closers, err := observe(cfg, logger, b, providers, inst, &svc.consuming)
+	closers, err := observe(cfg, logger, b, providers, inst)
 	svc.closers = append(svc.closers, closers...)
 	if err != nil {
 		_ = svc.close()
