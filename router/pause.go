@@ -42,10 +42,18 @@ type overloadState struct {
 // initOverload wires the retry step's overload protection to the broker and telemetry.
 func (s *Stack) initOverload() error {
 	if o := s.cfg.Retry.Overload; o != nil {
-		if d, ok := s.broker.(interface {
+		switch d := s.broker.(type) {
+		case interface {
 			QueueDepth(ctx context.Context, queue string) (int, error)
-		}); ok {
+		}: // the embedded broker
 			o.UseBacklog(d.QueueDepth)
+		case interface {
+			QueueDepth(ctx context.Context, queue string) (ready, consumers int, err error)
+		}: // RabbitMQ: a passive declare
+			o.UseBacklog(func(ctx context.Context, queue string) (int, error) {
+				ready, _, err := d.QueueDepth(ctx, queue)
+				return ready, err
+			})
 		}
 	}
 	if s.cfg.Telemetry == nil || (s.cfg.Breakers == nil && s.cfg.Retry.Overload == nil) {
@@ -105,7 +113,7 @@ func (s *Stack) pauseFor(handler string, hc handlerConfig, sub message.Subscribe
 			"handler", handler, "subscriber", fmt.Sprintf("%T", sub))
 		return nil
 	}
-	c := &pauseController{handler: handler, b: s.cfg.Breakers.Breaker(hc.breaker), sub: p, logger: s.logger}
+	c := &pauseController{handler: handler, b: s.cfg.Breakers.Breaker(hc.breaker), sub: p, logger: s.logger, health: s.cfg.Health}
 	c.stopWatch = c.b.Watch(c.onState)
 	s.overload.mu.Lock()
 	s.overload.pauses = append(s.overload.pauses, c)
@@ -144,6 +152,7 @@ type pauseController struct {
 	b         *breaker.Breaker
 	sub       Pauser
 	logger    *slog.Logger
+	health    *telemetry.Health // Config.Health: a paused handler is not ready
 	stopWatch func()
 
 	mu      sync.Mutex
@@ -194,6 +203,9 @@ func (c *pauseController) apply(state breaker.State, from string) {
 		c.sub.Resume(0)
 		if c.paused {
 			c.paused = false
+			if c.health != nil {
+				c.health.Resume("handler " + c.handler)
+			}
 			c.logger.Info("handler resumed: circuit breaker closed", "handler", c.handler, "breaker", c.b.Name())
 		}
 	}
@@ -208,6 +220,9 @@ func (c *pauseController) pauseLocked(state breaker.State) {
 	}
 	if !c.paused {
 		c.paused = true
+		if c.health != nil {
+			c.health.Pause("handler "+c.handler, "paused: circuit breaker "+c.b.Name()+" open")
+		}
 		c.logger.Warn("handler paused: its messages wait in their queue until the circuit breaker lets probes through",
 			"handler", c.handler, "breaker", c.b.Name(), "state", state.String(), "resume_in", wait)
 	}

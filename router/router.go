@@ -90,6 +90,9 @@ type Config struct {
 	Telemetry *telemetry.Instrumentation
 	// Breakers, when set, gives each handler a circuit breaker (see WithBreaker).
 	Breakers *breaker.Registry
+	// Health, when set, is told when a handler pauses while its breaker is open and when it
+	// resumes, so /readyz reports the process not ready meanwhile. Nil means nobody is told.
+	Health *telemetry.Health
 	// Idempotency, when set, adds the idempotency step to every handler.
 	Idempotency Idempotency
 	// Middleware is the user's own steps (logging, auth, validation, Watermill's

@@ -66,7 +66,7 @@ func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, 
 		AttrRetryDelayMS.Int64(delay.Milliseconds()),
 		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
-	return d.in.handOff(ctx, spanName("send", DelayDestination), msg, attrs, func(ctx context.Context) error {
+	return d.in.handOff(ctx, spanName("send", DelayDestination), DelayDestination, msg, attrs, func(ctx context.Context) error {
 		return d.next.Delay(ctx, queue, delay, msg)
 	})
 }
@@ -86,20 +86,22 @@ func (d *deadLetterer) DeadLetter(ctx context.Context, queue string, msg *messag
 	if last := msg.Metadata.Get(sluice.HeaderLastError); last != "" {
 		attrs = append(attrs, AttrLastError.String(sluice.Truncate(last, sluice.MaxHistoryMessageBytes)))
 	}
-	return d.in.handOff(ctx, spanName("send", dlq), msg, attrs, func(ctx context.Context) error {
+	return d.in.handOff(ctx, spanName("send", dlq), dlq, msg, attrs, func(ctx context.Context) error {
 		return d.next.DeadLetter(ctx, queue, msg)
 	})
 }
 
 // handOff runs send inside a producer span whose context is injected into msg first: the
 // broker marshals the headers when it publishes, so they must be written before.
-func (in *Instrumentation) handOff(ctx context.Context, name string, msg *message.Message,
+func (in *Instrumentation) handOff(ctx context.Context, name, destination string, msg *message.Message,
 	attrs []attribute.KeyValue, send func(context.Context) error) error {
 	ctx, span := in.tracer.Start(in.parent(msg, ctx, msg.Context()), name,
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	defer span.End()
 	in.inject(ctx, msg)
+	start := time.Now()
 	err := send(ctx)
+	in.recordSent(ctx, destination, 1, time.Since(start), err)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -89,6 +90,9 @@ type options struct {
 	prop       propagation.TextMapPropagator
 	system     string
 	routingKey func(destination string, msg *message.Message) string
+	errLimit   int
+	logger     *slog.Logger
+	logLimit   LogLimit
 }
 
 // WithTracerProvider sets the tracer provider. The default is the global one, which
@@ -122,18 +126,42 @@ func WithRoutingKey(fn func(destination string, msg *message.Message) string) Op
 	return func(o *options) { o.routingKey = fn }
 }
 
+// WithErrorTypeLimit caps how many distinct error.type values the metrics carry; later
+// types are recorded as ErrorTypeOther ("_OTHER"). Zero means DefaultErrorTypeLimit (32).
+// Spans and logs always carry the real type.
+func WithErrorTypeLimit(n int) Option {
+	return func(o *options) { o.errLimit = n }
+}
+
+// WithEventLog sets where the info line of each retry hand-off and dead letter goes and
+// how many lines it may write (see LogLimit). The default is slog.Default() and
+// DefaultLogLimit.
+func WithEventLog(logger *slog.Logger, limit LogLimit) Option {
+	return func(o *options) { o.logger, o.logLimit = logger, limit }
+}
+
 // Instrumentation creates the spans and records the metrics of sluice's message flow. It
 // is safe for concurrent use.
 //
-// Metrics (names as in OpenTelemetry; the Prometheus exporter writes them as
-// sluice_messages_total, sluice_retries_total, sluice_dead_letters_total,
-// sluice_idempotency_hits_total, sluice_handler_duration_seconds,
-// sluice_messages_in_flight and sluice_breaker_state):
-//   - sluice.messages (counter; queue, handler, outcome)
-//   - sluice.retries, sluice.dead_letters, sluice.idempotency.hits (counters; queue, handler)
-//   - sluice.handler.duration (histogram, seconds; queue, handler, outcome)
-//   - sluice.messages.in_flight (up-down counter; queue, handler)
-//   - sluice.breaker.state (gauge; breaker), see RegisterBreakerState.
+// Metrics (names as in OpenTelemetry; README's Operations section lists the names the
+// Prometheus exporter writes, such as sluice_retries_total):
+//   - messaging.process.duration, messaging.client.consumed.messages,
+//     messaging.client.sent.messages, messaging.client.operation.duration: the messaging
+//     conventions (messaging.system, messaging.operation.name, messaging.destination.name,
+//     error.type), see messaging.go;
+//   - sluice.messages (counter; queue, handler, outcome): attempts by outcome;
+//   - sluice.retries, sluice.dead_letters (counters; queue, handler, error.type);
+//   - sluice.idempotency.hits (counter; queue, handler);
+//   - sluice.retry.delay (histogram, seconds; queue, handler);
+//   - sluice.handler.duration (histogram, seconds; queue, handler, outcome);
+//   - sluice.messages.in_flight (up-down counter; queue, handler);
+//   - sluice.breaker.state (gauge; breaker), see RegisterBreakerState;
+//   - sluice.connection.up, sluice.connection.reconnects, see RegisterConnection;
+//   - sluice.queue.depth, sluice.queue.consumers, see WatchDepth;
+//   - sluice.log.dropped (counter; event), see WithEventLog.
+//
+// error.type is capped (WithErrorTypeLimit): the cardinality of every metric is bounded
+// by the stack's queues and handlers.
 type Instrumentation struct {
 	tracer     trace.Tracer
 	meter      metric.Meter
@@ -149,14 +177,18 @@ type Instrumentation struct {
 	inFlight    metric.Int64UpDownCounter
 	breaker     metric.Int64ObservableGauge
 
+	mm       messagingMetrics // messaging.go
+	errTypes *errorTypes      // errortype.go
+	events   *eventLog        // eventlog.go
+
 	// attrSets holds one metric.MeasurementOption per (queue, handler, outcome): building
 	// an attribute.Set hashes every attribute, which was the largest cost of an attempt's
 	// metrics. The keys are the stack's queues, handlers and outcomes, a small fixed set.
 	attrSets sync.Map // metricKey -> metric.MeasurementOption
 }
 
-// metricKey names one combination of metric attributes; outcome "" means none.
-type metricKey struct{ queue, handler, outcome string }
+// metricKey names one combination of metric attributes; outcome and errType "" mean none.
+type metricKey struct{ queue, handler, outcome, errType string }
 
 // metricAttrs returns the measurement option with k's attributes, built once per k.
 func (in *Instrumentation) metricAttrs(k metricKey) metric.MeasurementOption {
@@ -166,6 +198,9 @@ func (in *Instrumentation) metricAttrs(k metricKey) metric.MeasurementOption {
 	kvs := []attribute.KeyValue{MetricAttrQueue.String(k.queue), MetricAttrHandler.String(k.handler)}
 	if k.outcome != "" {
 		kvs = append(kvs, MetricAttrOutcome.String(k.outcome))
+	}
+	if k.errType != "" {
+		kvs = append(kvs, MetricAttrErrorType.String(k.errType))
 	}
 	opt, _ := in.attrSets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(kvs...)))
 	return opt.(metric.MeasurementOption)
@@ -190,9 +225,16 @@ func New(opts ...Option) (*Instrumentation, error) {
 		prop:       o.prop,
 		system:     semconv.MessagingSystemKey.String(o.system),
 		routingKey: o.routingKey,
+		errTypes:   newErrorTypes(o.errLimit),
 	}
 	if err := in.createInstruments(); err != nil {
 		return nil, err
+	}
+	if err := in.createMessagingInstruments(); err != nil {
+		return nil, err
+	}
+	if err := in.createEventLog(o.logger, o.logLimit); err != nil {
+		return nil, fmt.Errorf("create counter %s: %w", MetricLogDropped, err)
 	}
 	return in, nil
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -67,13 +66,14 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		msg.SetContext(ctx)
 
 		flightAttrs := in.metricAttrs(metricKey{queue: queue, handler: handler})
+		in.recordConsumed(ctx, queue)
 		in.inFlight.Add(ctx, 1, flightAttrs)
 		finished := false
 		defer func() {
 			in.inFlight.Add(ctx, -1, flightAttrs)
 			if !finished {
 				// The panic keeps unwinding; the span and metrics must not be lost with it.
-				in.finish(ctx, span, start, queue, handler, sluice.Report{Outcome: sluice.OutcomeNack, Err: errPanicked}, errPanicked)
+				in.finish(ctx, span, start, queue, handler, msg.UUID, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
 			}
 		}()
 
@@ -81,13 +81,16 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		finished = true
 
 		rep, _ := reporter.Get()
+		if rep.Attempt == 0 {
+			rep.Attempt = attempt
+		}
 		if rep.Outcome == "" {
 			rep.Outcome = sluice.OutcomeAck
 			if err != nil {
 				rep.Outcome = sluice.OutcomeNack
 			}
 		}
-		in.finish(ctx, span, start, queue, handler, rep, err)
+		in.finish(ctx, span, start, queue, handler, msg.UUID, rep, err)
 
 		for _, out := range outs {
 			if out != nil && !trace.SpanContextFromContext(out.Context()).IsValid() {
@@ -98,9 +101,10 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 	}
 }
 
-// finish sets the outcome attributes and status on span, ends it, and records metrics.
+// finish sets the outcome attributes and status on span, ends it, records metrics and
+// logs a retry hand-off or dead letter of message id.
 func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start time.Time,
-	queue, handler string, rep sluice.Report, err error) {
+	queue, handler, id string, rep sluice.Report, err error) {
 	// One SetAttributes call: each one copies the span's attributes to make room.
 	var buf [3]attribute.KeyValue
 	attrs := append(buf[:0], AttrOutcome.String(string(rep.Outcome)))
@@ -112,6 +116,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	if cause == nil {
 		cause = err
 	}
+	failedType := "" // error.type of a failed attempt, for the metrics
 	switch {
 	case rep.Outcome == sluice.OutcomeRetry || rep.Outcome == sluice.OutcomeDeadLetter ||
 		rep.Outcome == sluice.OutcomeNack || err != nil:
@@ -120,7 +125,8 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 			cause = errors.New(string(rep.Outcome))
 		}
 		recordError(span, cause)
-		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
+		failedType = sluice.ErrorType(cause)
+		attrs = append(attrs, semconv.ErrorTypeKey.String(failedType))
 		span.SetStatus(codes.Error, sluice.ErrorMessage(cause))
 	case rep.Outcome == sluice.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
@@ -135,19 +141,21 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	span.SetAttributes(attrs...)
 	span.End()
 
+	elapsed := time.Since(start)
 	withOutcome := in.metricAttrs(metricKey{queue: queue, handler: handler, outcome: string(rep.Outcome)})
 	in.messages.Add(ctx, 1, withOutcome)
-	in.duration.Record(ctx, time.Since(start).Seconds(), withOutcome)
-	var counter metric.Int64Counter
+	in.duration.Record(ctx, elapsed.Seconds(), withOutcome)
+	in.recordProcessed(ctx, queue, elapsed, failedType)
+	plain := metricKey{queue: queue, handler: handler}
 	switch rep.Outcome {
 	case sluice.OutcomeRetry:
-		counter = in.retries
+		in.retries.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}))
+		in.mm.retryDelay.Record(ctx, rep.Delay.Seconds(), in.metricAttrs(plain))
+		in.events.record(ctx, queue, handler, id, rep, failedType)
 	case sluice.OutcomeDeadLetter:
-		counter = in.deadLetters
+		in.deadLetters.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}))
+		in.events.record(ctx, queue, handler, id, rep, failedType)
 	case sluice.OutcomeDuplicate:
-		counter = in.idemHits
-	}
-	if counter != nil {
-		counter.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler}))
+		in.idemHits.Add(ctx, 1, in.metricAttrs(plain))
 	}
 }

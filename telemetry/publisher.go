@@ -1,6 +1,9 @@
 package telemetry
 
 import (
+	"context"
+	"time"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -39,7 +42,9 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 		p.in.inject(ctx, msg)
 		spans[i] = span
 	}
+	start := time.Now()
 	err := p.pub.Publish(topic, msgs...)
+	p.in.recordSent(context.Background(), topic, len(msgs), time.Since(start), err)
 	for _, span := range spans {
 		if err != nil {
 			span.RecordError(err)

@@ -51,9 +51,14 @@ type Config struct {
 	// ServiceVersion is service.version. Empty leaves it out.
 	ServiceVersion string
 	// MetricsAddr is the TCP address (for example "127.0.0.1:9464") of an HTTP server
-	// that serves the metrics in Prometheus format on /metrics. Empty starts no server;
+	// that serves the metrics in Prometheus format on /metrics, and /healthz and /readyz
+	// (see Config.Health). Empty starts no server;
 	// Providers.MetricsHandler still serves them from the caller's own server.
 	MetricsAddr string
+	// Health holds the checks behind /readyz. Nil means a new Health without checks,
+	// which is ready; a service that must not look ready while it starts passes one whose
+	// checks already fail, since the server answers from the moment Setup returns.
+	Health *Health
 }
 
 // Providers are the tracer and meter providers Setup built and installed globally.
@@ -68,6 +73,7 @@ type Providers struct {
 	Resource *resource.Resource
 
 	exporter     string
+	health       *Health
 	closeIdle    func()
 	registry     *prometheus.Registry
 	server       *http.Server
@@ -97,6 +103,10 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		Resource:   res,
 		registry:   prometheus.NewRegistry(),
+		health:     cfg.Health,
+	}
+	if p.health == nil {
+		p.health = &Health{}
 	}
 
 	exp, kind, closeIdle, err := newTraceExporter(ctx)
@@ -119,6 +129,11 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		return nil, fmt.Errorf("create prometheus exporter: %w", err)
 	}
 	p.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(reader))
+	if err := registerReady(p.MeterProvider.Meter(ScopeName), p.health); err != nil {
+		_ = p.TracerProvider.Shutdown(ctx)
+		_ = p.MeterProvider.Shutdown(ctx)
+		return nil, err
+	}
 
 	if cfg.MetricsAddr != "" {
 		if err := p.serveMetrics(cfg.MetricsAddr); err != nil {
@@ -260,6 +275,8 @@ func (p *Providers) serveMetrics(addr string) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", p.MetricsHandler())
+	mux.Handle(LivenessPath, p.health.LivenessHandler())
+	mux.Handle(ReadinessPath, p.health.ReadinessHandler())
 	p.listener = ln
 	p.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	p.serveDone = make(chan struct{})
@@ -277,6 +294,10 @@ func (p *Providers) serveMetrics(addr string) error {
 func (p *Providers) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{})
 }
+
+// Health returns the readiness checks and pauses the metrics server answers on
+// ReadinessPath (and LivenessPath); add the process's checks to it.
+func (p *Providers) Health() *Health { return p.health }
 
 // MetricsAddr returns the address the metrics server listens on (with the port chosen
 // when Config.MetricsAddr asked for port 0), or "" if there is no server.

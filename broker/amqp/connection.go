@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -30,6 +31,8 @@ type connection struct {
 	conn  *amqp.Connection
 	ready chan struct{} // closed while conn is usable
 	next  int           // index of the URL to try first
+
+	reconnects atomic.Int64 // connections re-established after a loss (observe.go)
 
 	closing chan struct{}
 	done    chan struct{}
@@ -128,6 +131,7 @@ func (c *connection) watch(conn *amqp.Connection) {
 			if err == nil {
 				conn = next
 				c.setConn(conn)
+				c.reconnects.Add(1)
 				break
 			}
 			wait := bo.NextBackOff()

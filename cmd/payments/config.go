@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/telemetry"
 )
 
 // config is the service's configuration, read from the environment (see README).
@@ -19,8 +20,14 @@ type config struct {
 	// queue and output are the consumed and success queues; tests rename them to run side
 	// by side on one broker.
 	queue, output string
-	// metricsAddr serves Prometheus metrics when set (METRICS_ADDR).
+	// metricsAddr serves Prometheus metrics, /healthz and /readyz when set (METRICS_ADDR).
 	metricsAddr string
+	// depthInterval is how often queue depths are read from the broker
+	// (QUEUE_DEPTH_INTERVAL, default 15s); managementURL, when set, reads them from
+	// RabbitMQ's management API, which also knows unacknowledged messages
+	// (RABBITMQ_MANAGEMENT_URL, such as http://user:password@rabbit:15672).
+	depthInterval time.Duration
+	managementURL string
 	// partitions consumes queue as that many key-partitioned queues (PAYMENTS_PARTITIONS;
 	// 0: the plain queue); queueType is RabbitMQ's queue type (AMQP_QUEUE_TYPE).
 	partitions int
@@ -60,6 +67,8 @@ func loadConfig() (config, error) {
 		bindingKey:     envOr("PAYMENTS_BINDING_KEY", defaultBindingKey),
 		outputExchange: os.Getenv("PAYMENTS_OUTPUT_EXCHANGE"),
 
+		managementURL: os.Getenv("RABBITMQ_MANAGEMENT_URL"),
+
 		idempotencySnapshot: os.Getenv("IDEMPOTENCY_SNAPSHOT"),
 	}
 	var err error
@@ -85,6 +94,9 @@ func loadConfig() (config, error) {
 		c.retry.Jitter = -1 // 0 in the environment means no jitter
 	}
 	if c.snapshotEvery, err = envDuration("IDEMPOTENCY_SNAPSHOT_INTERVAL", time.Second); err != nil {
+		return c, err
+	}
+	if c.depthInterval, err = envDuration("QUEUE_DEPTH_INTERVAL", telemetry.DefaultDepthInterval); err != nil {
 		return c, err
 	}
 	if c.maxKeys, err = envInt("IDEMPOTENCY_MAX_KEYS", 0); err != nil {

@@ -8,9 +8,11 @@
 // the embedded broker),
 // RETRY_MAX_RETRIES, RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, RETRY_MULTIPLIER, RETRY_JITTER,
 // PAYMENTS_CONCURRENCY, PAYMENTS_QUEUE, PAYMENTS_OUTPUT_QUEUE, PAYMENTS_PARTITIONS (consume
-// as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), OTEL_SERVICE_NAME
-// and the standard OTEL_EXPORTER_OTLP_* variables. The demo's producer publishes through an
-// outbox in PAYMENTS_OUTBOX_DIR and fails over to AMQP_SECONDARY_URL when they are set.
+// as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), METRICS_ADDR
+// (/metrics, /healthz and /readyz), QUEUE_DEPTH_INTERVAL, RABBITMQ_MANAGEMENT_URL (queue depths
+// with unacknowledged counts), OTEL_SERVICE_NAME and the standard OTEL_EXPORTER_OTLP_*
+// variables. The demo's producer publishes through an outbox in PAYMENTS_OUTBOX_DIR and fails
+// over to AMQP_SECONDARY_URL when they are set.
 package main
 
 import (
@@ -84,7 +86,7 @@ func serve(ctx context.Context, cfg config, args []string) int {
 	}
 	logger.Info("payments: consuming", "queue", cfg.queue, "output", cfg.output, "broker", svc.broker.Name(),
 		"exchange", cfg.exchange, "binding_key", cfg.bindingKey, "output_exchange", cfg.outputExchange)
-	runErr := svc.stack.Run(ctx)
+	runErr := svc.run(ctx)
 	if cerr := svc.close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
 		logger.Warn("payments: close", "error", cerr)
 	}

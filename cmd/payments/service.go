@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -31,6 +32,8 @@ type service struct {
 	stack   *router.Stack
 	gateway *example_payment.Gateway
 	closers []func() error
+	// consuming is true while the stack consumes: /readyz reads it.
+	consuming atomic.Bool
 }
 
 func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (*service, error) {
@@ -45,7 +48,16 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 
 	// Traces go to OTEL_EXPORTER_OTLP_ENDPOINT when it is set; metrics are served on
 	// METRICS_ADDR when it is set.
-	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr})
+	// /readyz answers from the moment Setup returns: the consumer check is in place
+	// before, so the service is not ready until it consumes.
+	health := &telemetry.Health{}
+	health.AddReadyCheck("consumer", func() error {
+		if !svc.consuming.Load() {
+			return errNotConsuming
+		}
+		return nil
+	})
+	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health})
 	if err != nil {
 		_ = b.Close()
 		return nil, fmt.Errorf("telemetry: %w", err)
@@ -55,7 +67,13 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		defer cancel()
 		return providers.Shutdown(sctx)
 	})
-	inst, err := providers.Instrumentation()
+	inst, err := providers.Instrumentation(telemetry.WithEventLog(logger, telemetry.DefaultLogLimit))
+	if err != nil {
+		_ = svc.close()
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	closers, err := observe(cfg, logger, b, providers, inst)
+	svc.closers = append(svc.closers, closers...)
 	if err != nil {
 		_ = svc.close()
 		return nil, fmt.Errorf("telemetry: %w", err)
@@ -105,6 +123,7 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		Concurrency: cfg.concurrency,
 		Prefetch:    cfg.concurrency * 4,
 		Breakers:    breakers,
+		Health:      health,
 	})
 	if err != nil {
 		_ = svc.close()
@@ -124,8 +143,27 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	return svc, nil
 }
 
+// run consumes until ctx is done, ready (for /readyz) once every handler consumes.
+func (s *service) run(ctx context.Context) error {
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-s.stack.Running():
+			s.consuming.Store(true)
+		case <-done:
+		}
+	}()
+	err := s.stack.Run(ctx)
+	close(done)
+	<-watched
+	s.consuming.Store(false)
+	return err
+}
+
 // close stops consuming (in-flight payments finish) and closes the broker.
 func (s *service) close() error {
+	s.consuming.Store(false)
 	var err error
 	if s.stack != nil {
 		err = s.stack.Close()

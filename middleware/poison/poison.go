@@ -60,8 +60,8 @@ type Config struct {
 	DeadLetterer DeadLetterer
 	// OnDeadLetter is called after each confirmed dead-letter publish.
 	OnDeadLetter func(Event)
-	// Logger receives dead letters (error level) and discards (warn). Nil means
-	// slog.Default().
+	// Logger receives dead letters (debug level: the telemetry step writes the info line
+	// operators read) and discards (warn). Nil means slog.Default().
 	Logger *slog.Logger
 	// Now is the clock. Nil means time.Now.
 	Now func() time.Time
@@ -120,7 +120,9 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		retries := sluice.RetryCount(msg.Metadata)
 		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
-		p.cfg.Logger.Error("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,
+		// Debug: the telemetry step writes the operator's line at info, rate-limited, so a
+		// DLQ storm cannot flood the log.
+		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,
 			"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", retries, "error", sluice.ErrorMessage(err))
 		if p.cfg.OnDeadLetter != nil {
 			p.cfg.OnDeadLetter(Event{Queue: queue, MessageID: msg.UUID, ErrorType: record.Metadata.Get(sluice.HeaderErrorType), Retries: retries, Err: err})

@@ -1,0 +1,49 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrQueueNotFound is returned by QueueDepth for a queue that does not exist.
+var ErrQueueNotFound = errors.New("amqp: queue not found")
+
+// Connected reports whether the broker's connection is up now (false while it
+// reconnects, and after Close).
+func (b *Broker) Connected() bool {
+	if b.conn.isClosing() {
+		return false
+	}
+	b.conn.mu.Lock()
+	conn := b.conn.conn
+	b.conn.mu.Unlock()
+	return conn != nil && !conn.IsClosed()
+}
+
+// Reconnects is how many times the connection was re-established after a loss.
+func (b *Broker) Reconnects() int64 { return b.conn.reconnects.Load() }
+
+// QueueDepth returns the ready messages and the consumers of queue, with a passive
+// queue.declare: it creates nothing, and needs no plugin. RabbitMQ does not say how many
+// messages are delivered and unacknowledged this way (the management API does). A queue
+// that does not exist is ErrQueueNotFound.
+func (b *Broker) QueueDepth(ctx context.Context, queue string) (ready, consumers int, err error) {
+	ch, err := b.conn.channel(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	// A passive declare of a missing queue closes its channel: this one is for that alone.
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		var amqpErr *amqp.Error
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+			return 0, 0, fmt.Errorf("queue %q: %w", queue, ErrQueueNotFound)
+		}
+		return 0, 0, fmt.Errorf("read depth of queue %q: %w", queue, err)
+	}
+	return q.Messages, q.Consumers, nil
+}

@@ -1,0 +1,56 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Connection metrics.
+const (
+	// MetricConnectionUp is 1 while the broker connection is up, else 0.
+	MetricConnectionUp = "sluice.connection.up"
+	// MetricReconnects counts connections re-established after a loss.
+	MetricReconnects = "sluice.connection.reconnects"
+)
+
+// ConnectionState is what the connection metrics read at each collection.
+type ConnectionState interface {
+	// Connected reports whether the broker connection is up now.
+	Connected() bool
+	// Reconnects is how many times the connection was re-established after a loss.
+	Reconnects() int64
+}
+
+// RegisterConnection makes sluice.connection.up and sluice.connection.reconnects report
+// state at every collection. Unregister the returned registration when state is closed.
+func (in *Instrumentation) RegisterConnection(state ConnectionState) (metric.Registration, error) {
+	if state == nil {
+		return nil, fmt.Errorf("register %s: connection state is nil", MetricConnectionUp)
+	}
+	up, err := in.meter.Int64ObservableGauge(MetricConnectionUp,
+		metric.WithDescription("1 while the broker connection is up, else 0."))
+	if err != nil {
+		return nil, fmt.Errorf("create gauge %s: %w", MetricConnectionUp, err)
+	}
+	reconnects, err := in.meter.Int64ObservableCounter(MetricReconnects,
+		metric.WithDescription("Broker connections re-established after a loss."), metric.WithUnit("{reconnect}"))
+	if err != nil {
+		return nil, fmt.Errorf("create counter %s: %w", MetricReconnects, err)
+	}
+	attrs := metric.WithAttributes(in.system)
+	reg, err := in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		v := int64(0)
+		if state.Connected() {
+			v = 1
+		}
+		o.ObserveInt64(up, v, attrs)
+		o.ObserveInt64(reconnects, state.Reconnects(), attrs)
+		return nil
+	}, up, reconnects)
+	if err != nil {
+		return nil, fmt.Errorf("register connection metrics callback: %w", err)
+	}
+	return reg, nil
+}

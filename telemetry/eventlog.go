@@ -1,0 +1,135 @@
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluice-go/sluice"
+)
+
+// MetricLogDropped counts the retry and dead-letter log lines the rate limit dropped, by
+// event (retry, dead_letter).
+const MetricLogDropped = "sluice.log.dropped"
+
+// MetricAttrEvent labels MetricLogDropped.
+const MetricAttrEvent = "event"
+
+// LogLimit bounds the info lines an Instrumentation writes for retries and dead letters:
+// at most Lines in each Interval (a fixed window). The zero value means
+// DefaultLogLimit.
+type LogLimit struct {
+	// Lines is how many lines a window may hold. Zero means 10; negative writes none.
+	Lines int
+	// Interval is the window's length. Zero means one second.
+	Interval time.Duration
+}
+
+// DefaultLogLimit is 10 lines a second: a person can still read a burst, and a storm of
+// thousands of failures a second costs 36,000 lines an hour, not millions.
+var DefaultLogLimit = LogLimit{Lines: 10, Interval: time.Second}
+
+func (l LogLimit) withDefaults() LogLimit {
+	if l.Lines == 0 {
+		l.Lines = DefaultLogLimit.Lines
+	}
+	if l.Interval <= 0 {
+		l.Interval = DefaultLogLimit.Interval
+	}
+	return l
+}
+
+// eventLog writes one info line per retry hand-off and dead letter, so an operator can
+// follow a message without debug logs, and drops the lines beyond the limit. Dropped
+// lines are counted in MetricLogDropped and summed up in one warning when the next
+// window opens (written on the next event, so no timer outlives the Instrumentation).
+type eventLog struct {
+	logger  *slog.Logger
+	limit   LogLimit
+	now     func() time.Time
+	dropped metric.Int64Counter
+	attrs   map[string]metric.MeasurementOption
+
+	mu          sync.Mutex
+	windowStart time.Time
+	used        int
+	pending     int64 // dropped since the last summary
+}
+
+func (in *Instrumentation) createEventLog(logger *slog.Logger, limit LogLimit) error {
+	c, err := in.meter.Int64Counter(MetricLogDropped,
+		metric.WithDescription("Retry and dead-letter log lines dropped by the rate limit."),
+		metric.WithUnit("{line}"))
+	if err != nil {
+		return err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	in.events = &eventLog{
+		logger:  logger,
+		limit:   limit.withDefaults(),
+		now:     time.Now,
+		dropped: c,
+		attrs: map[string]metric.MeasurementOption{
+			string(sluice.OutcomeRetry):      metric.WithAttributes(attribute.String(MetricAttrEvent, string(sluice.OutcomeRetry))),
+			string(sluice.OutcomeDeadLetter): metric.WithAttributes(attribute.String(MetricAttrEvent, string(sluice.OutcomeDeadLetter))),
+		},
+	}
+	// Both series exist from the start, at 0, so a dashboard or alert reads 0, not nothing.
+	for _, opt := range in.events.attrs {
+		c.Add(context.Background(), 0, opt)
+	}
+	return nil
+}
+
+// allow reports whether a line may be written now, and how many were dropped before it
+// in windows now closed (to be summed up first).
+func (l *eventLog) allow(now time.Time) (ok bool, summary int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.windowStart) >= l.limit.Interval {
+		l.windowStart, l.used = now, 0
+		summary, l.pending = l.pending, 0
+	}
+	if l.used >= l.limit.Lines {
+		l.pending++
+		return false, summary
+	}
+	l.used++
+	return true, summary
+}
+
+// record logs a retry hand-off or a dead letter of message id.
+func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep sluice.Report, errType string) {
+	ok, summary := l.allow(l.now())
+	if summary > 0 {
+		l.logger.LogAttrs(ctx, slog.LevelWarn, "retry and dead-letter log lines dropped by the rate limit",
+			slog.Int64("dropped", summary), slog.Int("limit_lines", l.limit.Lines), slog.Duration("limit_interval", l.limit.Interval))
+	}
+	if !ok {
+		l.dropped.Add(ctx, 1, l.attrs[string(rep.Outcome)])
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("queue", queue),
+		slog.String("message_id", id),
+		slog.Int("attempt", rep.Attempt),
+		slog.String("error_type", errType),
+	}
+	if handler != "" {
+		attrs = append(attrs, slog.String("handler", handler))
+	}
+	msg := "message dead-lettered"
+	if rep.Outcome == sluice.OutcomeRetry {
+		msg = "message handed to the broker for a retry"
+		attrs = append(attrs, slog.Duration("delay", rep.Delay))
+	} else {
+		attrs = append(attrs, slog.String("dlq", queue+DeadLetterSuffix))
+	}
+	l.logger.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
+}

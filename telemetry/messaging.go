@@ -1,0 +1,141 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
+
+	"github.com/sluice-go/sluice"
+)
+
+// The OpenTelemetry messaging semantic-convention metrics (semconv v1.43.0). Each point
+// carries messaging.system, messaging.operation.name ("process" or "send"),
+// messaging.destination.name and, for a failed operation, error.type.
+const (
+	// MetricProcessDuration is messaging.process.duration: the time an attempt took,
+	// handler and every step below telemetry included (seconds).
+	MetricProcessDuration = "messaging.process.duration"
+	// MetricConsumedMessages is messaging.client.consumed.messages: deliveries handed to
+	// the stack, redeliveries and retries included.
+	MetricConsumedMessages = "messaging.client.consumed.messages"
+	// MetricSentMessages is messaging.client.sent.messages: messages the stack published
+	// (outputs, retry hand-offs to sluice.delay, dead letters to Q.dlq), counted once each
+	// whether the publish succeeded or not (error.type says it failed).
+	MetricSentMessages = "messaging.client.sent.messages"
+	// MetricOperationDuration is messaging.client.operation.duration of the "send"
+	// operation: one publish call until RabbitMQ confirmed it (seconds).
+	MetricOperationDuration = "messaging.client.operation.duration"
+)
+
+// Sluice's own metrics beside the conventions (see also the names in instrumentation.go).
+const (
+	// MetricRetryDelay is the broker-side delay each retry was given (seconds).
+	MetricRetryDelay = "sluice.retry.delay"
+)
+
+// MetricAttrErrorType labels retries, dead letters and failed operations. Its values are
+// capped; see WithErrorTypeLimit.
+var MetricAttrErrorType = semconv.ErrorTypeKey
+
+// Operation names of the messaging metrics.
+const (
+	opProcess = "process"
+	opSend    = "send"
+)
+
+// retryDelayBuckets cover what a retry policy gives: from the cascade's 10 ms resolution
+// to an hour (longer delays land in +Inf).
+var retryDelayBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+
+// messagingMetrics are the convention instruments and the attribute sets they reuse.
+type messagingMetrics struct {
+	processDuration messagingconv.ProcessDuration
+	consumed        messagingconv.ClientConsumedMessages
+	sent            messagingconv.ClientSentMessages
+	opDuration      messagingconv.ClientOperationDuration
+	retryDelay      metric.Float64Histogram
+
+	// opts holds the options of each messagingKey, as the slices Add and Record take:
+	// boxing an attribute.Set into an option allocates (the conventions' AddSet and
+	// RecordSet do it per call), and so does a variadic slice built per call.
+	opts sync.Map // messagingKey -> messagingOpts
+}
+
+// messagingKey names one combination of convention attributes; errType "" means none.
+type messagingKey struct{ op, destination, errType string }
+
+// messagingOpts are one attribute set as counter and histogram options.
+type messagingOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+func (in *Instrumentation) createMessagingInstruments() error {
+	var err error
+	m := &in.mm
+	if m.processDuration, err = messagingconv.NewProcessDuration(in.meter,
+		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
+		return fmt.Errorf("create histogram %s: %w", MetricProcessDuration, err)
+	}
+	if m.consumed, err = messagingconv.NewClientConsumedMessages(in.meter); err != nil {
+		return fmt.Errorf("create counter %s: %w", MetricConsumedMessages, err)
+	}
+	if m.sent, err = messagingconv.NewClientSentMessages(in.meter); err != nil {
+		return fmt.Errorf("create counter %s: %w", MetricSentMessages, err)
+	}
+	if m.opDuration, err = messagingconv.NewClientOperationDuration(in.meter,
+		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
+		return fmt.Errorf("create histogram %s: %w", MetricOperationDuration, err)
+	}
+	if m.retryDelay, err = in.meter.Float64Histogram(MetricRetryDelay,
+		metric.WithDescription("Broker-side delay given to each retry."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(retryDelayBuckets...)); err != nil {
+		return fmt.Errorf("create histogram %s: %w", MetricRetryDelay, err)
+	}
+	return nil
+}
+
+// messagingAttrs returns the convention attributes of k as a measurement option, built
+// once per k: the keys are the stack's queues, two operations and the capped error types,
+// a small set.
+func (in *Instrumentation) messagingAttrs(k messagingKey) messagingOpts {
+	if o, ok := in.mm.opts.Load(k); ok {
+		return o.(messagingOpts)
+	}
+	kvs := []attribute.KeyValue{in.system, semconv.MessagingOperationName(k.op)}
+	if k.destination != "" {
+		kvs = append(kvs, semconv.MessagingDestinationName(k.destination))
+	}
+	if k.errType != "" {
+		kvs = append(kvs, semconv.ErrorTypeKey.String(k.errType))
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	o, _ := in.mm.opts.LoadOrStore(k, messagingOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
+	return o.(messagingOpts)
+}
+
+// recordConsumed counts one delivery of queue handed to the stack.
+func (in *Instrumentation) recordConsumed(ctx context.Context, queue string) {
+	in.mm.consumed.Inst().Add(ctx, 1, in.messagingAttrs(messagingKey{op: opProcess, destination: queue}).add...)
+}
+
+// recordProcessed records the duration of one attempt on queue; errType is empty when it
+// succeeded (whatever the outcome: a retry hand-off is a failed attempt).
+func (in *Instrumentation) recordProcessed(ctx context.Context, queue string, d time.Duration, errType string) {
+	opt := in.messagingAttrs(messagingKey{op: opProcess, destination: queue, errType: in.errTypes.label(errType)})
+	in.mm.processDuration.Inst().Record(ctx, d.Seconds(), opt.rec...)
+}
+
+// recordSent records one publish of n messages to destination that took d and failed
+// with err (nil: confirmed).
+func (in *Instrumentation) recordSent(ctx context.Context, destination string, n int, d time.Duration, err error) {
+	opt := in.messagingAttrs(messagingKey{op: opSend, destination: destination, errType: in.errTypes.label(sluice.ErrorType(err))})
+	in.mm.sent.Inst().Add(ctx, int64(n), opt.add...)
+	in.mm.opDuration.Inst().Record(ctx, d.Seconds(), opt.rec...)
+}
