@@ -118,6 +118,9 @@ type handlerConfig struct {
 	breaker     string
 	breakerSet  bool // WithBreaker was given
 	partitions  int  // WithPartitions (partition.go)
+
+	batch   batchConfig // WithBatch (batch.go)
+	batched bool        // registered by HandleBatch (batch.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
