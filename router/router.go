@@ -121,6 +121,9 @@ type handlerConfig struct {
 
 	batch   batchConfig // WithBatch (batch.go)
 	batched bool        // registered by HandleBatch (batch.go)
+
+	rebalance bool          // WithRebalancing (rebalance.go)
+	heartbeat time.Duration // WithRebalancing (rebalance.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -160,6 +163,8 @@ type Stack struct {
 	outputs []string
 	parted  []partitioned // partition.go
 	started bool
+
+	rebalancers map[string]*rebalancer // rebalance.go
 }
 
 // New builds a stack on broker.
