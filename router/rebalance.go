@@ -27,9 +27,12 @@ import (
 // partition to its new owner, which subscribed as soon as it computed the assignment.
 //
 // A join is followed within about a heartbeat, a graceful leave (Close) at once, and an
-// instance killed (connection lost, no goodbye) within three heartbeats and one more. The
-// in-memory idempotency keys of a moved partition stay behind: see the README (Scaling
-// out). It needs WithPartitions; it replaces the start-up claiming of WithPartitions.
+// instance killed (connection lost, no goodbye) within three heartbeats and one more.
+// With Config.Idempotency an idempotency.Guard, an instance giving a partition up
+// broadcasts its done keys to the others (before cancelling its consumer and again once
+// what it held settled), so the new owner knows them; a killed instance hands nothing
+// over: see the README (Scaling out). It needs WithPartitions; it replaces the start-up
+// claiming of WithPartitions.
 func WithRebalancing(heartbeat time.Duration) HandlerOption {
 	return func(c *handlerConfig) { c.rebalance, c.heartbeat = true, heartbeat }
 }
@@ -87,6 +90,7 @@ type rebalancer struct {
 	joiner     memberJoiner
 	heartbeat  time.Duration
 	logger     *slog.Logger
+	handover   *keyHandover // nil without an idempotency store
 
 	mu      sync.Mutex
 	members *amqp.Membership
@@ -104,7 +108,11 @@ func (r *rebalancer) join(ctx context.Context) error {
 	if r.closed {
 		return amqp.ErrClosed
 	}
-	m, err := r.joiner.Join(ctx, r.queue, amqp.MembershipConfig{Interval: r.heartbeat})
+	cfg := amqp.MembershipConfig{Interval: r.heartbeat}
+	if r.handover != nil {
+		cfg.OnBroadcast = r.handover.receive
+	}
+	m, err := r.joiner.Join(ctx, r.queue, cfg)
 	if err != nil {
 		return fmt.Errorf("join the members of %q: %w", r.queue, err)
 	}
@@ -145,13 +153,25 @@ func (r *rebalancer) heldPartitions() []int {
 	return ks
 }
 
+// handOver sends this instance's done keys to the others (see keyHandover).
+func (r *rebalancer) handOver(ctx context.Context) {
+	r.mu.Lock()
+	m := r.members
+	r.mu.Unlock()
+	if r.handover != nil && m != nil {
+		r.handover.send(ctx, m, r.queue)
+	}
+}
+
 // close leaves the membership (the others take the partitions over at once).
 func (r *rebalancer) close() {
 	r.mu.Lock()
-	m := r.members
+	m, was := r.members, r.closed
 	r.closed = true
 	r.mu.Unlock()
-	if m != nil {
+	if m != nil && !was {
+		// Leaving: the others take the partitions over at once, knowing what was done.
+		r.handOver(context.Background())
 		_ = m.Close()
 	}
 }
@@ -175,6 +195,9 @@ func (s *Stack) newRebalancer(name, queue string, hc handlerConfig) (*rebalancer
 		return nil, fmt.Errorf("%w: handler %q sets WithRebalancing but broker %q keeps no membership", ErrInvalidOption, name, s.broker.Name())
 	}
 	r := &rebalancer{queue: queue, partitions: hc.partitions, joiner: j, heartbeat: hc.heartbeat, logger: s.logger, held: map[int]bool{}}
+	if ks, ok := s.cfg.Idempotency.(keyStore); ok {
+		r.handover = &keyHandover{store: ks.Store(), logger: s.logger}
+	}
 	if s.rebalancers == nil {
 		s.rebalancers = map[string]*rebalancer{}
 	}
@@ -236,10 +259,15 @@ func (s *rebalancedSubscriber) consume(ctx context.Context, topic string, out ch
 	s.reb.setHeld(s.k, true)
 	defer s.reb.setHeld(s.k, false)
 	closing := s.closing
+	givingUp := false
 	for {
 		select {
 		case m, ok := <-in:
 			if !ok {
+				if givingUp {
+					// The keys of the messages that were in flight at the first hand-over.
+					s.reb.handOver(ctx)
+				}
 				return
 			}
 			// The router reads out until it is closed, so this does not block for good.
@@ -251,8 +279,11 @@ func (s *rebalancedSubscriber) consume(ctx context.Context, topic string, out ch
 				// Giving up: no new deliveries; in closes once the held ones settled.
 				s.logger.Debug("giving partition up", "queue", topic)
 				s.reb.setHeld(s.k, false)
+				// The new owner takes over once the consumer is cancelled; the keys
+				// done here reach it before, or just after, its first deliveries.
+				s.reb.handOver(ctx)
 				cancel()
-				changed = nil
+				changed, givingUp = nil, true
 			}
 		case <-closing:
 			cancel()

@@ -41,6 +41,9 @@ type MembershipConfig struct {
 	// instance (no goodbye) leaves the list within Expiry. Zero means DefaultMemberExpiry
 	// intervals; it must exceed Interval.
 	Expiry time.Duration
+	// OnBroadcast, when set, receives what the other members Broadcast, on the listening
+	// loop (keep it short). Nil means broadcasts are dropped.
+	OnBroadcast func(from string, body []byte)
 }
 
 func (c *MembershipConfig) setDefaults() error {
@@ -136,7 +139,34 @@ const (
 	memberHeaderKind = "x-sluice-member"
 	memberHello      = "hello"
 	memberBye        = "bye"
+	memberBroadcast  = "broadcast"
+	memberHeaderFrom = "x-sluice-member-from"
 )
+
+// Broadcast publishes body to every other member's OnBroadcast, confirmed; members that
+// join later do not get it.
+func (m *Membership) Broadcast(ctx context.Context, body []byte) error {
+	ch, err := m.b.conn.channel(ctx)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("broadcast to %q: confirm mode: %w", MembersExchange(m.queue), err)
+	}
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, MembersExchange(m.queue), "", false, false, amqp.Publishing{
+		Headers: amqp.Table{memberHeaderKind: memberBroadcast, memberHeaderFrom: m.cfg.ID},
+		Body:    body,
+	})
+	if err != nil {
+		return fmt.Errorf("broadcast %d bytes to %q: %w", len(body), MembersExchange(m.queue), err)
+	}
+	ok, err := conf.WaitContext(ctx)
+	if err != nil || !ok {
+		return fmt.Errorf("broadcast %d bytes to %q: not confirmed: %v", len(body), MembersExchange(m.queue), err)
+	}
+	return nil
+}
 
 // listen opens a channel with this instance's queue bound to the members exchange.
 func (m *Membership) listen(ctx context.Context) (*amqp.Channel, <-chan amqp.Delivery, error) {
@@ -228,11 +258,18 @@ func (m *Membership) announce(ch *amqp.Channel, kind string) {
 
 // heard records a heartbeat or a goodbye.
 func (m *Membership) heard(d amqp.Delivery) {
+	kind, _ := d.Headers[memberHeaderKind].(string)
+	if kind == memberBroadcast {
+		from, _ := d.Headers[memberHeaderFrom].(string)
+		if from != m.cfg.ID && m.cfg.OnBroadcast != nil {
+			m.cfg.OnBroadcast(from, d.Body)
+		}
+		return
+	}
 	id := string(d.Body)
 	if id == "" || id == m.cfg.ID {
 		return
 	}
-	kind, _ := d.Headers[memberHeaderKind].(string)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, known := m.seen[id]
