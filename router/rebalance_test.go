@@ -63,12 +63,21 @@ func TestAssignPartitions(t *testing.T) {
 type rebalanceBank struct {
 	mu      sync.Mutex
 	charged map[string]int
+	by      map[string][]string // id -> instances that charged it, in order
 }
 
-func (b *rebalanceBank) charge(id string) {
+func (b *rebalanceBank) charge(id, instance string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.charged[id]++
+	b.by[id] = append(b.by[id], instance)
+}
+
+// chargedBy says which instances charged id, in order.
+func (b *rebalanceBank) chargedBy(id string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.by[id])
 }
 
 func (b *rebalanceBank) counts() (distinct, total int, doubles []string) {
@@ -106,7 +115,7 @@ func startRebalanced(t *testing.T, url, name, queue string, bank *rebalanceBank)
 	require.NoError(t, err)
 	require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
 		time.Sleep(time.Millisecond) // the payment gateway
-		bank.charge(m.Metadata.Get(sluice.HeaderIdempotencyKey))
+		bank.charge(m.Metadata.Get(sluice.HeaderIdempotencyKey), name)
 		return nil
 	}, router.WithPartitions(8), router.WithRebalancing(100*time.Millisecond), router.WithConcurrency(2)))
 	serve(t, s)
@@ -143,7 +152,7 @@ func TestRebalancing_JoinAndKillConvergeAndLoseNothing(t *testing.T) {
 		queues = append(queues, router.PartitionQueue(queue, k))
 	}
 	r.DeleteQueues(queues...)
-	bank := &rebalanceBank{charged: map[string]int{}}
+	bank := &rebalanceBank{charged: map[string]int{}, by: map[string][]string{}}
 
 	a := startRebalanced(t, url, "a", queue, bank)
 	require.Eventually(t, func() bool { return fair(a) || len(a.stack.HeldPartitions("payments")) == 8 }, 10*time.Second, 10*time.Millisecond)
@@ -211,7 +220,22 @@ func TestRebalancing_JoinAndKillConvergeAndLoseNothing(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond)
 	time.Sleep(500 * time.Millisecond)
 	distinct, total, doubles := bank.counts()
-	t.Logf("%d payments charged, %d charges, %d double charges: %v", distinct, total, len(doubles), doubles)
+	// A killed instance hands nothing over: a duplicate of a key it completed is charged
+	// again by the partition's new owner. Any other double charge is a hand-over that
+	// came too late.
+	var afterKill, other []string
+	for _, id := range doubles {
+		if by := bank.chargedBy(id); by[0] == c.name {
+			afterKill = append(afterKill, fmt.Sprintf("%s%v", id, by))
+		} else {
+			other = append(other, fmt.Sprintf("%s%v", id, by))
+		}
+	}
+	t.Logf("%d payments charged, %d charges, %d double charges: %d first charged by the killed instance %v, %d others %v",
+		distinct, total, len(doubles), len(afterKill), afterKill, len(other), other)
 	assert.Equal(t, payments, distinct, "nothing lost")
 	assert.LessOrEqual(t, len(doubles), dups, "only a duplicate can be charged twice")
+	// The hand-over on a join races only the few milliseconds between the old owner's
+	// cancel and the snapshot's arrival.
+	assert.LessOrEqual(t, len(other), 5, "double charges not explained by the kill: %v", other)
 }
