@@ -81,14 +81,23 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 	}
 	s.parted = append(s.parted, partitioned{queue: queue, partitions: hc.partitions})
 	var claim *claimer
-	if counter, ok := s.broker.(consumerCounter); ok {
+	var reb *rebalancer
+	if hc.rebalance {
+		r, err := s.newRebalancer(name, queue, hc)
+		if err != nil {
+			return err
+		}
+		reb = r
+	} else if counter, ok := s.broker.(consumerCounter); ok {
 		claim = newClaimer(queue, hc.partitions, counter, partitionClaimInterval, s.logger)
 	}
 	for k, hname := range names {
 		s.names[hname] = true
 		stack := s.compose(h, outputTopic, hc)
 		sub := s.broker.Subscriber(hc.concurrency, hc.prefetch)
-		if claim != nil {
+		if reb != nil {
+			sub = &rebalancedSubscriber{inner: sub, reb: reb, k: k, logger: s.logger, closing: make(chan struct{})}
+		} else if claim != nil {
 			sub = &claimedSubscriber{inner: sub, claim: claim, k: k, logger: s.logger, closing: make(chan struct{})}
 		}
 		s.router.AddConsumerHandler(hname, PartitionQueue(queue, k), sub, func(m *message.Message) error {

@@ -88,6 +88,10 @@ func (s *Stack) checkOptions(name string, hc handlerConfig) error {
 		return fmt.Errorf("%w: handler %q sets WithBreaker(%q) but Config.Breakers is nil (set it to a breaker.Registry)", ErrOptionWithoutStep, name, hc.breaker)
 	case hc.concurrency < 1:
 		return fmt.Errorf("%w: handler %q has WithConcurrency(%d), must be 1 or more", ErrInvalidOption, name, hc.concurrency)
+	case hc.batch != (batchConfig{}) && !hc.batched:
+		return fmt.Errorf("%w: handler %q sets WithBatch but is not registered with HandleBatch", ErrInvalidOption, name)
+	case hc.rebalance && hc.partitions == 0:
+		return fmt.Errorf("%w: handler %q sets WithRebalancing without WithPartitions", ErrInvalidOption, name)
 	case hc.prefetch < 0:
 		return fmt.Errorf("%w: handler %q has WithPrefetch(%d), must not be negative", ErrInvalidOption, name, hc.prefetch)
 	}

@@ -127,6 +127,11 @@ type handlerConfig struct {
 
 	deferWhileOpen bool             // WithDeferWhileOpen (pause.go)
 	pause          *pauseController // set by add (pause.go)
+	batch          batchConfig      // WithBatch (batch.go)
+	batched        bool             // registered by HandleBatch (batch.go)
+
+	rebalance bool          // WithRebalancing (rebalance.go)
+	heartbeat time.Duration // WithRebalancing (rebalance.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -170,7 +175,8 @@ type Stack struct {
 	subscribed   []subscribed     // subscription.go
 	outExchanges []outputExchange // subscription.go
 
-	overload overloadState // pause.go
+	overload    overloadState          // pause.go
+	rebalancers map[string]*rebalancer // rebalance.go
 }
 
 // New builds a stack on broker.
