@@ -84,8 +84,9 @@ func (s *Stack) checkOptions(name string, hc handlerConfig) error {
 	switch {
 	case hc.keyFunc != nil && s.cfg.Idempotency == nil:
 		return fmt.Errorf("%w: handler %q sets WithIdempotencyKey but Config.Idempotency is nil (set it to an idempotency.Guard)", ErrOptionWithoutStep, name)
-	case hc.breakerSet && s.cfg.Breakers == nil:
-		return fmt.Errorf("%w: handler %q sets WithBreaker(%q) but Config.Breakers is nil (set it to a breaker.Registry)", ErrOptionWithoutStep, name, hc.breaker)
+	case hc.breakerSet && s.cfg.Breakers == nil && s.cfg.Retry.Overload == nil:
+		// WithBreaker names the dependency: its breaker's, and its retry budget's.
+		return fmt.Errorf("%w: handler %q sets WithBreaker(%q) but Config.Breakers and Config.Retry.Overload are nil (set Breakers to a breaker.Registry)", ErrOptionWithoutStep, name, hc.breaker)
 	case hc.concurrency < 1:
 		return fmt.Errorf("%w: handler %q has WithConcurrency(%d), must be 1 or more", ErrInvalidOption, name, hc.concurrency)
 	case hc.batch != (batchConfig{}) && !hc.batched:

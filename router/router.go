@@ -149,7 +149,8 @@ func WithIdempotencyKey(f func(*message.Message) (string, error)) HandlerOption 
 
 // WithBreaker names the dependency whose breaker guards the handler; handlers naming the
 // same dependency share one breaker. Without it the handler's name is used. It needs
-// Config.Breakers: without it, Handle returns ErrOptionWithoutStep.
+// Config.Breakers (or Config.Retry.Overload, whose retry budget it names): without either,
+// Handle returns ErrOptionWithoutStep.
 func WithBreaker(dependency string) HandlerOption {
 	return func(c *handlerConfig) { c.breaker, c.breakerSet = dependency, true }
 }
