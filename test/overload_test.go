@@ -481,7 +481,11 @@ func degradationScenario(t testing.TB, e *env, rate int, degraded time.Duration,
 	counter := &handoffCounter{Broker: e.broker, upAt: func() time.Time { return time.Time{} }}
 	e.broker = counter
 	start(t, e, cfg, func(s *router.Stack) {
-		require.NoError(t, s.Handle("charge", q, dep.handle, router.WithBreaker("gateway")))
+		var opts []router.HandlerOption
+		if withBudget {
+			opts = append(opts, router.WithBreaker("gateway")) // the budget's dependency
+		}
+		require.NoError(t, s.Handle("charge", q, dep.handle, opts...))
 	})
 	pub := e.broker.Publisher()
 	messages := 0
