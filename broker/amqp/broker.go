@@ -13,12 +13,16 @@ import (
 // ErrDelayTooLong is returned for a delay beyond MaxDelay.
 var ErrDelayTooLong = errors.New("amqp: delay longer than the cascade's maximum")
 
-// Broker is sluice's RabbitMQ broker: one connection, one confirmed publisher shared by
-// every hand-off, and subscribers made per handler.
+// Broker is sluice's RabbitMQ broker: one connection for consuming and declaring, another
+// for the confirmed publisher shared by every hand-off, and subscribers made per handler.
+// Publishing has a connection of its own because RabbitMQ blocks a publishing connection
+// under a memory or disk alarm (connection.blocked) and then stops reading it: consumers
+// on that connection could no longer ack, so the queues the alarm wants drained would not.
 type Broker struct {
-	cfg  Config
-	conn *connection
-	pub  *Publisher
+	cfg     Config
+	conn    *connection // consume and declare
+	pubConn *connection // publish
+	pub     *Publisher
 
 	cascadeMu       sync.Mutex
 	cascadeDeclared bool
@@ -33,11 +37,16 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	conn, err := dialConnection(ctx, cfg)
+	conn, err := dialConnection(ctx, cfg, "sluice consume")
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{cfg: cfg, conn: conn, pub: newPublisher(conn, cfg)}, nil
+	pubConn, err := dialConnection(ctx, cfg, "sluice publish")
+	if err != nil {
+		_ = conn.close()
+		return nil, err
+	}
+	return &Broker{cfg: cfg, conn: conn, pubConn: pubConn, pub: newPublisher(pubConn, cfg)}, nil
 }
 
 // Name returns "rabbitmq", the messaging.system of OpenTelemetry's conventions.
@@ -88,7 +97,8 @@ func (b *Broker) DeadLetter(ctx context.Context, queue string, msg *message.Mess
 }
 
 // Close closes every subscriber (draining in-flight messages), the publisher and the
-// connection.
+// connections. It returns within closeTimeout of the drain even when RabbitMQ blocks the
+// publishing connection or stopped answering.
 func (b *Broker) Close() error {
 	b.subsMu.Lock()
 	subs := b.subs
@@ -97,6 +107,10 @@ func (b *Broker) Close() error {
 	for _, s := range subs {
 		_ = s.Close()
 	}
+	// The publishing connection goes first: closing it fails whatever still waits for a
+	// confirm and ends the confirm channel with it, where channel.close on a blocked
+	// connection would wait for an answer that never comes.
+	pubErr := b.pubConn.close()
 	_ = b.pub.Close()
-	return b.conn.close()
+	return errors.Join(pubErr, b.conn.close())
 }

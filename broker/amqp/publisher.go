@@ -123,6 +123,10 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 					return fmt.Errorf("publish message %s to exchange %q key %q: %w", pending[i].MessageId, exchange, routingKey, err)
 				}
 			case <-ctx.Done():
+				// Name the alarm when there is one: a deadline alone says nothing of why.
+				if blocked := p.conn.blockedErr(); blocked != nil {
+					return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w: %w", pending[i].MessageId, exchange, routingKey, blocked, ctx.Err())
+				}
 				return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w", pending[i].MessageId, exchange, routingKey, ctx.Err())
 			}
 		}
@@ -162,7 +166,8 @@ func (p *Publisher) dropChannel(cc *confirmChannel) {
 	cc.close()
 }
 
-// Close closes the publisher's channel. Publishes still waiting fail.
+// Close closes the publisher's channel. Publishes still waiting fail. Broker.Close closes
+// the publishing connection first, so this never waits on a node that does not answer.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	cc := p.cc

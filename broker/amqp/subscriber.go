@@ -186,6 +186,8 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 	defer cancel()
 	msg.SetContext(msgCtx)
 
+	// Given back unhandled (closing): a nack, which RabbitMQ 4.x does not count as a
+	// failed delivery.
 	giveBack := func() {
 		_ = d.Nack(false, true)
 		acks.nacked(d.DeliveryTag)
@@ -242,7 +244,7 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 	}
 }
 
-// requeueLater nacks with requeue after a backoff that grows with consecutive nacks. It
+// requeueLater rejects with requeue after a backoff that grows with consecutive nacks. It
 // reports whether it sent the nack: not when the channel closed first.
 func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed <-chan struct{}) bool {
 	n := s.nacks.Add(1)
@@ -265,8 +267,11 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClose
 			return false // RabbitMQ already requeued it with the channel
 		}
 	}
-	if err := d.Nack(false, true); err != nil {
-		s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
+	// A failure is a basic.reject: RabbitMQ 4.x counts a reject toward a quorum queue's
+	// delivery limit but not a requeueing basic.nack, which stays for the returns that are
+	// no fault of the message (shutdown, drain; see giveBack).
+	if err := d.Reject(true); err != nil {
+		s.logger.Warn("reject failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
 	}
 	return true
 }
