@@ -30,7 +30,7 @@ const (
 	// throughputPublishers publish batches of throughputBatch: the whole run in flight.
 	throughputPublishers = 20
 	throughputBatch      = 100
-	latencyMessages    = 500
+	latencyMessages      = 500
 	// idleRetries fail once on an idle queue, to time their delays.
 	idleRetries = 10
 )
