@@ -376,8 +376,18 @@ const retryDelay = 2 * time.Second
 // failOnce messages once and poisonMsg messages for good, and records a side effect for
 // every success. work is how long a call takes.
 func workload(l *ledger, queue string, work time.Duration, opts ...router.HandlerOption) func(*amqp.Broker, *router.Stack) {
+	return gatedWorkload(l, queue, work, nil, opts...)
+}
+
+// gatedWorkload is workload whose calls first wait for gate's read lock: a scenario holds
+// the write lock to pause the handlers.
+func gatedWorkload(l *ledger, queue string, work time.Duration, gate *sync.RWMutex, opts ...router.HandlerOption) func(*amqp.Broker, *router.Stack) {
 	return func(b *amqp.Broker, s *router.Stack) {
 		h := func(m *message.Message) error {
+			if gate != nil {
+				gate.RLock()
+				gate.RUnlock() //nolint:staticcheck // a pause, not a critical section
+			}
 			n := l.called(m.UUID)
 			if work > 0 {
 				select {
