@@ -188,4 +188,3 @@ func connectionPids(t *testing.T, node *testenv.Node) []string {
 	sort.Strings(pids)
 	return pids
 }
-
