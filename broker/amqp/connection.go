@@ -26,9 +26,9 @@ var ErrBlocked = errors.New("amqp: connection blocked by RabbitMQ")
 // socket (blocked by an alarm, frozen, blackholed) never answers it.
 const closeTimeout = 5 * time.Second
 
-// heartbeat is the heartbeat interval sluice asks for: a silent peer is declared dead after
-// two missed beats, so a blackholed connection is detected within 2*heartbeat (+1 interval
-// of amqp091's reader deadline).
+// heartbeat is the heartbeat interval sluice asks for (the node may lower it): amqp091
+// gives up on a connection that read nothing for three intervals, so a blackholed
+// connection is detected within 3*heartbeat, 30s by default.
 const heartbeat = 10 * time.Second
 
 // connection keeps one AMQP connection up, reconnecting and failing over between URLs.
@@ -177,7 +177,10 @@ func (c *connection) watch(conn *amqp.Connection) {
 			c.blocked = ""
 			c.ready = make(chan struct{})
 			c.mu.Unlock()
-			c.logger.Warn("RabbitMQ connection lost; reconnecting", "error", maskErr(errorOrNil(amqpErr), c.urls))
+			c.logger.Warn("RabbitMQ connection lost; reconnecting", "error", maskErr(errorOrNil(amqpErr), c.urls), "connection", c.name)
+			// The node just lost is the suspect one: a blackholed node still accepts TCP
+			// and would hold the first attempt for the whole dial timeout.
+			c.next = (c.next + 1) % len(c.urls)
 		}
 		bo := backoff.NewExponentialBackOff()
 		bo.InitialInterval = 100 * time.Millisecond

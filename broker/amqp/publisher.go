@@ -288,6 +288,11 @@ func closeReason(closed <-chan *amqp.Error) error {
 			case amqp.NotFound, amqp.AccessRefused, amqp.PreconditionFailed:
 				return fmt.Errorf("broker closed the channel: %w", e)
 			case amqp.FrameError, amqp.SyntaxError, amqp.InternalError:
+				// amqp091 reports its own I/O failures (a missed heartbeat, a reset) as a
+				// 501 frame error too: only the broker's own verdict is final.
+				if !e.Server {
+					break
+				}
 				// The broker refused this message itself (too large a header frame, a
 				// value it cannot store): publishing it again would fail the same way.
 				return fmt.Errorf("broker refused the message and closed the connection: %w", e)

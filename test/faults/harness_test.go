@@ -94,6 +94,7 @@ const (
 // record is what the ledger knows of one message id.
 type record struct {
 	publish string
+	err     string      // the publish error, if any
 	effects int         // handler side effects (successful calls)
 	calls   []time.Time // every handler call, successful or not
 	place   string
@@ -127,8 +128,28 @@ func (l *ledger) published(id string, err error) {
 	case strings.Contains(err.Error(), amqp.ErrUnroutable.Error()):
 		r.publish, r.place = unrouted, unrouted
 	default:
-		r.publish = failed
+		r.publish, r.err = failed, err.Error()
 	}
+}
+
+// outcome returns id's publish outcome.
+func (l *ledger) outcome(id string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.get(id).publish
+}
+
+// failures returns up to n publish errors, for logs.
+func (l *ledger) failures(n int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for id, r := range l.m {
+		if r.err != "" && len(out) < n {
+			out = append(out, id+": "+r.err)
+		}
+	}
+	return out
 }
 
 // called records a handler call and returns how many calls id had before it.
