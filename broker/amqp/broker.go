@@ -29,6 +29,20 @@ type Broker struct {
 
 	subsMu sync.Mutex
 	subs   []*Subscriber
+
+	declared sync.Map // queue name -> struct{}: declared by DeclareQueue
+}
+
+// errNotDeclared is redeclare's answer for a queue this broker did not declare (a
+// partition, or someone else's), whose arguments it does not know.
+var errNotDeclared = errors.New("amqp: queue not declared by this broker")
+
+// redeclare declares queue again if DeclareQueue declared it.
+func (b *Broker) redeclare(ctx context.Context, queue string) error {
+	if _, ok := b.declared.Load(queue); !ok {
+		return errNotDeclared
+	}
+	return b.declareQueue(ctx, queue)
 }
 
 // New connects to RabbitMQ. The first connection must succeed; later losses are repaired
@@ -58,7 +72,11 @@ func (b *Broker) Publisher() *Publisher { return b.pub }
 // DeclareQueue declares queue with its dead-letter queue and its place in the delay
 // cascade. Declaring is idempotent.
 func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
-	return b.declareQueue(ctx, queue)
+	if err := b.declareQueue(ctx, queue); err != nil {
+		return err
+	}
+	b.declared.Store(queue, struct{}{})
+	return nil
 }
 
 // DeclareCascade declares the shared delay cascade alone.
@@ -67,6 +85,7 @@ func (b *Broker) DeclareCascade(ctx context.Context) error { return b.declareCas
 // Subscriber returns a subscriber with opts. Close closes it with the broker.
 func (b *Broker) Subscriber(opts SubscribeOptions) *Subscriber {
 	s := newSubscriber(b.conn, b.cfg, opts)
+	s.redeclare = b.redeclare
 	b.subsMu.Lock()
 	b.subs = append(b.subs, s)
 	b.subsMu.Unlock()

@@ -52,6 +52,10 @@ type Subscriber struct {
 	wg        sync.WaitGroup
 
 	nacks atomic.Int64 // consecutive nacks, for the requeue backoff
+
+	// redeclare declares a queue again after it was deleted under its consumer; it fails
+	// for a queue its broker did not declare. Nil means never.
+	redeclare func(ctx context.Context, queue string) error
 }
 
 func newSubscriber(conn *connection, cfg Config, opts SubscribeOptions) *Subscriber {
@@ -92,15 +96,34 @@ func (s *Subscriber) checkQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
+// consumeLoop consumes until the subscriber stops, resuming after every channel or
+// connection loss. A queue deleted under its consumer (RabbitMQ cancels the consumer and
+// closes its delivery channel, so no empty delivery reaches a handler) is reported at
+// error level and declared again when this broker declared it (Broker.DeclareQueue);
+// otherwise the subscriber waits, with a growing pause, for someone to declare it.
 func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *message.Message) {
+	wait := 200 * time.Millisecond
 	for {
 		err := s.consumeOnce(ctx, queue, out)
 		if s.stopping(ctx) {
 			return
 		}
-		s.logger.Warn("consumer stopped; resuming", "queue", queue, "error", err)
+		var amqpErr *amqp.Error
+		switch {
+		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+			if s.redeclare != nil && s.redeclare(ctx, queue) == nil {
+				s.logger.Error("queue deleted under its consumer; declared it again (what it held is gone)", "queue", queue, "error", err)
+				wait = 200 * time.Millisecond
+				continue
+			}
+			s.logger.Error("queue deleted under its consumer; waiting for it to be declared again", "queue", queue, "error", err, "retry_in", wait)
+			wait = min(2*wait, s.cfg.NackBackoffMax)
+		default:
+			s.logger.Warn("consumer stopped; resuming", "queue", queue, "error", err)
+			wait = 200 * time.Millisecond
+		}
 		select {
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(wait):
 		case <-s.closing:
 			return
 		case <-ctx.Done():

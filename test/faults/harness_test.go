@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,6 +105,8 @@ type record struct {
 type ledger struct {
 	mu sync.Mutex
 	m  map[string]*record
+	// empty counts handler calls with no id or no payload: a zero delivery passed on.
+	empty atomic.Int64
 }
 
 func newLedger() *ledger { return &ledger{m: map[string]*record{}} }
@@ -250,6 +253,7 @@ func (l *ledger) check(t *testing.T, maxEffects int) summary {
 	}
 	sort.Strings(lost)
 	sort.Strings(over)
+	require.Zero(t, l.empty.Load(), "empty messages reached the handler")
 	require.Empty(t, lost, "confirmed messages lost")
 	require.Empty(t, over, "side effects above %d", maxEffects)
 	return s
@@ -410,6 +414,10 @@ func gatedWorkload(l *ledger, queue string, work time.Duration, gate *sync.RWMut
 			if gate != nil {
 				gate.RLock()
 				gate.RUnlock() //nolint:staticcheck // a pause, not a critical section
+			}
+			if m.UUID == "" || len(m.Payload) == 0 {
+				l.empty.Add(1)
+				return nil
 			}
 			n := l.called(m.UUID)
 			if work > 0 {
