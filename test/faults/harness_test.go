@@ -313,6 +313,9 @@ func (b *baseline) verify(t *testing.T) {
 		// toxic is removed from a connection already reset (toxiproxy's, not sluice's).
 		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2.(*Proxy).server"),
 		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"),
+		// A slow_close toxic holds its links for its delay, past the proxy's Stop.
+		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).write"),
+		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).read"),
 	)
 }
 
