@@ -22,11 +22,10 @@ import (
 // heartbeat intervals (the node's 2s here) without a frame.
 const detectBound = 3 * serverHeartbeat
 
-// TestBlackhole is scenario 2: the first node of the list starts swallowing every packet
+// testBlackhole is scenario 2: the first node of the list starts swallowing every packet
 // (no RST). Heartbeats detect it, publishes waiting for confirms are published again on the
 // next node of the list and never reported confirmed before that, and nothing is lost.
-func TestBlackhole(t *testing.T) {
-	node := startNode(t)
+func testBlackhole(t *testing.T, node *testenv.Node) {
 	rabbit := node.Rabbit(t)
 	prx := newProxy(t, "127.0.0.1:"+strconv.Itoa(node.Port))
 	base := takeBaseline(t, node)

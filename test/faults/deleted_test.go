@@ -17,13 +17,12 @@ import (
 	"github.com/sluice-go/sluice/router"
 )
 
-// TestQueueDeletedUnderConsumer is scenario 7: the consumed queue is deleted while its
+// testQueueDeletedUnderConsumer is scenario 7: the consumed queue is deleted while its
 // consumer runs (RabbitMQ cancels the consumer). No empty message reaches the handler; the
 // stack reports the deletion at error level, declares the queue again, and consumes what is
 // published afterwards. What the queue held when it was deleted is gone with it: that is the
 // operator's deletion, not a loss by sluice, and the ledger counts it apart.
-func TestQueueDeletedUnderConsumer(t *testing.T) {
-	node := startNode(t)
+func testQueueDeletedUnderConsumer(t *testing.T, node *testenv.Node) {
 	rabbit := node.Rabbit(t)
 	base := takeBaseline(t, node)
 

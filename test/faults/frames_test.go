@@ -23,12 +23,11 @@ import (
 // inside a frame, not between two.
 const cutAfter = 40_007
 
-// TestCutFramesAndSlowClose is scenario 4: connections cut in the middle of a frame
+// testCutFramesAndSlowClose is scenario 4: connections cut in the middle of a frame
 // (toxiproxy limit_data, each way in turn) while messages flow, then a slow close (the
 // proxy holds the TCP close for seconds). Nothing confirmed is lost, side effects happen
 // once, and Broker.Close returns without waiting for the slow close.
-func TestCutFramesAndSlowClose(t *testing.T) {
-	node := startNode(t)
+func testCutFramesAndSlowClose(t *testing.T, node *testenv.Node) {
 	rabbit := node.Rabbit(t)
 	prx := newProxy(t, "127.0.0.1:"+strconv.Itoa(node.Port))
 	base := takeBaseline(t, node)

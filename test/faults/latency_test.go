@@ -35,11 +35,10 @@ const (
 	idleRetries = 10
 )
 
-// TestLatency is scenario 1: 500 ms (±100 ms) between sluice and RabbitMQ. The stack starts
+// testLatency is scenario 1: 500 ms (±100 ms) between sluice and RabbitMQ. The stack starts
 // within a few round trips, confirms pipeline, retry delays stay exact to within the
 // latency, and the ledger balances.
-func TestLatency(t *testing.T) {
-	node := startNode(t)
+func testLatency(t *testing.T, node *testenv.Node) {
 	rabbit := node.Rabbit(t)
 	prx := newProxy(t, "127.0.0.1:"+strconv.Itoa(node.Port))
 

@@ -28,11 +28,10 @@ const (
 	resetWindow = 400 * time.Millisecond
 )
 
-// TestResets is scenario 3: connections reset (RST) at random moments while 5,000 messages
+// testResets is scenario 3: connections reset (RST) at random moments while 5,000 messages
 // go through. Nothing confirmed is lost, side effects happen once, and reconnect attempts
 // are bounded (a few per burst) and jittered.
-func TestResets(t *testing.T) {
-	node := startNode(t)
+func testResets(t *testing.T, node *testenv.Node) {
 	rabbit := node.Rabbit(t)
 	prx := newProxy(t, "127.0.0.1:"+strconv.Itoa(node.Port))
 	base := takeBaseline(t, node)
