@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCH_ROUNDS ?= 3
 
-.PHONY: run test test-go test-chaos test-cluster bench lint clean jaeger-start jaeger-stop cluster-start cluster-stop
+.PHONY: run test test-go test-chaos test-faults test-cluster bench lint clean jaeger-start jaeger-stop cluster-start cluster-stop
 
 ## run: the payment demo (embedded broker unless AMQP_URL is set)
 run:
@@ -21,6 +21,10 @@ test:
 ## test-chaos: the chaos test alone (restarts RabbitMQ; never beside other broker tests)
 test-chaos:
 	$(GO) test -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/
+
+## test-faults: the network and broker fault suite alone (nodes of its own; never beside other broker tests)
+test-faults:
+	$(GO) test -race -count=1 -timeout 12m -tags faults -v ./test/faults/
 
 ## test-cluster: the three-node cluster tests alone (test/cluster starts and stops the cluster)
 test-cluster:

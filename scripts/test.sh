@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What `make test` runs: every test with the race detector, then the chaos test, against
-# RabbitMQ and Jaeger. It starts RabbitMQ when it is installed and not running
+# What `make test` runs: every test with the race detector, then the chaos test and the fault
+# suite, against RabbitMQ and Jaeger. It starts RabbitMQ when it is installed and not running
 # (rabbitmq-server, else `docker compose up -d rabbitmq` where a Docker engine runs), and
 # ends with a loud list of the tests that skipped and why: a test that cannot reach what it
 # needs skips on a developer's machine (and fails where SLUICE_REQUIRE_BROKER=1, as in CI).
@@ -11,6 +11,7 @@
 #   SLUICE_TEST_START=0    never start RabbitMQ
 #   SLUICE_TEST_JAEGER=0   neither start nor stop the local Jaeger (use JAEGER_QUERY_URL's)
 #   SLUICE_TEST_CHAOS=0    leave out the chaos test
+#   SLUICE_TEST_FAULTS=0   leave out the fault suite (test/faults)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -90,6 +91,10 @@ status=0
 suite -race -count=1 -timeout 20m $PKGS || status=1
 if [ $status = 0 ] && [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
 	suite -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
+fi
+if [ $status = 0 ] && [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
+	# The network and broker fault suite: nodes of its own, never beside other broker tests.
+	suite -race -count=1 -timeout 12m -tags faults ./test/faults/ || status=1
 fi
 
 if [ "$jaeger" != 0 ]; then

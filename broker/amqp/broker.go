@@ -13,12 +13,16 @@ import (
 // ErrDelayTooLong is returned for a delay beyond MaxDelay.
 var ErrDelayTooLong = errors.New("amqp: delay longer than the cascade's maximum")
 
-// Broker is sluice's RabbitMQ broker: one connection, one confirmed publisher shared by
-// every hand-off, and subscribers made per handler.
+// Broker is sluice's RabbitMQ broker: one connection for consuming and declaring, another
+// for the confirmed publisher shared by every hand-off, and subscribers made per handler.
+// Publishing has a connection of its own because RabbitMQ blocks a publishing connection
+// under a memory or disk alarm (connection.blocked) and then stops reading it: consumers
+// on that connection could no longer ack, so the queues the alarm wants drained would not.
 type Broker struct {
-	cfg  Config
-	conn *connection
-	pub  *Publisher
+	cfg     Config
+	conn    *connection // consume and declare
+	pubConn *connection // publish
+	pub     *Publisher
 
 	cascadeMu       sync.Mutex
 	cascadeDeclared bool
@@ -28,6 +32,20 @@ type Broker struct {
 
 	subsMu sync.Mutex
 	subs   []*Subscriber
+
+	declared sync.Map // queue name -> struct{}: declared by DeclareQueue
+}
+
+// errNotDeclared is redeclare's answer for a queue this broker did not declare (a
+// partition, or someone else's), whose arguments it does not know.
+var errNotDeclared = errors.New("amqp: queue not declared by this broker")
+
+// redeclare declares queue again if DeclareQueue declared it.
+func (b *Broker) redeclare(ctx context.Context, queue string) error {
+	if _, ok := b.declared.Load(queue); !ok {
+		return errNotDeclared
+	}
+	return b.declareQueue(ctx, queue)
 }
 
 // New connects to RabbitMQ. The first connection must succeed; later losses are repaired
@@ -36,11 +54,16 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	conn, err := dialConnection(ctx, cfg)
+	conn, err := dialConnection(ctx, cfg, "sluice consume")
 	if err != nil {
 		return nil, err
 	}
-	return &Broker{cfg: cfg, conn: conn, pub: newPublisher(conn, cfg)}, nil
+	pubConn, err := dialConnection(ctx, cfg, "sluice publish")
+	if err != nil {
+		_ = conn.close()
+		return nil, err
+	}
+	return &Broker{cfg: cfg, conn: conn, pubConn: pubConn, pub: newPublisher(pubConn, cfg)}, nil
 }
 
 // Name returns "rabbitmq", the messaging.system of OpenTelemetry's conventions.
@@ -52,7 +75,11 @@ func (b *Broker) Publisher() *Publisher { return b.pub }
 // DeclareQueue declares queue with its dead-letter queue and its place in the delay
 // cascade. Declaring is idempotent.
 func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
-	return b.declareQueue(ctx, queue)
+	if err := b.declareQueue(ctx, queue); err != nil {
+		return err
+	}
+	b.declared.Store(queue, struct{}{})
+	return nil
 }
 
 // DeclareCascade declares the shared delay cascade alone.
@@ -61,6 +88,7 @@ func (b *Broker) DeclareCascade(ctx context.Context) error { return b.declareCas
 // Subscriber returns a subscriber with opts. Close closes it with the broker.
 func (b *Broker) Subscriber(opts SubscribeOptions) *Subscriber {
 	s := newSubscriber(b.conn, b.cfg, opts)
+	s.redeclare = b.redeclare
 	b.subsMu.Lock()
 	b.subs = append(b.subs, s)
 	b.subsMu.Unlock()
@@ -91,7 +119,8 @@ func (b *Broker) DeadLetter(ctx context.Context, queue string, msg *message.Mess
 }
 
 // Close closes every subscriber (draining in-flight messages), the publisher and the
-// connection.
+// connections. It returns within closeTimeout of the drain even when RabbitMQ blocks the
+// publishing connection or stopped answering.
 func (b *Broker) Close() error {
 	b.subsMu.Lock()
 	subs := b.subs
@@ -100,6 +129,10 @@ func (b *Broker) Close() error {
 	for _, s := range subs {
 		_ = s.Close()
 	}
+	// The publishing connection goes first: closing it fails whatever still waits for a
+	// confirm and ends the confirm channel with it, where channel.close on a blocked
+	// connection would wait for an answer that never comes.
+	pubErr := b.pubConn.close()
 	_ = b.pub.Close()
-	return b.conn.close()
+	return errors.Join(pubErr, b.conn.close())
 }

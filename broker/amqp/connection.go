@@ -18,9 +18,24 @@ import (
 // ErrClosed is returned by operations on a closed broker.
 var ErrClosed = errors.New("amqp: broker closed")
 
+// ErrBlocked is wrapped by a publish that missed its deadline while RabbitMQ blocked the
+// publishing connection (connection.blocked: a memory or disk alarm). The error also
+// carries the broker's reason.
+var ErrBlocked = errors.New("amqp: connection blocked by RabbitMQ")
+
+// closeTimeout bounds the connection.close handshake: a node that stopped reading the
+// socket (blocked by an alarm, frozen, blackholed) never answers it.
+const closeTimeout = 5 * time.Second
+
+// heartbeat is the heartbeat interval sluice asks for (the node may lower it): amqp091
+// gives up on a connection that read nothing for three intervals, so a blackholed
+// connection is detected within 3*heartbeat, 30s by default.
+const heartbeat = 10 * time.Second
+
 // connection keeps one AMQP connection up, reconnecting and failing over between URLs.
 // Users wait for it with get; a lost connection is replaced in the background.
 type connection struct {
+	name   string // connection_name shown by RabbitMQ
 	urls   []string
 	tls    *tls.Config
 	frame  int // the frame_max asked for
@@ -31,6 +46,8 @@ type connection struct {
 	conn  *amqp.Connection
 	ready chan struct{} // closed while conn is usable
 	next  int           // index of the URL to try first
+	// blocked is the reason RabbitMQ gave in connection.blocked, empty while unblocked.
+	blocked string
 
 	reconnects atomic.Int64 // connections re-established after a loss (observe.go)
 
@@ -38,8 +55,9 @@ type connection struct {
 	done    chan struct{}
 }
 
-func dialConnection(ctx context.Context, cfg Config) (*connection, error) {
+func dialConnection(ctx context.Context, cfg Config, name string) (*connection, error) {
 	c := &connection{
+		name:    name,
 		urls:    cfg.URLs,
 		tls:     cfg.TLS,
 		frame:   cfg.FrameMax,
@@ -68,7 +86,7 @@ func (c *connection) dialAny() (*amqp.Connection, error) {
 		conn, err := c.dial(u)
 		if err == nil {
 			c.next = idx
-			c.logger.Info("connected to RabbitMQ", "url", MaskURL(u))
+			c.logger.Info("connected to RabbitMQ", "url", MaskURL(u), "connection", c.name)
 			return conn, nil
 		}
 		errs = append(errs, fmt.Errorf("connect to %s: %w", MaskURL(u), maskErr(err, c.urls)))
@@ -81,9 +99,9 @@ func (c *connection) dial(u string) (*amqp.Connection, error) {
 		// A node that drops packets instead of refusing them must not stall failover for
 		// amqp091's default 30s per URL.
 		Dial:       amqp.DefaultDial(10 * time.Second),
-		Heartbeat:  10 * time.Second,
+		Heartbeat:  heartbeat,
 		Locale:     "en_US",
-		Properties: amqp.Table{"connection_name": "sluice"},
+		Properties: amqp.Table{"connection_name": c.name},
 		FrameSize:  c.frame,
 	}
 	if parsed, err := url.Parse(u); err == nil && parsed.Scheme == "amqps" {
@@ -103,8 +121,49 @@ func (c *connection) dial(u string) (*amqp.Connection, error) {
 func (c *connection) setConn(conn *amqp.Connection) {
 	c.mu.Lock()
 	c.conn = conn
+	c.blocked = ""
 	close(c.ready)
 	c.mu.Unlock()
+	// amqp091 closes the channel when the connection ends, which ends the goroutine.
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go c.watchBlocked(conn, blocks)
+}
+
+// watchBlocked records connection.blocked and connection.unblocked of conn.
+func (c *connection) watchBlocked(conn *amqp.Connection, blocks <-chan amqp.Blocking) {
+	for b := range blocks {
+		c.mu.Lock()
+		current := c.conn == conn
+		if current {
+			c.blocked = ""
+			if b.Active {
+				c.blocked = b.Reason
+				if c.blocked == "" {
+					c.blocked = "no reason given"
+				}
+			}
+		}
+		c.mu.Unlock()
+		if !current {
+			continue
+		}
+		if b.Active {
+			c.logger.Warn("RabbitMQ blocked the connection; publishes wait", "connection", c.name, "reason", b.Reason)
+		} else {
+			c.logger.Info("RabbitMQ unblocked the connection", "connection", c.name)
+		}
+	}
+}
+
+// blockedErr returns an error wrapping ErrBlocked while RabbitMQ blocks the connection,
+// else nil.
+func (c *connection) blockedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.blocked == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrBlocked, c.blocked)
 }
 
 // watch waits for the connection to drop, then reconnects with backoff until Close.
@@ -118,13 +177,19 @@ func (c *connection) watch(conn *amqp.Connection) {
 		case amqpErr := <-closed:
 			c.mu.Lock()
 			c.conn = nil
+			c.blocked = ""
 			c.ready = make(chan struct{})
 			c.mu.Unlock()
-			c.logger.Warn("RabbitMQ connection lost; reconnecting", "error", maskErr(errorOrNil(amqpErr), c.urls))
+			c.logger.Warn("RabbitMQ connection lost; reconnecting", "error", maskErr(errorOrNil(amqpErr), c.urls), "connection", c.name)
+			// The node just lost is the suspect one: a blackholed node still accepts TCP
+			// and would hold the first attempt for the whole dial timeout.
+			c.next = (c.next + 1) % len(c.urls)
 		}
 		bo := backoff.NewExponentialBackOff()
 		bo.InitialInterval = 100 * time.Millisecond
 		bo.MaxInterval = c.maxGap
+		// Jitter spreads the reconnects of many services after a broker restart.
+		bo.RandomizationFactor = 0.5
 		bo.MaxElapsedTime = 0
 		for {
 			next, err := c.dialAny()
@@ -196,9 +261,12 @@ func (c *connection) channel(ctx context.Context) (*amqp.Channel, error) {
 		if err != nil {
 			return nil, err
 		}
-		ch, err := conn.Channel()
+		ch, err := openChannel(ctx, conn)
 		if err == nil {
 			return ch, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("open channel: %w", errors.Join(ctx.Err(), c.blockedErr()))
 		}
 		if !errors.Is(err, amqp.ErrClosed) {
 			return nil, fmt.Errorf("open channel: %w", err)
@@ -210,6 +278,32 @@ func (c *connection) channel(ctx context.Context) (*amqp.Channel, error) {
 			return nil, ErrClosed
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// openChannel opens a channel on conn within ctx. channel.open has no deadline of its own in
+// amqp091, and a node that stopped reading the socket (alarm, freeze) never answers it; a
+// channel that opens after ctx ended is closed again.
+func openChannel(ctx context.Context, conn *amqp.Connection) (*amqp.Channel, error) {
+	type result struct {
+		ch  *amqp.Channel
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		ch, err := conn.Channel()
+		res <- result{ch, err}
+	}()
+	select {
+	case r := <-res:
+		return r.ch, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-res; r.ch != nil {
+				_ = r.ch.Close()
+			}
+		}()
+		return nil, ctx.Err()
 	}
 }
 
@@ -230,14 +324,21 @@ func (c *connection) close() error {
 	}
 	close(c.closing)
 	c.mu.Lock()
-	conn := c.conn
+	conn, blocked := c.conn, c.blocked
 	c.mu.Unlock()
 	var err error
 	if conn != nil && !conn.IsClosed() {
-		err = conn.Close()
+		// A blocked connection is not read by the node until the alarm clears: it will
+		// not answer connection.close, so the socket is dropped at once.
+		deadline := time.Now().Add(closeTimeout)
+		if blocked != "" {
+			deadline = time.Now().Add(100 * time.Millisecond)
+		}
+		err = conn.CloseDeadline(deadline)
 	}
 	<-c.done
-	if errors.Is(err, amqp.ErrClosed) {
+	// Unanswered by a blocked node, the close is still done: the socket is gone.
+	if errors.Is(err, amqp.ErrClosed) || blocked != "" {
 		err = nil
 	}
 	return err

@@ -128,6 +128,10 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 					return fmt.Errorf("publish message %s to exchange %q key %q: %w", pending[i].MessageId, exchange, routingKey, err)
 				}
 			case <-ctx.Done():
+				// Name the alarm when there is one: a deadline alone says nothing of why.
+				if blocked := p.conn.blockedErr(); blocked != nil {
+					return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w: %w", pending[i].MessageId, exchange, routingKey, blocked, ctx.Err())
+				}
 				return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w", pending[i].MessageId, exchange, routingKey, ctx.Err())
 			}
 		}
@@ -167,7 +171,8 @@ func (p *Publisher) dropChannel(cc *confirmChannel) {
 	cc.close()
 }
 
-// Close closes the publisher's channel. Publishes still waiting fail.
+// Close closes the publisher's channel. Publishes still waiting fail. Broker.Close closes
+// the publishing connection first, so this never waits on a node that does not answer.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	cc := p.cc
@@ -288,6 +293,11 @@ func closeReason(closed <-chan *amqp.Error) error {
 			case amqp.NotFound, amqp.AccessRefused, amqp.PreconditionFailed:
 				return fmt.Errorf("broker closed the channel: %w", e)
 			case amqp.FrameError, amqp.SyntaxError, amqp.InternalError:
+				// amqp091 reports its own I/O failures (a missed heartbeat, a reset) as a
+				// 501 frame error too: only the broker's own verdict is final.
+				if !e.Server {
+					break
+				}
 				// The broker refused this message itself (too large a header frame, a
 				// value it cannot store): publishing it again would fail the same way.
 				return fmt.Errorf("broker refused the message and closed the connection: %w", e)

@@ -54,6 +54,10 @@ type Subscriber struct {
 	nacks atomic.Int64 // consecutive nacks, for the requeue backoff
 
 	gate gate // Pause and Resume (pause.go)
+
+	// redeclare declares a queue again after it was deleted under its consumer; it fails
+	// for a queue its broker did not declare. Nil means never.
+	redeclare func(ctx context.Context, queue string) error
 }
 
 func newSubscriber(conn *connection, cfg Config, opts SubscribeOptions) *Subscriber {
@@ -94,7 +98,13 @@ func (s *Subscriber) checkQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
+// consumeLoop consumes until the subscriber stops, resuming after every channel or
+// connection loss. A queue deleted under its consumer (RabbitMQ cancels the consumer and
+// closes its delivery channel, so no empty delivery reaches a handler) is reported at
+// error level and declared again when this broker declared it (Broker.DeclareQueue);
+// otherwise the subscriber waits, with a growing pause, for someone to declare it.
 func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *message.Message) {
+	wait := 200 * time.Millisecond
 	for {
 		st := s.gate.state()
 		if st.paused {
@@ -114,9 +124,22 @@ func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *
 		if errors.Is(err, errGateChanged) {
 			continue
 		}
-		s.logger.Warn("consumer stopped; resuming", "queue", queue, "error", err)
+		var amqpErr *amqp.Error
+		switch {
+		case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+			if s.redeclare != nil && s.redeclare(ctx, queue) == nil {
+				s.logger.Error("queue deleted under its consumer; declared it again (what it held is gone)", "queue", queue, "error", err)
+				wait = 200 * time.Millisecond
+				continue
+			}
+			s.logger.Error("queue deleted under its consumer; waiting for it to be declared again", "queue", queue, "error", err, "retry_in", wait)
+			wait = min(2*wait, s.cfg.NackBackoffMax)
+		default:
+			s.logger.Warn("consumer stopped; resuming", "queue", queue, "error", err)
+			wait = 200 * time.Millisecond
+		}
 		select {
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(wait):
 		case <-s.closing:
 			return
 		case <-ctx.Done():
@@ -212,6 +235,8 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 	defer cancel()
 	msg.SetContext(msgCtx)
 
+	// Given back unhandled (closing): a nack, which RabbitMQ 4.x does not count as a
+	// failed delivery.
 	giveBack := func() {
 		_ = d.Nack(false, true)
 		acks.nacked(d.DeliveryTag)
@@ -275,7 +300,7 @@ func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *me
 	}
 }
 
-// requeueLater nacks with requeue after a backoff that grows with consecutive nacks. It
+// requeueLater rejects with requeue after a backoff that grows with consecutive nacks. It
 // reports whether it sent the nack: not when the channel closed first.
 func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed, gateChanged <-chan struct{}) bool {
 	n := s.nacks.Add(1)
@@ -301,8 +326,11 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClose
 			return false // RabbitMQ already requeued it with the channel
 		}
 	}
-	if err := d.Nack(false, true); err != nil {
-		s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
+	// A failure is a basic.reject: RabbitMQ 4.x counts a reject toward a quorum queue's
+	// delivery limit but not a requeueing basic.nack, which stays for the returns that are
+	// no fault of the message (shutdown, drain; see giveBack).
+	if err := d.Reject(true); err != nil {
+		s.logger.Warn("reject failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
 	}
 	return true
 }

@@ -58,25 +58,28 @@ func queueArgs(qt QueueType, extra amqp.Table) amqp.Table {
 // declareQueue declares queue and everything its failure paths need: the dead-letter
 // exchange and Q.dlq, and the binding that brings delayed copies back to Q. It is
 // idempotent; a queue that exists with other arguments is an error naming them.
+//
+// Every object is declared with no-wait on one channel and a last synchronous call fences
+// them: RabbitMQ handles a channel's methods in order, so its answer means everything before
+// it was declared, and a failed declaration closes the channel with an error that the fence
+// returns. Start-up costs a few round trips instead of one per object (the cascade alone
+// is over a hundred), which is what a distant broker makes slow.
 func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	ch, err := b.conn.channel(ctx)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	if err := b.declareCascade(ctx); err != nil {
-		return err
+	b.cascadeMu.Lock()
+	defer b.cascadeMu.Unlock()
+	d := &declarer{ch: ch}
+	if !b.cascadeDeclared {
+		b.cascadeOn(d)
 	}
-	if err := ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %q: %w", DeadLetterExchange, err)
-	}
+	d.exchange(DeadLetterExchange, amqp.ExchangeDirect)
 	dlq := DLQName(queue)
-	if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
-		return fmt.Errorf("declare queue %q (type %s): %w", dlq, b.cfg.QueueType, err)
-	}
-	if err := ch.QueueBind(dlq, queue, DeadLetterExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %q to %q: %w", dlq, DeadLetterExchange, err)
-	}
+	d.queue(dlq, queueArgs(b.cfg.QueueType, nil))
+	d.bindQueue(dlq, queue, DeadLetterExchange)
 	// RabbitMQ's own dead-lettering (a quorum queue's delivery limit) also lands in Q.dlq,
 	// so a message that keeps crashing its consumer stops looping.
 	extra := amqp.Table{
@@ -86,25 +89,17 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	if b.cfg.QueueType == QueueQuorum && b.cfg.DeliveryLimit > 0 {
 		extra["x-delivery-limit"] = int64(b.cfg.DeliveryLimit)
 	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, queueArgs(b.cfg.QueueType, extra)); err != nil {
-		return fmt.Errorf("declare queue %q (type %s): %w", queue, b.cfg.QueueType, err)
+	d.queue(queue, queueArgs(b.cfg.QueueType, extra))
+	d.bindQueue(queue, deliveryBindingKey(queue), DelayDeliveryExchange)
+	if err := d.fence(ctx); err != nil {
+		return fmt.Errorf("declare queue %q (type %s) with its DLQ and delay route: %w", queue, b.cfg.QueueType, err)
 	}
-	if err := ch.QueueBind(queue, deliveryBindingKey(queue), DelayDeliveryExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %q to %q: %w", queue, DelayDeliveryExchange, err)
-	}
+	b.cascadeDeclared = true
 	return nil
 }
 
 // declareCascade declares the delay cascade once per broker (it is shared, and
 // re-declaring the same thing is harmless, so a lost race costs nothing).
-//
-// Level k is a topic exchange and a queue with x-message-ttl 2^k units. A routing key is
-// DelayLevels binary digits, highest level first, then the destination queue. Level k's
-// exchange sends a key whose digit k is 1 to its queue, and one whose digit is 0 on to
-// level k-1's exchange. Every message in a level queue has the same TTL, so messages expire
-// in arrival order: a long delay never holds back a short one. An expired message is
-// dead-lettered, keeping its routing key, to level k-1's exchange; level 0 dead-letters to
-// the delivery exchange, which routes on the destination.
 func (b *Broker) declareCascade(ctx context.Context) error {
 	b.cascadeMu.Lock()
 	defer b.cascadeMu.Unlock()
@@ -116,18 +111,33 @@ func (b *Broker) declareCascade(ctx context.Context) error {
 		return err
 	}
 	defer ch.Close()
-	if err := ch.ExchangeDeclare(DelayDeliveryExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %q: %w", DelayDeliveryExchange, err)
+	d := &declarer{ch: ch}
+	b.cascadeOn(d)
+	if err := d.fence(ctx); err != nil {
+		return fmt.Errorf("declare delay cascade (queue type %s): %w", b.cfg.DelayQueueType, err)
 	}
+	b.cascadeDeclared = true
+	return nil
+}
+
+// cascadeOn queues the cascade's declarations on d.
+//
+// Level k is a topic exchange and a queue with x-message-ttl 2^k units. A routing key is
+// DelayLevels binary digits, highest level first, then the destination queue. Level k's
+// exchange sends a key whose digit k is 1 to its queue, and one whose digit is 0 on to
+// level k-1's exchange. Every message in a level queue has the same TTL, so messages expire
+// in arrival order: a long delay never holds back a short one. An expired message is
+// dead-lettered, keeping its routing key, to level k-1's exchange; level 0 dead-letters to
+// the delivery exchange, which routes on the destination.
+func (b *Broker) cascadeOn(d *declarer) {
+	d.exchange(DelayDeliveryExchange, amqp.ExchangeTopic)
 	for k := 0; k < DelayLevels; k++ {
 		name := delayLevelName(k)
 		next := DelayDeliveryExchange
 		if k > 0 {
 			next = delayLevelName(k - 1)
 		}
-		if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-			return fmt.Errorf("declare exchange %q: %w", name, err)
-		}
+		d.exchange(name, amqp.ExchangeTopic)
 		ttl := int64(time.Duration(1<<k) * DelayResolution / time.Millisecond)
 		extra := amqp.Table{
 			"x-message-ttl":          ttl,
@@ -139,20 +149,80 @@ func (b *Broker) declareCascade(ctx context.Context) error {
 			extra["x-dead-letter-strategy"] = "at-least-once"
 			extra["x-overflow"] = "reject-publish"
 		}
-		if _, err := ch.QueueDeclare(name, true, false, false, false, queueArgs(b.cfg.DelayQueueType, extra)); err != nil {
-			return fmt.Errorf("declare delay queue %q (type %s): %w", name, b.cfg.DelayQueueType, err)
-		}
+		d.queue(name, queueArgs(b.cfg.DelayQueueType, extra))
 		pos := DelayLevels - 1 - k // word index of level k's digit
 		prefix := strings.Repeat("*.", pos)
-		if err := ch.QueueBind(name, prefix+"1.#", name, false, nil); err != nil {
-			return fmt.Errorf("bind delay queue %q: %w", name, err)
-		}
-		if err := ch.ExchangeBind(next, prefix+"0.#", name, false, nil); err != nil {
-			return fmt.Errorf("bind exchange %q to %q: %w", name, next, err)
-		}
+		d.bindQueue(name, prefix+"1.#", name)
+		d.bindExchange(next, prefix+"0.#", name)
 	}
-	b.cascadeDeclared = true
-	return nil
+}
+
+// declarer sends declarations with no-wait on one channel; fence waits for them all. The
+// first error sticks: after it the channel is closed and nothing more is sent.
+type declarer struct {
+	ch   *amqp.Channel
+	err  error
+	last string // what was declared last, for errors
+}
+
+func (d *declarer) do(what string, f func() error) {
+	if d.err != nil {
+		return
+	}
+	d.last = what
+	if err := f(); err != nil {
+		d.err = fmt.Errorf("%s: %w", what, err)
+	}
+}
+
+func (d *declarer) exchange(name, kind string) {
+	d.do(fmt.Sprintf("declare exchange %q", name), func() error {
+		return d.ch.ExchangeDeclare(name, kind, true, false, false, true, nil)
+	})
+}
+
+func (d *declarer) queue(name string, args amqp.Table) {
+	d.do(fmt.Sprintf("declare queue %q (%v)", name, args["x-queue-type"]), func() error {
+		_, err := d.ch.QueueDeclare(name, true, false, false, true, args)
+		return err
+	})
+}
+
+func (d *declarer) bindQueue(queue, key, exchange string) {
+	d.do(fmt.Sprintf("bind queue %q to %q", queue, exchange), func() error {
+		return d.ch.QueueBind(queue, key, exchange, true, nil)
+	})
+}
+
+func (d *declarer) bindExchange(dest, key, source string) {
+	d.do(fmt.Sprintf("bind exchange %q to %q", dest, source), func() error {
+		return d.ch.ExchangeBind(dest, key, source, true, nil)
+	})
+}
+
+// fence waits, within ctx, until RabbitMQ has handled every declaration sent: a
+// synchronous declaration of the delivery exchange, which every topology has, is
+// answered only after them. A refused declaration closed the channel; its error (which
+// names the object and the argument RabbitMQ objected to) is returned.
+func (d *declarer) fence(ctx context.Context) error {
+	if d.err != nil {
+		return d.err
+	}
+	res := make(chan error, 1)
+	go func() {
+		res <- d.ch.ExchangeDeclare(DelayDeliveryExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+	}()
+	select {
+	case err := <-res:
+		if err != nil {
+			return fmt.Errorf("declarations up to %s: %w", d.last, err)
+		}
+		return nil
+	case <-ctx.Done():
+		// The deferred channel close ends the call; a channel close on a silent node
+		// waits for the connection's heartbeat to fail.
+		return fmt.Errorf("declarations up to %s: waiting for RabbitMQ: %w", d.last, ctx.Err())
+	}
 }
 
 // delayRoutingKey encodes units as DelayLevels binary digits, highest level first, then
