@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"path"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -75,6 +76,10 @@ func fingerprint(errorType, message, stack string) string {
 		message = strings.TrimSpace(strings.TrimPrefix(message, panicPrefix))
 		if before, _, ok := strings.Cut(message, ", stacktrace:"); ok {
 			message = before
+			// Watermill quotes a string value (%#v); a newer record holds it bare.
+			if v, err := strconv.Unquote(message); err == nil {
+				message = v
+			}
 		}
 	}
 	return NormalizeMessage(message)
@@ -133,7 +138,7 @@ func panicFrames(stack string) string {
 	var parts []string
 	for _, f := range frames {
 		if strings.HasPrefix(f.fn, "runtime.") || strings.HasPrefix(f.fn, "runtime/debug.") ||
-			strings.Contains(f.fn, "watermill/message/router/middleware.Recoverer") {
+			strings.Contains(f.fn, "Recoverer") {
 			continue
 		}
 		if len(parts) == 0 && f.file != "" {
