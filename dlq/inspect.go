@@ -165,7 +165,8 @@ func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) b
 	if err != nil {
 		return 0, err
 	}
-	defer ch.Close() // gives back everything read, in order
+	read := 0
+	defer func() { closeAndSettle(i.conn, ch, i.From.Name(queue), read) }() // gives back everything read, in order
 	rd, err := newReader(i.conn, ch, i.From.Name(queue), total, i.Window, 0)
 	if err != nil {
 		return total, err
@@ -183,6 +184,7 @@ func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) b
 			break
 		}
 		rd.hold(d)
+		read++
 		if visiting {
 			visiting = visit(NewRecord(d, queue, n, clock))
 		}

@@ -183,7 +183,8 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 	if err != nil {
 		return res, err
 	}
-	defer ch.Close() // gives back, in order, every message not moved
+	// Closing gives back, in order, every message read and not moved.
+	defer func() { closeAndSettle(o.conn, ch, res.Source, res.Scanned-res.Moved) }()
 	res.Total = total
 	m := &mover{o: o, op: op, ch: ch, queue: queue, source: res.Source, to: opts.To, now: now(o.Now)}
 	defer m.closeProbe()

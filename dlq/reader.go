@@ -175,3 +175,31 @@ func (r *reader) close() {
 		_ = r.probe.Close()
 	}
 }
+
+// settleTimeout bounds how long a read waits for the messages it gave back to be ready
+// again.
+const settleTimeout = 10 * time.Second
+
+// closeAndSettle closes ch, which gives back every message it held unacknowledged, and
+// waits until queue has at least want ready messages again (or settleTimeout passed): a
+// quorum queue takes a closed channel's messages back asynchronously, and an operation
+// started right after would otherwise count, and read, only part of the queue.
+func closeAndSettle(conn *amqp.Connection, ch *amqp.Channel, queue string, want int) {
+	_ = ch.Close()
+	if want <= 0 {
+		return
+	}
+	probe, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	defer probe.Close()
+	deadline := time.Now().Add(settleTimeout)
+	for time.Now().Before(deadline) {
+		q, err := probe.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil || q.Messages >= want {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -64,7 +64,7 @@ func newDLQFlags(e *env, name, synopsis, about string) *dlqFlags {
 			fmt.Fprintf(w, "  --%s%s\n    \t%s\n", fl.Name, typ, usage)
 		})
 		fmt.Fprintln(w, "\nRabbitMQ is reached at AMQP_URL (default "+amqp.DefaultURL+").")
-		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found.")
+		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found (or nothing selected).")
 	}
 	return f
 }

@@ -231,9 +231,10 @@ func (f *opFlags) report(e *env, res dlq.Result, ids []string, err error) error 
 	return opError(err)
 }
 
-// opError gives not-found errors, a selector that matched nothing included, exit code 3.
+// opError gives not-found errors exit code 3: a selector that matched nothing, a missing
+// destination queue, a missing DLQ or message.
 func opError(err error) error {
-	if errors.Is(err, dlq.ErrNothingSelected) {
+	if errors.Is(err, dlq.ErrNothingSelected) || errors.Is(err, dlq.ErrDestinationNotFound) {
 		return notFound(err)
 	}
 	return dlqError(err)
