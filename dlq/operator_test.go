@@ -225,9 +225,15 @@ func TestOperationsByGroup(t *testing.T) {
 			t.Run("a selector that matches nothing changes nothing", func(t *testing.T) {
 				before := fx.peek(t, fx.dlq)
 				for _, run := range []func() (dlq.Result, error){
-					func() (dlq.Result, error) { return op.Replay(ctx, fx.queue, dlq.Selector{Group: "000000000000"}, dlq.Options{}) },
-					func() (dlq.Result, error) { return op.Archive(ctx, fx.queue, dlq.Selector{ErrorType: "gateway_down"}, dlq.Options{}) },
-					func() (dlq.Result, error) { return op.Purge(ctx, fx.queue, dlq.Selector{Group: groupID["invalid"]}, dlq.Options{}) },
+					func() (dlq.Result, error) {
+						return op.Replay(ctx, fx.queue, dlq.Selector{Group: "000000000000"}, dlq.Options{})
+					},
+					func() (dlq.Result, error) {
+						return op.Archive(ctx, fx.queue, dlq.Selector{ErrorType: "gateway_down"}, dlq.Options{})
+					},
+					func() (dlq.Result, error) {
+						return op.Purge(ctx, fx.queue, dlq.Selector{Group: groupID["invalid"]}, dlq.Options{})
+					},
 				} {
 					res, err := run()
 					require.ErrorIs(t, err, dlq.ErrNothingSelected)

@@ -69,12 +69,26 @@ func fillOps(t *testing.T, e *env, queue string, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	require.NoError(t, e.amqp.DeclareQueue(ctx, queue))
-	dlqfill.Fill(t, e.rabbit.Conn, queue, n, func(i int) dlqfill.Failure {
-		err := sluice.Permanent(cliTypedError{"invalid_amount", fmt.Sprintf("amount must be positive: pay-%d", i)})
-		if i%4 == 0 {
-			err = cliTypedError{"gateway_down", fmt.Sprintf("gateway: 503 after %dms", 100+i%50)}
+	// Four records made by the poison step, copied with each message's id: making 20,000
+	// records one by one under the race detector takes minutes.
+	rec := dlqfill.NewRecorder(t, queue)
+	templates := make([]amqp091.Publishing, 4)
+	for k := range templates {
+		err := sluice.Permanent(cliTypedError{"invalid_amount", fmt.Sprintf("amount must be positive: pay-%d", k)})
+		if k == 0 {
+			err = cliTypedError{"gateway_down", fmt.Sprintf("gateway: 503 after %dms", 100+k)}
 		}
-		return dlqfill.Failure{ID: fmt.Sprintf("m-%05d", i), Handler: "payments", Err: err, Payload: []byte(strings.Repeat("x", 512))}
+		templates[k] = rec.Publishing(t, dlqfill.Failure{ID: "template", Handler: "payments", Err: err, Payload: []byte(strings.Repeat("x", 512))})
+	}
+	dlqfill.Publish(t, e.rabbit.Conn, queue+".dlq", n, func(i int) amqp091.Publishing {
+		pub := templates[i%4]
+		headers := make(amqp091.Table, len(pub.Headers))
+		for k, v := range pub.Headers {
+			headers[k] = v
+		}
+		headers[amqp.UUIDHeader] = fmt.Sprintf("m-%05d", i)
+		pub.Headers = headers
+		return pub
 	})
 	require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == n }, 30*time.Second, 20*time.Millisecond)
 }
@@ -100,6 +114,11 @@ func TestDLQCLIOperations(t *testing.T) {
 	other := queue + ".fixed"
 	e.rabbit.DeleteQueues(archive, other)
 	fillOps(t, e, queue, 40)
+	ch, err := e.rabbit.Conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(other, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
 
 	groups := cliGroups(t, bin, url, queue)
 	require.Len(t, groups, 2, "two error types, texts differing only in ids and numbers: %v", groups)
@@ -174,7 +193,9 @@ func TestDLQCLIOperations(t *testing.T) {
 func TestDLQCLIKilledMidRun(t *testing.T) {
 	const total = 20000
 	e := rabbitEnv(t)
-	bin := sluiceCLI(t)
+	// Without the race detector: this test is about what a killed process leaves behind,
+	// and 20,000 messages through a race-instrumented binary take minutes.
+	bin := testenv.PlainBinary(t, "./cmd/sluice")
 	url := e.rabbit.URL
 	cases := []struct {
 		name string
