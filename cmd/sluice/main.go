@@ -2,6 +2,7 @@
 //
 //	sluice dlq list|show|stats|groups|replay|archive|purge --queue Q ...
 //	sluice trace <message-id | trace-id>
+//	sluice console [--addr 127.0.0.1:8090] [--queue Q]...
 //
 // It connects to RabbitMQ at AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/; a
 // comma-separated list is tried in order). The URL is read from the environment only, never
@@ -33,6 +34,7 @@ import (
 var commands = []command{
 	{name: "dlq", summary: "inspect, replay and purge dead-letter queues", run: runDLQ},
 	{name: "trace", summary: "draw a message's life (attempts, delays, outcome) from Jaeger", run: runTrace},
+	{name: "console", summary: "serve the operator console (web pages and a JSON API) on 127.0.0.1:8090", run: runConsole},
 }
 
 // Exit codes.
