@@ -82,10 +82,15 @@ func (fx *fixture) deadLetter(t *testing.T, id, payload string, err error, md ma
 	for k, v := range md {
 		msg.Metadata.Set(k, v)
 	}
-	rec := p.Record(msg, fx.queue, err)
+	fx.publishRecord(t, p.Record(msg, fx.queue, err))
+}
+
+// publishRecord puts rec, a failure record, into the DLQ.
+func (fx *fixture) publishRecord(t *testing.T, rec *message.Message) {
+	t.Helper()
 	rec.Metadata.Set(sluice.HeaderHandler, "payments")
-	pub, merr := amqp.Marshaler{}.Marshal(rec)
-	require.NoError(t, merr)
+	pub, err := amqp.Marshaler{}.Marshal(rec)
+	require.NoError(t, err)
 	fx.rabbit.Publish(amqp.DLQName(fx.queue), pub)
 }
 
