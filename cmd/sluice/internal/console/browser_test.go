@@ -45,7 +45,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-sync", true),
 		chromedp.NoFirstRun,
 		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1100, 640),
+		chromedp.WindowSize(1200, 720),
 	)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelCtx := chromedp.NewContext(alloc)
@@ -82,13 +82,21 @@ func into[T any](p *T, a chromedp.Action[T]) chromedp.Action[chromedp.Void] {
 // refreshes it), a queue's groups, a group's messages, one message, a hostile message
 // whose markup must stay text, and the replay of a group through its confirmation.
 func TestBrowser(t *testing.T) {
-	fx := newFixture(t, nil)
+	tr := newTracing(t)
+	fx := newFixture(t, tr.configure)
 	ctx := browser(t)
-	for _, id := range []string{"order-1001", "order-1002", "order-1003"} {
+	tr.deadLetter(t, fx, "order-1001", `{"order":"order-1001","amount":42}`, gatewayDown())
+	for _, id := range []string{"order-1002", "order-1003"} {
 		fx.deadLetter(t, id, `{"order":"`+id+`","amount":42}`, gatewayDown(), map[string]string{"tenant": "acme"})
 	}
 	fx.deadLetter(t, "order-666", hostile, typedError{"invalid_amount", "amount " + hostile + " is not a number"}, map[string]string{"x-note": hostile})
 	gateway := groupOf(t, fx, "gateway_down")
+	// Spans reach Jaeger a moment after they are flushed: wait until the first message's
+	// page has its timeline, so its screenshot shows one.
+	require.Eventually(t, func() bool {
+		_, body := fx.get(t, "/queues/"+fx.queue+"/messages/order-1001")
+		return strings.Contains(body, `class="waterfall"`)
+	}, 20*time.Second, 250*time.Millisecond)
 	dlqName := amqp.DLQName(fx.queue)
 
 	var refreshed, title, payload, result string
@@ -106,10 +114,12 @@ func TestBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#messages a.message`)),
 		chromedp.WaitVisible(chromedp.CSS(`#payload`)),
 		into(&payload, chromedp.Text(chromedp.CSS(`#payload`))),
+		chromedp.WaitVisible(chromedp.CSS(`pre.waterfall`)),
+		chromedp.ScrollIntoView(chromedp.CSS(`#timeline`)),
 		screenshot(t, "console-message.png"),
 	))
 	assert.Contains(t, refreshed, "Last refresh")
-	assert.Contains(t, payload, `"order":"order-100`)
+	assert.Contains(t, payload, `"order":"order-1001"`)
 
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(fx.srv.URL+"/queues/"+fx.queue+"/messages/order-666"),

@@ -73,7 +73,7 @@ func (s *Server) timeline(ctx context.Context, rec dlq.Record) Timeline {
 	var tl Timeline
 	for _, t := range traces {
 		var b strings.Builder
-		if err := waterfall.Render(&b, t, waterfall.Options{Width: 60, MessageID: rec.ID}); err != nil {
+		if err := waterfall.Render(&b, t, waterfall.Options{Width: waterfall.DefaultWidth, MessageID: rec.ID}); err != nil {
 			return Timeline{Missing: fmt.Sprintf("No timeline: drawing trace %s failed (%s).", t.TraceID, err)}
 		}
 		dt := DrawnTrace{TraceID: t.TraceID, Drawing: b.String()}

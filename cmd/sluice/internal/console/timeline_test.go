@@ -38,10 +38,15 @@ func (k *keepDeadLetter) DeadLetter(_ context.Context, _ string, msg *message.Me
 	return nil
 }
 
-// TestTimelineFromJaeger exports to the real Jaeger the spans of a message that is
-// published, fails, waits in the delay, fails again and is dead-lettered, puts its failure
-// record into the DLQ, and expects the message page to draw that life.
-func TestTimelineFromJaeger(t *testing.T) {
+// tracing exports spans to the real Jaeger under a fresh service name, so searches find
+// only this test's traces.
+type tracing struct {
+	jaegerURL string
+	service   string
+}
+
+func newTracing(t *testing.T) tracing {
+	t.Helper()
 	jaegerURL := testenv.JaegerQueryURL(t)
 	endpoint := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
 	if endpoint == "" {
@@ -54,26 +59,33 @@ func TestTimelineFromJaeger(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	service := "sluice-console-test-" + hex.EncodeToString(suffix)
+	return tracing{jaegerURL: jaegerURL, service: "sluice-console-test-" + hex.EncodeToString(suffix)}
+}
 
-	fx := newFixture(t, func(c *console.Config) {
-		c.JaegerQueryURL = jaegerURL
-		c.JaegerUIURL = "http://jaeger.example:16686/"
-		c.Service = service
-	})
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{ServiceName: service})
+// configure points a console at this Jaeger.
+func (tr tracing) configure(c *console.Config) {
+	c.JaegerQueryURL = tr.jaegerURL
+	c.JaegerUIURL = "http://jaeger.example:16686/"
+	c.Service = tr.service
+}
+
+// deadLetter plays a message's life through sluice's instrumentation (published, failed,
+// waited in the delay, failed again, dead-lettered), flushes its spans to Jaeger, puts its
+// failure record into fx's DLQ and returns its trace id.
+func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, failure error) string {
+	t.Helper()
+	p, err := telemetry.Setup(context.Background(), telemetry.Config{ServiceName: tr.service})
 	require.NoError(t, err)
 	in, err := p.Instrumentation()
 	require.NoError(t, err)
 	pois, err := poison.New(poison.Config{DeadLetterer: noDeadLetterer{}, Host: "worker-1"})
 	require.NoError(t, err)
 
-	first := message.NewMessage("traced-1", []byte(`{"order":1}`))
+	first := message.NewMessage(id, []byte(payload))
 	require.NoError(t, in.WrapPublisher(nopPublisher{}).Publish(fx.queue, first))
 	keep := &keepDeadLetter{}
 	var retry *message.Message
 	handle := in.Middleware(func(m *message.Message) ([]*message.Message, error) {
-		failure := errors.New("gateway timeout")
 		if sluice.RetryCount(m.Metadata) == 0 {
 			retry = m.Copy()
 			retry.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(1))
@@ -99,7 +111,16 @@ func TestTimelineFromJaeger(t *testing.T) {
 	require.NoError(t, p.Shutdown(ctx))
 	require.NotNil(t, keep.msg)
 	fx.publishRecord(t, keep.msg)
-	traceID := first.Metadata.Get(sluice.HeaderTraceParent)[3:35]
+	return first.Metadata.Get(sluice.HeaderTraceParent)[3:35]
+}
+
+// TestTimelineFromJaeger exports to the real Jaeger the spans of a message that is
+// published, fails, waits in the delay, fails again and is dead-lettered, puts its failure
+// record into the DLQ, and expects the message page to draw that life.
+func TestTimelineFromJaeger(t *testing.T) {
+	tr := newTracing(t)
+	fx := newFixture(t, tr.configure)
+	traceID := tr.deadLetter(t, fx, "traced-1", `{"order":1}`, errors.New("gateway timeout"))
 
 	var body string
 	require.Eventually(t, func() bool {
