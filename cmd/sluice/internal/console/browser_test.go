@@ -106,6 +106,12 @@ func TestBrowser(t *testing.T) {
 		// The overview's script fetches the JSON API: its stamp shows it ran under the CSP.
 		chromedp.Poll[chromedp.Void](`document.getElementById("refreshed").textContent.startsWith("Last refresh")`, chromedp.WithPollingTimeout(15*time.Second)),
 		into(&refreshed, chromedp.Text(chromedp.CSS(`#refreshed`))),
+		// A new failure shows up on the open page: the script, not a reload, updates it.
+		chromedp.Func(func(context.Context, *chromedp.Target) error {
+			fx.deadLetter(t, "order-2001", `{}`, typedError{"timeout", "deadline exceeded"}, nil)
+			return nil
+		}),
+		chromedp.Poll[chromedp.Void](`document.querySelector('tr[data-queue="`+fx.queue+`"] [data-field="dlq"]').textContent === "5"`, chromedp.WithPollingTimeout(15*time.Second)),
 		chromedp.Click(chromedp.CSS(`tr[data-queue="`+fx.queue+`"] a`)),
 		chromedp.WaitVisible(chromedp.CSS(`#groups`)),
 		chromedp.Click(chromedp.CSS(`tr[data-group="`+gateway+`"] a.group`)),
@@ -141,5 +147,5 @@ func TestBrowser(t *testing.T) {
 	))
 	assert.True(t, strings.HasPrefix(result, "Replayed 3 of 3"), result)
 	require.Eventually(t, func() bool { return fx.rabbit.Count(fx.queue) == 3 }, 10*time.Second, 50*time.Millisecond)
-	assert.Equal(t, 1, fx.rabbit.Count(dlqName), "the other group stays")
+	assert.Equal(t, 2, fx.rabbit.Count(dlqName), "the other groups stay")
 }
