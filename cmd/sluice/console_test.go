@@ -53,6 +53,12 @@ func TestConsoleRefusesAnOpenAddressWithoutAToken(t *testing.T) {
 			assert.Contains(t, stderr, "set SLUICE_CONSOLE_TOKEN")
 		})
 	}
+	code, stdout, _ := runIn("", "console", "-h")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, stdout, "SLUICE_CONSOLE_TOKEN")
+	code, stdout, _ = runIn("", "help")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, stdout, "console  serve the operator console")
 	code, _, stderr := runIn("", "console", "--addr", "nonsense")
 	assert.Equal(t, exitUsage, code)
 	assert.Contains(t, stderr, `--addr "nonsense"`)
