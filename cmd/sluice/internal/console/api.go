@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/sluice-go/sluice/dlq"
 )
@@ -37,6 +38,14 @@ func (s *Server) apiFail(w http.ResponseWriter, r *http.Request, err error) {
 
 func (s *Server) ctx(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), s.cfg.Timeout)
+}
+
+// actionTimeout bounds one action: a group can hold many thousand messages, moved in
+// confirmed batches, so an action gets longer than a read.
+const actionTimeout = 10 * time.Minute
+
+func (s *Server) actionCtx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), max(s.cfg.Timeout, actionTimeout))
 }
 
 func (s *Server) apiCSRF(w http.ResponseWriter, _ *http.Request) {
@@ -123,7 +132,7 @@ func (s *Server) apiAction(w http.ResponseWriter, r *http.Request) {
 		s.writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON body: " + err.Error(), Status: http.StatusBadRequest})
 		return
 	}
-	ctx, cancel := s.ctx(r)
+	ctx, cancel := s.actionCtx(r)
 	defer cancel()
 	res, err := s.act(ctx, r.PathValue("queue"), op, req)
 	if err != nil {

@@ -67,7 +67,8 @@ type Config struct {
 	Secrets []string
 	// Logger logs failed requests. Nil means slog.Default().
 	Logger *slog.Logger
-	// Timeout bounds one request's work against RabbitMQ and Jaeger. Zero means 30s.
+	// Timeout bounds one read against RabbitMQ and Jaeger (an action gets at least 10
+	// minutes). Zero means 30s.
 	Timeout time.Duration
 }
 

@@ -140,7 +140,7 @@ func (s *Server) actionForm(w http.ResponseWriter, r *http.Request) {
 		s.pageFail(w, r, err)
 		return
 	}
-	ctx, cancel := s.ctx(r)
+	ctx, cancel := s.actionCtx(r)
 	defer cancel()
 	res, err := s.act(ctx, queue, op, req)
 	if err != nil && !errors.Is(err, dlq.ErrMessageNotFound) && !errors.Is(err, dlq.ErrNothingSelected) {
