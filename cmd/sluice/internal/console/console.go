@@ -22,6 +22,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -111,7 +112,7 @@ func (s *Server) CSRFToken() string { return s.csrf }
 
 func (s *Server) parseTemplates() error {
 	s.pages = map[string]*template.Template{}
-	funcs := template.FuncMap{"ts": formatTime, "ago": ago}
+	funcs := template.FuncMap{"ts": formatTime, "ago": ago, "path": url.PathEscape}
 	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {

@@ -53,7 +53,10 @@ func TestReads(t *testing.T) {
 	fx.deadLetter(t, "m-1", `{"id":"m-1"}`, gatewayDown(), nil)
 	fx.deadLetter(t, "m-2", `{"id":"m-2"}`, gatewayDown(), nil)
 	fx.deadLetter(t, "evil", hostile, typedError{"evil_error", "bad input " + hostile}, map[string]string{"x-evil": hostile})
+	const oddID = "odd/id?x=1 #y"
+	fx.deadLetter(t, oddID, `{}`, typedError{"odd", "odd id"}, nil)
 	gateway := groupOf(t, fx, "gateway_down")
+	odd := groupOf(t, fx, "odd")
 	q := fx.queue
 
 	cases := []struct {
@@ -63,8 +66,8 @@ func TestReads(t *testing.T) {
 		want     []string
 		notWant  []string
 	}{
-		{name: "overview", path: "/", wantCode: 200, want: []string{`href="/queues/` + q + `"`, `<td data-field="dlq" class="bad">3</td>`, "sluice.unrouted", "/static/console.js", "not.sluice.queue"}},
-		{name: "overview API", path: "/api/v1/queues", wantCode: 200, want: []string{`"queue": "` + q + `"`, `"dlq": 3`, `"archive": 0`, `"unacked": null`, `"skipped": [`}},
+		{name: "overview", path: "/", wantCode: 200, want: []string{`href="/queues/` + q + `"`, `<td data-field="dlq" class="bad">4</td>`, "sluice.unrouted", "/static/console.js", "not.sluice.queue"}},
+		{name: "overview API", path: "/api/v1/queues", wantCode: 200, want: []string{`"queue": "` + q + `"`, `"dlq": 4`, `"archive": 0`, `"unacked": null`, `"skipped": [`}},
 		{name: "queue page lists its groups", path: "/queues/" + q, wantCode: 200, want: []string{gateway, "gateway: 503 service unavailable", "evil_error", "/queues/" + q + "/confirm?op=replay&amp;group=" + gateway}, notWant: []string{"<script>document"}},
 		{name: "a group opens its messages", path: "/queues/" + q + "?group=" + gateway, wantCode: 200, want: []string{`href="/queues/` + q + `/messages/m-1"`, `/messages/m-2"`}, notWant: []string{"/messages/evil\""}},
 		{name: "groups API", path: "/api/v1/queues/" + q + "/groups", wantCode: 200, want: []string{`"id": "` + gateway + `"`, `"count": 2`, `"first_failed_at"`}},
@@ -74,6 +77,8 @@ func TestReads(t *testing.T) {
 			want:    []string{"&lt;script&gt;document.title=&#34;pwned&#34;&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;", "x-evil"},
 			notWant: []string{"<script>document", "<img src=x"}},
 		{name: "message API", path: "/api/v1/queues/" + q + "/messages/m-2", wantCode: 200, want: []string{`"id": "m-2"`, `"error_type": "gateway_down"`, `"payload": "{\"id\":\"m-2\"}"`}},
+		{name: "an odd id is linked escaped", path: "/queues/" + q + "?group=" + odd, wantCode: 200, want: []string{`href="/queues/` + q + `/messages/odd%2Fid%3Fx=1%20%23y"`}},
+		{name: "an odd id opens", path: "/queues/" + q + "/messages/" + url.PathEscape(oddID), wantCode: 200, want: []string{"odd/id?x=1 #y"}},
 		{name: "unknown queue page", path: "/queues/no.such.queue", wantCode: 404, want: []string{"not found"}},
 		{name: "unknown queue API", path: "/api/v1/queues/no.such.queue/groups", wantCode: 404, want: []string{`"status": 404`}},
 		{name: "unknown message page", path: "/queues/" + q + "/messages/nope", wantCode: 404, want: []string{"message not found"}},
@@ -102,7 +107,7 @@ func TestReads(t *testing.T) {
 		})
 	}
 	// Nothing was consumed by the reads.
-	assert.Equal(t, 3, fx.rabbit.Count(amqp.DLQName(q)))
+	assert.Equal(t, 4, fx.rabbit.Count(amqp.DLQName(q)))
 }
 
 func TestActions(t *testing.T) {
