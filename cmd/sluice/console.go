@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -27,7 +28,9 @@ group; the same as JSON under /api/v1/.
 
 It listens on 127.0.0.1 unless --addr names another address; then every request
 must carry SLUICE_CONSOLE_TOKEN (Authorization: Bearer <token>, or ?token=<token>
-once in a browser). Reads AMQP_URL, JAEGER_QUERY_URL (default ` + jaeger.DefaultQueryURL + `,
+once in a browser). With RABBITMQ_MANAGEMENT_URL (http://user:pass@host:15672)
+it also lists every queue of the vhost that has a Q.dlq, with unacknowledged
+counts. Reads AMQP_URL, JAEGER_QUERY_URL (default ` + jaeger.DefaultQueryURL + `,
 "off" for none), JAEGER_UI_URL (links to Jaeger's UI) and SLUICE_CONSOLE_TOKEN.`
 
 // stringList is a repeatable flag.
@@ -92,10 +95,12 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 	case "off":
 		jaegerURL = ""
 	}
+	mgmtURL := e.getenv("RABBITMQ_MANAGEMENT_URL")
 	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
 	c, err := console.New(console.Config{
 		Conn: conn, Queues: queues, JaegerQueryURL: jaegerURL, JaegerUIURL: e.getenv("JAEGER_UI_URL"),
-		Service: service, Token: token, Secrets: append(urls, jaegerURL), Logger: logger,
+		ManagementURL: mgmtURL, VHost: vhostOf(urls[0]),
+		Service: service, Token: token, Secrets: append(urls, jaegerURL, mgmtURL), Logger: logger,
 	})
 	if err != nil {
 		return fmt.Errorf("sluice console: %w", err)
@@ -140,6 +145,15 @@ func isLoopback(addr string) (bool, error) {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback(), nil
+}
+
+// vhostOf returns the virtual host an AMQP URL names ("/" when it names none).
+func vhostOf(amqpURL string) string {
+	u, err := url.Parse(strings.TrimSpace(amqpURL))
+	if err != nil || u.Path == "" || u.Path == "/" {
+		return "/"
+	}
+	return strings.TrimPrefix(u.Path, "/")
 }
 
 func orNone(s string) string {

@@ -53,6 +53,12 @@ type Config struct {
 	// Queues are the queues the overview shows (each must have a Q.dlq to count as using
 	// sluice's topology; see Queues). Empty shows none, and the overview says how to add them.
 	Queues []string
+	// ManagementURL, when set, is RabbitMQ's management API (http://user:pass@host:15672):
+	// the overview then also lists every queue of VHost with a Q.dlq, and unacknowledged
+	// counts. Empty means AMQP only (see Queues).
+	ManagementURL string
+	// VHost is the virtual host the management API lists. Empty means "/".
+	VHost string
 	// JaegerQueryURL is Jaeger's query API. Empty means no Jaeger: message pages say the
 	// timeline is missing and why.
 	JaegerQueryURL string

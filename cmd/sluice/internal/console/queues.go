@@ -14,9 +14,11 @@ import (
 // Which queues use sluice's topology: RabbitMQ's management API lists queues, but it is a
 // plugin a broker may not run, and AMQP itself cannot list them. The console therefore
 // shows the queues it was given (sluice console --queue Q), and counts a queue as sluice's
-// when its dead-letter queue Q.dlq exists (a passive declare). Any other queue with a Q.dlq
-// can still be opened at /queues/{queue}. AMQP reports a queue's ready messages and
-// consumers but not its unacknowledged ones, so Unacked stays unknown (null).
+// when its dead-letter queue Q.dlq exists (a passive declare). With Config.ManagementURL it
+// adds every queue of the vhost that has a Q.dlq, and their unacknowledged counts. Any
+// other queue with a Q.dlq can still be opened at /queues/{queue}. AMQP reports a queue's
+// ready messages and consumers but not unacknowledged ones, so without the management API
+// Unacked stays unknown (null).
 
 // QueueStats are one queue's counts on the overview.
 type QueueStats struct {
@@ -27,7 +29,7 @@ type QueueStats struct {
 	// Ready and Consumers are RabbitMQ's counts for the queue.
 	Ready     int `json:"ready"`
 	Consumers int `json:"consumers"`
-	// Unacked is unknown over AMQP: always nil (null) for now.
+	// Unacked comes from the management API; nil (null) without it.
 	Unacked *int `json:"unacked"`
 	// DLQ and Archive are the depths of Q.dlq and Q.dlq.archive (0 when it does not exist).
 	DLQ     int `json:"dlq"`
@@ -41,6 +43,8 @@ type Overview struct {
 	Queues []QueueStats `json:"queues"`
 	// Unrouted is the depth of sluice.unrouted, nil when it does not exist.
 	Unrouted *int `json:"unrouted"`
+	// ManagementError says why the management API could not be read, when it is set.
+	ManagementError string `json:"management_error,omitempty"`
 	// Skipped are the configured queues without a Q.dlq: not sluice's topology.
 	Skipped []string `json:"skipped,omitempty"`
 }
@@ -87,13 +91,26 @@ func (s *Server) stats(queue string) (QueueStats, error) {
 	return st, nil
 }
 
-// overview counts every configured queue and sluice.unrouted.
-func (s *Server) overview(_ context.Context) (Overview, error) {
+// overview counts every configured queue (and, with the management API, every queue
+// with a Q.dlq) and sluice.unrouted.
+func (s *Server) overview(ctx context.Context) (Overview, error) {
 	ov := Overview{Queues: []QueueStats{}}
 	queues := slices.Clone(s.cfg.Queues)
+	var mgmt map[string]mgmtQueue
+	if s.cfg.ManagementURL != "" {
+		var err error
+		if mgmt, err = s.managementQueues(ctx); err != nil {
+			// The AMQP counts still work: say why unacked is missing and go on.
+			ov.ManagementError = s.mask(err.Error())
+		}
+		queues = append(queues, sluiceQueues(mgmt, dlq.DLQName)...)
+	}
 	slices.Sort(queues)
 	for _, q := range slices.Compact(queues) {
 		st, err := s.stats(q)
+		if m, ok := mgmt[q]; ok && err == nil {
+			st.Unacked = &m.Unacked
+		}
 		switch {
 		case errors.Is(err, errNotSluice):
 			ov.Skipped = append(ov.Skipped, q)

@@ -17,6 +17,7 @@
           if (!row) { return; }
           set(row, "ready", q.ready);
           set(row, "consumers", q.consumers);
+          set(row, "unacked", q.unacked === null ? "–" : q.unacked);
           set(row, "dlq", q.dlq);
           set(row, "archive", q.archive);
           set(row, "error", q.error || "");
