@@ -29,6 +29,9 @@ var (
 // DLQName returns the dead-letter queue of queue (broker/amqp's naming).
 func DLQName(queue string) string { return sluiceamqp.DLQName(queue) }
 
+// ArchiveName returns the archive of queue's dead letters (broker/amqp's naming).
+func ArchiveName(queue string) string { return sluiceamqp.ArchiveName(queue) }
+
 // DialTimeout bounds the TCP and AMQP handshake of Dial.
 const DialTimeout = 10 * time.Second
 
@@ -95,26 +98,63 @@ func isNotFound(err error) bool {
 	return errors.As(err, &ae) && ae.Code == amqp.NotFound
 }
 
+// Source is the queue of Q's dead letters an operation works on: the DLQ (the zero value)
+// or the archive.
+type Source int
+
+const (
+	// FromDLQ is Q.dlq.
+	FromDLQ Source = iota
+	// FromArchive is Q.dlq.archive (see Operator.Archive).
+	FromArchive
+)
+
+// Name returns the name of queue's source queue.
+func (s Source) Name(queue string) string {
+	if s == FromArchive {
+		return ArchiveName(queue)
+	}
+	return DLQName(queue)
+}
+
+// String returns "dlq" or "archive".
+func (s Source) String() string {
+	if s == FromArchive {
+		return "archive"
+	}
+	return "dlq"
+}
+
 // openDLQ opens a channel and checks that queue's DLQ exists, returning its ready count.
 func openDLQ(conn *amqp.Connection, queue string) (*amqp.Channel, int, error) {
+	return openSource(conn, queue, FromDLQ)
+}
+
+// openSource opens a channel and checks that queue's source queue exists, returning its
+// ready count.
+func openSource(conn *amqp.Connection, queue string, src Source) (*amqp.Channel, int, error) {
 	if conn == nil {
 		return nil, 0, ErrNoConnection
 	}
 	if queue == "" {
 		return nil, 0, errors.New("dlq: empty queue name")
 	}
-	dlq := DLQName(queue)
+	name := src.Name(queue)
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, 0, fmt.Errorf("open channel: %w", err)
 	}
-	q, err := ch.QueueDeclarePassive(dlq, true, false, false, false, nil)
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
 	if err != nil {
 		_ = ch.Close()
 		if isNotFound(err) {
-			return nil, 0, fmt.Errorf("dead-letter queue %q of queue %q: %w", dlq, queue, ErrQueueNotFound)
+			kind := "dead-letter queue"
+			if src == FromArchive {
+				kind = "archive"
+			}
+			return nil, 0, fmt.Errorf("%s %q of queue %q: %w", kind, name, queue, ErrQueueNotFound)
 		}
-		return nil, 0, fmt.Errorf("check dead-letter queue %q: %w", dlq, err)
+		return nil, 0, fmt.Errorf("check %q: %w", name, err)
 	}
 	return ch, q.Messages, nil
 }

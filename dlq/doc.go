@@ -1,25 +1,49 @@
-// Package dlq reads, replays and purges the dead-letter queue Q.dlq of any queue Q that uses
-// sluice's topology (see broker/amqp). It talks to RabbitMQ with a plain amqp091-go
-// connection, so the operator CLI (cmd/sluice dlq), tests and demos share one implementation.
+// Package dlq is the Go API of sluice's failure operations on the dead-letter queue Q.dlq
+// of any queue Q that uses sluice's topology (see broker/amqp), and on its archive
+// Q.dlq.archive: read (Inspector: Messages, List, Show, Stats, Groups), replay, archive
+// and purge (Operator), with progress reported to a callback. It talks to RabbitMQ with a
+// plain amqp091-go connection, so the operator CLI (cmd/sluice dlq), the console, tests
+// and demos share one implementation.
 //
-// # Reading never consumes
+//	in := dlq.NewInspector(conn)
+//	groups, _ := in.Groups(ctx, "payments")             // largest first
+//	op := dlq.NewOperator(conn)
+//	op.Progress = func(p dlq.Progress) { ... }          // at most every 200ms, and at the end
+//	res, err := op.Replay(ctx, "payments", dlq.Selector{Group: groups[0].ID}, dlq.Options{})
+//	res, err = op.Archive(ctx, "payments", dlq.Selector{ErrorType: "gateway_down"}, dlq.Options{})
 //
-// Inspector.List, Show and Stats and a dry-run Replayer take messages with basic.get
-// without acknowledging them, all on one channel, and then close that channel. RabbitMQ
-// gives every unacknowledged message of a closed channel back to its queue, so reading
-// leaves the DLQ as it was: same messages, same order. A classic queue puts each message
-// back in its original position; a quorum queue (RabbitMQ 3.10, measured) appends returned
-// messages at its tail, so a read always takes every message the DLQ held when it started,
-// even when it needs only the first (List with a limit, Show), and gives them all back in
-// order. The cost is one basic.get per message in the DLQ. Messages that arrive in a quorum
-// DLQ while it is read, or a read cut short (ctx cancelled), can end up ahead of older ones.
+// # Failure groups
+//
+// A dead letter's group is its handler, error type and a fingerprint of where it failed:
+// a panic's top stack frames, else its error message with numbers, ids, UUIDs and hex
+// stripped (see Fingerprint). Groups are what an operator replays, archives or purges
+// (Selector.Group). Records of older sluice versions (a panic's stack inside
+// x-error-message) and newer ones (the value only, the stack in x-error-stack) group alike.
+//
+// # Reading never consumes, and is streamed
+//
+// Reads take messages with consumers, acknowledging nothing, then close their channel:
+// RabbitMQ gives every unacknowledged message of a closed channel back to its queue, in
+// place, so reading leaves the queue as it was (measured on RabbitMQ 3.10 for classic and
+// quorum queues, 3,000 messages read over many consumers). A consumer's prefetch window
+// bounds what the client holds: once a consumer holds nearly a window of messages it keeps,
+// the reader cancels it and starts the next one on the same channel (see reader), so memory
+// stays flat however long the queue, and a read streams at the broker's pace instead of a
+// basic.get round trip per message (basic.get costs about 3 ms a message on a quorum
+// queue, and a quorum queue takes messages fetched with basic.get back in an order of its
+// own). A read takes every message the queue held when it started, even when it needs
+// only the first (List with a limit, Show), so that all of them go back in order.
+// Messages that arrive while a read runs, or a read cut short, can end up ahead of older
+// ones on a quorum queue.
 //
 // While a read runs, the messages it holds are unacknowledged, not ready: a concurrent
-// count of ready messages is lower for that time. On quorum queues RabbitMQ counts each
-// return as a delivery attempt (x-delivery-count grows by one per read); sluice's DLQs have
-// no delivery limit, so that count is informational, but a quorum DLQ with a delivery limit
-// (declared by hand, or a RabbitMQ version with a default limit) would drop messages that
-// are read often.
+// count of ready messages is lower for that time; a read waits, when it ends, until the
+// queue counts them as ready again, so the next operation sees them all. On quorum queues
+// RabbitMQ counts each return as a delivery attempt (x-delivery-count grows by one per
+// read). sluice declares quorum DLQs and archives with x-delivery-limit
+// broker/amqp.NoDeliveryLimit, so no number of reads deletes a dead letter (RabbitMQ 4.x
+// gives quorum queues a default limit of 20; -1, its "unlimited", makes 3.x drop every
+// message at its first return).
 //
 // # Message ids
 //
@@ -28,34 +52,54 @@
 // a message without any id (dead-lettered by RabbitMQ from a foreign producer) still has
 // one that is the same on every read.
 //
-// # Replay is crash safe
+// # Bulk moves are crash safe: one transaction per batch
 //
-// Replayer.Replay sends selected messages back to their original queue (header
-// x-original-queue, else Q) through the default exchange, with the retry state reset: the
-// retry and failure-record headers are removed, x-replay-count is incremented, and the
-// message id, payload, AMQP properties, trace context (traceparent, tracestate) and every
-// other header are kept. Each message is moved in its own AMQP transaction on one channel:
+// Operator.Replay sends selected messages to their original queue (header
+// x-original-queue, else Q), or to Options.To, through the default exchange, with the retry
+// state reset: the retry and failure-record headers are removed, x-replay-count is
+// incremented, and the message id, payload, AMQP properties, trace context (traceparent,
+// tracestate) and every other header are kept. Archive moves them unchanged (stamped
+// x-archived-at) to Q.dlq.archive; Purge deletes them. All three read the source as above
+// on a channel in transaction mode (tx.select) and move the selected messages in batches
+// (BatchSize, 500 by default):
 //
-//	tx.select; basic.get from Q.dlq (no ack)
-//	if it matches: check the destination queue exists (passive declare, on a second channel);
-//	               publish (mandatory) to it; basic.ack the DLQ copy; tx.commit
-//	else:          leave it unacknowledged
+//	for each batch: check the destination queue exists (passive declare, on a second
+//	                channel); publish (mandatory) every message of the batch; basic.ack its
+//	                source copy; tx.commit
+//	not selected:   left unacknowledged, given back when the channel closes (in one go,
+//	                not one by one)
 //
-// The publish and the removal of the DLQ copy are committed together, so a process killed
-// at any point (SIGKILL included) neither loses a message nor leaves it both replayed and in
-// the DLQ: an uncommitted transaction is discarded with the connection, and the messages the
-// channel held unacknowledged go back to the DLQ in their order.
+// The publishes of a batch and the removal of their source copies are committed together,
+// so a process killed at any point (SIGKILL included) neither loses a message nor leaves
+// it both moved and in the source: an uncommitted transaction is discarded with the
+// connection, and the messages the channel held unacknowledged go back to the source.
+// Run the operation again to finish. Why a transaction rather than publisher confirms
+// followed by acks: with confirms, a process killed after a confirm and before its ack
+// leaves the message in both queues, and telling those duplicates apart on the next run
+// needs a stamp on every copy and a scan of the destination, which is a queue other
+// consumers drain; the transaction makes the pair atomic with one round trip per batch,
+// and its cost is spread over the batch (see BenchmarkDLQ for the rate beside a raw
+// client's confirmed publishes).
 //
-// Why the destination check comes before the publish: inside a transaction RabbitMQ sends
-// the basic.return of an unroutable mandatory publish only when the transaction commits
-// (measured on RabbitMQ 3.10), that is, after the acknowledgement of the DLQ copy has been
-// committed too; a round trip before tx.commit cannot see it. So Replay checks that the
-// destination exists just before each publish, and if the queue vanishes in between and the
-// publish is returned at commit, Replay publishes the untouched DLQ copy back to Q.dlq in a
-// second transaction and reports the message as not replayed. Only a process killed in that
+// Why the destination check comes before the publishes: inside a transaction RabbitMQ
+// sends the basic.return of an unroutable mandatory publish only when the transaction
+// commits (measured on RabbitMQ 3.10), that is, after the acknowledgement of the source
+// copy has been committed too. So a batch checks each destination just before publishing,
+// and if a queue vanishes in between and a publish is returned at commit, the operation
+// publishes the untouched source copy back to the source in a second transaction and
+// reports the message as not moved (Result.Failed). Only a process killed in that
 // window, while the destination is being deleted, could lose that one message.
 //
-// A run reads at most the number of messages the DLQ held when it started, so a replayed
-// message that fails again and comes back to the DLQ (at its tail) during the run is left
-// there rather than replayed in a loop.
+// A run reads at most the number of messages the source held when it started, so a
+// replayed message that fails again and comes back to the DLQ (at its tail) during the run
+// is left there rather than replayed in a loop. A selector that matches nothing is
+// ErrNothingSelected.
+//
+// # The archive
+//
+// Archive creates Q.dlq.archive when it does not exist, durable, with x-message-ttl
+// Options.Retention (DefaultRetention, 14 days, counted from the archiving), classic
+// unless Options.ArchiveType says quorum. An archive that exists is used as it is; a
+// RabbitMQ policy with message-ttl on it overrides the argument when it is lower.
+// Inspector.From and Options.From read, replay and purge the archive like a DLQ.
 package dlq

@@ -103,20 +103,38 @@ func (fx *fixture) deadLetter(t *testing.T, f failure) {
 // queue holds them all again.
 func (fx *fixture) peek(t *testing.T, queue string) []string {
 	t.Helper()
-	ch, err := fx.rabbit.Conn.Channel()
-	require.NoError(t, err)
 	var ids []string
-	for {
-		d, ok, err := ch.Get(queue, false)
-		require.NoError(t, err)
-		if !ok {
-			break
-		}
+	for _, d := range fx.peekDeliveries(t, queue) {
 		ids = append(ids, idOf(d))
 	}
-	require.NoError(t, ch.Close())
-	fx.waitCount(t, queue, len(ids))
 	return ids
+}
+
+// peekDeliveries returns the messages of queue, head first, without consuming them: a
+// consumer takes them all, and closing its channel gives them back in place. (A basic.get
+// is 3 ms a message on a quorum queue, and a quorum queue takes messages fetched with
+// basic.get back in an order of its own: measured on RabbitMQ 3.10.)
+func (fx *fixture) peekDeliveries(t *testing.T, queue string) []amqp091.Delivery {
+	t.Helper()
+	n := fx.rabbit.Count(queue)
+	ch, err := fx.rabbit.Conn.Channel()
+	require.NoError(t, err)
+	// Quorum queues read a prefetch of 0 as 2000 (RabbitMQ 3.10).
+	require.NoError(t, ch.Qos(min(n+1, 65535), 0, false))
+	ds, err := ch.Consume(queue, "", false, false, false, false, nil)
+	require.NoError(t, err)
+	var out []amqp091.Delivery
+	for len(out) < n {
+		select {
+		case d := <-ds:
+			out = append(out, d)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("peek %s: %d of %d messages", queue, len(out), n)
+		}
+	}
+	require.NoError(t, ch.Close())
+	fx.waitCount(t, queue, len(out))
+	return out
 }
 
 // waitCount waits until queue holds n ready messages (a closed channel's messages come

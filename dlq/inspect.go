@@ -15,6 +15,12 @@ type Inspector struct {
 	conn *amqp.Connection
 	// Now is the clock ages are measured against. Nil means time.Now.
 	Now func() time.Time
+	// From is the queue read: Q.dlq (the zero value) or Q.dlq.archive.
+	From Source
+	// Window is how many messages a read has in flight. Zero means DefaultWindow.
+	Window int
+	// Progress, when set, is called as a read goes (see Progress).
+	Progress func(Progress)
 }
 
 // NewInspector returns an Inspector on conn. The caller owns conn.
@@ -33,8 +39,8 @@ type Listing struct {
 
 // List returns up to limit records from the head of queue's DLQ (limit <= 0: all).
 func (i *Inspector) List(ctx context.Context, queue string, limit int) (Listing, error) {
-	l := Listing{Queue: queue, DLQ: DLQName(queue), Records: []Record{}}
-	total, err := scan(ctx, i.conn, queue, now(i.Now), func(r Record) bool {
+	l := Listing{Queue: queue, DLQ: i.From.Name(queue), Records: []Record{}}
+	total, err := i.scan(ctx, queue, func(r Record) bool {
 		l.Records = append(l.Records, r)
 		return limit <= 0 || len(l.Records) < limit
 	})
@@ -46,7 +52,7 @@ func (i *Inspector) List(ctx context.Context, queue string, limit int) (Listing,
 // matching ErrMessageNotFound.
 func (i *Inspector) Show(ctx context.Context, queue, id string) (Record, error) {
 	var found *Record
-	_, err := scan(ctx, i.conn, queue, now(i.Now), func(r Record) bool {
+	_, err := i.scan(ctx, queue, func(r Record) bool {
 		if r.ID == id {
 			found = &r
 			return false
@@ -57,7 +63,7 @@ func (i *Inspector) Show(ctx context.Context, queue, id string) (Record, error) 
 		return Record{}, err
 	}
 	if found == nil {
-		return Record{}, fmt.Errorf("message %q in %q: %w", id, DLQName(queue), ErrMessageNotFound)
+		return Record{}, fmt.Errorf("message %q in %q: %w", id, i.From.Name(queue), ErrMessageNotFound)
 	}
 	return *found, nil
 }
@@ -103,9 +109,9 @@ func (t TypeStats) MarshalJSON() ([]byte, error) {
 // Stats reads every message of queue's DLQ and counts them by error type. A message
 // without an error type counts under "".
 func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
-	s := Stats{Queue: queue, DLQ: DLQName(queue), ByErrorType: []TypeStats{}}
+	s := Stats{Queue: queue, DLQ: i.From.Name(queue), ByErrorType: []TypeStats{}}
 	byType := map[string]*TypeStats{}
-	_, err := scan(ctx, i.conn, queue, now(i.Now), func(r Record) bool {
+	_, err := i.scan(ctx, queue, func(r Record) bool {
 		s.Total++
 		ts := byType[r.ErrorType]
 		if ts == nil {
@@ -135,35 +141,56 @@ func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
 	return s, nil
 }
 
-// scan reads queue's DLQ from the head with basic.get, acknowledging nothing, and calls
-// visit for each record until visit returns false or the DLQ has no ready message left.
-// Once visit is done it still reads (without decoding) up to the number of messages the
-// DLQ held at the start: on quorum queues RabbitMQ puts a returned message at the tail, so
-// only giving back all of them, in order, keeps the order. Closing the channel gives every
-// message back. It returns the number of ready messages the DLQ had at the start.
-func scan(ctx context.Context, conn *amqp.Connection, queue string, now time.Time, visit func(Record) bool) (int, error) {
-	ch, total, err := openDLQ(conn, queue)
+// Messages calls visit with each message of queue's DLQ (or archive) that sel matches,
+// head first, until visit returns false, and returns the number of messages the queue held
+// when the read started. A zero Selector matches every message. Records are not kept:
+// memory stays flat however long the queue is.
+func (i *Inspector) Messages(ctx context.Context, queue string, sel Selector, visit func(Record) bool) (int, error) {
+	return i.scan(ctx, queue, func(r Record) bool {
+		if !sel.Match(r) {
+			return true
+		}
+		return visit(r)
+	})
+}
+
+// scan reads queue's source from the head, acknowledging nothing, and calls visit for each
+// record until visit returns false or the source has no ready message left. Once visit is
+// done it still reads (without decoding) up to the number of messages the queue held at
+// the start: on quorum queues RabbitMQ puts a returned message at the tail, so only giving
+// back all of them, in order, keeps the order. Closing the channel gives every message
+// back. It returns the number of ready messages the queue had at the start.
+func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) bool) (int, error) {
+	ch, total, err := openSource(i.conn, queue, i.From)
 	if err != nil {
 		return 0, err
 	}
-	defer ch.Close() // gives back everything read, in order
-	dlq := DLQName(queue)
+	read := 0
+	defer func() { closeAndSettle(i.conn, ch, i.From.Name(queue), read) }() // gives back everything read, in order
+	rd, err := newReader(i.conn, ch, i.From.Name(queue), total, i.Window, 0)
+	if err != nil {
+		return total, err
+	}
+	defer rd.close()
+	prog := newProgressor(i.Progress, "read", i.From.Name(queue), total)
+	clock := now(i.Now)
 	visiting := true
-	for n := 0; visiting || n < total; n++ {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		d, ok, err := ch.Get(dlq, false)
+	for n := 1; ; n++ {
+		d, ok, err := rd.next(ctx)
 		if err != nil {
-			return total, fmt.Errorf("read %q: %w", dlq, err)
+			return total, err
 		}
 		if !ok {
 			break
 		}
+		rd.hold(d)
+		read++
 		if visiting {
-			visiting = visit(NewRecord(d, queue, n+1, now))
+			visiting = visit(NewRecord(d, queue, n, clock))
 		}
+		prog.scanned(1, false)
 	}
+	prog.done()
 	return total, nil
 }
 

@@ -2,25 +2,17 @@ package dlq
 
 import (
 	"context"
-	"fmt"
+	"errors"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Purge deletes every ready message of queue's DLQ and returns how many it deleted.
-// Messages another client holds unacknowledged at that moment are not ready and survive.
+// Purge deletes every ready message of queue's DLQ and returns how many it deleted (see
+// Operator.Purge for selected messages). An empty DLQ is not an error here.
 func Purge(ctx context.Context, conn *amqp.Connection, queue string) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
+	res, err := NewOperator(conn).Purge(ctx, queue, Selector{All: true}, Options{})
+	if errors.Is(err, ErrNothingSelected) {
+		err = nil
 	}
-	ch, _, err := openDLQ(conn, queue)
-	if err != nil {
-		return 0, err
-	}
-	defer ch.Close()
-	n, err := ch.QueuePurge(DLQName(queue), false)
-	if err != nil {
-		return 0, fmt.Errorf("purge %q: %w", DLQName(queue), err)
-	}
-	return n, nil
+	return res.Moved, err
 }

@@ -27,6 +27,11 @@ type Record struct {
 	OriginalQueue string `json:"original_queue"`
 	// Handler is the Watermill handler that failed (x-handler).
 	Handler string `json:"handler,omitempty"`
+	// GroupID is the message's failure group (see Group and Fingerprint).
+	GroupID string `json:"group_id"`
+	// Fingerprint says where the message failed: a panic's top stack frames, else its
+	// normalized error message (see Fingerprint).
+	Fingerprint string `json:"fingerprint"`
 	// ErrorType is x-error-type, else x-last-error, else "rabbitmq.<reason>" for a message
 	// RabbitMQ dead-lettered itself (x-first-death-reason), else empty.
 	ErrorType string `json:"error_type"`
@@ -180,6 +185,8 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 			r.ErrorMessage = "dead-lettered by RabbitMQ (" + reason + ") from queue " + md.Get("x-first-death-queue")
 		}
 	}
+	r.Fingerprint = Fingerprint(r.ErrorType, r.ErrorMessage, r.ErrorStack)
+	r.GroupID = GroupID(r.Handler, r.ErrorType, r.Fingerprint)
 	for k, v := range md {
 		// Properties and delivery facts are in Properties; a header is shown by its name.
 		if name, ok := sluiceamqp.HeaderName(k); ok {

@@ -85,10 +85,10 @@ func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partition
 	if err := ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %q: %w", DeadLetterExchange, err)
 	}
-	dlq := DLQName(queue)
-	if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
-		return fmt.Errorf("declare queue %q (type %s): %w", dlq, b.cfg.QueueType, err)
+	if ch, err = b.declareDLQ(ctx, ch, DLQName(queue)); err != nil {
+		return err
 	}
+	defer ch.Close()
 	for k := 0; k < partitions; k++ {
 		if err := b.declarePartition(ch, queue, k); err != nil {
 			return err

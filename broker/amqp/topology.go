@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"strings"
@@ -30,6 +31,28 @@ const (
 
 // DLQName returns the dead-letter queue of queue.
 func DLQName(queue string) string { return queue + ".dlq" }
+
+// ArchiveName returns the archive of queue's dead letters, Q.dlq.archive, where package dlq
+// moves archived dead letters (kept for a retention period, see dlq.DefaultRetention).
+func ArchiveName(queue string) string { return DLQName(queue) + ".archive" }
+
+// NoDeliveryLimit is the x-delivery-limit sluice gives the quorum queues that hold dead
+// letters (Q.dlq, Q.dlq.archive). Every read of such a queue returns its messages, and a
+// quorum queue counts each return as a delivery: RabbitMQ 4.x's default limit of 20 would
+// delete a dead letter read 20 times. -1, which 4.x reads as "no limit", makes RabbitMQ 3.x
+// drop every message at its first return (measured on 3.10), so sluice uses the largest
+// 32-bit value instead, which no number of reads reaches, on every version.
+const NoDeliveryLimit = 1<<31 - 1
+
+// DeadLetterQueueArgs returns the arguments of a queue of type qt that holds dead letters:
+// quorum ones get NoDeliveryLimit.
+func DeadLetterQueueArgs(qt QueueType, extra amqp.Table) amqp.Table {
+	args := queueArgs(qt, extra)
+	if qt == QueueQuorum {
+		args["x-delivery-limit"] = int64(NoDeliveryLimit)
+	}
+	return args
+}
 
 // delayLevelName returns the exchange and queue name of cascade level k.
 func delayLevelName(k int) string { return fmt.Sprintf("%s%02d", DelayExchangePrefix, k) }
@@ -70,6 +93,13 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 		return err
 	}
 	defer ch.Close()
+	// The DLQ first, in a round trip of its own: one declared by an earlier sluice may be
+	// refused its new arguments, which closes the channel (declareDLQ goes on with another).
+	dlq := DLQName(queue)
+	if ch, err = b.declareDLQ(ctx, ch, dlq); err != nil {
+		return err
+	}
+	defer ch.Close()
 	b.cascadeMu.Lock()
 	defer b.cascadeMu.Unlock()
 	d := &declarer{ch: ch}
@@ -77,8 +107,6 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 		b.cascadeOn(d)
 	}
 	d.exchange(DeadLetterExchange, amqp.ExchangeDirect)
-	dlq := DLQName(queue)
-	d.queue(dlq, queueArgs(b.cfg.QueueType, nil))
 	d.bindQueue(dlq, queue, DeadLetterExchange)
 	// RabbitMQ's own dead-lettering (a quorum queue's delivery limit) also lands in Q.dlq,
 	// so a message that keeps crashing its consumer stops looping.
@@ -96,6 +124,34 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	}
 	b.cascadeDeclared = true
 	return nil
+}
+
+// declareDLQ declares the dead-letter queue dlq on ch (see DeadLetterQueueArgs). A quorum
+// DLQ declared by an earlier sluice without the delivery-limit argument cannot take it
+// (RabbitMQ refuses to change a queue's arguments and closes ch): it is kept as it is, on a
+// new channel, and a warning says how to lift its limit with a policy. It returns the
+// channel to go on with.
+func (b *Broker) declareDLQ(ctx context.Context, ch *amqp.Channel, dlq string) (*amqp.Channel, error) {
+	_, err := ch.QueueDeclare(dlq, true, false, false, false, DeadLetterQueueArgs(b.cfg.QueueType, nil))
+	if err == nil {
+		return ch, nil
+	}
+	var ae *amqp.Error
+	if b.cfg.QueueType != QueueQuorum || !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed || !strings.Contains(ae.Reason, "x-delivery-limit") {
+		return ch, fmt.Errorf("declare queue %q (type %s): %w", dlq, b.cfg.QueueType, err)
+	}
+	next, cerr := b.conn.channel(ctx)
+	if cerr != nil {
+		return ch, cerr
+	}
+	if _, perr := next.QueueDeclarePassive(dlq, true, false, false, false, nil); perr != nil {
+		_ = next.Close()
+		return ch, fmt.Errorf("declare queue %q (type %s): %w", dlq, b.cfg.QueueType, err)
+	}
+	b.cfg.Logger.Warn("dead-letter queue declared without a delivery limit argument by an earlier version; "+
+		"on RabbitMQ 4.x set a policy with delivery-limit -1 on it so that reading it never deletes messages",
+		"queue", dlq)
+	return next, nil
 }
 
 // declareCascade declares the delay cascade once per broker (it is shared, and

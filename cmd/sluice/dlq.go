@@ -18,15 +18,19 @@ var dlqCommands = []command{
 	{name: "list", summary: "list the DLQ's messages: id, age, error type, error, retries", run: runDLQList},
 	{name: "show", summary: "show one message: failure record, headers, payload", run: runDLQShow},
 	{name: "stats", summary: "count the DLQ's messages by error type, with the oldest age", run: runDLQStats},
+	{name: "groups", summary: "failure groups: messages that failed the same way, largest first", run: runDLQGroups},
 	{name: "replay", summary: "send messages back to their original queue, retries reset", run: runDLQReplay},
-	{name: "purge", summary: "delete every message of the DLQ (needs --yes)", run: runDLQPurge},
+	{name: "archive", summary: "move messages to Q.dlq.archive, kept for a retention period", run: runDLQArchive},
+	{name: "purge", summary: "delete messages of the DLQ (needs --yes)", run: runDLQPurge},
 	{name: "unrouted", summary: "list and replay events no queue was bound for (sluice.unrouted)", run: runUnrouted},
 }
 
 const dlqAbout = `Each command works on the dead-letter queue Q.dlq of a queue Q that uses
-sluice's topology, named with --queue Q. list, show and stats never consume or
-reorder the DLQ: they read without acknowledging, and RabbitMQ puts every
-message back in its place.`
+sluice's topology, named with --queue Q (with --archive: on Q.dlq.archive).
+list, show, stats and groups never consume or reorder the DLQ: they read
+without acknowledging, and RabbitMQ puts every message back in its place.
+replay, archive and purge select messages with --id, --group, --error-type,
+--older-than or --all, and move them in batches, each one AMQP transaction.`
 
 func runDLQ(ctx context.Context, e *env, args []string) error {
 	return dispatch(ctx, e, "sluice dlq", dlqAbout, dlqCommands, args)
@@ -61,7 +65,7 @@ func newDLQFlags(e *env, name, synopsis, about string) *dlqFlags {
 			fmt.Fprintf(w, "  --%s%s\n    \t%s\n", fl.Name, typ, usage)
 		})
 		fmt.Fprintln(w, "\nRabbitMQ is reached at AMQP_URL (default "+amqp.DefaultURL+").")
-		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found.")
+		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found (or nothing selected).")
 	}
 	return f
 }
@@ -118,8 +122,9 @@ func connect(e *env) (*amqp091.Connection, error) {
 	return dlq.Dial(amqp.SplitURLs(e.getenv("AMQP_URL"))...)
 }
 
-// inspect connects and runs read with an inspector on the environment's clock.
-func inspect(e *env, read func(*dlq.Inspector) error) error {
+// inspect connects and runs read with an inspector on the environment's clock, reading
+// the archive when archive is set, with a progress line on a terminal.
+func inspect(e *env, archive bool, read func(*dlq.Inspector) error) error {
 	conn, err := connect(e)
 	if err != nil {
 		return err
@@ -127,6 +132,12 @@ func inspect(e *env, read func(*dlq.Inspector) error) error {
 	defer conn.Close()
 	in := dlq.NewInspector(conn)
 	in.Now = e.now
+	if archive {
+		in.From = dlq.FromArchive
+	}
+	line := newProgressLine(e)
+	in.Progress = line.report
+	defer line.end()
 	return read(in)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -17,54 +18,120 @@ import (
 const shortErrorBytes = 60
 
 func runDLQList(ctx context.Context, e *env, args []string) error {
-	f := newDLQFlags(e, "list", "--queue Q [--limit N] [--json]",
-		"Lists the messages of Q.dlq from the head: id, age (since the failure), error type,\nerror and retries. The DLQ is left exactly as it was.")
+	f := newDLQFlags(e, "list", "--queue Q [--limit N] [--group ID] [--error-type T] [--archive] [--json]",
+		"Lists the messages of Q.dlq from the head: id, age (since the failure), error type,\nerror and retries. The DLQ is left exactly as it was. Rows are printed as they\nare read, so a DLQ of any length lists in constant memory.")
 	limit := f.fs.Int("limit", 1000, "list at most `N` messages from the head (0: all)")
+	var sel dlq.Selector
+	f.fs.StringVar(&sel.Group, "group", "", "list only the messages of failure group `ID`")
+	f.fs.StringVar(&sel.ErrorType, "error-type", "", "list only the messages of error type `T`")
+	archive := f.fs.Bool("archive", false, "list Q.dlq.archive instead of Q.dlq")
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err
 	}
-	var l dlq.Listing
-	err := inspect(e, func(in *dlq.Inspector) (err error) {
-		l, err = in.List(ctx, f.queue, *limit)
+	out := newListWriter(e, f.json, f.queue, sourceOf(*archive).Name(f.queue))
+	var total int
+	err := inspect(e, *archive, func(in *dlq.Inspector) (err error) {
+		total, err = in.Messages(ctx, f.queue, sel, func(r dlq.Record) bool {
+			out.add(r)
+			return *limit <= 0 || out.n < *limit
+		})
 		return err
 	})
 	if err != nil {
 		return dlqError(err)
 	}
-	if f.json {
-		return writeJSON(e, newListJSON(l))
+	return out.finish(total, sel.Group != "" || sel.ErrorType != "")
+}
+
+func sourceOf(archive bool) dlq.Source {
+	if archive {
+		return dlq.FromArchive
 	}
-	if len(l.Records) == 0 {
-		fmt.Fprintf(e.stdout, "%s is empty\n", l.DLQ)
-		return nil
+	return dlq.FromDLQ
+}
+
+// listWriter prints list's rows as they come: a table flushed every listFlushRows rows,
+// or a JSON object whose messages array is written item by item.
+type listWriter struct {
+	e         *env
+	json      bool
+	queue     string
+	dlq       string
+	n         int
+	tw        *tabwriter.Writer
+	jsonStart bool
+}
+
+// listFlushRows is how many table rows share their column widths.
+const listFlushRows = 1000
+
+func newListWriter(e *env, asJSON bool, queue, dlqName string) *listWriter {
+	return &listWriter{e: e, json: asJSON, queue: queue, dlq: dlqName}
+}
+
+func (w *listWriter) add(r dlq.Record) {
+	w.n++
+	if w.json {
+		if !w.jsonStart {
+			fmt.Fprintf(w.e.stdout, "{\n  \"queue\": %s,\n  \"dlq\": %s,\n  \"messages\": [\n", jsonString(w.queue), jsonString(w.dlq))
+			w.jsonStart = true
+		} else {
+			fmt.Fprint(w.e.stdout, ",\n")
+		}
+		b, _ := json.Marshal(newListItemJSON(r))
+		fmt.Fprintf(w.e.stdout, "    %s", b)
+		return
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tAGE\tERROR TYPE\tERROR\tRETRIES")
-	for _, r := range l.Records {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", r.ID, age(r), orDash(r.ErrorType), orDash(r.ShortError(shortErrorBytes)), r.Retries)
+	if w.tw == nil {
+		w.tw = tabwriter.NewWriter(w.e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w.tw, "ID\tAGE\tERROR TYPE\tERROR\tRETRIES")
 	}
-	if err := tw.Flush(); err != nil {
+	fmt.Fprintf(w.tw, "%s\t%s\t%s\t%s\t%d\n", r.ID, age(r), orDash(r.ErrorType), orDash(r.ShortError(shortErrorBytes)), r.Retries)
+	if w.n%listFlushRows == 0 {
+		_ = w.tw.Flush()
+	}
+}
+
+func (w *listWriter) finish(total int, filtered bool) error {
+	if w.json {
+		if !w.jsonStart {
+			fmt.Fprintf(w.e.stdout, "{\n  \"queue\": %s,\n  \"dlq\": %s,\n  \"messages\": [", jsonString(w.queue), jsonString(w.dlq))
+		}
+		_, err := fmt.Fprintf(w.e.stdout, "\n  ],\n  \"total\": %d\n}\n", total)
 		return err
 	}
-	if len(l.Records) < l.Total {
-		fmt.Fprintf(e.stdout, "\n%d of %d messages in %s (--limit 0 lists all)\n", len(l.Records), l.Total, l.DLQ)
-	} else {
-		fmt.Fprintf(e.stdout, "\n%d messages in %s\n", len(l.Records), l.DLQ)
+	if w.tw == nil {
+		if filtered {
+			fmt.Fprintf(w.e.stdout, "no message of the %d in %s matches\n", total, w.dlq)
+		} else {
+			fmt.Fprintf(w.e.stdout, "%s is empty\n", w.dlq)
+		}
+		return nil
+	}
+	if err := w.tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case filtered:
+		fmt.Fprintf(w.e.stdout, "\n%d matching of %d messages in %s\n", w.n, total, w.dlq)
+	case w.n < total:
+		fmt.Fprintf(w.e.stdout, "\n%d of %d messages in %s (--limit 0 lists all)\n", w.n, total, w.dlq)
+	default:
+		fmt.Fprintf(w.e.stdout, "\n%d messages in %s\n", w.n, w.dlq)
 	}
 	return nil
 }
 
-// listJSON is the output of `dlq list --json`: the table's fields and a few more, without
-// headers and payloads (see `dlq show --json`).
-type listJSON struct {
-	Queue    string         `json:"queue"`
-	DLQ      string         `json:"dlq"`
-	Total    int            `json:"total"`
-	Messages []listItemJSON `json:"messages"`
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }
 
+// listItemJSON is one message of `dlq list --json`: the table's fields and a few more,
+// without headers and payloads (see `dlq show --json`).
 type listItemJSON struct {
 	ID            string     `json:"id"`
+	GroupID       string     `json:"group_id"`
 	Position      int        `json:"position"`
 	AgeSeconds    *float64   `json:"age_seconds"`
 	FailedAt      *time.Time `json:"failed_at,omitempty"`
@@ -77,36 +144,33 @@ type listItemJSON struct {
 	Handler       string     `json:"handler,omitempty"`
 }
 
-func newListJSON(l dlq.Listing) listJSON {
-	out := listJSON{Queue: l.Queue, DLQ: l.DLQ, Total: l.Total, Messages: make([]listItemJSON, 0, len(l.Records))}
-	for _, r := range l.Records {
-		item := listItemJSON{
-			ID: r.ID, Position: r.Position, ErrorType: r.ErrorType, ErrorClass: r.ErrorClass,
-			Error: r.ErrorMessage, Retries: r.Retries, Replays: r.Replays,
-			OriginalQueue: r.OriginalQueue, Handler: r.Handler,
-		}
-		if r.HasAge {
-			s := r.Age.Seconds()
-			item.AgeSeconds = &s
-		}
-		if !r.FailedAt.IsZero() {
-			t := r.FailedAt
-			item.FailedAt = &t
-		}
-		out.Messages = append(out.Messages, item)
+func newListItemJSON(r dlq.Record) listItemJSON {
+	item := listItemJSON{
+		ID: r.ID, GroupID: r.GroupID, Position: r.Position, ErrorType: r.ErrorType, ErrorClass: r.ErrorClass,
+		Error: r.ErrorMessage, Retries: r.Retries, Replays: r.Replays,
+		OriginalQueue: r.OriginalQueue, Handler: r.Handler,
 	}
-	return out
+	if r.HasAge {
+		s := r.Age.Seconds()
+		item.AgeSeconds = &s
+	}
+	if !r.FailedAt.IsZero() {
+		t := r.FailedAt
+		item.FailedAt = &t
+	}
+	return item
 }
 
 func runDLQShow(ctx context.Context, e *env, args []string) error {
-	f := newDLQFlags(e, "show", "--queue Q [--json] ID",
+	f := newDLQFlags(e, "show", "--queue Q [--archive] [--json] ID",
 		"Shows one message of Q.dlq: its failure record, properties, headers and payload.\nThe DLQ is left exactly as it was.")
+	archive := f.fs.Bool("archive", false, "show a message of Q.dlq.archive instead of Q.dlq")
 	pos, err := f.parse(e, args, 1, "message ID")
 	if err != nil {
 		return err
 	}
 	var r dlq.Record
-	err = inspect(e, func(in *dlq.Inspector) (err error) {
+	err = inspect(e, *archive, func(in *dlq.Inspector) (err error) {
 		r, err = in.Show(ctx, f.queue, pos[0])
 		return err
 	})
@@ -116,7 +180,7 @@ func runDLQShow(ctx context.Context, e *env, args []string) error {
 	if f.json {
 		return writeJSON(e, r)
 	}
-	printRecord(e.stdout, dlq.DLQName(f.queue), r)
+	printRecord(e.stdout, sourceOf(*archive).Name(f.queue), r)
 	return nil
 }
 
@@ -135,6 +199,7 @@ func printRecord(w io.Writer, dlqName string, r dlq.Record) {
 	row("error type", typ)
 	row("error", r.ErrorMessage)
 	row("handler", r.Handler)
+	row("group", r.GroupID+" ("+r.Fingerprint+")")
 	row("original queue", r.OriginalQueue)
 	if !r.FailedAt.IsZero() {
 		row("failed at", fmt.Sprintf("%s (%s ago)", r.FailedAt.UTC().Format(time.RFC3339Nano), age(r)))
@@ -196,13 +261,14 @@ func printRecord(w io.Writer, dlqName string, r dlq.Record) {
 }
 
 func runDLQStats(ctx context.Context, e *env, args []string) error {
-	f := newDLQFlags(e, "stats", "--queue Q [--json]",
+	f := newDLQFlags(e, "stats", "--queue Q [--archive] [--json]",
 		"Counts the messages of Q.dlq by error type, with the oldest age of each.\nThe DLQ is left exactly as it was.")
+	archive := f.fs.Bool("archive", false, "count Q.dlq.archive instead of Q.dlq")
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err
 	}
 	var s dlq.Stats
-	err := inspect(e, func(in *dlq.Inspector) (err error) {
+	err := inspect(e, *archive, func(in *dlq.Inspector) (err error) {
 		s, err = in.Stats(ctx, f.queue)
 		return err
 	})

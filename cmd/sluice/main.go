@@ -1,7 +1,8 @@
 // Command sluice is the operator CLI of the sluice framework.
 //
-//	sluice dlq list|show|stats|replay|purge --queue Q ...
+//	sluice dlq list|show|stats|groups|replay|archive|purge --queue Q ...
 //	sluice trace <message-id | trace-id>
+//	sluice console [--addr 127.0.0.1:8090] [--queue Q]...
 //
 // It connects to RabbitMQ at AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/; a
 // comma-separated list is tried in order). The URL is read from the environment only, never
@@ -9,7 +10,8 @@
 // has its password masked.
 //
 // Exit codes: 0 ok, 1 the operation failed (broker unreachable, replay failed), 2 usage
-// error (bad flags, missing --queue, purge without --yes), 3 not found (queue or message).
+// error (bad flags, missing --queue, purge without --yes), 3 not found (queue, message,
+// destination queue, or a selector that matches no message).
 package main
 
 import (
@@ -32,6 +34,7 @@ import (
 var commands = []command{
 	{name: "dlq", summary: "inspect, replay and purge dead-letter queues", run: runDLQ},
 	{name: "trace", summary: "draw a message's life (attempts, delays, outcome) from Jaeger", run: runTrace},
+	{name: "console", summary: "serve the operator console (web pages and a JSON API) on 127.0.0.1:8090", run: runConsole},
 }
 
 // Exit codes.
@@ -102,7 +105,7 @@ func dispatch(ctx context.Context, e *env, prog, about string, cmds []command, a
 		fmt.Fprintf(w, "\nRun '%s <command> -h' for a command's flags.\n", prog)
 		fmt.Fprintln(w, "RabbitMQ is reached at AMQP_URL (default "+amqp.DefaultURL+").")
 		fmt.Fprintln(w, "Jaeger's query API is reached at JAEGER_QUERY_URL (default http://127.0.0.1:16686).")
-		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found.")
+		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found (or nothing selected).")
 	}
 	if len(args) == 0 {
 		usage(e.stderr)

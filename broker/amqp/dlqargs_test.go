@@ -1,0 +1,54 @@
+package amqp_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/testenv"
+)
+
+// TestQuorumDLQHasNoReachableDeliveryLimit: a quorum DLQ is declared with NoDeliveryLimit,
+// and a quorum DLQ an earlier sluice declared without it is kept as it is.
+func TestQuorumDLQHasNoReachableDeliveryLimit(t *testing.T) {
+	cases := []struct {
+		name     string
+		existing amqp091.Table // Q.dlq declared by hand first; nil: none
+	}{
+		{name: "new DLQ"},
+		{name: "DLQ of an earlier sluice", existing: amqp091.Table{"x-queue-type": "quorum"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testenv.NewRabbit(t)
+			queue := testenv.Name("test.dlqlimit")
+			dlq := amqp.DLQName(queue)
+			r.DeleteQueues(queue, dlq)
+			ch, err := r.Conn.Channel()
+			require.NoError(t, err)
+			defer ch.Close()
+			if tc.existing != nil {
+				_, err := ch.QueueDeclare(dlq, true, false, false, false, tc.existing)
+				require.NoError(t, err)
+			}
+			b := newBroker(t, amqp.Config{QueueType: amqp.QueueQuorum})
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			require.NoError(t, b.DeclareQueue(ctx, queue))
+
+			want := amqp.DeadLetterQueueArgs(amqp.QueueQuorum, nil)
+			if tc.existing != nil {
+				want = tc.existing
+			}
+			_, err = ch.QueueDeclare(dlq, true, false, false, false, want)
+			assert.NoError(t, err, "Q.dlq has the arguments %v", want)
+		})
+	}
+	assert.Equal(t, int64(1<<31-1), amqp.DeadLetterQueueArgs(amqp.QueueQuorum, nil)["x-delivery-limit"])
+	assert.NotContains(t, amqp.DeadLetterQueueArgs(amqp.QueueClassic, nil), "x-delivery-limit")
+}

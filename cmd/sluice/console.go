@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/telemetry/jaeger"
+)
+
+// defaultConsoleAddr keeps the console on this machine unless told otherwise.
+const defaultConsoleAddr = "127.0.0.1:8090"
+
+const consoleAbout = `Serves the operator console: the queues given with --queue (those with a
+Q.dlq) and sluice.unrouted, each queue's failure groups, one failed message with
+its retry timeline from Jaeger, and replay, archive and purge of a message or a
+group; the same as JSON under /api/v1/.
+
+It listens on 127.0.0.1 unless --addr names another address; then every request
+must carry SLUICE_CONSOLE_TOKEN (Authorization: Bearer <token>, or ?token=<token>
+once in a browser). With RABBITMQ_MANAGEMENT_URL (http://user:pass@host:15672)
+it also lists every queue of the vhost that has a Q.dlq, with unacknowledged
+counts. Reads AMQP_URL, JAEGER_QUERY_URL (default ` + jaeger.DefaultQueryURL + `,
+"off" for none), JAEGER_UI_URL (links to Jaeger's UI) and SLUICE_CONSOLE_TOKEN.`
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error {
+	for _, q := range strings.Split(v, ",") {
+		if q = strings.TrimSpace(q); q != "" {
+			*l = append(*l, q)
+		}
+	}
+	return nil
+}
+
+func runConsole(ctx context.Context, e *env, args []string) error {
+	fs := flag.NewFlagSet("sluice console", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	addr := fs.String("addr", defaultConsoleAddr, "listen on `host:port`; a non-loopback host requires SLUICE_CONSOLE_TOKEN")
+	var queues stringList
+	fs.Var(&queues, "queue", "show queue `Q` on the overview (repeatable, or comma-separated)")
+	service := e.getenv("OTEL_SERVICE_NAME")
+	if service == "" {
+		service = defaultTraceService
+	}
+	fs.StringVar(&service, "service", service, "search the traces of service `S` for a message without a traceparent")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: sluice console [--addr host:port] [--queue Q]... [--service S]\n\n%s\n\nFlags:\n", consoleAbout)
+		fs.PrintDefaults()
+	}
+	pos, err := parseInterleaved(e, fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErrorf("sluice console: unexpected argument %q", pos[0])
+	}
+	token := e.getenv("SLUICE_CONSOLE_TOKEN")
+	loopback, err := isLoopback(*addr)
+	if err != nil {
+		return usageErrorf("sluice console: --addr %q: %v", *addr, err)
+	}
+	if !loopback && token == "" {
+		return usageErrorf("sluice console: --addr %s is reachable from other machines: set SLUICE_CONSOLE_TOKEN to the token every request must carry (or listen on 127.0.0.1)", *addr)
+	}
+
+	amqpURL := e.getenv("AMQP_URL")
+	if amqpURL == "" {
+		amqpURL = amqp.DefaultURL
+	}
+	urls := strings.Split(amqpURL, ",")
+	conn, err := dlq.Dial(urls...)
+	if err != nil {
+		return fmt.Errorf("sluice console: %w", dlq.MaskError(err, urls...))
+	}
+	defer conn.Close()
+
+	jaegerURL := e.getenv("JAEGER_QUERY_URL")
+	switch jaegerURL {
+	case "":
+		jaegerURL = jaeger.DefaultQueryURL
+	case "off":
+		jaegerURL = ""
+	}
+	mgmtURL := e.getenv("RABBITMQ_MANAGEMENT_URL")
+	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
+	c, err := console.New(console.Config{
+		Conn: conn, Queues: queues, JaegerQueryURL: jaegerURL, JaegerUIURL: e.getenv("JAEGER_UI_URL"),
+		ManagementURL: mgmtURL, VHost: vhostOf(urls[0]),
+		Service: service, Token: token, Secrets: append(urls, jaegerURL, mgmtURL), Logger: logger,
+	})
+	if err != nil {
+		return fmt.Errorf("sluice console: %w", err)
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("sluice console: listen on %s: %w", *addr, err)
+	}
+	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second}
+	if loopback {
+		fmt.Fprintf(e.stdout, "sluice console: http://%s/ (this machine only)\n", ln.Addr())
+	} else {
+		fmt.Fprintf(e.stdout, "sluice console: http://%s/ is reachable from other machines: every request must carry SLUICE_CONSOLE_TOKEN (Authorization: Bearer <token>, or ?token=<token> once in a browser)\n", ln.Addr())
+	}
+	fmt.Fprintf(e.stdout, "sluice console: RabbitMQ %s, Jaeger %s\n", amqp.MaskURL(strings.TrimSpace(urls[0])), orNone(jaegerURL))
+
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("sluice console: %w", err)
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutdown)
+	if serr := <-done; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
+}
+
+// isLoopback reports whether addr's host only accepts connections from this machine. An
+// empty host listens on every interface.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false, err
+	}
+	if host == "localhost" {
+		return true, nil
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
+}
+
+// vhostOf returns the virtual host an AMQP URL names ("/" when it names none).
+func vhostOf(amqpURL string) string {
+	u, err := url.Parse(strings.TrimSpace(amqpURL))
+	if err != nil || u.Path == "" || u.Path == "/" {
+		return "/"
+	}
+	return strings.TrimPrefix(u.Path, "/")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "off (no timelines)"
+	}
+	return s
+}

@@ -1,0 +1,208 @@
+// Package console is the web application behind `sluice console`: an overview of the queues
+// that use sluice's topology, their failure groups, one failed message with its retry
+// timeline from Jaeger, and replay, archive and purge of a message or a group, as HTML pages
+// and as a JSON API under /api/v1/.
+//
+// Every page is rendered on the server with html/template, so failure records, headers and
+// payloads (which a producer controls) are escaped text, never markup; the only script is
+// the embedded overview poller, and a Content-Security-Policy forbids any other. Actions are
+// POSTs guarded twice against cross-site request forgery: net/http's CrossOriginProtection
+// refuses cross-origin browser requests, and each POST must carry the console's
+// per-process token (a hidden form field, or the X-CSRF-Token header of an API call).
+package console
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/dlq"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// ErrNoConnection means Config.Conn is nil.
+var ErrNoConnection = errors.New("console: no RabbitMQ connection")
+
+// CSRFHeader is the header an API POST carries the console's CSRF token in.
+const CSRFHeader = "X-CSRF-Token"
+
+// tokenCookie keeps an access token a browser gave once as ?token=.
+const tokenCookie = "sluice_console_token"
+
+// Config configures a console.
+type Config struct {
+	// Conn is the RabbitMQ connection every read and action uses. Required.
+	Conn *amqp.Connection
+	// Queues are the queues the overview shows (each must have a Q.dlq to count as using
+	// sluice's topology; see Queues). Empty shows none, and the overview says how to add them.
+	Queues []string
+	// ManagementURL, when set, is RabbitMQ's management API (http://user:pass@host:15672):
+	// the overview then also lists every queue of VHost with a Q.dlq, and unacknowledged
+	// counts. Empty means AMQP only (see Queues).
+	ManagementURL string
+	// VHost is the virtual host the management API lists. Empty means "/".
+	VHost string
+	// JaegerQueryURL is Jaeger's query API. Empty means no Jaeger: message pages say the
+	// timeline is missing and why.
+	JaegerQueryURL string
+	// JaegerUIURL, when set, makes the timeline link to the trace in Jaeger's UI.
+	JaegerUIURL string
+	// Service is the service whose traces are searched by message id when a record carries
+	// no traceparent. Empty means "payments", the example service.
+	Service string
+	// Token, when set, is required on every request (Authorization: Bearer, or ?token= once,
+	// which a cookie then remembers). Empty means no access control: loopback use only.
+	Token string
+	// Secrets are texts (AMQP URLs) masked in every error the console shows.
+	Secrets []string
+	// Logger logs failed requests. Nil means slog.Default().
+	Logger *slog.Logger
+	// Timeout bounds one read against RabbitMQ and Jaeger (an action gets at least 10
+	// minutes). Zero means 30s.
+	Timeout time.Duration
+}
+
+// Server is the console's http.Handler.
+type Server struct {
+	cfg     Config
+	csrf    string
+	pages   map[string]*template.Template
+	handler http.Handler
+}
+
+// New returns the console configured by cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Conn == nil {
+		return nil, ErrNoConnection
+	}
+	if cfg.Service == "" {
+		cfg.Service = "payments"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return nil, fmt.Errorf("console: csrf token: %w", err)
+	}
+	s := &Server{cfg: cfg, csrf: hex.EncodeToString(raw[:])}
+	if err := s.parseTemplates(); err != nil {
+		return nil, err
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// CSRFToken returns the token every POST must carry.
+func (s *Server) CSRFToken() string { return s.csrf }
+
+func (s *Server) parseTemplates() error {
+	s.pages = map[string]*template.Template{}
+	funcs := template.FuncMap{"ts": formatTime, "ago": ago, "path": url.PathEscape}
+	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
+		if err != nil {
+			return fmt.Errorf("console: parse template %s: %w", page, err)
+		}
+		s.pages[page] = t
+	}
+	return nil
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /{$}", s.overviewPage)
+	mux.HandleFunc("GET /queues/{queue}", s.queuePage)
+	mux.HandleFunc("GET /queues/{queue}/messages/{id}", s.messagePage)
+	mux.HandleFunc("GET /queues/{queue}/confirm", s.confirmPage)
+	mux.HandleFunc("POST /queues/{queue}/actions", s.actionForm)
+	mux.HandleFunc("GET /api/v1/csrf", s.apiCSRF)
+	mux.HandleFunc("GET /api/v1/queues", s.apiQueues)
+	mux.HandleFunc("GET /api/v1/queues/{queue}/groups", s.apiGroups)
+	mux.HandleFunc("GET /api/v1/queues/{queue}/messages", s.apiMessages)
+	mux.HandleFunc("GET /api/v1/queues/{queue}/messages/{id}", s.apiMessage)
+	mux.HandleFunc("POST /api/v1/queues/{queue}/{op}", s.apiAction)
+	return http.NewCrossOriginProtection().Handler(mux)
+}
+
+// ServeHTTP checks the access token, sets the security headers and serves the console.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	if s.cfg.Token != "" && !s.authorized(w, r) {
+		return
+	}
+	s.handler.ServeHTTP(w, r)
+}
+
+// authorized reports whether r carries the access token; a token given as ?token= is
+// remembered in a cookie and the browser sent on without it, so it leaves the address bar.
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
+	if q := r.URL.Query().Get("token"); q != "" && equal(q, s.cfg.Token) && r.Method == http.MethodGet {
+		http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: q, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		u := *r.URL
+		v := u.Query()
+		v.Del("token")
+		u.RawQuery = v.Encode()
+		http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+		return false
+	}
+	if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(b, s.cfg.Token) {
+		return true
+	}
+	if c, err := r.Cookie(tokenCookie); err == nil && equal(c.Value, s.cfg.Token) {
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="sluice console"`)
+	http.Error(w, "sluice console: this console needs SLUICE_CONSOLE_TOKEN: send it as Authorization: Bearer <token>, or open the page once with ?token=<token>", http.StatusUnauthorized)
+	return false
+}
+
+func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+// validCSRF reports whether token is the console's CSRF token.
+func (s *Server) validCSRF(token string) bool { return token != "" && equal(token, s.csrf) }
+
+// mask hides the configured secrets in text.
+func (s *Server) mask(text string) string {
+	return dlq.MaskText(text, s.cfg.Secrets...)
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "unknown"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05 UTC")
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return time.Since(t).Round(time.Second).String() + " ago"
+}

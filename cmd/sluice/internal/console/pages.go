@@ -1,0 +1,159 @@
+package console
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+
+	"github.com/sluice-go/sluice/dlq"
+)
+
+// render executes page with data into a buffer first, so a template error cannot leave
+// half a page.
+func (s *Server) render(w http.ResponseWriter, code int, page string, data map[string]any) {
+	data["CSRF"] = s.csrf
+	var b bytes.Buffer
+	if err := s.pages[page].Execute(&b, data); err != nil {
+		s.cfg.Logger.Error("console template failed", "page", page, "error", err)
+		http.Error(w, "sluice console: rendering failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = w.Write(b.Bytes())
+}
+
+func (s *Server) pageFail(w http.ResponseWriter, r *http.Request, err error) {
+	code := status(err)
+	if code >= 500 {
+		s.cfg.Logger.Error("console request failed", "path", r.URL.Path, "error", s.mask(err.Error()))
+	}
+	s.render(w, code, "error", map[string]any{"Title": http.StatusText(code), "Status": code, "Error": s.mask(err.Error()), "Queue": r.PathValue("queue")})
+}
+
+func (s *Server) overviewPage(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	ov, err := s.overview(ctx)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	s.render(w, http.StatusOK, "overview", map[string]any{"Title": "Queues", "Overview": ov})
+}
+
+func (s *Server) queuePage(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	queue := r.PathValue("queue")
+	data := map[string]any{"Title": queue, "Queue": queue, "DLQ": dlq.DLQName(queue), "Ops": Ops}
+	groups, err := dlq.NewInspector(s.cfg.Conn).Groups(ctx, queue)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	data["Groups"] = groups
+	if g := r.URL.Query().Get("group"); g != "" {
+		recs, _, err := s.groupMessages(ctx, queue, g)
+		if err != nil {
+			s.pageFail(w, r, err)
+			return
+		}
+		data["Group"] = g
+		data["Messages"] = recs
+	}
+	s.render(w, http.StatusOK, "queue", data)
+}
+
+func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	queue, id := r.PathValue("queue"), r.PathValue("id")
+	rec, err := dlq.NewInspector(s.cfg.Conn).Show(ctx, queue, id)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	payload, encoding := dlq.PayloadText(rec.Payload)
+	s.render(w, http.StatusOK, "message", map[string]any{
+		"Title": id, "Queue": queue, "Record": rec, "Payload": payload, "Encoding": encoding,
+		"HeaderKeys": slices.Sorted(maps.Keys(rec.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": Ops,
+	})
+}
+
+// target reads the message id or group an action page is about.
+func target(r *http.Request) (ActionRequest, error) {
+	id, group := r.FormValue("id"), r.FormValue("group")
+	req := ActionRequest{Group: group}
+	if id != "" {
+		req.IDs = []string{id}
+	}
+	_, err := req.selector()
+	return req, err
+}
+
+// confirmPage asks before an action: it names the op, the queue and what is selected, and
+// posts the form that does it.
+func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
+	queue, op := r.PathValue("queue"), r.URL.Query().Get("op")
+	if !slices.Contains(Ops, op) {
+		s.pageFail(w, r, fmt.Errorf("unknown action %q (want replay, archive or purge): %w", op, ErrBadRequest))
+		return
+	}
+	req, err := target(r)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	// Count what the action would move, so the question says how many and a stale link
+	// (the group is gone) is a 404 before anyone confirms.
+	n := 0
+	if _, err := dlq.NewInspector(s.cfg.Conn).Messages(ctx, queue, dlq.Selector{IDs: req.IDs, Group: req.Group}, func(dlq.Record) bool { n++; return true }); err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	if n == 0 {
+		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, dlq.DLQName(queue), dlq.ErrNothingSelected))
+		return
+	}
+	s.render(w, http.StatusOK, "confirm", map[string]any{
+		"Title": "Confirm " + op, "Queue": queue, "DLQ": dlq.DLQName(queue), "Archive": dlq.ArchiveName(queue),
+		"Op": op, "ID": r.FormValue("id"), "Group": req.Group, "Count": n,
+	})
+}
+
+// actionForm runs the action a confirmation page posted.
+func (s *Server) actionForm(w http.ResponseWriter, r *http.Request) {
+	if !s.validCSRF(r.PostFormValue("csrf")) {
+		s.render(w, http.StatusForbidden, "error", map[string]any{"Title": "Forbidden", "Status": http.StatusForbidden,
+			"Error": "this form lacks the console's CSRF token: open the page again and confirm from there"})
+		return
+	}
+	queue, op := r.PathValue("queue"), r.PostFormValue("op")
+	req, err := target(r)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	ctx, cancel := s.actionCtx(r)
+	defer cancel()
+	res, err := s.act(ctx, queue, op, req)
+	if err != nil && !errors.Is(err, dlq.ErrMessageNotFound) && !errors.Is(err, dlq.ErrNothingSelected) {
+		s.pageFail(w, r, err)
+		return
+	}
+	errText := ""
+	if err != nil {
+		errText = s.mask(err.Error())
+	}
+	code := http.StatusOK
+	if err != nil {
+		code = status(err)
+	}
+	s.render(w, code, "result", map[string]any{"Title": verb(op), "Queue": queue, "Op": op, "Verb": verb(op), "Result": res, "Error": errText, "Group": req.Group, "IDs": req.IDs})
+}

@@ -1,0 +1,235 @@
+package dlq
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice"
+	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+)
+
+// HeaderArchivedAt is the time a message was archived (RFC 3339), set on its copy in
+// Q.dlq.archive; a replay removes it.
+const HeaderArchivedAt = "x-archived-at"
+
+// item is a selected message waiting for its batch's transaction.
+type item struct {
+	d     amqp.Delivery
+	moved Moved
+}
+
+// mover commits batches of moves inside the transaction of ch (see the package doc).
+type mover struct {
+	o       *Operator
+	op      string
+	ch      *amqp.Channel
+	queue   string
+	source  string
+	to      string // the one destination of every message; empty: each its original queue
+	now     time.Time
+	rd      *reader
+	returns <-chan amqp.Return
+	probe   *amqp.Channel // for passive declares, which close their channel on 404
+}
+
+// moved describes where rec goes.
+func (m *mover) moved(rec Record) Moved {
+	mv := Moved{ID: rec.ID, ErrorType: rec.ErrorType, GroupID: rec.GroupID}
+	switch m.op {
+	case opReplay:
+		mv.Destination, mv.ReplayCount = rec.OriginalQueue, rec.Replays+1
+		if m.to != "" {
+			mv.Destination = m.to
+		}
+	case opArchive:
+		mv.Destination = m.to
+	}
+	return mv
+}
+
+// publishing is what a move publishes for d.
+func (m *mover) publishing(it item) amqp.Publishing {
+	if m.op == opReplay {
+		return ReplayPublishing(it.d, it.moved.ReplayCount)
+	}
+	pub := originalPublishing(it.d)
+	pub.Headers = make(amqp.Table, len(it.d.Headers)+1)
+	for k, v := range it.d.Headers {
+		pub.Headers[k] = v
+	}
+	pub.Headers[HeaderArchivedAt] = sluice.FormatTime(m.now)
+	return pub
+}
+
+// commit moves batch in one transaction: every publish (mandatory) and the
+// acknowledgement of every source copy, then tx.commit. A message whose destination is
+// missing is left out (it stays in the source, counted in res.Failed); one RabbitMQ returns
+// as unroutable at the commit is put back (see restore). Any other error means the channel
+// is in trouble: the transaction is lost with it, nothing of the batch moved, and the run
+// stops.
+func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	missing := map[string]error{}
+	if !m.o.skipDestinationCheck && m.to == "" && m.op == opReplay {
+		// One check per destination and batch, just before its publishes.
+		for _, it := range batch {
+			dest := it.moved.Destination
+			if _, done := missing[dest]; !done {
+				missing[dest] = m.checkDestination(dest)
+			}
+		}
+	}
+	var sent []item
+	for _, it := range batch {
+		if err := missing[it.moved.Destination]; err != nil {
+			if !isDestinationMissing(err) {
+				return err
+			}
+			m.rd.hold(it.d)
+			res.Failed = append(res.Failed, Failure{ID: it.moved.ID, Destination: it.moved.Destination,
+				Err: fmt.Errorf("message %q: %w", it.moved.ID, err)})
+			continue
+		}
+		if m.op != opPurge {
+			if err := m.ch.Publish("", it.moved.Destination, true, false, m.publishing(it)); err != nil {
+				return fmt.Errorf("publish message %q to %q: %w", it.moved.ID, it.moved.Destination, err)
+			}
+		}
+		if err := m.ch.Ack(it.d.DeliveryTag, false); err != nil {
+			return fmt.Errorf("acknowledge message %q in %q: %w", it.moved.ID, m.source, err)
+		}
+		sent = append(sent, it)
+	}
+	if len(sent) == 0 {
+		return nil
+	}
+	if m.o.Pace > 0 {
+		time.Sleep(m.o.Pace)
+	}
+	if err := m.ch.TxCommit(); err != nil {
+		return fmt.Errorf("commit %s of %d messages from %q: %w", m.op, len(sent), m.source, err)
+	}
+	// RabbitMQ sends a transaction's returns during tx.commit, before commit-ok, and the
+	// client has queued them by the time TxCommit returned.
+	returned := map[int]amqp.Return{}
+drain:
+	for {
+		select {
+		case ret := <-m.returns:
+			if i := findReturned(sent, returned, ret); i >= 0 {
+				returned[i] = ret
+			}
+		default:
+			break drain
+		}
+	}
+	for i, it := range sent {
+		if ret, ok := returned[i]; ok {
+			err := m.restore(it, ret)
+			if !isDestinationMissing(err) {
+				return err
+			}
+			res.Failed = append(res.Failed, Failure{ID: it.moved.ID, Destination: it.moved.Destination, Err: err})
+			continue
+		}
+		res.Moved++
+		if m.o.OnMoved != nil {
+			m.o.OnMoved(it.moved)
+		}
+	}
+	prog.moved(len(sent) - len(returned))
+	return nil
+}
+
+// findReturned returns the index in sent of the message ret returns, or -1.
+func findReturned(sent []item, taken map[int]amqp.Return, ret amqp.Return) int {
+	id := MessageID(amqp.Delivery{Headers: ret.Headers, MessageId: ret.MessageId, Body: ret.Body})
+	for i, it := range sent {
+		if _, ok := taken[i]; !ok && it.moved.ID == id && it.moved.Destination == ret.RoutingKey {
+			return i
+		}
+	}
+	return -1
+}
+
+// restore puts the source copy of it back into the source queue after its publish was
+// returned as unroutable at commit, when the source copy's acknowledgement was committed
+// too. Its error matches ErrDestinationNotFound only when the copy is back; otherwise the
+// error carries the payload, the only copy left, and the run stops.
+func (m *mover) restore(it item, ret amqp.Return) error {
+	returned := fmt.Errorf("message %q: publish to %q returned by RabbitMQ (%d %s): %w",
+		it.moved.ID, it.moved.Destination, ret.ReplyCode, ret.ReplyText, ErrDestinationNotFound)
+	if err := m.ch.Publish("", m.source, true, false, originalPublishing(it.d)); err != nil {
+		return fmt.Errorf("%v; putting it back into %q failed (payload %q): %w", returned, m.source, it.d.Body, err)
+	}
+	if err := m.ch.TxCommit(); err != nil {
+		return fmt.Errorf("%v; putting it back into %q failed (payload %q): %w", returned, m.source, it.d.Body, err)
+	}
+	select {
+	case <-m.returns:
+		return fmt.Errorf("%v; putting it back into %q was returned too (payload %q)", returned, m.source, it.d.Body)
+	default:
+	}
+	return fmt.Errorf("%w; it was put back at the tail of %q", returned, m.source)
+}
+
+func isDestinationMissing(err error) bool {
+	return errors.Is(err, ErrDestinationNotFound)
+}
+
+// checkDestination returns an error matching ErrDestinationNotFound when queue does not
+// exist.
+func (m *mover) checkDestination(queue string) error {
+	if m.probe == nil {
+		ch, err := m.o.conn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		m.probe = ch
+	}
+	if _, err := m.probe.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+		m.probe = nil // a failed passive declare closes the channel
+		if isNotFound(err) {
+			return fmt.Errorf("queue %q: %w", queue, ErrDestinationNotFound)
+		}
+		return fmt.Errorf("check queue %q: %w", queue, err)
+	}
+	return nil
+}
+
+// ensureArchive declares Q.dlq.archive when it does not exist (see DefaultRetention).
+func (m *mover) ensureArchive(opts Options) error {
+	err := m.checkDestination(m.to)
+	if err == nil || !isDestinationMissing(err) {
+		return err
+	}
+	retention := opts.Retention
+	if retention <= 0 {
+		retention = DefaultRetention
+	}
+	qt := sluiceamqp.QueueType(opts.ArchiveType)
+	if qt == "" {
+		qt = sluiceamqp.QueueClassic
+	}
+	ch, err := m.o.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	args := sluiceamqp.DeadLetterQueueArgs(qt, amqp.Table{"x-message-ttl": retention.Milliseconds()})
+	if _, err := ch.QueueDeclare(m.to, true, false, false, false, args); err != nil {
+		return fmt.Errorf("declare archive %q (type %s, retention %s): %w", m.to, qt, retention, err)
+	}
+	return nil
+}
+
+func (m *mover) closeProbe() {
+	if m.probe != nil {
+		_ = m.probe.Close()
+	}
+}

@@ -1,0 +1,301 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrNothingSelected means the selector of an operation matched no message: nothing was
+// changed.
+var ErrNothingSelected = errors.New("no message matches the selector")
+
+// DefaultBatchSize is how many messages an Operator moves in one transaction.
+const DefaultBatchSize = 500
+
+// DefaultRetention is how long Q.dlq.archive keeps an archived message when Archive
+// creates it: x-message-ttl of 14 days, counted from the archiving. An archive that exists
+// is used as it is; a RabbitMQ policy with message-ttl on it overrides the argument when
+// it is lower (RabbitMQ applies the lower of the two).
+const DefaultRetention = 14 * 24 * time.Hour
+
+// Operator replays, archives and purges dead letters in bulk, in batches, each batch one
+// AMQP transaction (see the package doc: a process killed at any point neither loses nor
+// duplicates a message). The console and the CLI share it.
+type Operator struct {
+	conn *amqp.Connection
+	// Now is the clock ages are measured against. Nil means time.Now.
+	Now func() time.Time
+	// BatchSize is how many messages one transaction moves. Zero means DefaultBatchSize.
+	BatchSize int
+	// Window is how many messages a run has in flight from RabbitMQ. Zero means
+	// DefaultWindow; it is raised to twice BatchSize when lower.
+	Window int
+	// Progress, when set, is called as the operation goes (see Progress).
+	Progress func(Progress)
+	// OnMoved, when set, is called for each message once its batch committed (in a dry
+	// run: for each message that would move), in queue order.
+	OnMoved func(Moved)
+	// Pace is a test hook: each batch's transaction waits this long after its publishes
+	// and acknowledgements, before the commit, so that a test can kill the process while
+	// a transaction is open. Zero (the default) means no wait.
+	Pace time.Duration
+
+	// skipDestinationCheck is a test hook that lets a publish to a missing queue reach the
+	// commit, to exercise the restore path.
+	skipDestinationCheck bool
+}
+
+// NewOperator returns an Operator on conn. The caller owns conn.
+func NewOperator(conn *amqp.Connection) *Operator { return &Operator{conn: conn} }
+
+// Options are the settings of one operation. The zero value reads Q.dlq, sends replays to
+// each message's original queue and creates the archive with DefaultRetention.
+type Options struct {
+	// From is the queue the messages are taken from: Q.dlq or Q.dlq.archive.
+	From Source
+	// To, for Replay, sends every message to this queue instead of its original queue
+	// (x-original-queue), for example a fixed handler's new queue. The queue must exist.
+	To string
+	// Retention, for Archive, is the archive's x-message-ttl when Archive creates it.
+	// Zero means DefaultRetention.
+	Retention time.Duration
+	// ArchiveType, for Archive, is the archive's queue type when Archive creates it
+	// ("classic" or "quorum"). Empty means classic.
+	ArchiveType string
+	// DryRun reads and selects but changes nothing.
+	DryRun bool
+}
+
+// Moved is one message an operation moved or deleted (or, in a dry run, would have).
+type Moved struct {
+	ID string `json:"id"`
+	// Destination is the queue it went to; empty for a purge.
+	Destination string `json:"destination,omitempty"`
+	ErrorType   string `json:"error_type"`
+	GroupID     string `json:"group_id"`
+	// ReplayCount is the x-replay-count a replayed copy carries.
+	ReplayCount int `json:"replay_count,omitempty"`
+}
+
+// Result says what an operation did. Every count is exact also when an error is returned.
+type Result struct {
+	// Op is "replay", "archive" or "purge".
+	Op string `json:"op"`
+	// Queue is Q; Source the queue read (Q.dlq or Q.dlq.archive).
+	Queue  string `json:"queue"`
+	Source string `json:"source"`
+	// Destination is where every message went when it is one queue (archive, replay
+	// with To); empty when each went to its own original queue, or for a purge.
+	Destination string `json:"destination,omitempty"`
+	DryRun      bool   `json:"dry_run"`
+	// Total is the number of messages the source held when the operation started.
+	Total int `json:"total"`
+	// Scanned is how many were read, Matched how many the selector chose, Moved how many
+	// were moved or deleted (committed; in a dry run, would be).
+	Scanned int `json:"scanned"`
+	Matched int `json:"matched"`
+	Moved   int `json:"moved"`
+	// Failed are selected messages left in the source because their move failed.
+	Failed []Failure `json:"-"`
+	// MissingIDs are ids of the Selector found nowhere in the source.
+	MissingIDs []string `json:"missing_ids,omitempty"`
+	// Elapsed is how long the operation took.
+	Elapsed time.Duration `json:"-"`
+}
+
+// Failure is a selected message that was not moved; it is still in the source queue.
+type Failure struct {
+	ID          string `json:"id"`
+	Destination string `json:"destination"`
+	Err         error  `json:"-"`
+}
+
+// Replay sends the messages of queue's DLQ (or archive) that sel selects to their original
+// queue, or to opts.To, with their retry state reset (see ReplayPublishing). Errors match
+// ErrNothingSelected, ErrMessageNotFound (an id of sel is missing), ErrQueueNotFound (no
+// such DLQ) or ErrDestinationNotFound (a destination queue is missing: those messages
+// stay, the others move).
+func (o *Operator) Replay(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
+	return o.run(ctx, opReplay, queue, sel, opts)
+}
+
+// Archive moves the messages of queue's DLQ that sel selects, unchanged, to
+// Q.dlq.archive, creating it with opts.Retention when it does not exist. Archived messages
+// can be read (Inspector.From) and replayed or purged (Options.From) like dead letters.
+func (o *Operator) Archive(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
+	if opts.From == FromArchive {
+		return Result{Op: opArchive, Queue: queue}, errors.New("dlq: archived messages are archived already")
+	}
+	return o.run(ctx, opArchive, queue, sel, opts)
+}
+
+// Purge deletes the messages of queue's DLQ (or archive) that sel selects. With sel.All
+// it empties the queue in one queue.purge; messages another client holds unacknowledged
+// at that moment are not ready and survive.
+func (o *Operator) Purge(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
+	if sel.All && !opts.DryRun {
+		return o.purgeAll(ctx, queue, opts.From)
+	}
+	return o.run(ctx, opPurge, queue, sel, opts)
+}
+
+const (
+	opReplay  = "replay"
+	opArchive = "archive"
+	opPurge   = "purge"
+)
+
+func (o *Operator) purgeAll(ctx context.Context, queue string, src Source) (Result, error) {
+	start := time.Now()
+	res := Result{Op: opPurge, Queue: queue, Source: src.Name(queue)}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	ch, total, err := openSource(o.conn, queue, src)
+	if err != nil {
+		return res, err
+	}
+	defer ch.Close()
+	res.Total = total
+	n, err := ch.QueuePurge(res.Source, false)
+	if err != nil {
+		return res, fmt.Errorf("purge %q: %w", res.Source, err)
+	}
+	res.Scanned, res.Matched, res.Moved, res.Elapsed = n, n, n, time.Since(start)
+	if n == 0 {
+		return res, fmt.Errorf("%q is empty: %w", res.Source, ErrNothingSelected)
+	}
+	return res, nil
+}
+
+func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts Options) (Result, error) {
+	start := time.Now()
+	res := Result{Op: op, Queue: queue, Source: opts.From.Name(queue), DryRun: opts.DryRun}
+	if err := sel.Validate(); err != nil {
+		return res, err
+	}
+	ch, total, err := openSource(o.conn, queue, opts.From)
+	if err != nil {
+		return res, err
+	}
+	// Closing gives back, in order, every message read and not moved.
+	defer func() { closeAndSettle(o.conn, ch, res.Source, res.Scanned-res.Moved) }()
+	res.Total = total
+	m := &mover{o: o, op: op, ch: ch, queue: queue, source: res.Source, to: opts.To, now: now(o.Now)}
+	defer m.closeProbe()
+	switch {
+	case op == opArchive:
+		m.to = ArchiveName(queue)
+		if !opts.DryRun {
+			if err := m.ensureArchive(opts); err != nil {
+				return res, err
+			}
+		}
+	case op == opReplay && opts.To != "":
+		if err := m.checkDestination(opts.To); err != nil {
+			return res, err
+		}
+	}
+	res.Destination = m.to
+	batchSize := o.BatchSize
+	if batchSize <= 0 {
+		batchSize = DefaultBatchSize
+	}
+	window := max(o.Window, 2*batchSize)
+	if o.Window == 0 {
+		window = max(DefaultWindow, 2*batchSize)
+	}
+	if !opts.DryRun {
+		if err := ch.Tx(); err != nil {
+			return res, fmt.Errorf("start transaction on %q: %w", res.Source, err)
+		}
+		// Buffered beyond a batch: the channel's reader delivers a transaction's returns
+		// before its commit-ok, and must not block on us.
+		m.returns = ch.NotifyReturn(make(chan amqp.Return, 2*batchSize+8))
+	}
+	rd, err := newReader(o.conn, ch, res.Source, total, window, batchSize)
+	if err != nil {
+		return res, err
+	}
+	defer rd.close()
+	m.rd = rd
+	prog := newProgressor(o.Progress, op, res.Source, total)
+	found := map[string]bool{}
+	batch := make([]item, 0, batchSize)
+	finish := func(err error) (Result, error) {
+		if err == nil {
+			err = m.commit(batch, &res, prog)
+		}
+		prog.done()
+		res.Elapsed = time.Since(start)
+		if err != nil {
+			return res, err
+		}
+		return res, o.outcome(&res, sel, found)
+	}
+	// Only the messages present at the start: a replayed message that fails again lands
+	// at the DLQ's tail and must not be replayed again by this run.
+	for {
+		d, ok, err := rd.next(ctx)
+		if err != nil {
+			return finish(fmt.Errorf("%s from %q interrupted after %d of %d messages: %w", op, res.Source, res.Scanned, total, err))
+		}
+		if !ok {
+			break
+		}
+		res.Scanned++
+		rec := NewRecord(d, queue, res.Scanned, m.now)
+		if !sel.Match(rec) {
+			rd.hold(d)
+			prog.scanned(1, false)
+			continue
+		}
+		res.Matched++
+		prog.scanned(1, true)
+		if len(sel.IDs) > 0 {
+			found[rec.ID] = true
+		}
+		it := item{d: d, moved: m.moved(rec)}
+		if opts.DryRun {
+			rd.hold(d)
+			res.Moved++
+			if o.OnMoved != nil {
+				o.OnMoved(it.moved)
+			}
+			continue
+		}
+		batch = append(batch, it)
+		if len(batch) == batchSize {
+			if err := m.commit(batch, &res, prog); err != nil {
+				return finish(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	return finish(nil)
+}
+
+// outcome is the error a finished run returns: failed moves first, then ids not found,
+// then a selector that matched nothing.
+func (o *Operator) outcome(res *Result, sel Selector, found map[string]bool) error {
+	for _, id := range sel.IDs {
+		if !found[id] && !slices.Contains(res.MissingIDs, id) {
+			res.MissingIDs = append(res.MissingIDs, id)
+		}
+	}
+	switch {
+	case len(res.Failed) > 0:
+		return fmt.Errorf("%d of %d selected messages not moved, still in %q; first: %w",
+			len(res.Failed), res.Matched, res.Source, res.Failed[0].Err)
+	case len(res.MissingIDs) > 0:
+		return fmt.Errorf("ids %s in %q: %w", quoteAll(res.MissingIDs), res.Source, ErrMessageNotFound)
+	case res.Matched == 0:
+		return fmt.Errorf("%s: none of the %d messages in %q matches %s: %w", res.Op, res.Scanned, res.Source, sel, ErrNothingSelected)
+	}
+	return nil
+}
