@@ -38,7 +38,7 @@ const (
 	QueueKindUnrouted = "unrouted"
 )
 
-// UnroutedQueue holds the events no queue was bound to (DESIGN.md: the alternate exchange
+// UnroutedQueue holds the events no queue was bound to (docs/DESIGN.md: the alternate exchange
 // of sluice's exchanges).
 const UnroutedQueue = "sluice.unrouted"
 

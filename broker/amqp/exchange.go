@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Publish/subscribe topology (see DESIGN.md, "Topology names"): a subscriber's queue Q is
+// Publish/subscribe topology (see docs/DESIGN.md, "Topology names"): a subscriber's queue Q is
 // bound to exchanges; every exchange sluice declares carries alternate-exchange
 // sluice.unrouted, a fanout exchange feeding the durable queue sluice.unrouted, so an event
 // nobody is bound to is kept, with its exchange and routing key, instead of being dropped.
