@@ -165,18 +165,17 @@ func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) b
 	if err != nil {
 		return 0, err
 	}
-	read := 0
-	defer func() { closeAndSettle(i.conn, ch, i.From.Name(queue), read) }() // gives back everything read, in order
-	rd, err := newReader(i.conn, ch, i.From.Name(queue), total, i.Window, 0)
+	rd, err := newReader(i.conn, ch, i.From.Name(queue), total, i.Window, 0, nil)
 	if err != nil {
+		_ = ch.Close()
 		return total, err
 	}
-	defer rd.close()
+	defer rd.close() // gives back everything read, in order
 	prog := newProgressor(i.Progress, "read", i.From.Name(queue), total)
 	clock := now(i.Now)
 	visiting := true
 	for n := 1; ; n++ {
-		d, ok, err := rd.next(ctx)
+		d, _, ok, err := rd.next(ctx)
 		if err != nil {
 			return total, err
 		}
@@ -184,7 +183,6 @@ func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) b
 			break
 		}
 		rd.hold(d)
-		read++
 		if visiting {
 			visiting = visit(NewRecord(d, queue, n, clock))
 		}
