@@ -259,7 +259,7 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 			break
 		}
 		res.Scanned++
-		rec := NewRecord(d, queue, res.Scanned, m.now)
+		rec := selectionRecord(d, queue, res.Scanned, m.now)
 		if !sel.Match(rec) {
 			rd.hold(d)
 			prog.scanned(1, false)
