@@ -111,7 +111,7 @@ func (t TypeStats) MarshalJSON() ([]byte, error) {
 func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
 	s := Stats{Queue: queue, DLQ: i.From.Name(queue), ByErrorType: []TypeStats{}}
 	byType := map[string]*TypeStats{}
-	_, err := i.scan(ctx, queue, func(r Record) bool {
+	_, err := i.scanWith(ctx, queue, selectionRecord, func(r Record) bool {
 		s.Total++
 		ts := byType[r.ErrorType]
 		if ts == nil {
@@ -161,6 +161,12 @@ func (i *Inspector) Messages(ctx context.Context, queue string, sel Selector, vi
 // back all of them, in order, keeps the order. Closing the channel gives every message
 // back. It returns the number of ready messages the queue had at the start.
 func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) bool) (int, error) {
+	return i.scanWith(ctx, queue, NewRecord, visit)
+}
+
+// scanWith is scan with records made by decode (NewRecord, or selectionRecord for the
+// reads that need only the failure record's summary: Stats, Groups).
+func (i *Inspector) scanWith(ctx context.Context, queue string, decode func(amqp.Delivery, string, int, time.Time) Record, visit func(Record) bool) (int, error) {
 	ch, total, err := openSource(i.conn, queue, i.From)
 	if err != nil {
 		return 0, err
@@ -184,7 +190,7 @@ func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) b
 		}
 		rd.hold(d)
 		if visiting {
-			visiting = visit(NewRecord(d, queue, n, clock))
+			visiting = visit(decode(d, queue, n, clock))
 		}
 		prog.scanned(1, false)
 	}
