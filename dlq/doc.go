@@ -98,9 +98,13 @@
 // reports the message as not moved (Result.Failed). Only a process killed in that
 // window, while the destination is being deleted, could lose that one message.
 //
-// A run reads at most the number of messages the source held when it started, so a
-// replayed message that fails again and comes back to the DLQ (at its tail) during the run
-// is left there rather than replayed in a loop. A selector that matches nothing is
+// A run reads at most the number of messages the source held when it started, and ends
+// early when the source has had no ready message for about a second. When an operation
+// moves to its next channel while RabbitMQ has a delivery in flight to the one it leaves,
+// that message is not seen by the run and stays in the source (neither moved nor lost; a
+// second run takes it). Reads never leave a consumer with room for a delivery in flight.
+// A replayed message that fails again and comes back to the DLQ (at its tail) during the
+// run is left there rather than replayed in a loop. A selector that matches nothing is
 // ErrNothingSelected.
 //
 // # The archive

@@ -132,6 +132,7 @@ drain:
 	}
 	for i, it := range sent {
 		if ret, ok := returned[i]; ok {
+			m.rd.ack(it.d)
 			err := m.restore(it, ret)
 			if !isDestinationMissing(err) {
 				return err
@@ -139,6 +140,7 @@ drain:
 			res.Failed = append(res.Failed, Failure{ID: it.moved.ID, Destination: it.moved.Destination, Err: err})
 			continue
 		}
+		m.rd.ack(it.d)
 		res.Moved++
 		if m.o.OnMoved != nil {
 			m.o.OnMoved(it.moved)

@@ -13,8 +13,12 @@ import (
 const DefaultWindow = 2000
 
 // idleCheck is how long a read waits for a delivery before it asks RabbitMQ whether the
-// queue still has ready messages (another client may have taken them).
-const idleCheck = 300 * time.Millisecond
+// queue still has ready messages (another client may have taken them); after idleChecks
+// answers of none in a row it ends.
+const (
+	idleCheck  = 300 * time.Millisecond
+	idleChecks = 3
+)
 
 // reader takes the messages of a queue in order, head first, acknowledging nothing
 // itself: what the caller does not acknowledge stays unacknowledged until its channel
@@ -58,6 +62,8 @@ type reader struct {
 	heldOn     map[*amqp.Channel]int
 	deliveries <-chan amqp.Delivery
 	held       int // messages of the current consumer the caller keeps unacknowledged
+	delivered  int // messages the current consumer delivered
+	acked      int // of those, acknowledged by the caller
 	pending    []amqp.Delivery
 	probe      *amqp.Channel
 }
@@ -106,6 +112,11 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 		return d, r.channelOf[d.ConsumerTag], true, nil
 	}
 	if r.deliveries != nil && r.held >= r.window-r.reserve {
+		// For a read (reserve 0) the consumer has its whole window unacknowledged:
+		// RabbitMQ sends it nothing more and nothing is in flight, so cancelling it loses
+		// no delivery (amqp091-go drops a delivery that arrives for a cancelled consumer).
+		// An operation keeps reserve of the window for its batch; a delivery in flight at
+		// the cancel is not seen by that run and stays in the source (see the package doc).
 		if err := r.rotate(); err != nil {
 			return amqp.Delivery{}, nil, false, err
 		}
@@ -116,8 +127,9 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 			return amqp.Delivery{}, nil, false, err
 		}
 	}
-	idle := time.NewTimer(idleCheck)
+	idle := time.NewTicker(idleCheck)
 	defer idle.Stop()
+	empty := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -127,21 +139,29 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 				return amqp.Delivery{}, nil, false, fmt.Errorf("read %q: consumer cancelled by RabbitMQ (queue deleted?)", r.queue)
 			}
 			r.read++
+			r.delivered++
 			return d, r.ch, true, nil
 		case <-idle.C:
 			ready, err := r.ready()
 			if err != nil {
 				return amqp.Delivery{}, nil, false, err
 			}
-			if ready == 0 {
-				return amqp.Delivery{}, nil, false, nil // taken by someone else meanwhile
+			// No ready message, and none arrived for a while: the rest was taken by
+			// someone else meanwhile. (Messages on their way to this consumer are not
+			// ready either, hence the several checks.)
+			if ready > 0 {
+				empty = 0
+			} else if empty++; empty >= idleChecks {
+				return amqp.Delivery{}, nil, false, nil
 			}
-			// Ready messages, none delivered: this consumer is out of window.
-			if err := r.rotate(); err != nil {
-				return amqp.Delivery{}, nil, false, err
-			}
-			return r.next(ctx)
 		}
+	}
+}
+
+// ack tells the reader the caller acknowledged d (its batch committed).
+func (r *reader) ack(d amqp.Delivery) {
+	if d.ConsumerTag == r.tag {
+		r.acked++
 	}
 }
 
@@ -156,7 +176,7 @@ func (r *reader) hold(d amqp.Delivery) {
 func (r *reader) consume() error {
 	r.seq++
 	r.tag = "sluice-dlq-" + strconv.Itoa(r.seq)
-	r.held = 0
+	r.held, r.delivered, r.acked = 0, 0, 0
 	ds, err := r.ch.Consume(r.queue, r.tag, false, false, false, false, nil)
 	if err != nil {
 		if isNotFound(err) {
@@ -187,21 +207,24 @@ func (r *reader) rotate() error {
 }
 
 // close closes the reader's channels, oldest first, each giving back the messages it
-// held, and waits after each until the queue counts them as ready again: so they go back
-// in order, and an operation started right after sees them all (a quorum queue takes a
-// closed channel's messages back asynchronously).
+// held, and waits after each until the queue counts them as ready again: a quorum queue
+// takes a closed channel's messages back asynchronously, at its head, so waiting keeps the
+// channels' messages in order, and an operation started right after sees them all. A
+// classic queue puts each message back at its place, whatever the order of the closes,
+// but slowly when there are many (see operationSettle): once one wait runs out, the rest
+// close without waiting.
 func (r *reader) close() {
 	base := -1
 	if n, err := r.ready(); err == nil {
 		base = n
 	}
 	back := 0
-	deadline := time.Now().Add(r.settle)
+	waiting := base >= 0
 	for _, ch := range r.chans {
 		_ = ch.Close()
 		back += r.heldOn[ch]
-		if base >= 0 && r.heldOn[ch] > 0 {
-			r.waitReady(base+back, deadline)
+		if waiting && r.heldOn[ch] > 0 {
+			waiting = r.waitReady(base+back, time.Now().Add(r.settle))
 		}
 	}
 	if r.probe != nil {
@@ -213,21 +236,27 @@ func (r *reader) close() {
 // back every message, and the next read must see them all; an operation gives back the
 // messages it skipped, which a classic queue puts back one at a time, each at its place
 // (measured: about 100 s for 15,000 skipped messages with the moved ones acknowledged in
-// between, on a loaded 2-core machine), so it waits only a little and returns; they keep
-// coming back after it.
+// between, on a loaded 2-core machine), so it waits for one channel at most this long and
+// returns; they keep coming back after it.
 const (
 	readSettle      = 30 * time.Second
-	operationSettle = 3 * time.Second
+	operationSettle = 10 * time.Second
 )
 
-func (r *reader) waitReady(want int, deadline time.Time) {
+// waitReady waits until the queue has want ready messages; false when the deadline
+// passed first.
+func (r *reader) waitReady(want int, deadline time.Time) bool {
 	for time.Now().Before(deadline) {
 		n, err := r.ready()
-		if err != nil || n >= want {
-			return
+		if err != nil {
+			return false
+		}
+		if n >= want {
+			return true
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return false
 }
 
 // ready asks RabbitMQ how many ready messages the queue has.
