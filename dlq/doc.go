@@ -69,6 +69,14 @@
 //	not selected:   left unacknowledged, given back when the channel closes (in one go,
 //	                not one by one)
 //
+// Each reading channel holds at most a window of skipped messages and a new one takes
+// over (see reader), because RabbitMQ finds an acknowledged message by scanning its
+// channel's unacknowledged ones: acknowledging on a channel holding 15,000 skipped
+// messages made the tenth commit of 500 take 21 s instead of 0.4 s. A classic queue puts
+// the skipped messages back one at a time, each at its place, which takes long for many
+// (measured: about 100 s for 15,000 on a loaded 2-core machine); an operation waits a
+// few seconds for them and returns, and they keep coming back after it, in order.
+//
 // The publishes of a batch and the removal of their source copies are committed together,
 // so a process killed at any point (SIGKILL included) neither loses a message nor leaves
 // it both moved and in the source: an uncommitted transaction is discarded with the
@@ -90,9 +98,13 @@
 // reports the message as not moved (Result.Failed). Only a process killed in that
 // window, while the destination is being deleted, could lose that one message.
 //
-// A run reads at most the number of messages the source held when it started, so a
-// replayed message that fails again and comes back to the DLQ (at its tail) during the run
-// is left there rather than replayed in a loop. A selector that matches nothing is
+// A run reads at most the number of messages the source held when it started, and ends
+// early when the source has had no ready message for about a second. When an operation
+// moves to its next channel while RabbitMQ has a delivery in flight to the one it leaves,
+// that message is not seen by the run and stays in the source (neither moved nor lost; a
+// second run takes it). Reads never leave a consumer with room for a delivery in flight.
+// A replayed message that fails again and comes back to the DLQ (at its tail) during the
+// run is left there rather than replayed in a loop. A selector that matches nothing is
 // ErrNothingSelected.
 //
 // # The archive

@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/dlqfill"
 )
 
 // panicAccount and panicLedger are two panic sites; recovered runs one under Watermill's
@@ -89,4 +92,31 @@ func TestFingerprint(t *testing.T) {
 	assert.Len(t, dlq.GroupID("h", "t", fpA), 12)
 	assert.NotEqual(t, dlq.GroupID("h1", "panic", fpA), dlq.GroupID("h2", "panic", fpA), "the handler is part of the group")
 	_ = fmt.Sprint(errors.New("x"))
+}
+
+// TestSelectionRecordAgreesWithNewRecord: the record a bulk move selects on has the same
+// fields as the full record, for records of every kind the tests make.
+func TestSelectionRecordAgreesWithNewRecord(t *testing.T) {
+	rec := dlqfill.NewRecorder(t, "payments")
+	now := time.Now()
+	for _, g := range mixedGroups {
+		t.Run(g.name, func(t *testing.T) {
+			f := dlqfill.Failure{ID: "m-1", Handler: "payments", Err: g.err(1), At: now.Add(-time.Hour)}
+			if g.override != nil {
+				f.Override = g.override(0)
+			}
+			pub := rec.Publishing(t, f)
+			d := amqp091.Delivery{Headers: pub.Headers, MessageId: pub.MessageId, Body: pub.Body, Timestamp: pub.Timestamp}
+			full := dlq.NewRecord(d, "payments", 3, now)
+			got := dlq.SelectionRecord(d, "payments", 3, now)
+			for _, pair := range [][2]any{
+				{full.ID, got.ID}, {full.OriginalQueue, got.OriginalQueue}, {full.Handler, got.Handler},
+				{full.ErrorType, got.ErrorType}, {full.ErrorMessage, got.ErrorMessage}, {full.ErrorStack, got.ErrorStack},
+				{full.GroupID, got.GroupID}, {full.Fingerprint, got.Fingerprint}, {full.Replays, got.Replays},
+				{full.FailedAt, got.FailedAt}, {full.Age, got.Age}, {full.HasAge, got.HasAge}, {full.Position, got.Position},
+			} {
+				assert.Equal(t, pair[0], pair[1])
+			}
+		})
+	}
 }

@@ -52,7 +52,7 @@ const sampleBytes = 300
 // largest first (ties by error type, then id). Only the groups are kept in memory.
 func (i *Inspector) Groups(ctx context.Context, queue string) ([]Group, error) {
 	byID := map[string]*Group{}
-	_, err := i.scan(ctx, queue, func(r Record) bool {
+	_, err := i.scanWith(ctx, queue, selectionRecord, func(r Record) bool {
 		g := byID[r.GroupID]
 		if g == nil {
 			g = &Group{

@@ -111,7 +111,7 @@ func (t TypeStats) MarshalJSON() ([]byte, error) {
 func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
 	s := Stats{Queue: queue, DLQ: i.From.Name(queue), ByErrorType: []TypeStats{}}
 	byType := map[string]*TypeStats{}
-	_, err := i.scan(ctx, queue, func(r Record) bool {
+	_, err := i.scanWith(ctx, queue, selectionRecord, func(r Record) bool {
 		s.Total++
 		ts := byType[r.ErrorType]
 		if ts == nil {
@@ -161,22 +161,27 @@ func (i *Inspector) Messages(ctx context.Context, queue string, sel Selector, vi
 // back all of them, in order, keeps the order. Closing the channel gives every message
 // back. It returns the number of ready messages the queue had at the start.
 func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) bool) (int, error) {
+	return i.scanWith(ctx, queue, NewRecord, visit)
+}
+
+// scanWith is scan with records made by decode (NewRecord, or selectionRecord for the
+// reads that need only the failure record's summary: Stats, Groups).
+func (i *Inspector) scanWith(ctx context.Context, queue string, decode func(amqp.Delivery, string, int, time.Time) Record, visit func(Record) bool) (int, error) {
 	ch, total, err := openSource(i.conn, queue, i.From)
 	if err != nil {
 		return 0, err
 	}
-	read := 0
-	defer func() { closeAndSettle(i.conn, ch, i.From.Name(queue), read) }() // gives back everything read, in order
-	rd, err := newReader(i.conn, ch, i.From.Name(queue), total, i.Window, 0)
+	rd, err := newReader(i.conn, ch, i.From.Name(queue), total, i.Window, 0, nil)
 	if err != nil {
+		_ = ch.Close()
 		return total, err
 	}
-	defer rd.close()
+	defer rd.close() // gives back everything read, in order
 	prog := newProgressor(i.Progress, "read", i.From.Name(queue), total)
 	clock := now(i.Now)
 	visiting := true
 	for n := 1; ; n++ {
-		d, ok, err := rd.next(ctx)
+		d, _, ok, err := rd.next(ctx)
 		if err != nil {
 			return total, err
 		}
@@ -184,9 +189,8 @@ func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) b
 			break
 		}
 		rd.hold(d)
-		read++
 		if visiting {
-			visiting = visit(NewRecord(d, queue, n, clock))
+			visiting = visit(decode(d, queue, n, clock))
 		}
 		prog.scanned(1, false)
 	}

@@ -18,20 +18,21 @@ const HeaderArchivedAt = "x-archived-at"
 // item is a selected message waiting for its batch's transaction.
 type item struct {
 	d     amqp.Delivery
+	ch    *amqp.Channel // the channel it was delivered on
 	moved Moved
 }
 
-// mover commits batches of moves inside the transaction of ch (see the package doc).
+// mover commits batches of moves, each in the transaction of the channel its messages
+// were delivered on (see the package doc).
 type mover struct {
 	o       *Operator
 	op      string
-	ch      *amqp.Channel
 	queue   string
 	source  string
 	to      string // the one destination of every message; empty: each its original queue
 	now     time.Time
 	rd      *reader
-	returns <-chan amqp.Return
+	returns map[*amqp.Channel]<-chan amqp.Return
 	probe   *amqp.Channel // for passive declares, which close their channel on 404
 }
 
@@ -74,6 +75,7 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 	if len(batch) == 0 {
 		return nil
 	}
+	ch := batch[0].ch
 	missing := map[string]error{}
 	if !m.o.skipDestinationCheck && m.to == "" && m.op == opReplay {
 		// One check per destination and batch, just before its publishes.
@@ -96,11 +98,11 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 			continue
 		}
 		if m.op != opPurge {
-			if err := m.ch.Publish("", it.moved.Destination, true, false, m.publishing(it)); err != nil {
+			if err := ch.Publish("", it.moved.Destination, true, false, m.publishing(it)); err != nil {
 				return fmt.Errorf("publish message %q to %q: %w", it.moved.ID, it.moved.Destination, err)
 			}
 		}
-		if err := m.ch.Ack(it.d.DeliveryTag, false); err != nil {
+		if err := ch.Ack(it.d.DeliveryTag, false); err != nil {
 			return fmt.Errorf("acknowledge message %q in %q: %w", it.moved.ID, m.source, err)
 		}
 		sent = append(sent, it)
@@ -111,7 +113,7 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 	if m.o.Pace > 0 {
 		time.Sleep(m.o.Pace)
 	}
-	if err := m.ch.TxCommit(); err != nil {
+	if err := ch.TxCommit(); err != nil {
 		return fmt.Errorf("commit %s of %d messages from %q: %w", m.op, len(sent), m.source, err)
 	}
 	// RabbitMQ sends a transaction's returns during tx.commit, before commit-ok, and the
@@ -120,7 +122,7 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 drain:
 	for {
 		select {
-		case ret := <-m.returns:
+		case ret := <-m.returns[ch]:
 			if i := findReturned(sent, returned, ret); i >= 0 {
 				returned[i] = ret
 			}
@@ -130,6 +132,7 @@ drain:
 	}
 	for i, it := range sent {
 		if ret, ok := returned[i]; ok {
+			m.rd.ack(it.d)
 			err := m.restore(it, ret)
 			if !isDestinationMissing(err) {
 				return err
@@ -137,6 +140,7 @@ drain:
 			res.Failed = append(res.Failed, Failure{ID: it.moved.ID, Destination: it.moved.Destination, Err: err})
 			continue
 		}
+		m.rd.ack(it.d)
 		res.Moved++
 		if m.o.OnMoved != nil {
 			m.o.OnMoved(it.moved)
@@ -164,14 +168,15 @@ func findReturned(sent []item, taken map[int]amqp.Return, ret amqp.Return) int {
 func (m *mover) restore(it item, ret amqp.Return) error {
 	returned := fmt.Errorf("message %q: publish to %q returned by RabbitMQ (%d %s): %w",
 		it.moved.ID, it.moved.Destination, ret.ReplyCode, ret.ReplyText, ErrDestinationNotFound)
-	if err := m.ch.Publish("", m.source, true, false, originalPublishing(it.d)); err != nil {
+	ch := it.ch
+	if err := ch.Publish("", m.source, true, false, originalPublishing(it.d)); err != nil {
 		return fmt.Errorf("%v; putting it back into %q failed (payload %q): %w", returned, m.source, it.d.Body, err)
 	}
-	if err := m.ch.TxCommit(); err != nil {
+	if err := ch.TxCommit(); err != nil {
 		return fmt.Errorf("%v; putting it back into %q failed (payload %q): %w", returned, m.source, it.d.Body, err)
 	}
 	select {
-	case <-m.returns:
+	case <-m.returns[ch]:
 		return fmt.Errorf("%v; putting it back into %q was returned too (payload %q)", returned, m.source, it.d.Body)
 	default:
 	}

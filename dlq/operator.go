@@ -183,10 +183,14 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 	if err != nil {
 		return res, err
 	}
-	// Closing gives back, in order, every message read and not moved.
-	defer func() { closeAndSettle(o.conn, ch, res.Source, res.Scanned-res.Moved) }()
+	owned := true // until the reader owns ch
+	defer func() {
+		if owned {
+			_ = ch.Close()
+		}
+	}()
 	res.Total = total
-	m := &mover{o: o, op: op, ch: ch, queue: queue, source: res.Source, to: opts.To, now: now(o.Now)}
+	m := &mover{o: o, op: op, queue: queue, source: res.Source, to: opts.To, now: now(o.Now), returns: map[*amqp.Channel]<-chan amqp.Return{}}
 	defer m.closeProbe()
 	switch {
 	case op == opArchive:
@@ -210,21 +214,27 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 	if o.Window == 0 {
 		window = max(DefaultWindow, 2*batchSize)
 	}
-	if !opts.DryRun {
-		if err := ch.Tx(); err != nil {
-			return res, fmt.Errorf("start transaction on %q: %w", res.Source, err)
+	setup := func(c *amqp.Channel) error {
+		if opts.DryRun {
+			return nil
+		}
+		if err := c.Tx(); err != nil {
+			return fmt.Errorf("start transaction on %q: %w", res.Source, err)
 		}
 		// Buffered beyond a batch: the channel's reader delivers a transaction's returns
 		// before its commit-ok, and must not block on us.
-		m.returns = ch.NotifyReturn(make(chan amqp.Return, 2*batchSize+8))
+		m.returns[c] = c.NotifyReturn(make(chan amqp.Return, 2*batchSize+8))
+		return nil
 	}
-	rd, err := newReader(o.conn, ch, res.Source, total, window, batchSize)
+	rd, err := newReader(o.conn, ch, res.Source, total, window, batchSize, setup)
 	if err != nil {
 		return res, err
 	}
-	defer rd.close()
+	owned = false
+	defer rd.close() // gives back, in order, every message read and not moved
 	m.rd = rd
 	prog := newProgressor(o.Progress, op, res.Source, total)
+
 	found := map[string]bool{}
 	batch := make([]item, 0, batchSize)
 	finish := func(err error) (Result, error) {
@@ -241,7 +251,7 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 	// Only the messages present at the start: a replayed message that fails again lands
 	// at the DLQ's tail and must not be replayed again by this run.
 	for {
-		d, ok, err := rd.next(ctx)
+		d, dch, ok, err := rd.next(ctx)
 		if err != nil {
 			return finish(fmt.Errorf("%s from %q interrupted after %d of %d messages: %w", op, res.Source, res.Scanned, total, err))
 		}
@@ -249,7 +259,7 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 			break
 		}
 		res.Scanned++
-		rec := NewRecord(d, queue, res.Scanned, m.now)
+		rec := selectionRecord(d, queue, res.Scanned, m.now)
 		if !sel.Match(rec) {
 			rd.hold(d)
 			prog.scanned(1, false)
@@ -260,7 +270,7 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 		if len(sel.IDs) > 0 {
 			found[rec.ID] = true
 		}
-		it := item{d: d, moved: m.moved(rec)}
+		it := item{d: d, ch: dch, moved: m.moved(rec)}
 		if opts.DryRun {
 			rd.hold(d)
 			res.Moved++
@@ -268,6 +278,13 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 				o.OnMoved(it.moved)
 			}
 			continue
+		}
+		if len(batch) > 0 && batch[0].ch != it.ch {
+			// A batch is one transaction, on one channel.
+			if err := m.commit(batch, &res, prog); err != nil {
+				return finish(err)
+			}
+			batch = batch[:0]
 		}
 		batch = append(batch, it)
 		if len(batch) == batchSize {
