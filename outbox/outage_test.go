@@ -226,7 +226,11 @@ func TestOutboxOutage(t *testing.T) {
 		t.Logf("PostgreSQL outbox: inserts %.0f msg/s with the broker up; %d rows waiting at start_app; table empty %s after it",
 			upRate, pendingAtRestart, time.Since(restarted))
 		r := drainQueue(t, url, queue, producers*perProducer)
-		requireAllInOrder(t, r, producers, 0, perProducer)
+		// Watermill's forwarder is at-least-once: the one message it has in flight when the
+		// broker stops may be stored by RabbitMQ with its confirm lost, and is sent again
+		// (by the publisher on its new connection, then by the forwarder): at most two more
+		// copies of one message an outage.
+		requireAllInOrderDup(t, r, producers, 0, perProducer, 2)
 	})
 }
 

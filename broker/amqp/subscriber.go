@@ -133,7 +133,7 @@ func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *
 				continue
 			}
 			s.logger.Error("queue deleted under its consumer; waiting for it to be declared again", "queue", queue, "error", err, "retry_in", wait)
-			wait = min(2*wait, s.cfg.NackBackoffMax)
+			wait = min(2*wait, max(s.cfg.NackBackoffMax, time.Second))
 		default:
 			s.logger.Warn("consumer stopped; resuming", "queue", queue, "error", err)
 			wait = 200 * time.Millisecond
