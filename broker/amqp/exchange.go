@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/binding"
 )
 
 // Publish/subscribe topology (see docs/DESIGN.md, "Topology names"): a subscriber's queue Q is
@@ -23,19 +25,19 @@ const (
 	AlternateExchangeArg = "alternate-exchange"
 )
 
-// ExchangeKind is an AMQP exchange type.
-type ExchangeKind string
+// ExchangeKind is an AMQP exchange type (internal/binding holds the rules both brokers share).
+type ExchangeKind = binding.Kind
 
 // Exchange kinds.
 const (
 	// ExchangeTopic routes on dot-separated binding keys with * and # wildcards.
-	ExchangeTopic ExchangeKind = amqp.ExchangeTopic
+	ExchangeTopic = binding.Topic
 	// ExchangeDirect routes on the exact binding key.
-	ExchangeDirect ExchangeKind = amqp.ExchangeDirect
+	ExchangeDirect = binding.Direct
 	// ExchangeFanout sends every message to every bound queue.
-	ExchangeFanout ExchangeKind = amqp.ExchangeFanout
+	ExchangeFanout = binding.Fanout
 	// ExchangeHeaders routes on header values (Binding.Headers).
-	ExchangeHeaders ExchangeKind = amqp.ExchangeHeaders
+	ExchangeHeaders = binding.Headers
 )
 
 // Errors of the publish/subscribe topology.
@@ -44,60 +46,15 @@ var (
 	// would declare; the *InequivalentError says which and what to do.
 	ErrInequivalent = errors.New("amqp: declared before with other arguments")
 	// ErrBinding means a Binding is incomplete or contradicts its exchange kind.
-	ErrBinding = errors.New("amqp: invalid binding")
+	ErrBinding = binding.ErrInvalid
 )
 
-// Binding binds a queue to an exchange.
-type Binding struct {
-	// Exchange is the exchange's name; it must not be empty (the default exchange takes
-	// no bindings).
-	Exchange string
-	// Kind is the exchange's type. Zero means ExchangeTopic.
-	Kind ExchangeKind
-	// Keys are the binding keys, one binding each. Empty means "#" on a topic exchange
-	// (every event); a direct exchange needs at least one; fanout and headers exchanges
-	// ignore keys.
-	Keys []string
-	// Headers are the header values a headers exchange matches (all of them, or any with
-	// MatchAny). Only for ExchangeHeaders, where at least one is needed.
-	Headers map[string]string
-	// MatchAny makes a headers binding match when any header matches instead of all.
-	MatchAny bool
-}
-
-// Validate fills the kind's default and checks that the binding can be declared.
-func (b *Binding) Validate() error {
-	if b.Exchange == "" {
-		return fmt.Errorf("%w: empty exchange name", ErrBinding)
-	}
-	if b.Kind == "" {
-		b.Kind = ExchangeTopic
-	}
-	switch b.Kind {
-	case ExchangeTopic:
-		if len(b.Keys) == 0 {
-			b.Keys = []string{"#"}
-		}
-	case ExchangeDirect:
-		if len(b.Keys) == 0 {
-			return fmt.Errorf("%w: direct exchange %q needs a binding key", ErrBinding, b.Exchange)
-		}
-	case ExchangeFanout:
-	case ExchangeHeaders:
-		if len(b.Headers) == 0 {
-			return fmt.Errorf("%w: headers exchange %q needs headers to match", ErrBinding, b.Exchange)
-		}
-	default:
-		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, b.Exchange, b.Kind)
-	}
-	if b.Kind != ExchangeHeaders && len(b.Headers) > 0 {
-		return fmt.Errorf("%w: headers given for %s exchange %q", ErrBinding, b.Kind, b.Exchange)
-	}
-	return nil
-}
+// Binding binds a queue to an exchange; Validate fills the kind's default and checks that
+// it can be declared (the rules are internal/binding's, shared with the embedded broker).
+type Binding = binding.Binding
 
 // routes returns the (binding key, arguments) pairs the binding declares.
-func (b Binding) routes() []bindingRoute {
+func routes(b Binding) []bindingRoute {
 	switch b.Kind {
 	case ExchangeFanout:
 		return []bindingRoute{{}}
@@ -308,7 +265,7 @@ func (b *Broker) bind(ctx context.Context, queue string, bd Binding) error {
 		return err
 	}
 	defer ch.Close()
-	for _, r := range bd.routes() {
+	for _, r := range routes(bd) {
 		if err := ch.QueueBind(queue, r.key, bd.Exchange, false, r.args); err != nil {
 			return fmt.Errorf("bind queue %q to %s exchange %q with key %q: %w", queue, bd.Kind, bd.Exchange, r.key, err)
 		}

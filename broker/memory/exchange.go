@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/internal/binding"
 )
 
 // Publish/subscribe, as on RabbitMQ (see broker/amqp): a subscriber's queue is bound to
@@ -23,19 +25,20 @@ const (
 	MetadataRoutingKey = "amqp-routing-key"
 )
 
-// ExchangeKind is an exchange type: how an exchange matches routing keys to bindings.
-type ExchangeKind string
+// ExchangeKind is an exchange type: how an exchange matches routing keys to bindings (the
+// same as RabbitMQ's; internal/binding holds the rules both brokers share).
+type ExchangeKind = binding.Kind
 
 // Exchange kinds, as in AMQP.
 const (
 	// ExchangeTopic matches dot-separated words; * is one word, # zero or more.
-	ExchangeTopic ExchangeKind = "topic"
+	ExchangeTopic = binding.Topic
 	// ExchangeDirect matches the routing key exactly.
-	ExchangeDirect ExchangeKind = "direct"
+	ExchangeDirect = binding.Direct
 	// ExchangeFanout routes every message to every bound queue.
-	ExchangeFanout ExchangeKind = "fanout"
+	ExchangeFanout = binding.Fanout
 	// ExchangeHeaders matches metadata values.
-	ExchangeHeaders ExchangeKind = "headers"
+	ExchangeHeaders = binding.Headers
 )
 
 // Exchange errors.
@@ -45,53 +48,12 @@ var (
 	// ErrInequivalent means an exchange was declared again with another kind.
 	ErrInequivalent = errors.New("memory: exchange declared before with another kind")
 	// ErrBinding means a binding is incomplete or contradicts its exchange kind.
-	ErrBinding = errors.New("memory: invalid binding")
+	ErrBinding = binding.ErrInvalid
 )
 
-// Binding binds a queue to an exchange; the fields mean what they mean for RabbitMQ's
-// amqp.Binding.
-type Binding struct {
-	// Exchange is the exchange's name (not empty).
-	Exchange string
-	// Kind is the exchange's type. Zero means ExchangeTopic.
-	Kind ExchangeKind
-	// Keys are the binding keys. Empty means "#" on a topic exchange; direct needs one;
-	// fanout and headers ignore them.
-	Keys []string
-	// Headers are the metadata values a headers binding matches (all, or any with
-	// MatchAny).
-	Headers map[string]string
-	// MatchAny makes a headers binding match when any of Headers matches.
-	MatchAny bool
-}
-
-// Validate fills the kind's default and checks the binding.
-func (b *Binding) Validate() error {
-	if b.Exchange == "" {
-		return fmt.Errorf("%w: empty exchange name", ErrBinding)
-	}
-	if b.Kind == "" {
-		b.Kind = ExchangeTopic
-	}
-	switch b.Kind {
-	case ExchangeTopic:
-		if len(b.Keys) == 0 {
-			b.Keys = []string{"#"}
-		}
-	case ExchangeDirect:
-		if len(b.Keys) == 0 {
-			return fmt.Errorf("%w: direct exchange %q needs a binding key", ErrBinding, b.Exchange)
-		}
-	case ExchangeFanout:
-	case ExchangeHeaders:
-		if len(b.Headers) == 0 {
-			return fmt.Errorf("%w: headers exchange %q needs headers to match", ErrBinding, b.Exchange)
-		}
-	default:
-		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, b.Exchange, b.Kind)
-	}
-	return nil
-}
+// Binding binds a queue to an exchange; the fields and Validate's rules are RabbitMQ's
+// (internal/binding), so both brokers accept the same bindings.
+type Binding = binding.Binding
 
 // exchanges is the broker's set of exchanges. The zero value is empty.
 type exchanges struct {
