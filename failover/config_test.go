@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/failover"
@@ -74,4 +75,31 @@ func TestPublisher_BlockedPrimaryIsRetriedEveryInterval(t *testing.T) {
 	require.NoError(t, pub.Publish("q", message.NewMessage("m", nil)))
 	require.Equal(t, 1, primary.got)
 	require.False(t, pub.OnSecondary())
+}
+
+func TestDial_UnreachableClusterIsNotConnectedAndCloses(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	// Port 1 on the loopback refuses at once: the cluster keeps trying in the background.
+	c, err := failover.Dial(failover.ClusterConfig{
+		AMQP:             amqp.Config{URLs: []string{"amqp://guest:guest@127.0.0.1:1/"}, Logger: quietLogger()},
+		RetryMaxInterval: 50 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	pub := c.Publisher()
+	require.False(t, pub.Connected())
+	err = pub.Publish("q", message.NewMessage("m", nil))
+	require.ErrorIs(t, err, failover.ErrNotConnected)
+	require.Nil(t, c.Broker())
+	select {
+	case <-c.Ready():
+		t.Fatal("ready without a connection")
+	default:
+	}
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close(), "a second Close")
+}
+
+func TestDial_RejectsNegativeDurations(t *testing.T) {
+	_, err := failover.Dial(failover.ClusterConfig{ConnectTimeout: -time.Second})
+	require.Error(t, err)
 }

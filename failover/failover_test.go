@@ -122,4 +122,53 @@ func TestFailover(t *testing.T) {
 		require.Zero(t, depth(t, nodeURL(primaryNode), queue))
 		require.Zero(t, depth(t, nodeURL(secondaryNode), queue))
 	})
+
+	t.Run("a publisher started while the primary is unreachable uses the secondary, then the primary once it appears", func(t *testing.T) {
+		queue := testenv.Name("failover.cold")
+		secondary := connect(t, nodeURL(secondaryNode), queue)
+		ctl("stop_app")
+		started := false
+		defer func() {
+			if !started { // the test failed before starting it; leave the node as found
+				_, _ = primaryNode.Ctl("start_app")
+			}
+		}()
+		primaryCluster, err := failover.Dial(failover.ClusterConfig{
+			AMQP: amqp.Config{URLs: []string{nodeURL(primaryNode)}, Logger: quietLogger(), ReconnectMaxInterval: 500 * time.Millisecond},
+			OnConnect: func(ctx context.Context, b *amqp.Broker) error {
+				return b.DeclareQueue(ctx, queue)
+			},
+			RetryMaxInterval: 500 * time.Millisecond,
+		})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, primaryCluster.Close()) }()
+		pub, err := failover.NewPublisher(primaryCluster.Publisher(), secondary.Publisher(), failover.Config{PrimaryTimeout: time.Second, Logger: quietLogger()})
+		require.NoError(t, err)
+		publish := func(n int) {
+			t.Helper()
+			for i := 0; i < n; i++ {
+				require.NoError(t, pub.Publish(queue, message.NewMessage(fmt.Sprintf("c%05d", i), []byte("{}"))), "message %d", i)
+			}
+		}
+
+		publish(per)
+		p, s := pub.Counts()
+		require.Equal(t, [2]uint64{0, per}, [2]uint64{p, s}, "primary never reached: every publish on the secondary")
+		require.True(t, pub.OnSecondary())
+		require.Nil(t, primaryCluster.Broker(), "no primary broker yet")
+
+		ctl("start_app")
+		started = true
+		select {
+		case <-primaryCluster.Ready():
+		case <-time.After(60 * time.Second):
+			t.Fatal("the primary did not connect within 60s of start_app")
+		}
+		publish(per)
+		p, s = pub.Counts()
+		require.Equal(t, [2]uint64{per, per}, [2]uint64{p, s}, "primary appeared: new publishes on it")
+		require.False(t, pub.OnSecondary())
+		require.Equal(t, per, depth(t, nodeURL(primaryNode), queue), "messages on the primary")
+		require.Equal(t, per, depth(t, nodeURL(secondaryNode), queue), "messages on the secondary")
+	})
 }

@@ -29,15 +29,18 @@ func producerPublisher(ctx context.Context, cfg config, b router.Broker, logger 
 		}
 	}
 	if cfg.secondaryURL != "" {
-		second, err := amqp.New(ctx, amqp.Config{URLs: amqp.SplitURLs(cfg.secondaryURL), Logger: logger, QueueType: amqp.QueueType(cfg.queueType)})
+		// Connected in the background: the producer starts, publishing to the primary,
+		// whether or not the secondary can be reached now.
+		second, err := failover.Dial(failover.ClusterConfig{
+			AMQP: amqp.Config{URLs: amqp.SplitURLs(cfg.secondaryURL), Logger: logger, QueueType: amqp.QueueType(cfg.queueType)},
+			OnConnect: func(ctx context.Context, b *amqp.Broker) error {
+				return b.DeclareQueue(ctx, cfg.queue)
+			},
+		})
 		if err != nil {
-			return nil, closeFn, fmt.Errorf("connect to the secondary cluster: %w", err)
+			return nil, closeFn, fmt.Errorf("secondary cluster: %w", err)
 		}
 		closers = append(closers, second.Close)
-		if err := second.DeclareQueue(ctx, cfg.queue); err != nil {
-			closeFn()
-			return nil, func() {}, fmt.Errorf("declare %s on the secondary cluster: %w", cfg.queue, err)
-		}
 		fp, err := failover.NewPublisher(pub, second.Publisher(), failover.Config{Logger: logger})
 		if err != nil {
 			closeFn()

@@ -28,10 +28,12 @@ type hooks struct {
 // service is the payment consumer: queue payments.requested, successes to
 // payments.succeeded, dead letters to payments.requested.dlq.
 type service struct {
-	broker  router.Broker
-	stack   *router.Stack
-	gateway *example_payment.Gateway
-	closers []func() error
+	broker router.Broker
+	stack  *router.Stack
+	// secondary consumes the cluster AMQP_SECONDARY_URL names, nil without it.
+	secondary *secondary
+	gateway   *example_payment.Gateway
+	closers   []func() error
 	// consuming is true while the stack consumes: /readyz reads it.
 	consuming atomic.Bool
 }
@@ -114,31 +116,47 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	}
 	// Closed after the stack (closers run in reverse), so the snapshot holds every completion.
 	svc.closers = append(svc.closers, guard.Close)
-	stack, err := router.New(b, router.Config{
-		Telemetry:   inst,
-		Idempotency: guard,
-		Logger:      logger,
-		Retry:       rcfg,
-		Poison:      poison.Config{OnDeadLetter: h.onDeadLetter},
-		Concurrency: cfg.concurrency,
-		Prefetch:    cfg.concurrency * 4,
-		Breakers:    breakers,
-		Health:      health,
-	})
+	// One stack per cluster, built alike and sharing the guard, the breaker and the
+	// gateway: a request the producer failed over with is settled on the cluster it is on,
+	// and a copy on both clusters (its primary confirm lost) is charged once.
+	newStack := func(b router.Broker) (*router.Stack, error) {
+		stack, err := router.New(b, router.Config{
+			Telemetry:   inst,
+			Idempotency: guard,
+			Logger:      logger,
+			Retry:       rcfg,
+			Poison:      poison.Config{OnDeadLetter: h.onDeadLetter},
+			Concurrency: cfg.concurrency,
+			Prefetch:    cfg.concurrency * 4,
+			Breakers:    breakers,
+			Health:      health,
+		})
+		if err != nil {
+			return nil, err
+		}
+		handler := example_payment.NewHandler(svc.gateway)
+		output, exchangeOpts := cfg.exchangeOptions()
+		if err := stack.HandleWithOutput("payments", cfg.queue, output, handler.Handle, append([]router.HandlerOption{
+			router.WithIdempotencyKey(example_payment.KeyFunc),
+			router.WithBreaker("payment-gateway"),
+			router.WithPartitions(cfg.partitions),
+		}, exchangeOpts...)...); err != nil {
+			return nil, err
+		}
+		return stack, nil
+	}
+	stack, err := newStack(b)
 	if err != nil {
 		_ = svc.close()
 		return nil, err
 	}
 	svc.stack = stack
-	handler := example_payment.NewHandler(svc.gateway)
-	output, exchangeOpts := cfg.exchangeOptions()
-	if err := stack.HandleWithOutput("payments", cfg.queue, output, handler.Handle, append([]router.HandlerOption{
-		router.WithIdempotencyKey(example_payment.KeyFunc),
-		router.WithBreaker("payment-gateway"),
-		router.WithPartitions(cfg.partitions),
-	}, exchangeOpts...)...); err != nil {
-		_ = svc.close()
-		return nil, err
+	if cfg.secondaryURL != "" {
+		svc.secondary, err = newSecondary(cfg, logger, newStack)
+		if err != nil {
+			_ = svc.close()
+			return nil, err
+		}
 	}
 	return svc, nil
 }
@@ -154,7 +172,19 @@ func (s *service) run(ctx context.Context) error {
 		case <-done:
 		}
 	}()
+	var secondaryDone chan error
+	if s.secondary != nil {
+		secondaryDone = make(chan error, 1)
+		go func() { secondaryDone <- s.secondary.run(ctx) }()
+	}
 	err := s.stack.Run(ctx)
+	if secondaryDone != nil {
+		// The primary's stack stopped (Close, or ctx): the secondary's stops with it.
+		_ = s.secondary.stop()
+		if serr := <-secondaryDone; err == nil {
+			err = serr
+		}
+	}
 	close(done)
 	<-watched
 	s.consuming.Store(false)
@@ -167,6 +197,11 @@ func (s *service) close() error {
 	var err error
 	if s.stack != nil {
 		err = s.stack.Close()
+	}
+	if s.secondary != nil {
+		if serr := s.secondary.close(); err == nil {
+			err = serr
+		}
 	}
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		if cerr := s.closers[i](); cerr != nil && err == nil {
