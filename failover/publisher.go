@@ -1,6 +1,11 @@
 // Package failover publishes to a second RabbitMQ cluster when no node of the first can be
 // reached, and consumes from both.
 //
+// A cluster's broker (amqp.New) needs its first connection to succeed; Dial connects one
+// in the background instead, so that a producer can start while its primary is
+// unreachable: Dial's publisher reports itself not connected until then, and Publisher
+// sends to the secondary meanwhile and to the primary once it appears.
+//
 // The clusters do not share messages: what was published to the secondary stays there
 // until a consumer of the secondary takes it (Subscriber consumes both). Copying messages
 // between clusters is the job of RabbitMQ's federation or shovel plugins, not sluice's.

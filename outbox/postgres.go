@@ -62,7 +62,9 @@ func (c *PostgresConfig) Validate() error {
 // outbox table (in their own transaction, with their own data, through Publisher), and
 // Run moves the rows to RabbitMQ in order, deleting each row once the broker confirmed
 // it. Any number of producer instances may share the table; run one forwarder per table
-// where order matters (the rows are taken oldest first under a row lock).
+// where order matters (the rows are taken oldest first under a row lock). Forwarding is
+// at-least-once, each copy with the message's UUID as its message id (Watermill's
+// envelope carries it), for the consumer's idempotency step to recognise.
 type PostgresOutbox struct {
 	db  *stdsql.DB
 	cfg PostgresConfig

@@ -20,7 +20,9 @@ import (
 // every new Publish goes to the outbox behind it, so a caller that publishes one message
 // after the other sees them reach the broker in that order. Delivery is at-least-once: a
 // direct publish whose confirm was lost in a failure, or a forwarded batch confirmed but
-// not yet removed when the process died, is published again.
+// not yet removed when the process died, is published again, with the message's UUID as
+// every copy's message id, so that the consumer's idempotency step runs its handler once
+// (see the package documentation).
 type Publisher struct {
 	pub   message.Publisher
 	cfg   Config
