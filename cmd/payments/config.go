@@ -53,6 +53,8 @@ type config struct {
 	// (PAYMENTS_OUTBOX_DIR); secondaryURL names a second cluster it fails over to
 	// (AMQP_SECONDARY_URL). See producer.go.
 	outboxDir, secondaryURL string
+	// consumeSecondary makes the service consume the secondaryURL cluster too (serve).
+	consumeSecondary bool
 }
 
 func loadConfig() (config, error) {

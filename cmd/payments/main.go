@@ -12,8 +12,8 @@
 // (/metrics, /healthz and /readyz), QUEUE_DEPTH_INTERVAL, RABBITMQ_MANAGEMENT_URL (queue depths
 // with unacknowledged counts), OTEL_SERVICE_NAME and the standard OTEL_EXPORTER_OTLP_*
 // variables. The demo's producer publishes through an outbox in PAYMENTS_OUTBOX_DIR and fails
-// over to AMQP_SECONDARY_URL when they are set; with AMQP_SECONDARY_URL the service consumes
-// that cluster too.
+// over to AMQP_SECONDARY_URL when they are set; with AMQP_SECONDARY_URL, serve consumes that
+// cluster too.
 package main
 
 import (
@@ -80,6 +80,7 @@ func serve(ctx context.Context, cfg config, args []string) int {
 	}
 	logger := newLogger(level)
 	cfg.embeddedFallback = false
+	cfg.consumeSecondary = true
 	svc, err := newService(ctx, cfg, logger, hooks{})
 	if err != nil {
 		logger.Error("payments: start failed", "error", err)

@@ -151,7 +151,7 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		return nil, err
 	}
 	svc.stack = stack
-	if cfg.secondaryURL != "" {
+	if cfg.consumeSecondary && cfg.secondaryURL != "" {
 		svc.secondary, err = newSecondary(cfg, logger, newStack)
 		if err != nil {
 			_ = svc.close()
