@@ -21,11 +21,9 @@ type secondary struct {
 	newStack func(router.Broker) (*router.Stack, error)
 	logger   *slog.Logger
 
-	mu      sync.Mutex
-	stack   *router.Stack
-	stopped bool
-	stopCh  chan struct{}
-	once    sync.Once
+	stopCtx context.Context
+	stop    context.CancelFunc
+	running sync.WaitGroup
 }
 
 func newSecondary(cfg config, logger *slog.Logger, newStack func(router.Broker) (*router.Stack, error)) (*secondary, error) {
@@ -35,61 +33,58 @@ func newSecondary(cfg config, logger *slog.Logger, newStack func(router.Broker) 
 	if err != nil {
 		return nil, fmt.Errorf("secondary cluster: %w", err)
 	}
-	return &secondary{cluster: c, newStack: newStack, logger: logger, stopCh: make(chan struct{})}, nil
+	stopCtx, stop := context.WithCancel(context.Background())
+	return &secondary{cluster: c, newStack: newStack, logger: logger, stopCtx: stopCtx, stop: stop}, nil
 }
 
-// run waits for the secondary's first connection, then consumes it until ctx ends or
-// stop. A failure is logged and returned; the primary's stack goes on.
+// start runs the secondary's consumer in a goroutine until ctx ends or stop; the channel
+// receives its result.
+func (s *secondary) start(ctx context.Context) <-chan error {
+	done := make(chan error, 1)
+	s.running.Add(1)
+	go func() {
+		defer s.running.Done()
+		done <- s.run(ctx)
+	}()
+	return done
+}
+
+// run waits for the secondary's first connection, then consumes it. A failure is logged
+// and returned; the primary's stack goes on.
 func (s *secondary) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.stopCtx, cancel)()
 	select {
 	case <-s.cluster.Ready():
 	case <-ctx.Done():
 		return nil
-	case <-s.stopCh:
-		return nil
 	}
-	s.mu.Lock()
-	if s.stopped {
-		s.mu.Unlock()
+	if ctx.Err() != nil {
 		return nil
 	}
 	stack, err := s.newStack(router.FromAMQP(s.cluster.Broker()))
 	if err != nil {
-		s.mu.Unlock()
 		s.logger.Error("payments: cannot consume the secondary cluster", "error", err)
 		return fmt.Errorf("secondary cluster: %w", err)
 	}
-	s.stack = stack
-	s.mu.Unlock()
 	s.logger.Info("payments: consuming the secondary cluster too")
-	if err := stack.Run(ctx); err != nil {
+	// Run returns once ctx is done, in-flight payments finished (Watermill closes the
+	// router); Close then releases the stack's metrics.
+	err = stack.Run(ctx)
+	if cerr := stack.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil && ctx.Err() == nil {
 		s.logger.Error("payments: consuming the secondary cluster stopped", "error", err)
 		return fmt.Errorf("secondary cluster: %w", err)
 	}
 	return nil
 }
 
-// stop stops consuming the secondary (in-flight payments finish); run returns.
-func (s *secondary) stop() error {
-	var err error
-	s.once.Do(func() {
-		close(s.stopCh)
-		s.mu.Lock()
-		s.stopped = true
-		stack := s.stack
-		s.mu.Unlock()
-		if stack != nil {
-			err = stack.Close()
-		}
-	})
-	return err
-}
-
-// close stops consuming and closes the connection to the secondary.
+// close stops consuming the secondary, waits for its consumer, and closes the connection.
 func (s *secondary) close() error {
-	err := s.stop()
-	if cerr := s.cluster.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	s.stop()
+	s.running.Wait()
+	return s.cluster.Close()
 }

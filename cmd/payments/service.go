@@ -172,15 +172,14 @@ func (s *service) run(ctx context.Context) error {
 		case <-done:
 		}
 	}()
-	var secondaryDone chan error
+	var secondaryDone <-chan error
 	if s.secondary != nil {
-		secondaryDone = make(chan error, 1)
-		go func() { secondaryDone <- s.secondary.run(ctx) }()
+		secondaryDone = s.secondary.start(ctx)
 	}
 	err := s.stack.Run(ctx)
 	if secondaryDone != nil {
 		// The primary's stack stopped (Close, or ctx): the secondary's stops with it.
-		_ = s.secondary.stop()
+		s.secondary.stop()
 		if serr := <-secondaryDone; err == nil {
 			err = serr
 		}
