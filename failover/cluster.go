@@ -161,17 +161,18 @@ func (c *Cluster) Close() error {
 // connection.
 type ClusterPublisher struct{ c *Cluster }
 
-// Publish publishes messages to the queue topic names, within the first message's
-// context, confirmed.
+// Publish publishes messages to the queue topic names and waits for their confirms, as
+// the broker's amqp.Publisher.Publish does (the first message's deadline, else
+// amqp.Config.PublishTimeout).
 func (p *ClusterPublisher) Publish(topic string, messages ...*message.Message) error {
-	ctx := context.Background()
-	if len(messages) > 0 {
-		ctx = messages[0].Context()
+	b := p.c.Broker()
+	if b == nil {
+		return fmt.Errorf("publish %d message(s) to %q: %w", len(messages), topic, ErrNotConnected)
 	}
-	return p.PublishContext(ctx, topic, messages...)
+	return b.Publisher().Publish(topic, messages...)
 }
 
-// PublishContext is Publish within ctx.
+// PublishContext publishes messages to the queue topic names within ctx, confirmed.
 func (p *ClusterPublisher) PublishContext(ctx context.Context, topic string, messages ...*message.Message) error {
 	b := p.c.Broker()
 	if b == nil {
