@@ -177,6 +177,9 @@ func TestNew_Validation(t *testing.T) {
 		{name: "negative Jitter means none", cfg: retry.Config{Delayer: d, Jitter: -0.5}, check: func(t *testing.T, cfg retry.Config) {
 			assert.Zero(t, cfg.Jitter)
 		}},
+		{name: "NoJitter means none", cfg: retry.Config{Delayer: d, Jitter: retry.NoJitter}, check: func(t *testing.T, cfg retry.Config) {
+			assert.Zero(t, cfg.Jitter)
+		}},
 		{name: "negative MaxRetries means none", cfg: retry.Config{Delayer: d, MaxRetries: -1}, check: func(t *testing.T, cfg retry.Config) {
 			assert.Zero(t, cfg.MaxRetries)
 		}},
