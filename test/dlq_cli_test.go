@@ -85,7 +85,7 @@ type dlqService struct {
 func startDLQService(t *testing.T, e *env, queue string) *dlqService {
 	t.Helper()
 	s := &dlqService{queue: queue, processed: map[string]int{}, last: map[string]message.Metadata{}}
-	cfg := router.Config{Retry: retry.Config{MaxRetries: 1, InitialDelay: 50 * time.Millisecond, Jitter: -1}}
+	cfg := router.Config{Retry: retry.Config{MaxRetries: 1, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter}}
 	start(t, e, cfg, func(st *router.Stack) {
 		require.NoError(t, st.Handle("dlq-cli", queue, s.handle, router.WithConcurrency(8)))
 	})

@@ -213,7 +213,7 @@ func TestHostileInput(t *testing.T) {
 	const maxRetries = 2
 	cfg := router.Config{
 		Logger:      logger,
-		Retry:       retry.Config{MaxRetries: maxRetries, InitialDelay: 50 * time.Millisecond, Jitter: -1},
+		Retry:       retry.Config{MaxRetries: maxRetries, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter},
 		Telemetry:   in,
 		Idempotency: guard,
 		Concurrency: 4,
