@@ -256,26 +256,26 @@ func TestChaos(t *testing.T) {
 	}
 	recovered := func(what string) time.Duration {
 		begin := time.Now()
+		deadline, _ := ctx.Deadline()
 		base := -1
-		for base < 0 {
-			base = progress()
-			time.Sleep(100 * time.Millisecond)
-		}
-		for time.Since(begin) < 3*time.Minute {
-			if p := progress(); p > base {
-				d := time.Since(begin)
-				t.Logf("recovered from %s in %s", what, d.Round(10*time.Millisecond))
-				return d
+		require.Eventually(t, func() bool { base = progress(); return base >= 0 }, time.Until(deadline), 100*time.Millisecond,
+			"the outcome queues readable after %s", what)
+		var d time.Duration
+		if !assert.Eventually(t, func() bool {
+			if progress() <= base {
+				return false
 			}
-			time.Sleep(50 * time.Millisecond)
+			d = time.Since(begin)
+			return true
+		}, 3*time.Minute-time.Since(begin), 50*time.Millisecond, "no progress within 3 minutes after %s", what) {
+			return 0
 		}
-		t.Errorf("no progress within 3 minutes after %s", what)
-		return 0
+		t.Logf("recovered from %s in %s", what, d.Round(10*time.Millisecond))
+		return d
 	}
 	waitPublished := func(n int64) {
-		for published.Load() < n && ctx.Err() == nil {
-			time.Sleep(50 * time.Millisecond)
-		}
+		deadline, _ := ctx.Deadline()
+		assert.Eventually(t, func() bool { return published.Load() >= n || ctx.Err() != nil }, time.Until(deadline), 50*time.Millisecond)
 	}
 
 	var faults []string
