@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCH_ROUNDS ?= 3
 
-.PHONY: run test test-go test-chaos test-faults test-cluster bench lint clean jaeger-start jaeger-stop cluster-start cluster-stop
+.PHONY: run test test-go test-chaos test-faults test-cluster bench bench-record lint clean jaeger-start jaeger-stop cluster-start cluster-stop
 
 ## run: the payment demo (embedded broker unless AMQP_URL is set)
 run:
@@ -32,7 +32,11 @@ test-cluster:
 
 ## bench: every benchmark, three rounds, then one table of sluice beside its reference (medians)
 bench:
-	$(GO) run ./internal/benchtable -rounds $(BENCH_ROUNDS) -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
+	$(GO) run ./internal/benchtable -rounds $(BENCH_ROUNDS) $(BENCH_RECORD) -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
+
+## bench-record: make bench, and the table replaces the "Latest generated table" of BENCHMARKS.md
+bench-record:
+	@$(MAKE) bench BENCH_RECORD="-record BENCHMARKS.md"
 
 ## lint: formatting and vet
 lint:

@@ -183,7 +183,7 @@ func BenchmarkRetryPath(b *testing.B) {
 		}
 		stack := benchStack(b, router.FromAMQP(br), router.Config{
 			Retry: retry.Config{
-				InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: -1,
+				InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: retry.NoJitter,
 			},
 			Breakers: reg,
 		}, true)

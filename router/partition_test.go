@@ -52,7 +52,7 @@ func runStack(t *testing.T, b *memory.Broker, partitions int, h message.NoPublis
 	t.Helper()
 	s, err := router.New(router.FromMemory(b), router.Config{
 		Logger: quietLogger(),
-		Retry:  retry.Config{MaxRetries: 2, InitialDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond, Jitter: -1},
+		Retry:  retry.Config{MaxRetries: 2, InitialDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond, Jitter: retry.NoJitter},
 	})
 	require.NoError(t, err)
 	require.NoError(t, s.Handle("work", "q", h, router.WithPartitions(partitions), router.WithConcurrency(2)))

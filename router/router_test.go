@@ -29,7 +29,7 @@ var errOutputDown = errors.New("output exchange unavailable")
 
 // fastRetries is a policy whose delays keep a test short; no jitter, so they are exact.
 func fastRetries(maxRetries int) retry.Config {
-	return retry.Config{MaxRetries: maxRetries, InitialDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond, Jitter: -1}
+	return retry.Config{MaxRetries: maxRetries, InitialDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond, Jitter: retry.NoJitter}
 }
 
 // testBroker is the embedded broker with two changes a test controls: the first

@@ -47,7 +47,7 @@ func TestBreaker_DefaultIgnoresOnePoisonMessageAmongHealthyTraffic(t *testing.T)
 	start(t, e, router.Config{
 		Breakers: reg,
 		Retry: retry.Config{
-			MaxRetries: maxRetries, InitialDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond, Jitter: -1,
+			MaxRetries: maxRetries, InitialDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond, Jitter: retry.NoJitter,
 			OnRetry: func(ev retry.Event) {
 				if ev.Deferred {
 					deferred.Add(1)

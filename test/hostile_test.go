@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -181,12 +182,50 @@ func propertyNamedHeaders() amqp091.Table {
 
 const traceparentRE = `^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`
 
+// hostileMaxRetries is the stack's retry limit: a retryable failure is delivered this many
+// times more before the DLQ.
+const hostileMaxRetries = 2
+
+// mib is a mebibyte.
+const mib = 1 << 20
+
 // TestHostileInput publishes messages no well-behaved producer sends, with a plain
 // amqp091-go client, to the real stack around the payment handler, and checks that each
 // ends where its case says (a Succeeded event or a DLQ record, or refused by RabbitMQ),
 // after a bounded number of attempts, that nothing is lost or looping, and that the
 // consumer still handles an ordinary message afterwards.
 func TestHostileInput(t *testing.T) {
+	s := startHostileStack(t)
+	cases := slices.Concat(hostileBodyCases(), hostileHeaderCases(), hostileLimitCases(t), hostileIdentityCases(s))
+	for i := range cases {
+		c := &cases[i]
+		if c.want == refusedByBroker {
+			publishRefused(t, s.r.URL, s.queue, c.pub, c.refusal)
+			continue
+		}
+		t.Logf("publishing %q (%d bytes)", c.name, len(c.pub.Body))
+		s.r.Publish(s.queue, c.pub)
+	}
+
+	got := newHostileOutcomes(s, cases)
+	got.waitSettled(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { got.check(t, c) })
+	}
+	t.Run("an ordinary message afterwards succeeds", got.checkStillWorking)
+}
+
+// hostileStack is TestHostileInput's stack: the payment handler behind every step, its
+// deliveries counted and its spans recorded.
+type hostileStack struct {
+	r             *testenv.Rabbit
+	queue, output string
+	counter       *hostileDeliveries
+	spans         *tracetest.SpanRecorder
+	gateway       *ep.Gateway
+}
+
+func startHostileStack(t *testing.T) *hostileStack {
 	r := testenv.NewRabbit(t)
 	logger := testLogger()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -210,10 +249,9 @@ func TestHostileInput(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = guard.Close() })
 
-	const maxRetries = 2
 	cfg := router.Config{
 		Logger:      logger,
-		Retry:       retry.Config{MaxRetries: maxRetries, InitialDelay: 50 * time.Millisecond, Jitter: -1},
+		Retry:       retry.Config{MaxRetries: hostileMaxRetries, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter},
 		Telemetry:   in,
 		Idempotency: guard,
 		Concurrency: 4,
@@ -222,25 +260,19 @@ func TestHostileInput(t *testing.T) {
 	start(t, e, cfg, func(s *router.Stack) {
 		require.NoError(t, s.HandleWithOutput("hostile", queue, output, ep.NewHandler(gateway).Handle, router.WithIdempotencyKey(ep.KeyFunc)))
 	})
+	return &hostileStack{r: r, queue: queue, output: output, counter: counter, spans: spans, gateway: gateway}
+}
 
-	const mib = 1 << 20
+// hostileBodyCases are bodies that are not what the handler expects: not JSON, empty, huge,
+// or under a content type that says otherwise.
+func hostileBodyCases() []hostileCase {
 	big := func(paymentID string) []byte {
 		head := hostileBody(paymentID, "tok_visa", `"padding":"`)
 		body := append(head[:len(head)-1], bytes.Repeat([]byte("x"), 16*mib-len(head)-1)...)
 		return append(body, '"', '}')
 	}
 	garbage := append([]byte("hostile-16mib-garbage:"), bytes.Repeat([]byte{0xff, 'g'}, 8*mib-11)...)
-	// Headers that nearly fill RabbitMQ's default frame_max (131072): accepted on the way
-	// in, but every copy sluice publishes adds its own headers.
-	const nearFrameMaxPadding = 130_900
-	history := make([]sluice.HistoryEntry, 1000)
-	for i := range history {
-		history[i] = sluice.HistoryEntry{At: time.Unix(1714557600, 0).UTC(), Attempt: i + 1, Type: "forged", Message: strings.Repeat("m", 50)}
-	}
-	forgedHistory, err := json.Marshal(history)
-	require.NoError(t, err)
-
-	cases := []hostileCase{
+	return []hostileCase{
 		{
 			name: "invalid JSON", why: "Decode fails: permanent, dead-lettered on the first attempt",
 			pub:  amqp091.Publishing{MessageId: "hostile-invalid-json", Body: []byte(`{"payment_id":"hostile-invalid-json",`)},
@@ -284,6 +316,14 @@ func TestHostileInput(t *testing.T) {
 				assert.Equal(t, "hostile-text", res.dlq.MessageId)
 			},
 		},
+	}
+}
+
+// hostileHeaderCases are headers of every AMQP type, headers named like the properties, and
+// forged retry counts.
+func hostileHeaderCases() []hostileCase {
+	const maxRetries = hostileMaxRetries // the deliveries of a retried case
+	return []hostileCase{
 		{
 			name: "every AMQP header type", why: "headers never fail a message: the marshaler reads every type",
 			pub:       amqp091.Publishing{MessageId: "hostile-types", Headers: everyHeaderType(), Body: hostileBody("hostile-types", "tok_visa")},
@@ -379,6 +419,23 @@ func TestHostileInput(t *testing.T) {
 				assert.Equal(t, sluice.MaxRetryCountHeader+1, res.event.Attempts)
 			},
 		},
+	}
+}
+
+// hostileLimitCases are headers at or past what RabbitMQ accepts: over frame_max, a NaN, a
+// forged history, and headers that leave no room for sluice's own.
+func hostileLimitCases(t *testing.T) []hostileCase {
+	const maxRetries = hostileMaxRetries // the deliveries of a retried case
+	// Headers that nearly fill RabbitMQ's default frame_max (131072): accepted on the way
+	// in, but every copy sluice publishes adds its own headers.
+	const nearFrameMaxPadding = 130_900
+	history := make([]sluice.HistoryEntry, 1000)
+	for i := range history {
+		history[i] = sluice.HistoryEntry{At: time.Unix(1714557600, 0).UTC(), Attempt: i + 1, Type: "forged", Message: strings.Repeat("m", 50)}
+	}
+	forgedHistory, err := json.Marshal(history)
+	require.NoError(t, err)
+	return []hostileCase{
 		{
 			name: "1 MiB x-retry-history", why: "RabbitMQ refuses a content header over frame_max (131072): it closes the " +
 				"publishing connection with 501 FRAME_ERROR and never confirms; the message never reaches the queue",
@@ -422,6 +479,13 @@ func TestHostileInput(t *testing.T) {
 				assert.Equal(t, "2", res.dlq.Headers[sluice.HeaderRetryCount])
 			},
 		},
+	}
+}
+
+// hostileIdentityCases are broken trace contexts and message ids that are missing or shared.
+func hostileIdentityCases(s *hostileStack) []hostileCase {
+	spans, gateway := s.spans, s.gateway
+	return []hostileCase{
 		{
 			name: "invalid traceparent", why: "an invalid trace context starts a new trace; it is no error",
 			pub: amqp091.Publishing{MessageId: "hostile-traceparent", Headers: amqp091.Table{
@@ -481,125 +545,151 @@ func TestHostileInput(t *testing.T) {
 			paymentID: "hostile-same-id-b", want: toEvent, deliveries: 1,
 		},
 	}
+}
 
-	for i := range cases {
-		c := &cases[i]
-		if c.want == refusedByBroker {
-			publishRefused(t, r.URL, queue, c.pub, c.refusal)
-			continue
-		}
-		t.Logf("publishing %q (%d bytes)", c.name, len(c.pub.Body))
-		r.Publish(queue, c.pub)
-	}
+// hostileOutcomes collects where the hostile messages ended: the Succeeded events by
+// payment id and the DLQ records by payload. collect runs in Eventually's goroutine, so it
+// records what is wrong (an event read twice, a record dead-lettered twice) in problems,
+// which fail the test in its own goroutine right after the wait.
+type hostileOutcomes struct {
+	s                   *hostileStack
+	wantEvents, wantDLQ int
+	// settled is the number of deliveries once the hostile messages settled.
+	settled int
 
-	var (
-		wantEvents, wantDLQ int
-		events              = map[string]hostileResult{}
-		dlq                 = map[[32]byte]hostileResult{}
-	)
+	mu       sync.Mutex
+	events   map[string]hostileResult
+	dlq      map[[32]byte]hostileResult
+	problems []string
+}
+
+func newHostileOutcomes(s *hostileStack, cases []hostileCase) *hostileOutcomes {
+	o := &hostileOutcomes{s: s, events: map[string]hostileResult{}, dlq: map[[32]byte]hostileResult{}}
 	for _, c := range cases {
 		switch c.want {
 		case toEvent:
-			wantEvents++
+			o.wantEvents++
 		case toDLQ:
-			wantDLQ++
+			o.wantDLQ++
 		}
 	}
-	// Take every event and DLQ record (in the test goroutine: collect may fail t).
-	collect := func() bool {
-		for {
-			d, ok := r.Get(output)
-			if !ok {
-				break
-			}
-			var ev ep.Succeeded
-			require.NoError(t, json.Unmarshal(d.Body, &ev), "event %s", d.Body)
-			_, dup := events[ev.PaymentID]
-			require.False(t, dup, "payment %s succeeded twice", ev.PaymentID)
-			events[ev.PaymentID] = hostileResult{event: &ev, eventD: d}
+	return o
+}
+
+// collect takes every event and DLQ record; it reports whether all came, or something is
+// wrong.
+func (o *hostileOutcomes) collect() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for {
+		d, ok := o.s.r.Get(o.s.output)
+		if !ok {
+			break
 		}
-		for {
-			d, ok := r.Get(amqp.DLQName(queue))
-			if !ok {
-				break
-			}
-			m, _ := amqp.Marshaler{}.Unmarshal(d)
-			k := sha256.Sum256(d.Body)
-			_, dup := dlq[k]
-			require.False(t, dup, "message %s dead-lettered twice", d.MessageId)
-			dlq[k] = hostileResult{dlq: d, dlqMsg: m}
+		var ev ep.Succeeded
+		if err := json.Unmarshal(d.Body, &ev); err != nil {
+			o.problems = append(o.problems, fmt.Sprintf("event %s: %v", d.Body, err))
+			continue
 		}
-		return len(events) >= wantEvents && len(dlq) >= wantDLQ
+		if _, dup := o.events[ev.PaymentID]; dup {
+			o.problems = append(o.problems, fmt.Sprintf("payment %s succeeded twice", ev.PaymentID))
+			continue
+		}
+		o.events[ev.PaymentID] = hostileResult{event: &ev, eventD: d}
 	}
-	pollUntil(t, 120*time.Second, collect, "every message ends as an event or a DLQ record")
+	for {
+		d, ok := o.s.r.Get(amqp.DLQName(o.s.queue))
+		if !ok {
+			break
+		}
+		m, _ := amqp.Marshaler{}.Unmarshal(d)
+		k := sha256.Sum256(d.Body)
+		if _, dup := o.dlq[k]; dup {
+			o.problems = append(o.problems, fmt.Sprintf("message %s dead-lettered twice", d.MessageId))
+			continue
+		}
+		o.dlq[k] = hostileResult{dlq: d, dlqMsg: m}
+	}
+	return len(o.problems) > 0 || len(o.events) >= o.wantEvents && len(o.dlq) >= o.wantDLQ
+}
+
+// requireSound fails t with what collect found wrong.
+func (o *hostileOutcomes) requireSound(t *testing.T) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.Empty(t, o.problems)
+}
+
+// waitSettled waits until every message ended as an event or a DLQ record and deliveries
+// stopped, then checks that nothing is missing or left in the queue.
+func (o *hostileOutcomes) waitSettled(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, o.collect, 120*time.Second, 100*time.Millisecond, "every message ends as an event or a DLQ record")
+	o.requireSound(t)
 	// Nothing loops: deliveries stop. A duplicate deferred while its original was in flight
 	// may still be due (the idempotency step defers for 1s), so wait for a quiet spell
 	// longer than that; a loop never gives one, and the exact per-case counts below and
 	// the recount at the end catch a slow one.
-	settled, quietSince := counter.total(), time.Now()
-	pollUntil(t, 60*time.Second, func() bool {
-		if n := counter.total(); n != settled {
+	settled, quietSince := o.s.counter.total(), time.Now()
+	require.Eventually(t, func() bool {
+		if n := o.s.counter.total(); n != settled {
 			settled, quietSince = n, time.Now()
 		}
 		return time.Since(quietSince) > 2500*time.Millisecond
-	}, "deliveries stop")
-	collect()
-	assert.Len(t, events, wantEvents, "events")
-	assert.Len(t, dlq, wantDLQ, "DLQ records")
-	assert.Equal(t, 0, r.Count(queue), "nothing left in the queue")
-
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Log(c.why)
-			res := hostileResult{deliveries: counter.deliveries(c.pub.Body)}
-			switch c.want {
-			case toEvent:
-				got, ok := events[c.paymentID]
-				require.True(t, ok, "no event for payment %s", c.paymentID)
-				res.event, res.eventD = got.event, got.eventD
-			case toDLQ:
-				got, ok := dlq[sha256.Sum256(c.pub.Body)]
-				require.True(t, ok, "no DLQ record")
-				res.dlq, res.dlqMsg = got.dlq, got.dlqMsg
-				assert.Equal(t, c.errorType, res.dlqMsg.Metadata.Get(sluice.HeaderErrorType), "error type")
-				assert.Equal(t, queue, res.dlqMsg.Metadata.Get(sluice.HeaderOriginalQueue))
-				assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(sluice.HeaderHandler))
-			case refusedByBroker:
-				assert.Empty(t, res.deliveries, "never delivered")
-			case absorbed:
-				_, ok := events[c.paymentID]
-				require.True(t, ok, "the original's event for payment %s", c.paymentID)
-			}
-			if c.deliveries >= 0 {
-				assert.Len(t, res.deliveries, c.deliveries, "deliveries")
-			}
-			if c.check != nil {
-				c.check(t, res)
-			}
-		})
-	}
-
-	// The consumer keeps working.
-	r.Publish(queue, amqp091.Publishing{MessageId: "after-hostile", Body: hostileBody("after-hostile", "tok_visa")})
-	pollUntil(t, 30*time.Second, func() bool {
-		collect()
-		_, ok := events["after-hostile"]
-		return ok
-	}, "an ordinary message after the hostile ones succeeds")
-	assert.Equal(t, settled+1, counter.total(), "one delivery since the hostile messages settled: the ordinary one")
-	assert.Len(t, dlq, wantDLQ, "no DLQ record since")
+	}, 60*time.Second, 100*time.Millisecond, "deliveries stop")
+	o.settled = settled
+	o.collect()
+	o.requireSound(t)
+	assert.Len(t, o.events, o.wantEvents, "events")
+	assert.Len(t, o.dlq, o.wantDLQ, "DLQ records")
+	assert.Equal(t, 0, o.s.r.Count(o.s.queue), "nothing left in the queue")
 }
 
-// pollUntil calls cond in the test's goroutine until it holds, failing t after timeout.
-func pollUntil(t *testing.T, timeout time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
+// check checks that c's message ended where c says, after c's number of deliveries.
+func (o *hostileOutcomes) check(t *testing.T, c hostileCase) {
+	t.Log(c.why)
+	res := hostileResult{deliveries: o.s.counter.deliveries(c.pub.Body)}
+	switch c.want {
+	case toEvent:
+		got, ok := o.events[c.paymentID]
+		require.True(t, ok, "no event for payment %s", c.paymentID)
+		res.event, res.eventD = got.event, got.eventD
+	case toDLQ:
+		got, ok := o.dlq[sha256.Sum256(c.pub.Body)]
+		require.True(t, ok, "no DLQ record")
+		res.dlq, res.dlqMsg = got.dlq, got.dlqMsg
+		assert.Equal(t, c.errorType, res.dlqMsg.Metadata.Get(sluice.HeaderErrorType), "error type")
+		assert.Equal(t, o.s.queue, res.dlqMsg.Metadata.Get(sluice.HeaderOriginalQueue))
+		assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(sluice.HeaderHandler))
+	case refusedByBroker:
+		assert.Empty(t, res.deliveries, "never delivered")
+	case absorbed:
+		_, ok := o.events[c.paymentID]
+		require.True(t, ok, "the original's event for payment %s", c.paymentID)
 	}
+	if c.deliveries >= 0 {
+		assert.Len(t, res.deliveries, c.deliveries, "deliveries")
+	}
+	if c.check != nil {
+		c.check(t, res)
+	}
+}
+
+// checkStillWorking publishes an ordinary message after the hostile ones settled: the
+// consumer handles it, with one delivery and no DLQ record.
+func (o *hostileOutcomes) checkStillWorking(t *testing.T) {
+	o.s.r.Publish(o.s.queue, amqp091.Publishing{MessageId: "after-hostile", Body: hostileBody("after-hostile", "tok_visa")})
+	require.Eventually(t, func() bool {
+		o.collect()
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		_, ok := o.events["after-hostile"]
+		return ok || len(o.problems) > 0
+	}, 30*time.Second, 100*time.Millisecond, "an ordinary message after the hostile ones succeeds")
+	o.requireSound(t)
+	assert.Equal(t, o.settled+1, o.s.counter.total(), "one delivery since the hostile messages settled: the ordinary one")
+	assert.Len(t, o.dlq, o.wantDLQ, "no DLQ record since")
 }
 
 // publishRefused publishes pub on a connection of its own and checks that RabbitMQ refuses

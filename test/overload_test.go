@@ -585,7 +585,7 @@ func TestOverload_AdaptivePolicyUnderALoadStep(t *testing.T) {
 	start(t, e, router.Config{
 		Concurrency: 2,
 		Retry: retry.Config{
-			MaxRetries: 5, InitialDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Second, Jitter: -1,
+			MaxRetries: 5, InitialDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Second, Jitter: retry.NoJitter,
 			Overload: o,
 			OnRetry: func(ev retry.Event) {
 				mu.Lock()

@@ -27,7 +27,7 @@ import (
 // pipelineRetry retries fast, so that a message that keeps failing reaches its DLQ in a
 // fraction of a second.
 func pipelineRetry(maxRetries int) retry.Config {
-	return retry.Config{MaxRetries: maxRetries, InitialDelay: 20 * time.Millisecond, MaxDelay: 40 * time.Millisecond, Jitter: -1}
+	return retry.Config{MaxRetries: maxRetries, InitialDelay: 20 * time.Millisecond, MaxDelay: 40 * time.Millisecond, Jitter: retry.NoJitter}
 }
 
 // runPlainRouter runs a Watermill router of the test's own, built by build, until the test

@@ -207,6 +207,41 @@ func (p *prometheus) eventually(t *testing.T, expr string, want, delta float64) 
 // error type and the DLQ depth read from RabbitMQ. It then checks that every metric the
 // Grafana dashboard queries exists in the scrape, and that each query evaluates.
 func TestPaymentsObservedByPrometheus(t *testing.T) {
+	o := startObservedPayments(t)
+	o.run(t)
+	t.Run("the metrics show the run", o.checkMetrics)
+	t.Run("retries and dead letters are logged, or counted as dropped", o.checkLogs)
+	t.Run("dashboard metrics exist in the scrape", o.checkDashboard)
+	t.Run("alert rules loaded by the server", o.checkAlertRules)
+}
+
+// What the run of TestPaymentsObservedByPrometheus does, per the example gateway's
+// contract (RETRY_MAX_RETRIES=2):
+//
+//	tok_visa               1 attempt, succeeds
+//	tok_insufficient_funds 1 attempt, dead letter (insufficient_funds)
+//	tok_flaky_2            3 attempts, 2 retries (100ms, 200ms), succeeds
+//	tok_timeout            3 attempts, 2 retries (100ms, 200ms), dead letter (gateway_timeout)
+const (
+	observedAttempts    = 10 + 4 + 4*3 + 3*3
+	observedRetries     = 4*2 + 3*2
+	observedDeadLetters = 4 + 3
+	observedSucceeded   = 10 + 4
+	// Then one payment twice: one more event, and a duplicate.
+	observedAllAttempts = observedAttempts + 2
+)
+
+// observedPayments is the payments service on queue and output, ready, with a Prometheus
+// scraping it.
+type observedPayments struct {
+	r             *testenv.Rabbit
+	queue, output string
+	svc           *paymentsService
+	prom          *prometheus
+	events        func() []arrived
+}
+
+func startObservedPayments(t *testing.T) *observedPayments {
 	r := testenv.NewRabbit(t)
 	queue, output := testenv.Name("obs.payments.requested"), testenv.Name("obs.payments.succeeded")
 	r.DeleteQueues(queue, output, queue+".dlq")
@@ -235,12 +270,13 @@ func TestPaymentsObservedByPrometheus(t *testing.T) {
 	require.GreaterOrEqual(t, r.Count(output), 0, "ready means consuming, so the queues are declared")
 	prom := startPrometheus(t, metricsAddr)
 	events := collectEvents(t, r, output)
+	return &observedPayments{r: r, queue: queue, output: output, svc: svc, prom: prom, events: events}
+}
 
-	// What the run does, per the example gateway's contract (RETRY_MAX_RETRIES=2):
-	//   tok_visa               1 attempt, succeeds
-	//   tok_insufficient_funds 1 attempt, dead letter (insufficient_funds)
-	//   tok_flaky_2            3 attempts, 2 retries (100ms, 200ms), succeeds
-	//   tok_timeout            3 attempts, 2 retries (100ms, 200ms), dead letter (gateway_timeout)
+// run publishes the mix of payments, waits until it settled, then requests one payment
+// twice.
+func (o *observedPayments) run(t *testing.T) {
+	r, queue, events := o.r, o.queue, o.events
 	mix := []struct {
 		source string
 		n      int
@@ -251,133 +287,148 @@ func TestPaymentsObservedByPrometheus(t *testing.T) {
 			r.Publish(queue, amqp091.Publishing{MessageId: id, ContentType: example_payment.ContentTypeJSON, Body: paymentBody(id, m.source)})
 		}
 	}
-	const (
-		attempts    = 10 + 4 + 4*3 + 3*3
-		retries     = 4*2 + 3*2
-		deadLetters = 4 + 3
-		succeeded   = 10 + 4
-		// Then one payment twice: one more event, and a duplicate.
-		allAttempts = attempts + 2
-	)
-	require.Eventually(t, func() bool { return len(events()) == succeeded && r.Count(queue+".dlq") == deadLetters },
-		90*time.Second, 100*time.Millisecond, "the run settles: %d events, %d dead letters", succeeded, deadLetters)
+	require.Eventually(t, func() bool { return len(events()) == observedSucceeded && r.Count(queue+".dlq") == observedDeadLetters },
+		90*time.Second, 100*time.Millisecond, "the run settles: %d events, %d dead letters", observedSucceeded, observedDeadLetters)
 	// A payment requested again once done is a duplicate: acked without a charge.
 	dup := testenv.Name("pay")
 	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: example_payment.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
-	require.Eventually(t, func() bool { return len(events()) == succeeded+1 }, 30*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return len(events()) == observedSucceeded+1 }, 30*time.Second, 50*time.Millisecond)
 	// The ack is counted once the attempt is over, idempotency's record included: only
 	// then is the second request a plain duplicate (not one of a payment in flight).
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_messages_total{queue=%q,outcome="ack"})`, queue), succeeded+1, 0)
+	o.prom.eventually(t, fmt.Sprintf(`sum(sluice_messages_total{queue=%q,outcome="ack"})`, queue), observedSucceeded+1, 0)
 	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: example_payment.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
+}
 
+// checkMetrics checks what Prometheus reports against what the run did, in sluice's
+// metrics and in the OpenTelemetry messaging conventions' view of the same run.
+func (o *observedPayments) checkMetrics(t *testing.T) {
+	queue, output := o.queue, o.output
+	const (
+		retries, deadLetters, succeeded, allAttempts = observedRetries, observedDeadLetters, observedSucceeded, observedAllAttempts
+	)
 	q := fmt.Sprintf("queue=%q", queue)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_idempotency_hits_total{%s})`, q), 1, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_messages_total{%s})`, q), allAttempts, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_retries_total{%s})`, q), retries, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_retries_total{%s}) / sum(sluice_messages_total{%s})`, q, q), float64(retries)/allAttempts, 1e-9)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_retry_delay_seconds_sum{%[1]s}) / sum(sluice_retry_delay_seconds_count{%[1]s})`, q), 0.15, 1e-9)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_dead_letters_total{%s,error_type="insufficient_funds"})`, q), 4, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_dead_letters_total{%s,error_type="gateway_timeout"})`, q), 3, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_queue_depth{queue="%s.dlq",kind="dlq",state="ready"})`, queue), deadLetters, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_queue_depth{%s,kind="consumed",state="ready"})`, q), 0, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(sluice_queue_consumers{%s,kind="consumed"})`, q), 1, 0)
-	// The conventions' view of the same run.
 	dest := fmt.Sprintf("messaging_destination_name=%q,messaging_system=\"rabbitmq\"", queue)
-	prom.eventually(t, fmt.Sprintf(`sum(messaging_client_consumed_messages_total{%s,messaging_operation_name="process"})`, dest), allAttempts, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(messaging_process_duration_seconds_count{%s})`, dest), allAttempts, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(messaging_process_duration_seconds_count{%s,error_type!=""})`, dest), retries+deadLetters, 0)
-	prom.eventually(t, `sum(messaging_client_sent_messages_total{messaging_destination_name="sluice.delay",messaging_operation_name="send"})`, retries, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(messaging_client_sent_messages_total{messaging_destination_name="%s.dlq"})`, queue), deadLetters, 0)
-	prom.eventually(t, fmt.Sprintf(`sum(messaging_client_sent_messages_total{messaging_destination_name=%q})`, output), succeeded+1, 0)
-	prom.eventually(t, `sum(sluice_ready)`, 1, 0)
-	prom.eventually(t, `sum(sluice_connection_up)`, 1, 0)
+	metrics := []struct {
+		expr        string
+		want, delta float64
+	}{
+		{fmt.Sprintf(`sum(sluice_idempotency_hits_total{%s})`, q), 1, 0},
+		{fmt.Sprintf(`sum(sluice_messages_total{%s})`, q), allAttempts, 0},
+		{fmt.Sprintf(`sum(sluice_retries_total{%s})`, q), retries, 0},
+		{fmt.Sprintf(`sum(sluice_retries_total{%s}) / sum(sluice_messages_total{%s})`, q, q), float64(retries) / allAttempts, 1e-9},
+		{fmt.Sprintf(`sum(sluice_retry_delay_seconds_sum{%[1]s}) / sum(sluice_retry_delay_seconds_count{%[1]s})`, q), 0.15, 1e-9},
+		{fmt.Sprintf(`sum(sluice_dead_letters_total{%s,error_type="insufficient_funds"})`, q), 4, 0},
+		{fmt.Sprintf(`sum(sluice_dead_letters_total{%s,error_type="gateway_timeout"})`, q), 3, 0},
+		{fmt.Sprintf(`sum(sluice_queue_depth{queue="%s.dlq",kind="dlq",state="ready"})`, queue), deadLetters, 0},
+		{fmt.Sprintf(`sum(sluice_queue_depth{%s,kind="consumed",state="ready"})`, q), 0, 0},
+		{fmt.Sprintf(`sum(sluice_queue_consumers{%s,kind="consumed"})`, q), 1, 0},
+		// The conventions' view of the same run.
+		{fmt.Sprintf(`sum(messaging_client_consumed_messages_total{%s,messaging_operation_name="process"})`, dest), allAttempts, 0},
+		{fmt.Sprintf(`sum(messaging_process_duration_seconds_count{%s})`, dest), allAttempts, 0},
+		{fmt.Sprintf(`sum(messaging_process_duration_seconds_count{%s,error_type!=""})`, dest), retries + deadLetters, 0},
+		{`sum(messaging_client_sent_messages_total{messaging_destination_name="sluice.delay",messaging_operation_name="send"})`, retries, 0},
+		{fmt.Sprintf(`sum(messaging_client_sent_messages_total{messaging_destination_name="%s.dlq"})`, queue), deadLetters, 0},
+		{fmt.Sprintf(`sum(messaging_client_sent_messages_total{messaging_destination_name=%q})`, output), succeeded + 1, 0},
+		{`sum(sluice_ready)`, 1, 0},
+		{`sum(sluice_connection_up)`, 1, 0},
+	}
+	for _, m := range metrics {
+		o.prom.eventually(t, m.expr, m.want, m.delta)
+	}
 	// The archive does not exist: absent, not an error.
-	res, err := prom.query(t, fmt.Sprintf(`sluice_queue_depth{queue="%s.dlq.archive"}`, queue))
+	res, err := o.prom.query(t, fmt.Sprintf(`sluice_queue_depth{queue="%s.dlq.archive"}`, queue))
 	require.NoError(t, err)
 	assert.Empty(t, res, "a queue that does not exist has no depth series")
+}
 
-	// Each retry and dead letter is one info line naming the message, its attempt, the
-	// delay and the error type, or, past the rate limit (10 lines a second, which this
-	// burst exceeds), one count in sluice_log_dropped_total.
-	logs := svc.logs.String()
+// checkLogs checks that each retry and dead letter is one info line naming the message,
+// its attempt, the delay and the error type, or, past the rate limit (10 lines a second,
+// which this burst exceeds), one count in sluice_log_dropped_total.
+func (o *observedPayments) checkLogs(t *testing.T) {
+	logs := o.svc.logs.String()
 	for _, c := range []struct {
 		event, line string
 		want        int
 	}{
-		{"retry", `msg="message handed to the broker for a retry"`, retries},
-		{"dead_letter", `msg="message dead-lettered"`, deadLetters},
+		{"retry", `msg="message handed to the broker for a retry"`, observedRetries},
+		{"dead_letter", `msg="message dead-lettered"`, observedDeadLetters},
 	} {
 		written := strings.Count(logs, c.line)
 		assert.Positive(t, written, "%s lines written", c.event)
-		prom.eventually(t, fmt.Sprintf(`sum(sluice_log_dropped_total{event=%q})`, c.event), float64(c.want-written), 0)
+		o.prom.eventually(t, fmt.Sprintf(`sum(sluice_log_dropped_total{event=%q})`, c.event), float64(c.want-written), 0)
 	}
 	assert.Regexp(t, `level=INFO msg="message handed to the broker for a retry" queue=\S+ message_id=pay\S+ attempt=[12] error_type=gateway_timeout handler=payments delay=[12]00ms`, logs)
 	assert.Regexp(t, `level=INFO msg="message dead-lettered" queue=\S+ message_id=pay\S+ attempt=(1 error_type=insufficient_funds|3 error_type=gateway_timeout)`, logs)
+}
 
-	t.Run("dashboard metrics exist in the scrape", func(t *testing.T) {
-		data, err := prom.get(t, "/api/v1/label/__name__/values", url.Values{})
-		require.NoError(t, err)
-		var names []string
-		require.NoError(t, json.Unmarshal(data, &names))
-		scraped := map[string]bool{}
-		for _, n := range names {
-			scraped[n] = true
+// checkDashboard checks that every metric the Grafana dashboard queries exists in the
+// scrape, and that every query evaluates.
+func (o *observedPayments) checkDashboard(t *testing.T) {
+	prom, queue := o.prom, o.queue
+	data, err := prom.get(t, "/api/v1/label/__name__/values", url.Values{})
+	require.NoError(t, err)
+	var names []string
+	require.NoError(t, json.Unmarshal(data, &names))
+	scraped := map[string]bool{}
+	for _, n := range names {
+		scraped[n] = true
+	}
+	exprs := dashboardExprs(t)
+	require.NotEmpty(t, exprs)
+	used := map[string]bool{}
+	for _, expr := range exprs {
+		for _, name := range metricNames(expr) {
+			used[name] = true
 		}
-		exprs := dashboardExprs(t)
-		require.NotEmpty(t, exprs)
-		used := map[string]bool{}
-		for _, expr := range exprs {
-			for _, name := range metricNames(expr) {
-				used[name] = true
-			}
+	}
+	require.NotEmpty(t, used)
+	var missing []string
+	for name := range used {
+		if !scraped[name] {
+			missing = append(missing, name)
 		}
-		require.NotEmpty(t, used)
-		var missing []string
-		for name := range used {
-			if !scraped[name] {
-				missing = append(missing, name)
-			}
-		}
-		sort.Strings(missing)
-		assert.Empty(t, missing, "metrics the dashboard queries but the service does not export")
+	}
+	sort.Strings(missing)
+	assert.Empty(t, missing, "metrics the dashboard queries but the service does not export")
 
-		// Every query evaluates in Prometheus, with Grafana's variables filled in.
-		for _, expr := range exprs {
-			// In a PromQL string a regexp's backslash is written twice.
-			re := strings.ReplaceAll(regexp.QuoteMeta(queue), `\`, `\\`)
-			e := strings.NewReplacer("$__rate_interval", "1m", "$queue", re).Replace(expr)
-			_, err := prom.query(t, e)
-			assert.NoError(t, err, "dashboard query %s", expr)
-		}
-	})
+	// Every query evaluates in Prometheus, with Grafana's variables filled in.
+	for _, expr := range exprs {
+		// In a PromQL string a regexp's backslash is written twice.
+		re := strings.ReplaceAll(regexp.QuoteMeta(queue), `\`, `\\`)
+		e := strings.NewReplacer("$__rate_interval", "1m", "$queue", re).Replace(expr)
+		_, err := prom.query(t, e)
+		assert.NoError(t, err, "dashboard query %s", expr)
+	}
+}
 
-	t.Run("alert rules loaded by the server", func(t *testing.T) {
+// checkAlertRules checks that the server loaded the alert rules and evaluates each without error.
+func (o *observedPayments) checkAlertRules(t *testing.T) {
+	prom := o.prom
+	data, err := prom.get(t, "/api/v1/rules", url.Values{})
+	require.NoError(t, err)
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Name   string `json:"name"`
+				Health string `json:"health"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	require.NoError(t, json.Unmarshal(data, &rules))
+	require.Len(t, rules.Groups, 1)
+	assert.Len(t, rules.Groups[0].Rules, 8)
+	require.Eventually(t, func() bool {
 		data, err := prom.get(t, "/api/v1/rules", url.Values{})
-		require.NoError(t, err)
-		var rules struct {
-			Groups []struct {
-				Rules []struct {
-					Name   string `json:"name"`
-					Health string `json:"health"`
-				} `json:"rules"`
-			} `json:"groups"`
+		if err != nil || json.Unmarshal(data, &rules) != nil {
+			return false
 		}
-		require.NoError(t, json.Unmarshal(data, &rules))
-		require.Len(t, rules.Groups, 1)
-		assert.Len(t, rules.Groups[0].Rules, 8)
-		require.Eventually(t, func() bool {
-			data, err := prom.get(t, "/api/v1/rules", url.Values{})
-			if err != nil || json.Unmarshal(data, &rules) != nil {
+		for _, r := range rules.Groups[0].Rules {
+			if r.Health != "ok" {
 				return false
 			}
-			for _, r := range rules.Groups[0].Rules {
-				if r.Health != "ok" {
-					return false
-				}
-			}
-			return true
-		}, 30*time.Second, 250*time.Millisecond, "every rule evaluates without error: %+v", rules)
-	})
+		}
+		return true
+	}, 30*time.Second, 250*time.Millisecond, "every rule evaluates without error: %+v", rules)
 }
 
 // dashboardExprs returns every query of deploy/grafana/sluice.json, panels in rows

@@ -109,7 +109,7 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 		exchange := e.newExchange(t, "test.orders")
 		qa, qb := e.newQueue(t, "test.sub.billing"), e.newQueue(t, "test.sub.shipping")
 		var got deliveries
-		cfg := router.Config{Retry: retry.Config{MaxRetries: 3, InitialDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond, Jitter: -1}}
+		cfg := router.Config{Retry: retry.Config{MaxRetries: 3, InitialDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond, Jitter: retry.NoJitter}}
 		start(t, e, cfg, func(s *router.Stack) {
 			require.NoError(t, s.Handle("billing", qa, func(m *message.Message) error {
 				n := got.add("billing", m.UUID)
@@ -271,7 +271,7 @@ func TestPreDeclaredQueueIsAdoptedOrRefused(t *testing.T) {
 	// that never ran waits out the close timeout.
 
 	var got deliveries
-	start(t, e, router.Config{Retry: retry.Config{MaxRetries: 2, InitialDelay: 50 * time.Millisecond, Jitter: -1}}, func(s *router.Stack) {
+	start(t, e, router.Config{Retry: retry.Config{MaxRetries: 2, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter}}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("adopted", queue, func(m *message.Message) error {
 			if got.add("adopted", m.UUID) == 1 {
 				return errors.New("first attempt fails")

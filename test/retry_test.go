@@ -19,7 +19,7 @@ import (
 
 // fastRetry is a policy without jitter, so gaps can be checked against it.
 func fastRetry() retry.Config {
-	return retry.Config{MaxRetries: 3, InitialDelay: 300 * time.Millisecond, Multiplier: 2, MaxDelay: 5 * time.Second, Jitter: -1}
+	return retry.Config{MaxRetries: 3, InitialDelay: 300 * time.Millisecond, Multiplier: 2, MaxDelay: 5 * time.Second, Jitter: retry.NoJitter}
 }
 
 // assertGap checks a delay between attempts: never earlier than asked (less the cascade's
@@ -95,7 +95,7 @@ func TestRetryClassesOfError(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				queue := e.newQueue(t, "test.retry.class")
 				var c calls
-				start(t, e, router.Config{Retry: retry.Config{MaxRetries: 3, InitialDelay: 50 * time.Millisecond, Jitter: -1}}, func(s *router.Stack) {
+				start(t, e, router.Config{Retry: retry.Config{MaxRetries: 3, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter}}, func(s *router.Stack) {
 					require.NoError(t, s.Handle("classes", queue, func(m *message.Message) error {
 						c.add(m)
 						return tc.err
@@ -116,7 +116,7 @@ func TestRetryAfterWaitsExactly(t *testing.T) {
 		queue := e.newQueue(t, "test.retry.after")
 		var c calls
 		// The policy's backoff (100ms) would come far sooner than the 2s asked for.
-		start(t, e, router.Config{Retry: retry.Config{InitialDelay: 100 * time.Millisecond, Jitter: -1}}, func(s *router.Stack) {
+		start(t, e, router.Config{Retry: retry.Config{InitialDelay: 100 * time.Millisecond, Jitter: retry.NoJitter}}, func(s *router.Stack) {
 			require.NoError(t, s.Handle("after", queue, func(m *message.Message) error {
 				if c.add(m) == 1 {
 					return sluice.RetryAfter(2*time.Second, errors.New("429 too many requests"))
@@ -135,7 +135,7 @@ func TestMessageWaitingInDelayArrivesAfterConsumerRestart(t *testing.T) {
 	onEachBroker(t, func(t *testing.T, e *env) {
 		queue := e.newQueue(t, "test.retry.restart")
 		failed := make(chan struct{}, 1)
-		cfg := router.Config{Retry: retry.Config{InitialDelay: 2 * time.Second, Jitter: -1}}
+		cfg := router.Config{Retry: retry.Config{InitialDelay: 2 * time.Second, Jitter: retry.NoJitter}}
 		s := start(t, e, cfg, func(s *router.Stack) {
 			require.NoError(t, s.Handle("restart", queue, func(m *message.Message) error {
 				failed <- struct{}{}

@@ -112,7 +112,7 @@ func TestPasswordNeverInLogsOrErrors(t *testing.T) {
 	e := &env{name: "rabbitmq", broker: router.FromAMQP(b), amqp: b, rabbit: r}
 	queue := e.newQueue(t, "test.security")
 	handled := make(chan string, 16)
-	cfg := router.Config{Logger: logger, Retry: retry.Config{MaxRetries: 1, InitialDelay: 50 * time.Millisecond, Jitter: -1}}
+	cfg := router.Config{Logger: logger, Retry: retry.Config{MaxRetries: 1, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter}}
 	stack := start(t, e, cfg, func(s *router.Stack) {
 		require.NoError(t, s.Handle("security", queue, func(m *message.Message) error {
 			handled <- string(m.Payload)

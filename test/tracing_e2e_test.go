@@ -45,7 +45,7 @@ type tracingStack struct {
 
 // tracingRetry is a fast policy without jitter: 100ms, then 200ms, ...
 func tracingRetry(maxRetries int) retry.Config {
-	return retry.Config{MaxRetries: maxRetries, InitialDelay: 100 * time.Millisecond, Multiplier: 2, MaxDelay: time.Second, Jitter: -1}
+	return retry.Config{MaxRetries: maxRetries, InitialDelay: 100 * time.Millisecond, Multiplier: 2, MaxDelay: time.Second, Jitter: retry.NoJitter}
 }
 
 // newTracingStack sets up telemetry as a service would (telemetry.Setup from the OTEL_*

@@ -93,7 +93,7 @@ func loadConfig() (config, error) {
 		return c, err
 	}
 	if c.retry.Jitter == 0 {
-		c.retry.Jitter = -1 // 0 in the environment means no jitter
+		c.retry.Jitter = retry.NoJitter // 0 in the environment means no jitter
 	}
 	if c.snapshotEvery, err = envDuration("IDEMPOTENCY_SNAPSHOT_INTERVAL", time.Second); err != nil {
 		return c, err

@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/middleware/retry"
 )
 
 func TestLoadConfigPartitionsAndQueueType(t *testing.T) {
@@ -61,6 +63,24 @@ func TestLoadConfigIdempotencyMaxKeys(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, cfg.maxKeys)
+		})
+	}
+}
+
+func TestLoadConfigRetryJitter(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        float64
+	}{
+		{name: "unset: 0.1", value: "", want: 0.1},
+		{name: "0 means none", value: "0", want: retry.NoJitter},
+		{name: "a factor", value: "0.3", want: 0.3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("RETRY_JITTER", tc.value)
+			cfg, err := loadConfig()
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cfg.retry.Jitter)
 		})
 	}
 }

@@ -13,16 +13,22 @@
 // table. A round runs every variant of a comparison one after the other, so the median
 // compares variants measured minutes apart at most, never one variant's good minute with
 // another's bad one. The exit status is that of the first round that failed, else 0.
+//
+// -record FILE also writes the table into FILE between the markers
+// <!-- benchtable:begin --> and <!-- benchtable:end --> (BENCHMARKS.md's "Latest generated
+// table"), with the date and the machine; the rest of FILE is kept.
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"time"
 )
 
 func main() {
@@ -33,12 +39,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rounds := fs.Int("rounds", 1, "run the command this many times; the table shows each figure's median")
+	recordTo := fs.String("record", "", "also write the table into this file, between its benchtable markers")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	args = fs.Args()
 	if len(args) == 0 || *rounds < 1 {
-		fmt.Fprintln(stderr, "usage: benchtable [-rounds N] -- go test -bench . [flags] [packages]")
+		fmt.Fprintln(stderr, "usage: benchtable [-rounds N] [-record FILE] -- go test -bench . [flags] [packages]")
 		return 2
 	}
 	p := &parser{}
@@ -60,9 +67,17 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *rounds > 1 {
 		fmt.Fprintf(stdout, "Each figure is the median of %d rounds.\n\n", *rounds)
 	}
-	if err := render(stdout, groupResults(p.results)); err != nil {
+	var table bytes.Buffer
+	if err := render(io.MultiWriter(stdout, &table), groupResults(p.results)); err != nil {
 		fmt.Fprintf(stderr, "benchtable: %v\n", err)
 		return 1
+	}
+	if *recordTo != "" && len(p.results) > 0 {
+		if err := record(*recordTo, table.Bytes(), *rounds, time.Now()); err != nil {
+			fmt.Fprintf(stderr, "benchtable: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "benchtable: table recorded in %s\n", *recordTo)
 	}
 	return status
 }

@@ -79,7 +79,7 @@ type Config struct {
 	// MaxDelay caps the backoff. Zero means 1m.
 	MaxDelay time.Duration
 	// Jitter is the backoff's randomization factor: a delay d becomes a random value in
-	// [d·(1-Jitter), d·(1+Jitter)]. Zero means 0.1; negative means none.
+	// [d·(1-Jitter), d·(1+Jitter)]. Zero means 0.1; NoJitter (any negative) means none.
 	Jitter float64
 	// MaxTotalAge bounds a message's life from its first failure or deferral; past it,
 	// retries and deferrals stop. Zero means 24h.

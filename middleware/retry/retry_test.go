@@ -72,7 +72,7 @@ func testPolicy() retry.Config {
 		InitialDelay: 100 * time.Millisecond,
 		Multiplier:   2,
 		MaxDelay:     10 * time.Second,
-		Jitter:       -1,
+		Jitter:       retry.NoJitter,
 	}
 }
 
@@ -177,6 +177,9 @@ func TestNew_Validation(t *testing.T) {
 		{name: "negative Jitter means none", cfg: retry.Config{Delayer: d, Jitter: -0.5}, check: func(t *testing.T, cfg retry.Config) {
 			assert.Zero(t, cfg.Jitter)
 		}},
+		{name: "NoJitter means none", cfg: retry.Config{Delayer: d, Jitter: retry.NoJitter}, check: func(t *testing.T, cfg retry.Config) {
+			assert.Zero(t, cfg.Jitter)
+		}},
 		{name: "negative MaxRetries means none", cfg: retry.Config{Delayer: d, MaxRetries: -1}, check: func(t *testing.T, cfg retry.Config) {
 			assert.Zero(t, cfg.MaxRetries)
 		}},
@@ -242,7 +245,7 @@ func TestBackoff_WithoutJitter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.cfg.Delayer = &fakeDelayer{}
-			tt.cfg.Jitter = -1
+			tt.cfg.Jitter = retry.NoJitter
 			r, err := retry.New(tt.cfg)
 			require.NoError(t, err)
 			for i, want := range tt.delays {

@@ -184,6 +184,58 @@ func (c *client) count(name string) int {
 func TestChaos(t *testing.T) {
 	node := testenv.StartNode(t, testenv.NodeOptions{Name: "sluice_chaos"})
 	t.Logf("chaos node %s on port %d started in %s", node.Name, node.Port, node.StartTime)
+	svc := startChaosService(t, node)
+	obs := &client{url: node.URL()}
+	require.Eventually(t, func() bool { return obs.count(queue) >= 0 && obs.count(output) >= 0 }, 60*time.Second, 100*time.Millisecond, "service declared its queues")
+
+	mix := example_payment.DemoMix(requests, 20261129)
+	ids := make([]string, len(mix))
+	for i := range mix {
+		ids[i] = fmt.Sprintf("chaos-%05d", i)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+
+	c := &chaosRun{t: t, ctx: ctx, node: node, svc: svc, obs: obs}
+	pubDone := c.produce(mix, ids)
+	faults, recovery := c.injectFaults()
+	require.NoError(t, <-pubDone, "producer")
+	t.Logf("published %d requests", c.published.Load())
+	c.waitSettled()
+	events, dead := c.drain()
+	lost, wrong, shifted, duplicateRequests, doubles := accountFor(t, mix, ids, events, dead)
+
+	t.Logf("faults survived: %v", faults)
+	for _, f := range faults {
+		t.Logf("  %-24s recovered in %s", f, recovery[f].Round(10*time.Millisecond))
+	}
+	t.Logf("requests %d (%d duplicates in the mix), success events %d, dead letters %d, lost %d, wrong type %d, flaky payments settled the other way by the faults %d, double charges %d",
+		len(mix), duplicateRequests, len(events)+doubles, len(dead), lost, wrong, shifted, doubles)
+
+	if lost > 0 {
+		// Where the broker still holds messages says where the lost ones stopped.
+		out, err := node.Ctl("list_queues", "--no-table-headers", "name", "type", "messages", "messages_unacknowledged")
+		t.Logf("queues at the end (err %v):\n%s", err, out)
+	}
+	assert.Zero(t, lost, "requests lost")
+	assert.Zero(t, wrong, "requests dead-lettered with the wrong error type")
+	// The bound on double charges. Broker restarts and dropped connections cost nothing:
+	// the same process remembers what it did, and a redelivered message is acked as a
+	// duplicate. The SIGKILL is what can charge twice: the idempotency store lives in
+	// memory and is written to disk every snapshotEvery, so the new process does not know
+	// (a) the payments in flight at the kill, whose output may be confirmed while their
+	// ack was never sent — at most the prefetch — and (b) the payments completed after the
+	// last snapshot, whose duplicates may arrive later — at most what the service
+	// completes in one interval, which is below the producer's rate (every request is
+	// consumed once, retries aside) times the interval, doubled for retries finishing.
+	bound := prefetch + 2*int(publishRate*snapshotEvery.Seconds()+1)
+	t.Logf("double-charge bound: prefetch %d + 2 × %d requests/s × %s = %d", prefetch, publishRate, snapshotEvery, bound)
+	assert.LessOrEqual(t, doubles, bound, "double charges beyond what the kill explains")
+}
+
+// startChaosService starts the payments service on node, its logs shown if t fails.
+func startChaosService(t *testing.T, node *testenv.Node) *service {
 	logs, err := os.CreateTemp("", "sluice-chaos-service-*.log")
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -215,21 +267,24 @@ func TestChaos(t *testing.T) {
 	}
 	svc.start()
 	t.Cleanup(svc.stop)
+	return svc
+}
 
-	obs := &client{url: node.URL()}
-	require.Eventually(t, func() bool { return obs.count(queue) >= 0 && obs.count(output) >= 0 }, 60*time.Second, 100*time.Millisecond, "service declared its queues")
+// chaosRun is what TestChaos's steps share: the node, the service, a plain client
+// observing the queues, and the producer's count of confirmed requests.
+type chaosRun struct {
+	t         *testing.T
+	ctx       context.Context
+	node      *testenv.Node
+	svc       *service
+	obs       *client
+	published atomic.Int64
+}
 
-	mix := example_payment.DemoMix(requests, 20261129)
-	ids := make([]string, len(mix))
-	for i := range mix {
-		ids[i] = fmt.Sprintf("chaos-%05d", i)
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-	defer cancel()
-
-	// The producer paces 5,000 requests over about 40 seconds, so faults land mid-flow.
-	var published atomic.Int64
+// produce publishes mix in the background; the channel gets the producer's error or nil.
+// The producer paces 5,000 requests over about 40 seconds, so faults land mid-flow.
+func (c *chaosRun) produce(mix []example_payment.DemoRequest, ids []string) <-chan error {
+	ctx, node, published := c.ctx, c.node, &c.published
 	pubDone := make(chan error, 1)
 	go func() {
 		pub := &client{url: node.URL()}
@@ -244,40 +299,53 @@ func TestChaos(t *testing.T) {
 		}
 		pubDone <- nil
 	}()
+	return pubDone
+}
 
-	// progress is the number of settled outcomes visible in the broker; recovery is the
-	// time from a fault's end until it grows again.
-	progress := func() int {
-		a, b := obs.count(output), obs.count(dlq)
-		if a < 0 || b < 0 {
-			return -1
-		}
-		return a + b
+// progress is the number of settled outcomes visible in the broker, or -1 when it cannot
+// be read.
+func (c *chaosRun) progress() int {
+	obs := c.obs
+	a, b := obs.count(output), obs.count(dlq)
+	if a < 0 || b < 0 {
+		return -1
 	}
-	recovered := func(what string) time.Duration {
-		begin := time.Now()
-		base := -1
-		for base < 0 {
-			base = progress()
-			time.Sleep(100 * time.Millisecond)
+	return a + b
+}
+
+// recovered is the time from a fault's end until progress grows again.
+func (c *chaosRun) recovered(what string) time.Duration {
+	t, ctx, progress := c.t, c.ctx, c.progress
+	begin := time.Now()
+	deadline, _ := ctx.Deadline()
+	base := -1
+	require.Eventually(t, func() bool { base = progress(); return base >= 0 }, time.Until(deadline), 100*time.Millisecond,
+		"the outcome queues readable after %s", what)
+	var d time.Duration
+	if !assert.Eventually(t, func() bool {
+		if progress() <= base {
+			return false
 		}
-		for time.Since(begin) < 3*time.Minute {
-			if p := progress(); p > base {
-				d := time.Since(begin)
-				t.Logf("recovered from %s in %s", what, d.Round(10*time.Millisecond))
-				return d
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Errorf("no progress within 3 minutes after %s", what)
+		d = time.Since(begin)
+		return true
+	}, 3*time.Minute-time.Since(begin), 50*time.Millisecond, "no progress within 3 minutes after %s", what) {
 		return 0
 	}
-	waitPublished := func(n int64) {
-		for published.Load() < n && ctx.Err() == nil {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	t.Logf("recovered from %s in %s", what, d.Round(10*time.Millisecond))
+	return d
+}
 
+// waitPublished waits until the producer published n requests.
+func (c *chaosRun) waitPublished(n int64) {
+	t, ctx, published := c.t, c.ctx, &c.published
+	deadline, _ := ctx.Deadline()
+	assert.Eventually(t, func() bool { return published.Load() >= n || ctx.Err() != nil }, time.Until(deadline), 50*time.Millisecond)
+}
+
+// injectFaults injects the four faults as the producer reaches its milestones, and
+// returns them in order with the time each took to recover from.
+func (c *chaosRun) injectFaults() ([]string, map[string]time.Duration) {
+	t, node, svc, recovered, waitPublished := c.t, c.node, c.svc, c.recovered, c.waitPublished
 	var faults []string
 	recovery := map[string]time.Duration{}
 
@@ -308,10 +376,12 @@ func TestChaos(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	require.NoError(t, node.Start())
 	recovery["whole node restart"] = recovered("whole node restart")
+	return faults, recovery
+}
 
-	require.NoError(t, <-pubDone, "producer")
-	t.Logf("published %d requests", published.Load())
-
+// waitSettled waits until every request settled.
+func (c *chaosRun) waitSettled() {
+	t, ctx, node, obs, progress := c.t, c.ctx, c.node, c.obs, c.progress
 	// Settled: the consumed queue and the delay cascade are empty and the outcome counts
 	// have not moved for 8s (longer than the longest retry delay). The cascade is asked,
 	// not assumed empty: a message whose delay ran out while the node restarted can wait
@@ -333,7 +403,12 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("settled in %s after the producer finished; at most %d messages were seen in the delay cascade meanwhile",
 		time.Since(settleStart).Round(time.Second), heldInCascade)
+}
 
+// drain takes every outcome with the plain client: success events counted by payment id,
+// and the DLQ's error type by message id.
+func (c *chaosRun) drain() (map[string]int, map[string]string) {
+	t, obs := c.t, c.obs
 	// Drain the outcomes with the plain client.
 	events := map[string]int{}
 	dead := map[string]string{}
@@ -357,9 +432,12 @@ func TestChaos(t *testing.T) {
 		}
 		dead[d.MessageId], _ = d.Headers["x-error-type"].(string)
 	}
+	return events, dead
+}
 
-	// Account for every request.
-	var lost, wrong, shifted, duplicateRequests int
+// accountFor accounts for every request of mix against the outcomes, failing t for each
+// that is lost or wrong.
+func accountFor(t *testing.T, mix []example_payment.DemoRequest, ids []string, events map[string]int, dead map[string]string) (lost, wrong, shifted, duplicateRequests, doubles int) {
 	succeededPayments := map[string]bool{}
 	for i, r := range mix {
 		exp := r.ExpectWithin(maxRetries + 1)
@@ -407,39 +485,13 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	doubles := 0
 	for pid, n := range events {
 		if !succeededPayments[pid] {
 			t.Errorf("success event for payment %s that must not succeed", pid)
 		}
 		doubles += n - 1
 	}
-	t.Logf("faults survived: %v", faults)
-	for _, f := range faults {
-		t.Logf("  %-24s recovered in %s", f, recovery[f].Round(10*time.Millisecond))
-	}
-	t.Logf("requests %d (%d duplicates in the mix), success events %d, dead letters %d, lost %d, wrong type %d, flaky payments settled the other way by the faults %d, double charges %d",
-		len(mix), duplicateRequests, len(events)+doubles, len(dead), lost, wrong, shifted, doubles)
-
-	if lost > 0 {
-		// Where the broker still holds messages says where the lost ones stopped.
-		out, err := node.Ctl("list_queues", "--no-table-headers", "name", "type", "messages", "messages_unacknowledged")
-		t.Logf("queues at the end (err %v):\n%s", err, out)
-	}
-	assert.Zero(t, lost, "requests lost")
-	assert.Zero(t, wrong, "requests dead-lettered with the wrong error type")
-	// The bound on double charges. Broker restarts and dropped connections cost nothing:
-	// the same process remembers what it did, and a redelivered message is acked as a
-	// duplicate. The SIGKILL is what can charge twice: the idempotency store lives in
-	// memory and is written to disk every snapshotEvery, so the new process does not know
-	// (a) the payments in flight at the kill, whose output may be confirmed while their
-	// ack was never sent — at most the prefetch — and (b) the payments completed after the
-	// last snapshot, whose duplicates may arrive later — at most what the service
-	// completes in one interval, which is below the producer's rate (every request is
-	// consumed once, retries aside) times the interval, doubled for retries finishing.
-	bound := prefetch + 2*int(publishRate*snapshotEvery.Seconds()+1)
-	t.Logf("double-charge bound: prefetch %d + 2 × %d requests/s × %s = %d", prefetch, publishRate, snapshotEvery, bound)
-	assert.LessOrEqual(t, doubles, bound, "double charges beyond what the kill explains")
+	return lost, wrong, shifted, duplicateRequests, doubles
 }
 
 // cascadeMessages is how many messages the delay cascade's queues hold on node, counting

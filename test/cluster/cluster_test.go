@@ -254,7 +254,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 	b := newBroker(t, urls)
 	s, err := router.New(router.FromAMQP(b), router.Config{
 		Logger: testLogger(),
-		Retry:  retry.Config{MaxRetries: 3, InitialDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond, Jitter: -1},
+		Retry:  retry.Config{MaxRetries: 3, InitialDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond, Jitter: retry.NoJitter},
 	})
 	require.NoError(t, err)
 	var mu sync.Mutex

@@ -447,7 +447,7 @@ func gatedWorkload(l *ledger, queue string, work time.Duration, gate *sync.RWMut
 
 // retryConfig is the stack's retry policy in the scenarios: one exact delay.
 func retryConfig() retry.Config {
-	return retry.Config{MaxRetries: 3, InitialDelay: retryDelay, Multiplier: 1, Jitter: -1}
+	return retry.Config{MaxRetries: 3, InitialDelay: retryDelay, Multiplier: 1, Jitter: retry.NoJitter}
 }
 
 // idFor is the id of the i-th message of a workload: every tenth fails once, every

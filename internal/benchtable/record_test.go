@@ -1,0 +1,67 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRecord(t *testing.T) {
+	now := time.Date(2026, 12, 2, 1, 30, 0, 0, time.UTC)
+	table := []byte("| benchmark | metric |\n| --- | --- |\n| X | msgs/s |\n")
+	tests := []struct {
+		name    string
+		doc     string
+		want    []string // in the result, in order
+		wantErr error
+	}{
+		{
+			name: "first run replaces the placeholder and keeps the text around it",
+			doc:  "# Benchmarks\n\nintro\n\n" + recordBegin + "\nNo run recorded yet.\n" + recordEnd + "\n\nafter\n",
+			want: []string{"# Benchmarks\n\nintro\n\n" + recordBegin + "\n", "Measured 2026-12-02 01:30 UTC", "round(s).\n\n| benchmark | metric |", "| X | msgs/s |\n" + recordEnd + "\n\nafter\n"},
+		},
+		{
+			name: "a later run replaces the earlier table",
+			doc:  recordBegin + "\nMeasured earlier\n\n| old |\n" + recordEnd + "\n",
+			want: []string{recordBegin + "\n", "| X | msgs/s |\n" + recordEnd + "\n"},
+		},
+		{name: "no markers", doc: "# Benchmarks\n", wantErr: errNoMarkers},
+		{name: "end marker before begin", doc: recordEnd + "\n" + recordBegin + "\n", wantErr: errNoMarkers},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+			require.NoError(t, os.WriteFile(path, []byte(tt.doc), 0o644))
+			err := record(path, table, 3, now)
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				got, rerr := os.ReadFile(path)
+				require.NoError(t, rerr)
+				assert.Equal(t, tt.doc, string(got), "the file is left as it was")
+				return
+			}
+			require.NoError(t, err)
+			got, err := os.ReadFile(path)
+			require.NoError(t, err)
+			rest := string(got)
+			for _, w := range tt.want {
+				i := strings.Index(rest, w)
+				require.GreaterOrEqual(t, i, 0, "%q not found (in order) in:\n%s", w, got)
+				rest = rest[i+len(w):]
+			}
+			assert.NotContains(t, string(got), "old", "the earlier table is gone")
+			assert.NotContains(t, string(got), "No run recorded yet")
+			assert.Equal(t, 1, strings.Count(string(got), "Measured 2026"), "one heading")
+		})
+	}
+}
+
+func TestRecordMissingFile(t *testing.T) {
+	err := record(filepath.Join(t.TempDir(), "absent.md"), []byte("| x |"), 1, time.Now())
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
