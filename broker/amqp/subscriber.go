@@ -80,8 +80,12 @@ func (s *Subscriber) Subscribe(ctx context.Context, queue string) (<-chan *messa
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		// Handlers left running on a closed channel may still hand a message to out:
+		// out closes only after them.
+		var orphans sync.WaitGroup
 		defer close(out)
-		s.consumeLoop(ctx, queue, out)
+		defer orphans.Wait()
+		s.consumeLoop(ctx, queue, out, &orphans)
 	}()
 	return out, nil
 }
@@ -103,7 +107,7 @@ func (s *Subscriber) checkQueue(ctx context.Context, queue string) error {
 // closes its delivery channel, so no empty delivery reaches a handler) is reported at
 // error level and declared again when this broker declared it (Broker.DeclareQueue);
 // otherwise the subscriber waits, with a growing pause, for someone to declare it.
-func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *message.Message) {
+func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *message.Message, orphans *sync.WaitGroup) {
 	wait := 200 * time.Millisecond
 	for {
 		st := s.gate.state()
@@ -117,7 +121,7 @@ func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *
 				return
 			}
 		}
-		err := s.consumeOnce(ctx, queue, out, st)
+		err := s.consumeOnce(ctx, queue, out, st, orphans)
 		if s.stopping(ctx) {
 			return
 		}
@@ -159,8 +163,9 @@ func (s *Subscriber) stopping(ctx context.Context) bool {
 	}
 }
 
-// consumeOnce consumes on one channel until it closes or the subscriber stops.
-func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message, st gateState) error {
+// consumeOnce consumes on one channel until it closes or the subscriber stops. When the
+// channel closes under running handlers it returns at once and leaves them to orphans.
+func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message, st gateState, orphans *sync.WaitGroup) error {
 	opts := s.opts.optsFor(st)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -201,9 +206,10 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	// closed ends the nack backoff early: once the channel is gone RabbitMQ has requeued
 	// every unacked delivery itself, and waiting would only delay the new consumer.
 	closed := make(chan struct{})
+	var closeErr *amqp.Error // set before closed is closed
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
-		<-chClosed
+		closeErr = <-chClosed
 		close(closed)
 	}()
 	acks := newAcker(ch, (opts.Prefetch-opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
@@ -218,13 +224,50 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 			}
 		}()
 	}
-	workers.Wait()
-	back.flush(acks, s.logger)
-	acks.close() // before the deferred ch.Close: a waiting ack must still leave
+	settle := func() {
+		workers.Wait()
+		back.flush(acks, s.logger)
+		acks.close() // before ch.Close: a waiting ack must still leave
+	}
+	allDone := make(chan struct{})
+	go func() {
+		workers.Wait()
+		close(allDone)
+	}()
+	select {
+	case <-allDone:
+	case <-closed:
+		// The channel is gone under its handlers (RabbitMQ closed it: consumer_timeout,
+		// or the connection dropped), and RabbitMQ requeued every delivery it had. Consume
+		// again now, not once the slowest handler returns (up to HandlerTimeout, or never
+		// for one that ignores its context): the handlers still running finish on their
+		// own, and their acks fail on the dead channel, logged. Close still waits for them.
+		// Meanwhile the handler runs more messages at once than Concurrency, by as many as
+		// were left running.
+		orphans.Add(1)
+		go func() {
+			defer orphans.Done()
+			settle()
+		}()
+		return closedErr(closeErr)
+	}
+	settle()
 	if closedChan(st.changed) {
 		return errGateChanged
 	}
+	if closedChan(closed) {
+		return closedErr(closeErr)
+	}
 	return errors.New("delivery channel closed")
+}
+
+// closedErr says why a consumer's channel closed: the broker's reason (a consumer_timeout
+// is PRECONDITION_FAILED) or the connection's loss.
+func closedErr(e *amqp.Error) error {
+	if e == nil {
+		return errors.New("delivery channel closed")
+	}
+	return fmt.Errorf("delivery channel closed: %w", e)
 }
 
 // handle hands one delivery out and settles it with RabbitMQ.
