@@ -318,7 +318,20 @@ func (in *Instrumentation) inject(ctx context.Context, msg *message.Message) {
 func (in *Instrumentation) messageAttrs(op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
 	// Room for every attribute here and the consumer span's two more, so that appending
 	// them does not copy the slice.
-	attrs := make([]attribute.KeyValue, 0, 9)
+	return in.appendMessageAttrs(make([]attribute.KeyValue, 0, 9), op, opName, destination, msg)
+}
+
+// attrPool holds attribute slices for starting spans: trace.WithAttributes is applied by
+// trace.NewSpanStartConfig, which copies the attributes (its apply methods are the only way
+// to read an option), so a slice is free again once Start returned. A consumer span's
+// slice was one 576-byte allocation per attempt, a hand-off's another.
+var attrPool = sync.Pool{New: func() any {
+	s := make([]attribute.KeyValue, 0, 12)
+	return &s
+}}
+
+// appendMessageAttrs appends messageAttrs to attrs.
+func (in *Instrumentation) appendMessageAttrs(attrs []attribute.KeyValue, op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
 	attrs = append(attrs,
 		in.system,
 		op,

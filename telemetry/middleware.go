@@ -25,8 +25,12 @@ var errPanicked = errors.New("handler panicked")
 // context, so a slow attempt still links to its trace; a count needs no example.
 var noExemplar = context.Background()
 
-// consumerKind is built once: an option boxed per call is an allocation per attempt.
-var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+// consumerKind and producerKind are built once: an option boxed per call is an
+// allocation per span.
+var (
+	consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+	producerKind = trace.WithSpanKind(trace.SpanKindProducer)
+)
 
 // Middleware traces h with Default(). See Instrumentation.Middleware.
 func Middleware(h message.HandlerFunc) message.HandlerFunc {
@@ -67,13 +71,17 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			parent = trace.ContextWithSpanContext(base, trace.SpanContext{})
 		}
 		parent = in.propagator().Extract(parent, MetadataCarrier(msg.Metadata))
-		attrs := append(in.messageAttrs(semconv.MessagingOperationTypeProcess, "process", queue, msg),
+		buf := attrPool.Get().(*[]attribute.KeyValue)
+		attrs := append(in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeProcess, "process", queue, msg),
 			AttrAttempt.Int(attempt))
 		if handler != "" {
 			attrs = append(attrs, AttrHandler.String(handler))
 		}
 		ctx, span := in.tracer.Start(parent, spanName("process", queue),
 			consumerKind, trace.WithAttributes(attrs...))
+		clear(attrs) // the pool must not keep the message's strings alive
+		*buf = attrs[:0]
+		attrPool.Put(buf)
 
 		reporter := new(sluice.Reporter)
 		ctx = sluice.WithReporter(ctx, reporter)
