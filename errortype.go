@@ -242,8 +242,8 @@ func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
 
 // What findPanic found in a chain.
 const (
-	panicNone   = iota // no panic and no As method: errors.As would find nothing
-	panicFound         // a panic, before any As method
+	panicNone  = iota // no panic and no As method: errors.As would find nothing
+	panicFound        // a panic, before any As method
 	panicAskAs        // an As method: only errors.As knows
 )
 
