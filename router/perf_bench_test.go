@@ -154,7 +154,8 @@ func BenchmarkTracingOverhead(b *testing.B) {
 }
 
 // benchInterleaved times b.N messages through h and b.N through ref, alternating batches,
-// reports x-untraced (h's time over ref's) and, per message, h's ns and allocations.
+// reports x-untraced (h's time over ref's), x-untraced-cpu (the same in process CPU time)
+// and, per message, each one's time and h's allocations.
 func benchInterleaved(b *testing.B, h, ref message.HandlerFunc) {
 	const batch = 1024
 	id := 0
@@ -166,13 +167,15 @@ func benchInterleaved(b *testing.B, h, ref message.HandlerFunc) {
 		}
 		return msgs
 	}
-	run := func(f message.HandlerFunc, msgs []*message.Message) time.Duration {
-		start := time.Now()
+	var cpuH, cpuR time.Duration
+	run := func(f message.HandlerFunc, msgs []*message.Message, cpu *time.Duration) time.Duration {
+		start, startCPU := time.Now(), benchenv.CPUTime()
 		for _, m := range msgs {
 			if _, err := f(m); err != nil {
 				b.Fatal(err)
 			}
 		}
+		*cpu += benchenv.CPUTime() - startCPU
 		return time.Since(start)
 	}
 	var th, tr time.Duration
@@ -182,15 +185,22 @@ func benchInterleaved(b *testing.B, h, ref message.HandlerFunc) {
 	for done := 0; done < b.N; {
 		n := min(batch, b.N-done)
 		a, c := batchOf(n), batchOf(n)
-		tr += run(ref, c)
+		tr += run(ref, c, &cpuR)
 		b.StartTimer()
-		th += run(h, a)
+		th += run(h, a, &cpuH)
 		b.StopTimer()
 		done += n
 	}
 	if tr > 0 {
 		b.ReportMetric(float64(th)/float64(tr), "x-untraced")
 		b.ReportMetric(float64(tr.Nanoseconds())/float64(b.N), "untraced-ns/msg")
+	}
+	if cpuR > 0 {
+		// CPU time, every goroutine of the process: the span processor's and the garbage
+		// collector's work counts where it was caused, and other processes' load does not.
+		b.ReportMetric(float64(cpuH)/float64(cpuR), "x-untraced-cpu")
+		b.ReportMetric(float64(cpuH.Nanoseconds())/float64(b.N), "cpu-ns/msg")
+		b.ReportMetric(float64(cpuR.Nanoseconds())/float64(b.N), "untraced-cpu-ns/msg")
 	}
 }
 
@@ -355,7 +365,8 @@ func BenchmarkRetryPathParked(b *testing.B) {
 // the embedded broker (so that only the stack is measured), the full traced stack with 1 or
 // 50 handlers, each on its own queue with concurrency 8, drains b.N messages published
 // round-robin over the queues beforehand. msgs/s is from the first message handled to the
-// last; allocs/op and B/op are per message. Flat is the goal.
+// last; cpu-ns/msg (the process's CPU time, startup included), allocs/op and B/op are per
+// message. Flat is the goal.
 func BenchmarkHandlers(b *testing.B) {
 	for _, h := range []int{1, 50} {
 		b.Run(strconv.Itoa(h), func(b *testing.B) {
@@ -383,7 +394,11 @@ func BenchmarkHandlers(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
-			benchRun(b, stack, count, func(b *testing.B) { benchReportRate(b, count) })
+			startCPU := benchenv.CPUTime()
+			benchRun(b, stack, count, func(b *testing.B) {
+				b.ReportMetric(float64((benchenv.CPUTime()-startCPU).Nanoseconds())/float64(b.N), "cpu-ns/msg")
+				benchReportRate(b, count)
+			})
 		})
 	}
 }
