@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,6 +40,8 @@ const slowHandlerWait = 2 * time.Millisecond
 // BenchmarkSlowHandler8 and BenchmarkSlowHandler32 drain a pre-filled queue through a
 // handler that waits slowHandlerWait, at concurrency 8 and 32:
 //   - sluice: the full stack, WithConcurrency(c), WithPrefetch(2c);
+//   - raw: amqp091-go, one channel with prefetch 2c, c goroutines each waiting and acking:
+//     what the broker and the client allow on this machine, the ceiling sluice is held to;
 //   - watermill: watermill-amqp's subscriber under a plain Watermill router. It hands out
 //     one message at a time per subscription, so the router gets c handlers on the queue,
 //     each with prefetch 2: the same concurrency and total prefetch.
@@ -74,6 +77,45 @@ func benchSlowHandler(b *testing.B, c int) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		benchRun(b, stack, count, func(b *testing.B) { report(b, count) })
+	})
+	b.Run("raw", func(b *testing.B) {
+		r := testenv.NewRabbit(b)
+		q := benchenv.PlainQueue(b, r, fmt.Sprintf("bench.slow%d.raw", c))
+		benchPrefill(b, r, q, b.N)
+		count := benchCountTo(b.N)
+		ch, err := r.Conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ch.Qos(2*c, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range c {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for d := range deliveries {
+					time.Sleep(slowHandlerWait)
+					if err := d.Ack(false); err != nil {
+						b.Error(err)
+						return
+					}
+					count.handled()
+				}
+			}()
+		}
+		benchWait(b, count.done)
+		b.StopTimer()
+		report(b, count)
+		_ = ch.Close()
+		wg.Wait()
 	})
 	b.Run("watermill", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
