@@ -218,8 +218,17 @@ func ErrorMessage(err error) string {
 }
 
 // recoveredPanic returns the recovered panic in err's chain, whether Watermill's Recoverer
-// put it there as a value or someone as a pointer.
+// put it there as a value or someone as a pointer. It walks the chain itself first: errors.As
+// makes its target escape, two allocations on every failed attempt's several calls (the
+// retry path's largest cost in sluice's own code); only a chain with an As method, which
+// may claim to be a panic, needs errors.As.
 func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
+	switch found := findPanic(err); found {
+	case panicNone:
+		return middleware.RecoveredPanicError{}, false
+	case panicFound:
+		return firstPanic(err)
+	}
 	var p middleware.RecoveredPanicError
 	if errors.As(err, &p) {
 		return p, true
@@ -227,6 +236,74 @@ func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
 	var pp *middleware.RecoveredPanicError
 	if errors.As(err, &pp) && pp != nil {
 		return *pp, true
+	}
+	return middleware.RecoveredPanicError{}, false
+}
+
+// What findPanic found in a chain.
+const (
+	panicNone  = iota // no panic and no As method: errors.As would find nothing
+	panicFound        // a panic, before any As method
+	panicAskAs        // an As method: only errors.As knows
+)
+
+// findPanic walks err's chain in errors.As's order (depth first) up to the first panic or
+// As method.
+func findPanic(err error) int {
+	for err != nil {
+		switch e := err.(type) {
+		case middleware.RecoveredPanicError:
+			return panicFound
+		case *middleware.RecoveredPanicError:
+			if e != nil {
+				return panicFound
+			}
+		}
+		if _, ok := err.(interface{ As(any) bool }); ok {
+			return panicAskAs
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if found := findPanic(e); found != panicNone {
+					return found
+				}
+			}
+			return panicNone
+		default:
+			return panicNone
+		}
+	}
+	return panicNone
+}
+
+// firstPanic returns the first panic in err's chain; findPanic said there is one and no As
+// method before it.
+func firstPanic(err error) (middleware.RecoveredPanicError, bool) {
+	for err != nil {
+		switch e := err.(type) {
+		case middleware.RecoveredPanicError:
+			return e, true
+		case *middleware.RecoveredPanicError:
+			if e != nil {
+				return *e, true
+			}
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if findPanic(e) == panicFound {
+					return firstPanic(e)
+				}
+			}
+			return middleware.RecoveredPanicError{}, false
+		default:
+			return middleware.RecoveredPanicError{}, false
+		}
 	}
 	return middleware.RecoveredPanicError{}, false
 }

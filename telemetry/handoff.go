@@ -61,11 +61,18 @@ type delayer struct {
 
 // Delay traces the hand-off of msg to the delay infrastructure.
 func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, msg *message.Message) error {
-	attrs := append(d.in.messageAttrs(semconv.MessagingOperationTypeSend, "send", DelayDestination, msg),
+	buf := attrPool.Get().(*[]attribute.KeyValue)
+	defer func() {
+		clear(*buf)
+		*buf = (*buf)[:0]
+		attrPool.Put(buf)
+	}()
+	attrs := append(d.in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeSend, "send", DelayDestination, msg),
 		AttrQueue.String(queue),
 		AttrRetryDelayMS.Int64(delay.Milliseconds()),
 		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
+	*buf = attrs // a longer slice, if the appends outgrew it, goes back to the pool
 	return d.in.handOff(ctx, spanName("send", DelayDestination), DelayDestination, msg, attrs, func(ctx context.Context) error {
 		return d.next.Delay(ctx, queue, delay, msg)
 	})
@@ -96,7 +103,7 @@ func (d *deadLetterer) DeadLetter(ctx context.Context, queue string, msg *messag
 func (in *Instrumentation) handOff(ctx context.Context, name, destination string, msg *message.Message,
 	attrs []attribute.KeyValue, send func(context.Context) error) error {
 	ctx, span := in.tracer.Start(in.parent(msg, ctx, msg.Context()), name,
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+		producerKind, trace.WithAttributes(attrs...))
 	defer span.End()
 	in.inject(ctx, msg)
 	start := time.Now()

@@ -181,19 +181,21 @@ type Instrumentation struct {
 	errTypes *errorTypes      // errortype.go
 	events   *eventLog        // eventlog.go
 
-	// attrSets holds one metric.MeasurementOption per (queue, handler, outcome): building
+	// attrSets holds the measurement options of each (queue, handler, outcome): building
 	// an attribute.Set hashes every attribute, which was the largest cost of an attempt's
-	// metrics. The keys are the stack's queues, handlers and outcomes, a small fixed set.
-	attrSets sync.Map // metricKey -> metric.MeasurementOption
+	// metrics, and passing one option to Add or Record builds a variadic slice that
+	// escapes (an allocation per call). The keys are the stack's queues, handlers and
+	// outcomes, a small fixed set.
+	attrSets sync.Map // metricKey -> messagingOpts
 }
 
 // metricKey names one combination of metric attributes; outcome and errType "" mean none.
 type metricKey struct{ queue, handler, outcome, errType string }
 
-// metricAttrs returns the measurement option with k's attributes, built once per k.
-func (in *Instrumentation) metricAttrs(k metricKey) metric.MeasurementOption {
+// metricAttrs returns k's attributes as counter and histogram options, built once per k.
+func (in *Instrumentation) metricAttrs(k metricKey) messagingOpts {
 	if opt, ok := in.attrSets.Load(k); ok {
-		return opt.(metric.MeasurementOption)
+		return opt.(messagingOpts)
 	}
 	kvs := []attribute.KeyValue{MetricAttrQueue.String(k.queue), MetricAttrHandler.String(k.handler)}
 	if k.outcome != "" {
@@ -202,8 +204,9 @@ func (in *Instrumentation) metricAttrs(k metricKey) metric.MeasurementOption {
 	if k.errType != "" {
 		kvs = append(kvs, MetricAttrErrorType.String(k.errType))
 	}
-	opt, _ := in.attrSets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(kvs...)))
-	return opt.(metric.MeasurementOption)
+	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	o, _ := in.attrSets.LoadOrStore(k, messagingOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
+	return o.(messagingOpts)
 }
 
 // New returns an Instrumentation over the given (or the global) providers. It fails only
@@ -315,7 +318,20 @@ func (in *Instrumentation) inject(ctx context.Context, msg *message.Message) {
 func (in *Instrumentation) messageAttrs(op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
 	// Room for every attribute here and the consumer span's two more, so that appending
 	// them does not copy the slice.
-	attrs := make([]attribute.KeyValue, 0, 9)
+	return in.appendMessageAttrs(make([]attribute.KeyValue, 0, 9), op, opName, destination, msg)
+}
+
+// attrPool holds attribute slices for starting spans: trace.WithAttributes is applied by
+// trace.NewSpanStartConfig, which copies the attributes (its apply methods are the only way
+// to read an option), so a slice is free again once Start returned. A consumer span's
+// slice was one 576-byte allocation per attempt, a hand-off's another.
+var attrPool = sync.Pool{New: func() any {
+	s := make([]attribute.KeyValue, 0, 12)
+	return &s
+}}
+
+// appendMessageAttrs appends messageAttrs to attrs.
+func (in *Instrumentation) appendMessageAttrs(attrs []attribute.KeyValue, op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
 	attrs = append(attrs,
 		in.system,
 		op,

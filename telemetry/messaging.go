@@ -136,6 +136,6 @@ func (in *Instrumentation) recordProcessed(ctx context.Context, queue string, d 
 // with err (nil: confirmed).
 func (in *Instrumentation) recordSent(ctx context.Context, destination string, n int, d time.Duration, err error) {
 	opt := in.messagingAttrs(messagingKey{op: opSend, destination: destination, errType: in.errTypes.label(sluice.ErrorType(err))})
-	in.mm.sent.Inst().Add(ctx, int64(n), opt.add...)
+	in.mm.sent.Inst().Add(noExemplar, int64(n), opt.add...)
 	in.mm.opDuration.Inst().Record(ctx, d.Seconds(), opt.rec...)
 }

@@ -18,6 +18,20 @@ import (
 // recoverer; the panic itself keeps unwinding.
 var errPanicked = errors.New("handler panicked")
 
+// noExemplar is the context of the measurements that carry no exemplar: the SDK's default
+// exemplar filter (trace_based) offers every measurement made in a sampled span's context
+// to a reservoir, a clock read and a lock each, six per attempt. Only the two duration
+// histograms (sluice.handler.duration and messaging.process.duration) get the span's
+// context, so a slow attempt still links to its trace; a count needs no example.
+var noExemplar = context.Background()
+
+// consumerKind and producerKind are built once: an option boxed per call is an
+// allocation per span.
+var (
+	consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+	producerKind = trace.WithSpanKind(trace.SpanKindProducer)
+)
+
 // Middleware traces h with Default(). See Instrumentation.Middleware.
 func Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return Default().Middleware(h)
@@ -51,26 +65,34 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 
 		// A span in base is the subscriber's (from whatever context ran the router), not
 		// this message's: drop it, or every message would join one trace.
-		parent := in.propagator().Extract(trace.ContextWithSpanContext(base, trace.SpanContext{}),
-			MetadataCarrier(msg.Metadata))
-		attrs := append(in.messageAttrs(semconv.MessagingOperationTypeProcess, "process", queue, msg),
+		// Most subscribers run without one; clearing it costs two allocations.
+		parent := base
+		if trace.SpanContextFromContext(base).IsValid() {
+			parent = trace.ContextWithSpanContext(base, trace.SpanContext{})
+		}
+		parent = in.propagator().Extract(parent, MetadataCarrier(msg.Metadata))
+		buf := attrPool.Get().(*[]attribute.KeyValue)
+		attrs := append(in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeProcess, "process", queue, msg),
 			AttrAttempt.Int(attempt))
 		if handler != "" {
 			attrs = append(attrs, AttrHandler.String(handler))
 		}
 		ctx, span := in.tracer.Start(parent, spanName("process", queue),
-			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+			consumerKind, trace.WithAttributes(attrs...))
+		clear(attrs) // the pool must not keep the message's strings alive
+		*buf = attrs[:0]
+		attrPool.Put(buf)
 
 		reporter := new(sluice.Reporter)
 		ctx = sluice.WithReporter(ctx, reporter)
 		msg.SetContext(ctx)
 
 		flightAttrs := in.metricAttrs(metricKey{queue: queue, handler: handler})
-		in.recordConsumed(ctx, queue)
-		in.inFlight.Add(ctx, 1, flightAttrs)
+		in.recordConsumed(noExemplar, queue)
+		in.inFlight.Add(noExemplar, 1, flightAttrs.add...)
 		finished := false
 		defer func() {
-			in.inFlight.Add(ctx, -1, flightAttrs)
+			in.inFlight.Add(noExemplar, -1, flightAttrs.add...)
 			if !finished {
 				// The panic keeps unwinding; the span and metrics must not be lost with it.
 				in.finish(ctx, span, start, queue, handler, msg.UUID, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
@@ -143,19 +165,19 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 
 	elapsed := time.Since(start)
 	withOutcome := in.metricAttrs(metricKey{queue: queue, handler: handler, outcome: string(rep.Outcome)})
-	in.messages.Add(ctx, 1, withOutcome)
-	in.duration.Record(ctx, elapsed.Seconds(), withOutcome)
+	in.messages.Add(noExemplar, 1, withOutcome.add...)
+	in.duration.Record(ctx, elapsed.Seconds(), withOutcome.rec...)
 	in.recordProcessed(ctx, queue, elapsed, failedType)
 	plain := metricKey{queue: queue, handler: handler}
 	switch rep.Outcome {
 	case sluice.OutcomeRetry:
-		in.retries.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}))
-		in.mm.retryDelay.Record(ctx, rep.Delay.Seconds(), in.metricAttrs(plain))
+		in.retries.Add(noExemplar, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}).add...)
+		in.mm.retryDelay.Record(noExemplar, rep.Delay.Seconds(), in.metricAttrs(plain).rec...)
 		in.events.record(ctx, queue, handler, id, rep, failedType)
 	case sluice.OutcomeDeadLetter:
-		in.deadLetters.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}))
+		in.deadLetters.Add(noExemplar, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}).add...)
 		in.events.record(ctx, queue, handler, id, rep, failedType)
 	case sluice.OutcomeDuplicate:
-		in.idemHits.Add(ctx, 1, in.metricAttrs(plain))
+		in.idemHits.Add(noExemplar, 1, in.metricAttrs(plain).add...)
 	}
 }

@@ -21,6 +21,9 @@ type result struct {
 type parser struct {
 	pkg     string
 	results []result
+	// pending is the name of a benchmark whose line held no figures: a benchmark that logs
+	// writes its lines between its name and its figures, which follow on a line of their own.
+	pending string
 }
 
 // line consumes one line of output and reports whether it was a benchmark result.
@@ -31,9 +34,17 @@ func (p *parser) line(s string) bool {
 		return false
 	}
 	r, ok := parseResult(s)
+	if !ok && p.pending != "" {
+		// The figures of a benchmark whose name a log line interrupted.
+		r, ok = parseResult(p.pending + " " + s)
+	}
 	if !ok {
+		if f := strings.Fields(s); len(f) > 0 && strings.HasPrefix(f[0], "Benchmark") {
+			p.pending = f[0]
+		}
 		return false
 	}
+	p.pending = ""
 	r.pkg = p.pkg
 	p.results = append(p.results, r)
 	return true
