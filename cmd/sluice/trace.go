@@ -13,8 +13,8 @@ import (
 
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
-	"github.com/sluice-go/sluice/telemetry/jaeger"
-	"github.com/sluice-go/sluice/telemetry/waterfall"
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/waterfall"
 )
 
 // defaultTraceService is the service searched when neither --service nor

@@ -10,8 +10,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/telemetry/jaeger"
-	"github.com/sluice-go/sluice/telemetry/waterfall"
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/waterfall"
 )
 
 // timelineLookback bounds the search of a message's traces by id.

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/telemetry/jaeger"
-	"github.com/sluice-go/sluice/telemetry/waterfall"
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/waterfall"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files from the current output")

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/telemetry"
-	"github.com/sluice-go/sluice/telemetry/jaeger"
 )
 
 // liveJaeger returns a client for the Jaeger at JAEGER_QUERY_URL (default
