@@ -7,12 +7,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// RegisterBreakerState registers state with Default(). See
-// Instrumentation.RegisterBreakerState.
-func RegisterBreakerState(state func() map[string]int) (metric.Registration, error) {
-	return Default().RegisterBreakerState(state)
-}
-
 // RegisterBreakerState makes the sluice.breaker.state gauge report, at every collection,
 // the states that state returns: breaker name to 0 (closed), 1 (half-open) or 2 (open),
 // the values of gobreaker's State. The router registers one function for all its

@@ -25,18 +25,6 @@ type DeadLetterer interface {
 	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
 }
 
-// WrapDelayer returns d traced by the Instrumentation that opts configure (Default when
-// there are none). See Instrumentation.WrapDelayer.
-func WrapDelayer(d Delayer, opts ...Option) Delayer {
-	return instrumentation(opts).WrapDelayer(d)
-}
-
-// WrapDeadLetterer returns d traced by the Instrumentation that opts configure (Default
-// when there are none). See Instrumentation.WrapDeadLetterer.
-func WrapDeadLetterer(d DeadLetterer, opts ...Option) DeadLetterer {
-	return instrumentation(opts).WrapDeadLetterer(d)
-}
-
 // WrapDelayer returns a Delayer that starts a producer span "send sluice.delay" (a child
 // of ctx's span, which is the consumer span of the attempt that failed) and injects the
 // span's context into msg's headers before handing msg to d. The next attempt's consumer

@@ -239,15 +239,3 @@ func TestWrapDeadLetterer(t *testing.T) {
 		})
 	}
 }
-
-func TestWrapHandoffs_PackageLevelUseOptions(t *testing.T) {
-	e := newEnv(t)
-	opts := []telemetry.Option{telemetry.WithTracerProvider(e.tp), telemetry.WithPropagator(e.prop)}
-	msg := message.NewMessage("id", nil)
-	require.NoError(t, telemetry.WrapDelayer(failingDelayer{}, opts...).Delay(context.Background(), "q", time.Second, msg))
-	require.NoError(t, telemetry.WrapDeadLetterer(&recordingDeadLetterer{}, opts...).DeadLetter(context.Background(), "q", msg))
-
-	e.ended(t, "send sluice.delay")
-	dlq := e.ended(t, "send q.dlq")
-	assert.Equal(t, traceparent(dlq.SpanContext()), msg.Metadata.Get(sluice.HeaderTraceParent))
-}

@@ -296,7 +296,7 @@ func (in *Instrumentation) parent(msg *message.Message, ctxs ...context.Context)
 			return ctx
 		}
 	}
-	return in.propagator().Extract(ctxs[0], MetadataCarrier(msg.Metadata))
+	return in.propagator().Extract(ctxs[0], metadataCarrier(msg.Metadata))
 }
 
 // inject writes ctx's trace context into msg's headers. The old traceparent and tracestate
@@ -308,7 +308,7 @@ func (in *Instrumentation) inject(ctx context.Context, msg *message.Message) {
 	}
 	delete(msg.Metadata, sluice.HeaderTraceParent)
 	delete(msg.Metadata, sluice.HeaderTraceState)
-	in.propagator().Inject(ctx, MetadataCarrier(msg.Metadata))
+	in.propagator().Inject(ctx, metadataCarrier(msg.Metadata))
 }
 
 // messageAttrs are the messaging attributes every span about msg carries.
@@ -343,38 +343,4 @@ func spanName(op, destination string) string {
 		return op
 	}
 	return op + " " + destination
-}
-
-var (
-	defaultOnce sync.Once
-	defaultIn   *Instrumentation
-)
-
-// Default returns the Instrumentation over the global providers that the package-level
-// functions use. Because the global providers delegate to whatever is installed later,
-// it may be used before Setup.
-func Default() *Instrumentation {
-	defaultOnce.Do(func() {
-		in, err := New()
-		if err != nil {
-			// The instrument names are constants the global delegating meter accepts,
-			// so this is a programming error, not an operational one.
-			panic(fmt.Sprintf("telemetry: create default instrumentation: %v", err))
-		}
-		defaultIn = in
-	})
-	return defaultIn
-}
-
-// instrumentation returns Default() when no options are given, else a new one.
-func instrumentation(opts []Option) *Instrumentation {
-	if len(opts) == 0 {
-		return Default()
-	}
-	in, err := New(opts...)
-	if err != nil {
-		otel.Handle(err)
-		return Default()
-	}
-	return in
 }

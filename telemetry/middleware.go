@@ -18,11 +18,6 @@ import (
 // recoverer; the panic itself keeps unwinding.
 var errPanicked = errors.New("handler panicked")
 
-// Middleware traces h with Default(). See Instrumentation.Middleware.
-func Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return Default().Middleware(h)
-}
-
 // Middleware is a watermill message.HandlerMiddleware that must be the outermost step of
 // the stack. For every delivery attempt it:
 //
@@ -52,7 +47,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		// A span in base is the subscriber's (from whatever context ran the router), not
 		// this message's: drop it, or every message would join one trace.
 		parent := in.propagator().Extract(trace.ContextWithSpanContext(base, trace.SpanContext{}),
-			MetadataCarrier(msg.Metadata))
+			metadataCarrier(msg.Metadata))
 		attrs := append(in.messageAttrs(semconv.MessagingOperationTypeProcess, "process", queue, msg),
 			AttrAttempt.Int(attempt))
 		if handler != "" {

@@ -271,22 +271,6 @@ func TestMiddleware_PanicEndsSpan(t *testing.T) {
 	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricMessages], telemetry.MetricAttrOutcome.String("nack")))
 }
 
-func TestMiddleware_PackageLevelUsesDefault(t *testing.T) {
-	// The default Instrumentation follows the global providers; with none installed it
-	// must still hand the handler a context with a reporter and return its result.
-	errBoom := errors.New("boom")
-	var reported bool
-	h := telemetry.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry})
-		reported = true
-		return nil, errBoom
-	})
-	_, err := h(message.NewMessage("id", nil))
-	assert.ErrorIs(t, err, errBoom)
-	assert.True(t, reported)
-	assert.Same(t, telemetry.Default(), telemetry.Default())
-}
-
 // spanTree renders the parent links of spans for failure messages.
 func spanTree(spans []sdktrace.ReadOnlySpan) string {
 	s := ""
