@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
 // Delayer hands a message to the broker to be delivered to queue after d. It has the
@@ -50,9 +51,9 @@ type delayer struct {
 // Delay traces the hand-off of msg to the delay infrastructure.
 func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, msg *message.Message) error {
 	attrs := append(d.in.messageAttrs(semconv.MessagingOperationTypeSend, "send", DelayDestination, msg),
-		AttrQueue.String(queue),
-		AttrRetryDelayMS.Int64(delay.Milliseconds()),
-		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
+		otelnames.AttrQueue.String(queue),
+		otelnames.AttrRetryDelayMS.Int64(delay.Milliseconds()),
+		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
 	return d.in.handOff(ctx, spanName("send", DelayDestination), DelayDestination, msg, attrs, func(ctx context.Context) error {
 		return d.next.Delay(ctx, queue, delay, msg)
@@ -68,11 +69,11 @@ type deadLetterer struct {
 func (d *deadLetterer) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
 	dlq := queue + DeadLetterSuffix
 	attrs := append(d.in.messageAttrs(semconv.MessagingOperationTypeSend, "send", dlq, msg),
-		AttrQueue.String(queue),
-		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
+		otelnames.AttrQueue.String(queue),
+		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
 	if last := msg.Metadata.Get(sluice.HeaderLastError); last != "" {
-		attrs = append(attrs, AttrLastError.String(sluice.Truncate(last, sluice.MaxHistoryMessageBytes)))
+		attrs = append(attrs, otelnames.AttrLastError.String(sluice.Truncate(last, sluice.MaxHistoryMessageBytes)))
 	}
 	return d.in.handOff(ctx, spanName("send", dlq), dlq, msg, attrs, func(ctx context.Context) error {
 		return d.next.DeadLetter(ctx, queue, msg)

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -74,7 +75,7 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 	// order by attempt, not by end.
 	byAttempt := func(spans []sdktrace.ReadOnlySpan) []sdktrace.ReadOnlySpan {
 		slices.SortFunc(spans, func(a, b sdktrace.ReadOnlySpan) int {
-			return cmp.Compare(attrs(a)[telemetry.AttrAttempt].AsInt64(), attrs(b)[telemetry.AttrAttempt].AsInt64())
+			return cmp.Compare(attrs(a)[otelnames.AttrAttempt].AsInt64(), attrs(b)[otelnames.AttrAttempt].AsInt64())
 		})
 		return spans
 	}
@@ -97,13 +98,13 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 
 	for i, p := range processes {
 		a := attrs(p)
-		assert.Equal(t, int64(i+1), a[telemetry.AttrAttempt].AsInt64())
+		assert.Equal(t, int64(i+1), a[otelnames.AttrAttempt].AsInt64())
 		if i < 2 {
-			assert.Equal(t, "retry", a[telemetry.AttrOutcome].AsString())
-			assert.Equal(t, int64(250), a[telemetry.AttrRetryDelayMS].AsInt64())
+			assert.Equal(t, "retry", a[otelnames.AttrOutcome].AsString())
+			assert.Equal(t, int64(250), a[otelnames.AttrRetryDelayMS].AsInt64())
 			assert.Equal(t, codes.Error, p.Status().Code)
 		} else {
-			assert.Equal(t, "ack", a[telemetry.AttrOutcome].AsString())
+			assert.Equal(t, "ack", a[otelnames.AttrOutcome].AsString())
 			assert.Equal(t, codes.Unset, p.Status().Code)
 		}
 	}
@@ -112,9 +113,9 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 		assert.Equal(t, trace.SpanKindProducer, d.SpanKind())
 		assert.Equal(t, telemetry.DelayDestination, a[semconv.MessagingDestinationNameKey].AsString())
 		assert.Equal(t, "send", a[semconv.MessagingOperationTypeKey].AsString())
-		assert.Equal(t, queue, a[telemetry.AttrQueue].AsString())
-		assert.Equal(t, int64(250), a[telemetry.AttrRetryDelayMS].AsInt64())
-		assert.Equal(t, int64(i+2), a[telemetry.AttrAttempt].AsInt64(), "the attempt the delayed copy is delivered as")
+		assert.Equal(t, queue, a[otelnames.AttrQueue].AsString())
+		assert.Equal(t, int64(250), a[otelnames.AttrRetryDelayMS].AsInt64())
+		assert.Equal(t, int64(i+2), a[otelnames.AttrAttempt].AsInt64(), "the attempt the delayed copy is delivered as")
 		assert.Equal(t, "pay-1", a[semconv.MessagingMessageIDKey].AsString())
 	}
 
@@ -232,9 +233,9 @@ func TestWrapDeadLetterer(t *testing.T) {
 
 			a := attrs(d)
 			assert.Equal(t, "orders.dlq", a[semconv.MessagingDestinationNameKey].AsString())
-			assert.Equal(t, "orders", a[telemetry.AttrQueue].AsString())
-			assert.Equal(t, int64(5), a[telemetry.AttrAttempt].AsInt64())
-			assert.Equal(t, "insufficient_funds", a[telemetry.AttrLastError].AsString())
+			assert.Equal(t, "orders", a[otelnames.AttrQueue].AsString())
+			assert.Equal(t, int64(5), a[otelnames.AttrAttempt].AsInt64())
+			assert.Equal(t, "insufficient_funds", a[otelnames.AttrLastError].AsString())
 			assert.Equal(t, int64(3), a[semconv.MessagingMessageBodySizeKey].AsInt64())
 		})
 	}

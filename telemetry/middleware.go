@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
 // errPanicked is recorded on the span of an attempt whose handler panicked past every
@@ -49,9 +50,9 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		parent := in.propagator().Extract(trace.ContextWithSpanContext(base, trace.SpanContext{}),
 			metadataCarrier(msg.Metadata))
 		attrs := append(in.messageAttrs(semconv.MessagingOperationTypeProcess, "process", queue, msg),
-			AttrAttempt.Int(attempt))
+			otelnames.AttrAttempt.Int(attempt))
 		if handler != "" {
-			attrs = append(attrs, AttrHandler.String(handler))
+			attrs = append(attrs, otelnames.AttrHandler.String(handler))
 		}
 		ctx, span := in.tracer.Start(parent, spanName("process", queue),
 			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
@@ -102,9 +103,9 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	queue, handler, id string, rep sluice.Report, err error) {
 	// One SetAttributes call: each one copies the span's attributes to make room.
 	var buf [3]attribute.KeyValue
-	attrs := append(buf[:0], AttrOutcome.String(string(rep.Outcome)))
+	attrs := append(buf[:0], otelnames.AttrOutcome.String(string(rep.Outcome)))
 	if rep.Delay > 0 {
-		attrs = append(attrs, AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
+		attrs = append(attrs, otelnames.AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
 	}
 
 	cause := rep.Err
@@ -126,7 +127,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	case rep.Outcome == sluice.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
 		if cause != nil {
-			attrs = append(attrs, AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
+			attrs = append(attrs, otelnames.AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
 		}
 	case rep.Outcome == sluice.OutcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.

@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
 func TestMiddleware_ContinuesProducerTrace(t *testing.T) {
@@ -56,9 +56,9 @@ func TestMiddleware_ContinuesProducerTrace(t *testing.T) {
 	assert.Equal(t, queue, a[semconv.MessagingDestinationNameKey].AsString())
 	assert.Equal(t, "msg-1", a[semconv.MessagingMessageIDKey].AsString())
 	assert.Equal(t, int64(len(`{"amount":10}`)), a[semconv.MessagingMessageBodySizeKey].AsInt64())
-	assert.Equal(t, "test-handler", a[telemetry.AttrHandler].AsString())
-	assert.Equal(t, int64(1), a[telemetry.AttrAttempt].AsInt64())
-	assert.Equal(t, "ack", a[telemetry.AttrOutcome].AsString())
+	assert.Equal(t, "test-handler", a[otelnames.AttrHandler].AsString())
+	assert.Equal(t, int64(1), a[otelnames.AttrAttempt].AsInt64())
+	assert.Equal(t, "ack", a[otelnames.AttrOutcome].AsString())
 }
 
 func TestMiddleware_InvalidTraceContextStartsTrace(t *testing.T) {
@@ -96,7 +96,7 @@ func TestMiddleware_InvalidTraceContextStartsTrace(t *testing.T) {
 			assert.False(t, process.Parent().IsValid(), "a new root span")
 			assert.True(t, process.SpanContext().TraceID().IsValid())
 			assert.Equal(t, codes.Unset, process.Status().Code)
-			assert.Equal(t, "ack", attrs(process)[telemetry.AttrOutcome].AsString())
+			assert.Equal(t, "ack", attrs(process)[otelnames.AttrOutcome].AsString())
 		})
 	}
 }
@@ -184,15 +184,15 @@ func TestMiddleware_Outcomes(t *testing.T) {
 
 			process := e.ended(t, "process "+queue)
 			a := attrs(process)
-			assert.Equal(t, tt.wantOutcome, a[telemetry.AttrOutcome].AsString())
-			assert.Equal(t, tt.wantAttempt, a[telemetry.AttrAttempt].AsInt64())
+			assert.Equal(t, tt.wantOutcome, a[otelnames.AttrOutcome].AsString())
+			assert.Equal(t, tt.wantAttempt, a[otelnames.AttrAttempt].AsInt64())
 			if tt.wantDelayMS == 0 {
-				assert.NotContains(t, a, telemetry.AttrRetryDelayMS)
+				assert.NotContains(t, a, otelnames.AttrRetryDelayMS)
 			} else {
-				assert.Equal(t, tt.wantDelayMS, a[telemetry.AttrRetryDelayMS].AsInt64())
+				assert.Equal(t, tt.wantDelayMS, a[otelnames.AttrRetryDelayMS].AsInt64())
 			}
 			if tt.wantDeferWhy != "" {
-				assert.Equal(t, tt.wantDeferWhy, a[telemetry.AttrDeferReason].AsString())
+				assert.Equal(t, tt.wantDeferWhy, a[otelnames.AttrDeferReason].AsString())
 			}
 			if tt.wantError {
 				assert.Equal(t, codes.Error, process.Status().Code)
@@ -234,7 +234,7 @@ func TestMiddleware_OutsideRouter(t *testing.T) {
 
 	process := e.ended(t, "process")
 	assert.NotContains(t, attrs(process), semconv.MessagingDestinationNameKey, "no queue known")
-	assert.NotContains(t, attrs(process), telemetry.AttrHandler)
+	assert.NotContains(t, attrs(process), otelnames.AttrHandler)
 	assert.Equal(t, process.SpanContext(), trace.SpanContextFromContext(inner))
 	assert.Equal(t, process.SpanContext(), trace.SpanContextFromContext(out.Context()),
 		"an output without a span continues the consumer's trace")
@@ -265,10 +265,10 @@ func TestMiddleware_PanicEndsSpan(t *testing.T) {
 
 	process := e.ended(t, "process")
 	assert.Equal(t, codes.Error, process.Status().Code)
-	assert.Equal(t, "nack", attrs(process)[telemetry.AttrOutcome].AsString())
+	assert.Equal(t, "nack", attrs(process)[otelnames.AttrOutcome].AsString())
 	m := e.collect(t)
-	assert.Equal(t, int64(0), sumPoint(t, m[telemetry.MetricInFlight]), "in-flight released")
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricMessages], telemetry.MetricAttrOutcome.String("nack")))
+	assert.Equal(t, int64(0), sumPoint(t, m[otelnames.MetricInFlight]), "in-flight released")
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricMessages], otelnames.MetricAttrOutcome.String("nack")))
 }
 
 // spanTree renders the parent links of spans for failure messages.

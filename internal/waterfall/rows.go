@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -119,8 +120,8 @@ func (d *drawing) spanRow(tree string, s jaeger.Span) row {
 		if mark == "" {
 			mark = markOK + " "
 		}
-		detail = append(detail, "attempt "+s.TagString(string(telemetry.AttrAttempt)))
-		outcome := s.TagString(string(telemetry.AttrOutcome))
+		detail = append(detail, "attempt "+s.TagString(string(otelnames.AttrAttempt)))
+		outcome := s.TagString(string(otelnames.AttrOutcome))
 		if delay := delayOf(s); delay != "" {
 			switch outcome {
 			case "retry":
@@ -132,7 +133,7 @@ func (d *drawing) spanRow(tree string, s jaeger.Span) row {
 		if outcome != "" {
 			detail = append(detail, outcome)
 		}
-		if reason := s.TagString(string(telemetry.AttrDeferReason)); reason != "" {
+		if reason := s.TagString(string(otelnames.AttrDeferReason)); reason != "" {
 			detail = append(detail, reason)
 		}
 		if text := errorText(s); text != "" {
@@ -146,7 +147,7 @@ func (d *drawing) spanRow(tree string, s jaeger.Span) row {
 			}
 		case isDeadLetter(s):
 			text := "dead letter"
-			if typ := s.TagString(string(telemetry.AttrLastError)); typ != "" {
+			if typ := s.TagString(string(otelnames.AttrLastError)); typ != "" {
 				text += " (error type " + typ + ")"
 			}
 			detail = append(detail, text)

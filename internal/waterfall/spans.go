@@ -7,13 +7,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
 // isSluiceAttempt reports whether s is the consumer span of a delivery attempt that
 // sluice's tracing step recorded.
 func isSluiceAttempt(s jaeger.Span) bool {
-	_, ok := s.Tag(string(telemetry.AttrAttempt))
+	_, ok := s.Tag(string(otelnames.AttrAttempt))
 	return ok && s.Kind() == "consumer"
 }
 
@@ -26,7 +27,7 @@ func messageOf(s jaeger.Span) string { return s.TagString("messaging.message.id"
 
 // delayOf is sluice.retry.delay_ms as a duration, or "".
 func delayOf(s jaeger.Span) string {
-	v, ok := s.Tag(string(telemetry.AttrRetryDelayMS))
+	v, ok := s.Tag(string(otelnames.AttrRetryDelayMS))
 	if !ok {
 		return ""
 	}

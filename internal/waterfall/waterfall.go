@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/jaeger"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
 // DefaultWidth is the timeline's width, in character cells, when Options.Width is zero.
@@ -169,7 +169,7 @@ func (d *drawing) header(b *strings.Builder) {
 	for _, dl := range d.deadLetters {
 		line := fmt.Sprintf("Dead letter: sent to %s at +%s", dl.TagString("messaging.destination.name"), fmtDuration(dl.StartTime.Sub(d.start)))
 		if i, ok := d.attemptIndex[dl.ParentSpanID]; ok {
-			line += " by attempt " + d.attempts[i].TagString(string(telemetry.AttrAttempt))
+			line += " by attempt " + d.attempts[i].TagString(string(otelnames.AttrAttempt))
 		}
 		if dl.Failed() {
 			line += " " + markFailed + " the publish failed: " + firstLine(errorText(dl))
@@ -195,13 +195,13 @@ func (d *drawing) outcome() string {
 	if last.Failed() {
 		mark = markFailed
 	}
-	outcome := last.TagString(string(telemetry.AttrOutcome))
+	outcome := last.TagString(string(otelnames.AttrOutcome))
 	if outcome == "" {
 		outcome = "unknown"
 	}
 	var retries, deferrals int
 	for _, a := range d.attempts {
-		switch a.TagString(string(telemetry.AttrOutcome)) {
+		switch a.TagString(string(otelnames.AttrOutcome)) {
 		case "retry":
 			retries++
 		case "deferred":
