@@ -185,15 +185,3 @@ func Truncate(s string, n int) string {
 	}
 	return s[:cut] + mark
 }
-
-// CopyMessage returns a copy of msg with the same id, payload, metadata and context, for a
-// hand-off (retry, dead letter): the copy's metadata can change without touching msg.
-func CopyMessage(msg *message.Message) *message.Message {
-	c := message.NewMessage(msg.UUID, msg.Payload)
-	c.Metadata = make(message.Metadata, len(msg.Metadata)+8)
-	for k, v := range msg.Metadata {
-		c.Metadata[k] = v
-	}
-	c.SetContext(msg.Context())
-	return c
-}

@@ -258,14 +258,16 @@ func TestTruncate_EveryLimit(t *testing.T) {
 
 type ctxKey struct{}
 
-func TestCopyMessage(t *testing.T) {
+// The hand-offs (retry, dead letter) publish Watermill's CopyWithContext of the delivery:
+// these tests hold it to what they need from it.
+func TestCopyWithContext(t *testing.T) {
 	orig := message.NewMessage("id-1", []byte(`{"amount":10}`))
 	orig.Metadata.Set("tenant", "t1")
 	orig.Metadata.Set(sluice.HeaderRetryCount, "2")
 	ctx := context.WithValue(context.Background(), ctxKey{}, "v")
 	orig.SetContext(ctx)
 
-	c := sluice.CopyMessage(orig)
+	c := orig.CopyWithContext()
 	require.NotSame(t, orig, c)
 	assert.Equal(t, orig.UUID, c.UUID)
 	assert.Equal(t, orig.Payload, c.Payload)
@@ -289,10 +291,10 @@ func TestCopyMessage(t *testing.T) {
 	}
 }
 
-func TestCopyMessage_NilMetadata(t *testing.T) {
+func TestCopyWithContext_NilMetadata(t *testing.T) {
 	orig := message.NewMessage("id-2", nil)
 	orig.Metadata = nil
-	c := sluice.CopyMessage(orig)
+	c := orig.CopyWithContext()
 	require.NotNil(t, c.Metadata)
 	c.Metadata.Set("k", "v") // must not panic on a nil map
 	assert.Equal(t, "v", c.Metadata.Get("k"))

@@ -50,7 +50,7 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 	router.AddConsumerHandler(in.Handler, in.Queue, pubSub, func(msg *message.Message) error {
 		rep := &sluice.Reporter{}
 		msg.SetContext(sluice.WithReporter(msg.Context(), rep))
-		res := Result{Msg: msg, Before: sluice.CopyMessage(msg).Metadata}
+		res := Result{Msg: msg, Before: msg.CopyWithContext().Metadata}
 		res.Out, res.Err = step(msg)
 		res.Report, res.Reported = rep.Get()
 		results <- res

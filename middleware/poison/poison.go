@@ -135,7 +135,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // the failure record added.
 func (p *Poison) Record(msg *message.Message, queue string, err error) *message.Message {
 	now := p.cfg.Now()
-	rec := sluice.CopyMessage(msg)
+	rec := msg.CopyWithContext()
 	md := rec.Metadata
 	retries := sluice.RetryCount(msg.Metadata)
 	errType := sluice.ErrorType(err)

@@ -241,7 +241,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		errType := sluice.ErrorType(err)
 
-		retryCopy := sluice.CopyMessage(msg)
+		retryCopy := msg.CopyWithContext()
 		md := retryCopy.Metadata
 		md.Set(sluice.HeaderRetryCount, strconv.Itoa(count+1))
 		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(first))
@@ -283,7 +283,7 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	}
 	// Capped like a RetryAfter: the broker cannot hold a message forever either.
 	delay := min(max(de.After, 0), r.cfg.MaxRetryAfter)
-	deferred := sluice.CopyMessage(msg)
+	deferred := msg.CopyWithContext()
 	md := deferred.Metadata
 	defers, _ := strconv.Atoi(msg.Metadata.Get(sluice.HeaderDeferCount))
 	// The header is untrusted: a huge value must not wrap around to a negative count.

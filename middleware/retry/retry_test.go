@@ -843,7 +843,7 @@ func TestMiddleware_CountsUpToExhaustion(t *testing.T) {
 		res := run(t, r.Middleware, failing(errBoom), md)
 		require.NoError(t, res.err, "retry %d", i+1)
 		calls := d.Calls()
-		md = sluice.CopyMessage(calls[len(calls)-1].msg).Metadata
+		md = calls[len(calls)-1].msg.CopyWithContext().Metadata
 		assert.Equal(t, strconv.Itoa(i+1), md.Get(sluice.HeaderRetryCount))
 	}
 	res := run(t, r.Middleware, failing(errBoom), md)
