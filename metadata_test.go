@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestRetryCount(t *testing.T) {
@@ -301,59 +302,59 @@ func TestCopyWithContext_NilMetadata(t *testing.T) {
 }
 
 func TestReportOutcome(t *testing.T) {
-	rep := sluice.Report{Outcome: sluice.OutcomeRetry, Delay: time.Second, Attempt: 2, Err: errBoom}
+	rep := report.Report{Outcome: report.OutcomeRetry, Delay: time.Second, Attempt: 2, Err: errBoom}
 
 	t.Run("no reporter is a no-op", func(t *testing.T) {
-		assert.NotPanics(t, func() { sluice.ReportOutcome(context.Background(), rep) })
+		assert.NotPanics(t, func() { report.ReportOutcome(context.Background(), rep) })
 	})
 	t.Run("nothing reported", func(t *testing.T) {
-		var r sluice.Reporter
+		var r report.Reporter
 		got, ok := r.Get()
 		assert.False(t, ok)
-		assert.Equal(t, sluice.Report{}, got)
+		assert.Equal(t, report.Report{}, got)
 	})
 	t.Run("reported through the context", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx := sluice.WithReporter(context.Background(), r)
-		sluice.ReportOutcome(ctx, rep)
+		r := &report.Reporter{}
+		ctx := report.WithReporter(context.Background(), r)
+		report.ReportOutcome(ctx, rep)
 		got, ok := r.Get()
 		require.True(t, ok)
 		assert.Equal(t, rep, got)
 	})
 	t.Run("the last report wins", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx := sluice.WithReporter(context.Background(), r)
-		sluice.ReportOutcome(ctx, rep)
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: 2})
+		r := &report.Reporter{}
+		ctx := report.WithReporter(context.Background(), r)
+		report.ReportOutcome(ctx, rep)
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: 2})
 		got, ok := r.Get()
 		require.True(t, ok)
-		assert.Equal(t, sluice.OutcomeNack, got.Outcome)
+		assert.Equal(t, report.OutcomeNack, got.Outcome)
 		assert.Zero(t, got.Delay)
 	})
 	t.Run("a derived context still reports", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx, cancel := context.WithTimeout(sluice.WithReporter(context.Background(), r), time.Minute)
+		r := &report.Reporter{}
+		ctx, cancel := context.WithTimeout(report.WithReporter(context.Background(), r), time.Minute)
 		defer cancel()
-		sluice.ReportOutcome(ctx, rep)
+		report.ReportOutcome(ctx, rep)
 		_, ok := r.Get()
 		assert.True(t, ok)
 	})
 	t.Run("concurrent reports", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx := sluice.WithReporter(context.Background(), r)
+		r := &report.Reporter{}
+		ctx := report.WithReporter(context.Background(), r)
 		var wg sync.WaitGroup
 		for i := range 8 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeAck, Attempt: i + 1})
+				report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeAck, Attempt: i + 1})
 				_, _ = r.Get()
 			}()
 		}
 		wg.Wait()
 		got, ok := r.Get()
 		require.True(t, ok)
-		assert.Equal(t, sluice.OutcomeAck, got.Outcome)
+		assert.Equal(t, report.OutcomeAck, got.Outcome)
 		assert.Positive(t, got.Attempt)
 	})
 }

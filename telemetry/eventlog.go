@@ -9,8 +9,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // LogLimit bounds the info lines an Instrumentation writes for retries and dead letters:
@@ -70,8 +70,8 @@ func (in *Instrumentation) createEventLog(logger *slog.Logger, limit LogLimit) e
 		now:     time.Now,
 		dropped: c,
 		attrs: map[string]metric.MeasurementOption{
-			string(sluice.OutcomeRetry):      metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(sluice.OutcomeRetry))),
-			string(sluice.OutcomeDeadLetter): metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(sluice.OutcomeDeadLetter))),
+			string(report.OutcomeRetry):      metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeRetry))),
+			string(report.OutcomeDeadLetter): metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeDeadLetter))),
 		},
 	}
 	// Both series exist from the start, at 0, so a dashboard or alert reads 0, not nothing.
@@ -99,7 +99,7 @@ func (l *eventLog) allow(now time.Time) (ok bool, summary int64) {
 }
 
 // record logs a retry hand-off or a dead letter of message id.
-func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep sluice.Report, errType string) {
+func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep report.Report, errType string) {
 	ok, summary := l.allow(l.now())
 	if summary > 0 {
 		l.logger.LogAttrs(ctx, slog.LevelWarn, "retry and dead-letter log lines dropped by the rate limit",
@@ -119,7 +119,7 @@ func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep sl
 		attrs = append(attrs, slog.String("handler", handler))
 	}
 	msg := "message dead-lettered"
-	if rep.Outcome == sluice.OutcomeRetry {
+	if rep.Outcome == report.OutcomeRetry {
 		msg = "message handed to the broker for a retry"
 		attrs = append(attrs, slog.Duration("delay", rep.Delay))
 	} else {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -55,7 +56,7 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 		if err := delayer.Delay(msg.Context(), queue, 250*time.Millisecond, retry); err != nil {
 			return nil, err
 		}
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 250 * time.Millisecond,
+		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 250 * time.Millisecond,
 			Attempt: count + 1, Err: errors.New("gateway timeout")})
 		return nil, nil
 	}, routerOpts{})

@@ -13,21 +13,22 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestMetrics_KnownSequence(t *testing.T) {
 	e := newEnv(t)
 	queue := uniqueQueue("metrics")
-	reports := map[string]*sluice.Report{
-		"retry":     {Outcome: sluice.OutcomeRetry, Delay: time.Second, Err: errors.New("timeout")},
-		"dead":      {Outcome: sluice.OutcomeDeadLetter, Err: sluice.Permanent(errors.New("invalid"))},
-		"duplicate": {Outcome: sluice.OutcomeDuplicate},
-		"deferred":  {Outcome: sluice.OutcomeDeferred, Delay: time.Second},
+	reports := map[string]*report.Report{
+		"retry":     {Outcome: report.OutcomeRetry, Delay: time.Second, Err: errors.New("timeout")},
+		"dead":      {Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(errors.New("invalid"))},
+		"duplicate": {Outcome: report.OutcomeDuplicate},
+		"deferred":  {Outcome: report.OutcomeDeferred, Delay: time.Second},
 	}
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		kind := string(msg.Payload)
 		if rep, ok := reports[kind]; ok {
-			sluice.ReportOutcome(msg.Context(), *rep)
+			report.ReportOutcome(msg.Context(), *rep)
 		}
 		if kind == "error" {
 			return nil, errors.New("handler failed")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // errPanicked is recorded on the span of an attempt whose handler panicked past every
@@ -26,9 +27,9 @@ var errPanicked = errors.New("handler panicked")
 //     (and only from them: a span in the subscriber's context is not a parent). An absent
 //     or invalid traceparent starts a new trace; it is not an error;
 //   - starts a consumer span "process <queue>", the queue being
-//     message.SubscribeTopicFromCtx, and puts a *sluice.Reporter into the context; both are
+//     message.SubscribeTopicFromCtx, and puts a *report.Reporter into the context; both are
 //     set on the message with msg.SetContext before h runs, so inner steps see them;
-//   - after h returns, sets the span's attributes from the reported sluice.Report: the
+//   - after h returns, sets the span's attributes from the reported report.Report: the
 //     outcome (when no step reported one, "ack" for a nil error, "nack" otherwise), the
 //     attempt, the retry delay and the handler, and marks the span as failed (error status
 //     and the error recorded) for the outcomes retry, dead_letter and nack or a non-nil
@@ -57,8 +58,8 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		ctx, span := in.tracer.Start(parent, spanName("process", queue),
 			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 
-		reporter := new(sluice.Reporter)
-		ctx = sluice.WithReporter(ctx, reporter)
+		reporter := new(report.Reporter)
+		ctx = report.WithReporter(ctx, reporter)
 		msg.SetContext(ctx)
 
 		flightAttrs := in.metricAttrs(metricKey{queue: queue, handler: handler})
@@ -69,7 +70,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			in.inFlight.Add(ctx, -1, flightAttrs)
 			if !finished {
 				// The panic keeps unwinding; the span and metrics must not be lost with it.
-				in.finish(ctx, span, start, queue, handler, msg.UUID, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
+				in.finish(ctx, span, start, queue, handler, msg.UUID, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
 			}
 		}()
 
@@ -81,9 +82,9 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			rep.Attempt = attempt
 		}
 		if rep.Outcome == "" {
-			rep.Outcome = sluice.OutcomeAck
+			rep.Outcome = report.OutcomeAck
 			if err != nil {
-				rep.Outcome = sluice.OutcomeNack
+				rep.Outcome = report.OutcomeNack
 			}
 		}
 		in.finish(ctx, span, start, queue, handler, msg.UUID, rep, err)
@@ -100,7 +101,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 // finish sets the outcome attributes and status on span, ends it, records metrics and
 // logs a retry hand-off or dead letter of message id.
 func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start time.Time,
-	queue, handler, id string, rep sluice.Report, err error) {
+	queue, handler, id string, rep report.Report, err error) {
 	// One SetAttributes call: each one copies the span's attributes to make room.
 	var buf [3]attribute.KeyValue
 	attrs := append(buf[:0], otelnames.AttrOutcome.String(string(rep.Outcome)))
@@ -114,8 +115,8 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	}
 	failedType := "" // error.type of a failed attempt, for the metrics
 	switch {
-	case rep.Outcome == sluice.OutcomeRetry || rep.Outcome == sluice.OutcomeDeadLetter ||
-		rep.Outcome == sluice.OutcomeNack || err != nil:
+	case rep.Outcome == report.OutcomeRetry || rep.Outcome == report.OutcomeDeadLetter ||
+		rep.Outcome == report.OutcomeNack || err != nil:
 		if cause == nil {
 			// A step reported a failure without saying why; the span must still say failed.
 			cause = errors.New(string(rep.Outcome))
@@ -124,12 +125,12 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 		failedType = sluice.ErrorType(cause)
 		attrs = append(attrs, semconv.ErrorTypeKey.String(failedType))
 		span.SetStatus(codes.Error, sluice.ErrorMessage(cause))
-	case rep.Outcome == sluice.OutcomeDeferred:
+	case rep.Outcome == report.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
 		if cause != nil {
 			attrs = append(attrs, otelnames.AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
 		}
-	case rep.Outcome == sluice.OutcomeDiscard && cause != nil:
+	case rep.Outcome == report.OutcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.
 		recordError(span, cause)
 		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
@@ -144,14 +145,14 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	in.recordProcessed(ctx, queue, elapsed, failedType)
 	plain := metricKey{queue: queue, handler: handler}
 	switch rep.Outcome {
-	case sluice.OutcomeRetry:
+	case report.OutcomeRetry:
 		in.retries.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}))
 		in.mm.retryDelay.Record(ctx, rep.Delay.Seconds(), in.metricAttrs(plain))
 		in.events.record(ctx, queue, handler, id, rep, failedType)
-	case sluice.OutcomeDeadLetter:
+	case report.OutcomeDeadLetter:
 		in.deadLetters.Add(ctx, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}))
 		in.events.record(ctx, queue, handler, id, rep, failedType)
-	case sluice.OutcomeDuplicate:
+	case report.OutcomeDuplicate:
 		in.idemHits.Add(ctx, 1, in.metricAttrs(plain))
 	}
 }

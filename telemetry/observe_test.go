@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -57,7 +58,7 @@ func TestMetrics_ErrorTypeCap(t *testing.T) {
 	queue := uniqueQueue("cap")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		err := namedErr(msg.Payload)
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 250 * time.Millisecond, Err: err})
+		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 250 * time.Millisecond, Err: err})
 		return nil, nil
 	}, routerOpts{})
 	// Four distinct types, the first twice: the first two keep their names.
@@ -86,7 +87,7 @@ func TestMetrics_MessagingConventions(t *testing.T) {
 	queue := uniqueQueue("conv")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		if string(msg.Payload) == "fail" {
-			sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeDeadLetter, Err: sluice.Permanent(namedErr("invalid"))})
+			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(namedErr("invalid"))})
 		}
 		return nil, nil
 	}, routerOpts{})
@@ -132,9 +133,9 @@ func TestEventLog_RateLimited(t *testing.T) {
 	queue := uniqueQueue("log")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		if string(msg.Payload) == "dead" {
-			sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: 4, Err: namedErr("invalid")})
+			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Attempt: 4, Err: namedErr("invalid")})
 		} else {
-			sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Attempt: 2, Delay: 1500 * time.Millisecond, Err: namedErr("timeout")})
+			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Attempt: 2, Delay: 1500 * time.Millisecond, Err: namedErr("timeout")})
 		}
 		return nil, nil
 	}, routerOpts{})
@@ -158,7 +159,7 @@ func TestEventLog_NewWindowSumsUpDrops(t *testing.T) {
 	e := newEnv(t, telemetry.WithEventLog(log.logger(), telemetry.LogLimit{Lines: 1, Interval: 2 * time.Second}))
 	queue := uniqueQueue("window")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: time.Second, Err: namedErr("timeout")})
+		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: time.Second, Err: namedErr("timeout")})
 		return nil, nil
 	}, routerOpts{})
 	for i := 0; i < 3; i++ {

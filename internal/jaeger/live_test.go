@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -89,7 +90,7 @@ func TestLive_RetriedMessageIsOneTrace(t *testing.T) {
 		if err := delayer.Delay(m.Context(), "orders", 100*time.Millisecond, retry); err != nil {
 			return nil, err
 		}
-		sluice.ReportOutcome(m.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 100 * time.Millisecond,
+		report.ReportOutcome(m.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 100 * time.Millisecond,
 			Err: errors.New("gateway timeout")})
 		delayed = retry
 		return nil, nil

@@ -13,7 +13,7 @@ const (
 	// AttrAttempt is the attempt number, counting from 1: x-retry-count + 1 of the message
 	// consumed, or on a hand-off span of the message handed off.
 	AttrAttempt = attribute.Key("sluice.attempt")
-	// AttrOutcome is the sluice.Outcome of a consumer attempt.
+	// AttrOutcome is the outcome of a consumer attempt (ack, retry, dead_letter, ...).
 	AttrOutcome = attribute.Key("sluice.outcome")
 	// AttrRetryDelayMS is the broker-side delay of a retry or deferral, in milliseconds.
 	AttrRetryDelayMS = attribute.Key("sluice.retry.delay_ms")

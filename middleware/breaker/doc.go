@@ -63,6 +63,6 @@
 // State changes are logged, passed to Config.OnStateChange and recorded as span events
 // ("breaker.open", "breaker.half_open", "breaker.closed") on the span of an attempt that saw
 // the change; a deferral is recorded as a "breaker.deferred" span event and reported with
-// sluice.ReportOutcome as sluice.OutcomeDeferred. Registry.State and Registry.States expose
+// outcome "deferred". Registry.State and Registry.States expose
 // the states for metrics. The package starts no goroutines.
 package breaker

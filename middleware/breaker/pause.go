@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // rejecter handles a call the breaker did not let through; verdict is gobreaker's
@@ -93,7 +94,7 @@ func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddl
 			attrName.String(b.name),
 			attrState.String(state.String()),
 		))
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: reason})
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: reason})
 		b.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "circuit breaker rejected call; message returned to its queue",
 			slog.String("breaker", b.name),
 			slog.String("state", state.String()),

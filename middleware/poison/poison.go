@@ -31,6 +31,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // MaxStackBytes is the size a panic's stack is truncated to in the record.
@@ -105,7 +106,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		queue := message.SubscribeTopicFromCtx(ctx)
 		if sluice.IsDiscard(err) {
 			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", sluice.ErrorMessage(err))
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
 			return nil, nil
 		}
 		record := p.Record(msg, queue, err)
@@ -115,11 +116,11 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if derr := p.cfg.DeadLetterer.DeadLetter(hctx, queue, record); derr != nil {
 			derr = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, queue, derr)
 			p.cfg.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", queue, "message_id", msg.UUID, "error", derr)
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})
 			return nil, sluice.Handoff(derr)
 		}
 		retries := sluice.RetryCount(msg.Metadata)
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
 		// Debug: the telemetry step writes the operator's line at info, rate-limited, so a
 		// DLQ storm cannot flood the log.
 		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,

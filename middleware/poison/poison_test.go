@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -89,7 +90,7 @@ type result struct {
 	before   message.Metadata // its metadata before the step ran
 	out      []*message.Message
 	err      error
-	report   sluice.Report
+	report   report.Report
 	reported bool
 }
 
@@ -268,7 +269,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 
 			retries := sluice.RetryCount(res.msg.Metadata)
 			require.True(t, res.reported)
-			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
+			assert.Equal(t, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
 			assert.Equal(t, []poison.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, ErrorType: tt.wantType, Retries: retries, Err: tt.err,
 			}}, events.All())
@@ -366,7 +367,7 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 	assert.Len(t, dl.Calls(), 1)
 	assert.Empty(t, events.All(), "OnDeadLetter is for confirmed dead letters")
 	require.True(t, res.reported)
-	assert.Equal(t, sluice.OutcomeNack, res.report.Outcome)
+	assert.Equal(t, report.OutcomeNack, res.report.Outcome)
 	assert.Equal(t, 3, res.report.Attempt)
 	assert.ErrorIs(t, res.report.Err, errBroker)
 	assert.Equal(t, res.before, res.msg.Metadata)
@@ -382,11 +383,11 @@ func TestMiddleware_NotDeadLettered(t *testing.T) {
 		h          message.HandlerFunc
 		wantOut    []*message.Message
 		wantErr    error // returned as is; nil: acked
-		wantReport *sluice.Report
+		wantReport *report.Report
 	}{
 		{name: "success", h: func(*message.Message) ([]*message.Message, error) { return outputs, nil }, wantOut: outputs},
-		{name: "Discard", h: failing(discard), wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 1, Err: discard}},
-		{name: "Discard wrapped", h: failing(wrappedDiscard), wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 1, Err: wrappedDiscard}},
+		{name: "Discard", h: failing(discard), wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 1, Err: discard}},
+		{name: "Discard wrapped", h: failing(wrappedDiscard), wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 1, Err: wrappedDiscard}},
 		{name: "hand-off failure from below", h: failing(handoff), wantErr: handoff},
 	}
 	for _, tt := range tests {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // Errors the step returns for the poison step.
@@ -194,7 +195,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			// an artifact of it, so the message goes back unacked without using an attempt.
 			// A deadline (a timeout middleware outside this step) is the handler failing.
 			herr := fmt.Errorf("consumer shutting down while message %s was handled: %w", msg.UUID, err)
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: herr})
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: herr})
 			return nil, sluice.Handoff(herr)
 		}
 		hctx, cancel := lifecycle.HandoffContext(ctx)
@@ -211,7 +212,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		case sluice.ClassDiscard:
 			r.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "error", sluice.ErrorMessage(err))
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: attempt, Err: err})
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDiscard, Attempt: attempt, Err: err})
 			return nil, nil
 		case sluice.ClassDefer:
 			return nil, r.deferMessage(hctx, msg, queue, now, attempt, err)
@@ -256,10 +257,10 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}))
 		if herr := r.cfg.Delayer.Delay(hctx, queue, delay, retryCopy); herr != nil {
 			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: herr})
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})
 			return nil, sluice.Handoff(herr)
 		}
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeRetry, Delay: delay, Attempt: attempt, Err: err})
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeRetry, Delay: delay, Attempt: attempt, Err: err})
 		r.cfg.Logger.Debug("message handed to broker for retry", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "delay", delay, "error", sluice.ErrorMessage(err))
 		if r.cfg.OnRetry != nil {
 			r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Err: err})
@@ -296,10 +297,10 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	}
 	if herr := r.cfg.Delayer.Delay(ctx, queue, delay, deferred); herr != nil {
 		herr = fmt.Errorf("deferral hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: herr})
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})
 		return sluice.Handoff(herr)
 	}
-	sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeferred, Delay: delay, Attempt: attempt, Err: err})
+	report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeferred, Delay: delay, Attempt: attempt, Err: err})
 	if r.cfg.OnRetry != nil {
 		r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Deferred: true, Err: err})
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -97,7 +98,7 @@ type result struct {
 	before   message.Metadata // its metadata before the step ran
 	out      []*message.Message
 	err      error
-	report   sluice.Report
+	report   report.Report
 	reported bool
 }
 
@@ -430,7 +431,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 
 			assert.True(t, res.reported)
-			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeRetry, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: herr}, res.report)
+			assert.Equal(t, report.Report{Outcome: report.OutcomeRetry, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: herr}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Err: herr,
 			}}, events.All())
@@ -550,12 +551,12 @@ func TestMiddleware_NotRetried(t *testing.T) {
 		err        error
 		count      string
 		wantErr    error // returned as is; nil: acked
-		wantReport *sluice.Report
+		wantReport *report.Report
 	}{
 		{name: "Permanent", err: permanent, wantErr: permanent},
 		{name: "Permanent wrapped", err: wrappedPermanent, wantErr: wrappedPermanent},
 		{name: "Permanent around RetryAfter", err: permanentRetryAfter, wantErr: permanentRetryAfter},
-		{name: "Discard", err: discard, count: "2", wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 3, Err: discard}},
+		{name: "Discard", err: discard, count: "2", wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 3, Err: discard}},
 		{name: "hand-off failure from below", err: handoff, wantErr: handoff},
 	}
 	for _, tt := range tests {
@@ -730,7 +731,7 @@ func TestMiddleware_Defer(t *testing.T) {
 			assert.Equal(t, queueName, md.Get(sluice.HeaderOriginalQueue))
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 
-			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDeferred, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: tt.err}, res.report)
+			assert.Equal(t, report.Report{Outcome: report.OutcomeDeferred, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: tt.err}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Deferred: true, Err: tt.err,
 			}}, events.All())
@@ -824,7 +825,7 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			assert.Len(t, d.Calls(), 1)
 			assert.Empty(t, events.All(), "OnRetry is for confirmed hand-offs")
 			require.True(t, res.reported)
-			assert.Equal(t, sluice.OutcomeNack, res.report.Outcome)
+			assert.Equal(t, report.OutcomeNack, res.report.Outcome)
 			assert.Equal(t, tt.wantAttempt, res.report.Attempt)
 			assert.ErrorIs(t, res.report.Err, errBroker)
 			assert.Equal(t, res.before, res.msg.Metadata)
