@@ -49,7 +49,7 @@ func golden(t *testing.T, name, got string) {
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
 	}
 	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./telemetry/waterfall -update to create it")
+	require.NoError(t, err, "run go test ./internal/waterfall -update to create it")
 	assert.Equal(t, string(want), got, "output differs from %s (-update rewrites it)", path)
 }
 
