@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
@@ -73,7 +74,7 @@ func (d *deadLetterer) DeadLetter(ctx context.Context, queue string, msg *messag
 		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
 	if last := msg.Metadata.Get(sluice.HeaderLastError); last != "" {
-		attrs = append(attrs, otelnames.AttrLastError.String(sluice.Truncate(last, sluice.MaxHistoryMessageBytes)))
+		attrs = append(attrs, otelnames.AttrLastError.String(failure.Truncate(last, failure.MaxHistoryMessageBytes)))
 	}
 	return d.in.handOff(ctx, spanName("send", dlq), dlq, msg, attrs, func(ctx context.Context) error {
 		return d.next.DeadLetter(ctx, queue, msg)

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/report"
 )
@@ -128,7 +129,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	case rep.Outcome == report.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
 		if cause != nil {
-			attrs = append(attrs, otelnames.AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
+			attrs = append(attrs, otelnames.AttrDeferReason.String(failure.Truncate(cause.Error(), failure.MaxErrorMessageBytes)))
 		}
 	case rep.Outcome == report.OutcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.

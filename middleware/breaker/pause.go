@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/report"
 )
 
@@ -78,7 +79,7 @@ func (b *Breaker) Probes() int { return b.cfg.HalfOpenProbes }
 // ReturningMiddleware guards h like Middleware, except that a call the breaker rejects is
 // neither deferred nor handed to Config.Fallback: onReturn is called with the breaker's
 // state (so its caller can stop consuming) and the message goes back to its queue
-// unacked, as a sluice.HandoffError wrapping ErrOpen, without using an attempt. It is the
+// unacked, as a hand-off error wrapping ErrOpen, without using an attempt. It is the
 // breaker step of a handler that pauses while its breaker is open.
 func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddleware {
 	reject := func(ctx context.Context, msg *message.Message, verdict error) ([]*message.Message, error) {
@@ -100,7 +101,7 @@ func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddl
 			slog.String("state", state.String()),
 			slog.String("message_uuid", msg.UUID),
 		)
-		return nil, sluice.Handoff(reason)
+		return nil, failure.Handoff(reason)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {

@@ -12,7 +12,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
@@ -63,7 +63,7 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	assert.Equal(t, "breaker.returned", ev.Name)
 	assert.Contains(t, ev.Attributes, attribute.String("breaker.state", "open"))
 	assert.Nil(t, msgs)
-	assert.True(t, sluice.IsHandoff(err), "the message goes back to its queue: %v", err)
+	assert.True(t, failure.IsHandoff(err), "the message goes back to its queue: %v", err)
 	assert.ErrorIs(t, err, breaker.ErrOpen)
 	got, ok := rep.Get()
 	require.True(t, ok)

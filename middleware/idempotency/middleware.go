@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/report"
 )
 
@@ -246,7 +247,7 @@ func scopedDigest(scope, source, key string) digest {
 
 func keyAttrs(key, source string) []attribute.KeyValue {
 	return []attribute.KeyValue{
-		attribute.String("idempotency.key", sluice.Truncate(key, maxKeyAttr)),
+		attribute.String("idempotency.key", failure.Truncate(key, maxKeyAttr)),
 		attribute.String("idempotency.key_source", source),
 	}
 }

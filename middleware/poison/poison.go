@@ -13,7 +13,7 @@
 //	x-original-queue, x-handler, x-retry-count, x-retry-history (this failure included),
 //	x-first-failure-time, x-last-failure-time, x-failed-at, x-failed-host, x-failed-pid.
 //
-// If the dead-letter publish fails, the step returns a sluice.HandoffError: the original is
+// If the dead-letter publish fails, the step returns a hand-off error: the original is
 // nacked and redelivered later, never lost, and the subscriber backs off between nacks so
 // the consumer does not spin. Discard errors are acked and logged at warn level, no copy.
 package poison
@@ -30,6 +30,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/internal/report"
 )
@@ -100,7 +101,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		ctx := msg.Context()
 		out, err := h(msg)
 		msg.SetContext(ctx)
-		if err == nil || sluice.IsHandoff(err) {
+		if err == nil || failure.IsHandoff(err) {
 			return out, err
 		}
 		queue := message.SubscribeTopicFromCtx(ctx)
@@ -117,7 +118,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			derr = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, queue, derr)
 			p.cfg.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", queue, "message_id", msg.UUID, "error", derr)
 			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})
-			return nil, sluice.Handoff(derr)
+			return nil, failure.Handoff(derr)
 		}
 		retries := sluice.RetryCount(msg.Metadata)
 		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
@@ -142,9 +143,9 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	errType := sluice.ErrorType(err)
 	md.Set(sluice.HeaderErrorType, errType)
 	md.Set(sluice.HeaderErrorClass, sluice.ClassOf(err).String())
-	md.Set(sluice.HeaderErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
+	md.Set(sluice.HeaderErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
 	if stack, ok := sluice.PanicStack(err); ok {
-		md.Set(sluice.HeaderErrorStack, sluice.Truncate(stack, MaxStackBytes))
+		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, MaxStackBytes))
 	} else {
 		delete(md, sluice.HeaderErrorStack)
 	}
@@ -153,16 +154,16 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	}
 	md.Set(sluice.HeaderHandler, message.HandlerNameFromCtx(msg.Context()))
 	md.Set(sluice.HeaderRetryCount, strconv.Itoa(retries))
-	if _, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); !ok {
-		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(now))
+	if _, ok := failure.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); !ok {
+		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(now))
 	}
-	md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
+	md.Set(sluice.HeaderLastFailureTime, failure.FormatTime(now))
 	md.Set(sluice.HeaderLastError, errType)
-	md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
-	md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
+	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
+	md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(msg.Metadata, failure.HistoryEntry{
 		At: now.UTC(), Attempt: retries + 1, Type: errType, Message: sluice.ErrorMessage(err),
 	}))
-	md.Set(sluice.HeaderFailedAt, sluice.FormatTime(now))
+	md.Set(sluice.HeaderFailedAt, failure.FormatTime(now))
 	md.Set(sluice.HeaderFailedHost, p.cfg.Host)
 	md.Set(sluice.HeaderFailedPID, p.pid)
 	return rec
