@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 var errBoom = errors.New("boom")
@@ -86,7 +87,7 @@ func TestClassOf(t *testing.T) {
 		{"Discard in errors.Join", errors.Join(errBoom, sluice.Discard(errBoom)), sluice.ClassDiscard},
 		{"first marker of two %w wins", fmt.Errorf("%w, %w", sluice.Discard(errBoom), sluice.Permanent(errBoom)), sluice.ClassDiscard},
 		{"plain errors joined", errors.Join(errBoom, sentinel), sluice.ClassRetryable},
-		{"handoff", sluice.Handoff(errBoom), sluice.ClassRetryable},
+		{"handoff", failure.Handoff(errBoom), sluice.ClassRetryable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,7 +131,7 @@ func TestHelpers_WrapAndUnwrap(t *testing.T) {
 		{"Discard", sluice.Discard(errBoom), "discard: boom"},
 		{"RetryAfter", sluice.RetryAfter(3*time.Second, errBoom), "retry after 3s: boom"},
 		{"Defer", sluice.Defer(2*time.Second, errBoom), "deferred for 2s: boom"},
-		{"Handoff", sluice.Handoff(errBoom), "hand-off failed: boom"},
+		{"Handoff", failure.Handoff(errBoom), "hand-off failed: boom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -149,7 +150,7 @@ func TestHelpers_NilIsNil(t *testing.T) {
 		{"Permanent", sluice.Permanent(nil)},
 		{"Discard", sluice.Discard(nil)},
 		{"RetryAfter", sluice.RetryAfter(time.Second, nil)},
-		{"Handoff", sluice.Handoff(nil)},
+		{"Handoff", failure.Handoff(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -262,18 +263,18 @@ func TestHandoff(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{"Handoff", sluice.Handoff(errBoom), true},
-		{"wrapped with %w", fmt.Errorf("retry: %w", sluice.Handoff(errBoom)), true},
-		{"inside a marker", sluice.Permanent(sluice.Handoff(errBoom)), true},
+		{"Handoff", failure.Handoff(errBoom), true},
+		{"wrapped with %w", fmt.Errorf("retry: %w", failure.Handoff(errBoom)), true},
+		{"inside a marker", sluice.Permanent(failure.Handoff(errBoom)), true},
 		{"plain error", errBoom, false},
 		{"nil", nil, false},
-		{"Handoff(nil)", sluice.Handoff(nil), false},
+		{"Handoff(nil)", failure.Handoff(nil), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, sluice.IsHandoff(tt.err))
+			assert.Equal(t, tt.want, failure.IsHandoff(tt.err))
 			if tt.want {
-				var h *sluice.HandoffError
+				var h *failure.HandoffError
 				require.ErrorAs(t, tt.err, &h)
 				assert.Equal(t, errBoom, h.Err)
 				assert.ErrorIs(t, tt.err, errBoom)

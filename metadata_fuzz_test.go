@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // The metadata readers take headers from any producer. These fuzz targets check the rules
@@ -76,7 +77,7 @@ func isHugePositive(s string) bool {
 // maxHistoryJSONBytes bounds x-retry-history as AppendHistory writes it: each entry's two
 // strings are at most MaxHistoryMessageBytes, and JSON escaping ("\u0000") grows a byte
 // to at most six; the time, attempt and field names fit in the rest.
-const maxHistoryJSONBytes = sluice.MaxHistoryEntries * (2*6*sluice.MaxHistoryMessageBytes + 160)
+const maxHistoryJSONBytes = failure.MaxHistoryEntries * (2*6*failure.MaxHistoryMessageBytes + 160)
 
 // FuzzHistory checks that History never returns more than MaxHistoryEntries entries nor an
 // oversized or invalid string whatever x-retry-history holds, and that AppendHistory
@@ -105,12 +106,12 @@ func FuzzHistory(f *testing.F) {
 	const minSec, maxSec = -62135596800, 253402300799
 	f.Fuzz(func(t *testing.T, raw, typ, msg string, attempt int, atSec int64) {
 		md := message.Metadata{sluice.HeaderRetryHistory: raw}
-		entries := sluice.History(md)
+		entries := failure.History(md)
 		checkEntries(t, "History", entries)
 
 		at := time.Unix(min(max(atSec, minSec), maxSec), 0).UTC()
-		e := sluice.HistoryEntry{At: at, Attempt: attempt, Type: typ, Message: msg}
-		out := sluice.AppendHistory(md, e)
+		e := failure.HistoryEntry{At: at, Attempt: attempt, Type: typ, Message: msg}
+		out := failure.AppendHistory(md, e)
 		if out == "" || len(out) > maxHistoryJSONBytes {
 			t.Fatalf("AppendHistory wrote %d bytes, want 1..%d", len(out), maxHistoryJSONBytes)
 		}
@@ -118,9 +119,9 @@ func FuzzHistory(f *testing.F) {
 		if err := json.Unmarshal([]byte(out), &asJSON); err != nil {
 			t.Fatalf("AppendHistory wrote invalid JSON %q: %v", out, err)
 		}
-		got := sluice.History(message.Metadata{sluice.HeaderRetryHistory: out})
+		got := failure.History(message.Metadata{sluice.HeaderRetryHistory: out})
 		checkEntries(t, "History(AppendHistory)", got)
-		wantLen := min(len(entries)+1, sluice.MaxHistoryEntries)
+		wantLen := min(len(entries)+1, failure.MaxHistoryEntries)
 		if len(got) != wantLen {
 			t.Fatalf("AppendHistory kept %d entries, want %d (had %d)", len(got), wantLen, len(entries))
 		}
@@ -128,10 +129,10 @@ func FuzzHistory(f *testing.F) {
 		if !last.At.Equal(at) || last.Attempt != attempt {
 			t.Fatalf("last entry is %+v, want at %s attempt %d", last, at, attempt)
 		}
-		if utf8.ValidString(typ) && last.Type != sluice.Truncate(typ, sluice.MaxHistoryMessageBytes) {
+		if utf8.ValidString(typ) && last.Type != failure.Truncate(typ, failure.MaxHistoryMessageBytes) {
 			t.Fatalf("last entry type %q, want %q truncated", last.Type, typ)
 		}
-		if utf8.ValidString(msg) && last.Message != sluice.Truncate(msg, sluice.MaxHistoryMessageBytes) {
+		if utf8.ValidString(msg) && last.Message != failure.Truncate(msg, failure.MaxHistoryMessageBytes) {
 			t.Fatalf("last entry message %q, want %q truncated", last.Message, msg)
 		}
 		// The older entries are the newest of the previous history, unchanged.
@@ -145,15 +146,15 @@ func FuzzHistory(f *testing.F) {
 	})
 }
 
-func checkEntries(t *testing.T, what string, entries []sluice.HistoryEntry) {
+func checkEntries(t *testing.T, what string, entries []failure.HistoryEntry) {
 	t.Helper()
-	if len(entries) > sluice.MaxHistoryEntries {
-		t.Fatalf("%s returned %d entries, more than %d", what, len(entries), sluice.MaxHistoryEntries)
+	if len(entries) > failure.MaxHistoryEntries {
+		t.Fatalf("%s returned %d entries, more than %d", what, len(entries), failure.MaxHistoryEntries)
 	}
 	for i, e := range entries {
 		for field, s := range map[string]string{"type": e.Type, "message": e.Message} {
-			if len(s) > sluice.MaxHistoryMessageBytes {
-				t.Fatalf("%s entry %d %s has %d bytes, more than %d", what, i, field, len(s), sluice.MaxHistoryMessageBytes)
+			if len(s) > failure.MaxHistoryMessageBytes {
+				t.Fatalf("%s entry %d %s has %d bytes, more than %d", what, i, field, len(s), failure.MaxHistoryMessageBytes)
 			}
 			if !utf8.ValidString(s) {
 				t.Fatalf("%s entry %d %s %q is not valid UTF-8", what, i, field, s)
@@ -186,7 +187,7 @@ func FuzzTime(f *testing.F) {
 	const key = sluice.HeaderFirstFailureTime
 	f.Fuzz(func(t *testing.T, raw string, nowSec int64) {
 		now := time.Unix(nowSec, 0)
-		got, ok := sluice.Time(message.Metadata{key: raw}, key, now)
+		got, ok := failure.Time(message.Metadata{key: raw}, key, now)
 		parsed, err := time.Parse(time.RFC3339Nano, raw)
 		wantOK := raw != "" && err == nil && !parsed.After(now.Add(time.Minute))
 		if ok != wantOK {
@@ -206,9 +207,9 @@ func FuzzTime(f *testing.F) {
 		if y := got.UTC().Year(); y < 0 || y > 9999 {
 			return
 		}
-		again, ok := sluice.Time(message.Metadata{key: sluice.FormatTime(got)}, key, now)
+		again, ok := failure.Time(message.Metadata{key: failure.FormatTime(got)}, key, now)
 		if !ok || !again.Equal(got) {
-			t.Fatalf("FormatTime(%s) = %q reads back as %s, ok=%v", got, sluice.FormatTime(got), again, ok)
+			t.Fatalf("FormatTime(%s) = %q reads back as %s, ok=%v", got, failure.FormatTime(got), again, ok)
 		}
 	})
 }

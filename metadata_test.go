@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestRetryCount(t *testing.T) {
@@ -70,10 +72,10 @@ func TestTime(t *testing.T) {
 		{"RFC 3339", "2025-03-14T14:00:00Z", time.Date(2025, 3, 14, 14, 0, 0, 0, time.UTC), true},
 		{"RFC 3339 with nanoseconds", "2025-03-14T14:00:00.123456789Z", time.Date(2025, 3, 14, 14, 0, 0, 123456789, time.UTC), true},
 		{"offset", "2025-03-14T16:00:00+02:00", time.Date(2025, 3, 14, 14, 0, 0, 0, time.UTC), true},
-		{"now", sluice.FormatTime(now), now, true},
-		{"within the clock skew", sluice.FormatTime(now.Add(59 * time.Second)), now.Add(59 * time.Second), true},
-		{"exactly the clock skew", sluice.FormatTime(now.Add(time.Minute)), now.Add(time.Minute), true},
-		{"beyond the clock skew", sluice.FormatTime(now.Add(time.Minute + time.Nanosecond)), time.Time{}, false},
+		{"now", failure.FormatTime(now), now, true},
+		{"within the clock skew", failure.FormatTime(now.Add(59 * time.Second)), now.Add(59 * time.Second), true},
+		{"exactly the clock skew", failure.FormatTime(now.Add(time.Minute)), now.Add(time.Minute), true},
+		{"beyond the clock skew", failure.FormatTime(now.Add(time.Minute + time.Nanosecond)), time.Time{}, false},
 		{"far future", "2999-01-01T00:00:00Z", time.Time{}, false},
 		{"garbage", "yesterday", time.Time{}, false},
 		{"date only", "2025-03-14", time.Time{}, false},
@@ -82,7 +84,7 @@ func TestTime(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := sluice.Time(message.Metadata{key: tt.raw}, key, now)
+			got, ok := failure.Time(message.Metadata{key: tt.raw}, key, now)
 			assert.Equal(t, tt.wantOK, ok)
 			assert.True(t, tt.want.Equal(got), "Time(%q) = %s, want %s", tt.raw, got, tt.want)
 		})
@@ -92,9 +94,9 @@ func TestTime(t *testing.T) {
 func TestFormatTime(t *testing.T) {
 	local := time.FixedZone("UTC+5", 5*60*60)
 	in := time.Date(2025, 1, 2, 8, 4, 5, 600, local)
-	s := sluice.FormatTime(in)
+	s := failure.FormatTime(in)
 	assert.Equal(t, "2025-01-02T03:04:05.0000006Z", s, "written in UTC")
-	got, ok := sluice.Time(message.Metadata{"k": s}, "k", in)
+	got, ok := failure.Time(message.Metadata{"k": s}, "k", in)
 	require.True(t, ok)
 	assert.True(t, in.Equal(got), "read back %s, want %s", got, in)
 }
@@ -102,9 +104,9 @@ func TestFormatTime(t *testing.T) {
 // historyJSON returns an x-retry-history of n entries with attempts 1..n.
 func historyJSON(t *testing.T, n int, msg string) string {
 	t.Helper()
-	entries := make([]sluice.HistoryEntry, n)
+	entries := make([]failure.HistoryEntry, n)
 	for i := range entries {
-		entries[i] = sluice.HistoryEntry{
+		entries[i] = failure.HistoryEntry{
 			At:      time.Date(2025, 1, 1, 0, i, 0, 0, time.UTC),
 			Attempt: i + 1,
 			Type:    "error",
@@ -116,7 +118,7 @@ func historyJSON(t *testing.T, n int, msg string) string {
 	return string(b)
 }
 
-func attemptsOf(entries []sluice.HistoryEntry) []int {
+func attemptsOf(entries []failure.HistoryEntry) []int {
 	out := make([]int, len(entries))
 	for i, e := range entries {
 		out[i] = e.Attempt
@@ -138,22 +140,22 @@ func TestHistory(t *testing.T) {
 		{"JSON null", "null", nil},
 		{"wrong field type", `[{"attempt":"one"}]`, nil},
 		{"one entry", historyJSON(t, 1, "x"), []int{1}},
-		{"at the bound", historyJSON(t, sluice.MaxHistoryEntries, "x"), []int{1, 2, 3, 4, 5}},
+		{"at the bound", historyJSON(t, failure.MaxHistoryEntries, "x"), []int{1, 2, 3, 4, 5}},
 		{"beyond the bound keeps the latest", historyJSON(t, 8, "x"), []int{4, 5, 6, 7, 8}},
 		{"long messages", historyJSON(t, 2, long), []int{1, 2}},
 		{"1 MiB history", historyJSON(t, huge, long), []int{huge - 4, huge - 3, huge - 2, huge - 1, huge}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := sluice.History(message.Metadata{sluice.HeaderRetryHistory: tt.raw})
+			got := failure.History(message.Metadata{sluice.HeaderRetryHistory: tt.raw})
 			if tt.wantAttempts == nil {
 				assert.Nil(t, got)
 				return
 			}
 			assert.Equal(t, tt.wantAttempts, attemptsOf(got))
 			for _, e := range got {
-				assert.LessOrEqual(t, len(e.Message), sluice.MaxHistoryMessageBytes)
-				assert.LessOrEqual(t, len(e.Type), sluice.MaxHistoryMessageBytes)
+				assert.LessOrEqual(t, len(e.Message), failure.MaxHistoryMessageBytes)
+				assert.LessOrEqual(t, len(e.Type), failure.MaxHistoryMessageBytes)
 				assert.True(t, strings.HasPrefix(e.Message, "m") || e.Message == "x", "message %q", e.Message)
 			}
 		})
@@ -165,38 +167,38 @@ func TestAppendHistory(t *testing.T) {
 	tests := []struct {
 		name         string
 		raw          string
-		entry        sluice.HistoryEntry
+		entry        failure.HistoryEntry
 		wantAttempts []int
 	}{
-		{"to nothing", "", sluice.HistoryEntry{At: at, Attempt: 1, Type: "error", Message: "boom"}, []int{1}},
-		{"to garbage", "{{{", sluice.HistoryEntry{At: at, Attempt: 4, Type: "error", Message: "boom"}, []int{4}},
-		{"below the bound", historyJSON(t, 2, "x"), sluice.HistoryEntry{At: at, Attempt: 3, Type: "error", Message: "boom"}, []int{1, 2, 3}},
-		{"at the bound drops the oldest", historyJSON(t, 5, "x"), sluice.HistoryEntry{At: at, Attempt: 6, Type: "error", Message: "boom"}, []int{2, 3, 4, 5, 6}},
-		{"beyond the bound", historyJSON(t, 9, "x"), sluice.HistoryEntry{At: at, Attempt: 10, Type: "error", Message: "boom"}, []int{6, 7, 8, 9, 10}},
+		{"to nothing", "", failure.HistoryEntry{At: at, Attempt: 1, Type: "error", Message: "boom"}, []int{1}},
+		{"to garbage", "{{{", failure.HistoryEntry{At: at, Attempt: 4, Type: "error", Message: "boom"}, []int{4}},
+		{"below the bound", historyJSON(t, 2, "x"), failure.HistoryEntry{At: at, Attempt: 3, Type: "error", Message: "boom"}, []int{1, 2, 3}},
+		{"at the bound drops the oldest", historyJSON(t, 5, "x"), failure.HistoryEntry{At: at, Attempt: 6, Type: "error", Message: "boom"}, []int{2, 3, 4, 5, 6}},
+		{"beyond the bound", historyJSON(t, 9, "x"), failure.HistoryEntry{At: at, Attempt: 10, Type: "error", Message: "boom"}, []int{6, 7, 8, 9, 10}},
 		{
 			"long type and message are truncated", "",
-			sluice.HistoryEntry{At: at, Attempt: 1, Type: strings.Repeat("t", 500), Message: strings.Repeat("é", 500)},
+			failure.HistoryEntry{At: at, Attempt: 1, Type: strings.Repeat("t", 500), Message: strings.Repeat("é", 500)},
 			[]int{1},
 		},
 		{
 			"1 MiB history is cut", historyJSON(t, 1024, strings.Repeat("m", 1024)),
-			sluice.HistoryEntry{At: at, Attempt: 1025, Type: "error", Message: strings.Repeat("m", 1<<20)},
+			failure.HistoryEntry{At: at, Attempt: 1025, Type: "error", Message: strings.Repeat("m", 1<<20)},
 			[]int{1021, 1022, 1023, 1024, 1025},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out := sluice.AppendHistory(message.Metadata{sluice.HeaderRetryHistory: tt.raw}, tt.entry)
+			out := failure.AppendHistory(message.Metadata{sluice.HeaderRetryHistory: tt.raw}, tt.entry)
 			// Each entry is two bounded strings plus a time and a number: a few KiB at most.
 			assert.Less(t, len(out), 4<<10, "x-retry-history must stay small")
 			assert.True(t, json.Valid([]byte(out)), "x-retry-history %q is not JSON", out)
 
-			got := sluice.History(message.Metadata{sluice.HeaderRetryHistory: out})
+			got := failure.History(message.Metadata{sluice.HeaderRetryHistory: out})
 			assert.Equal(t, tt.wantAttempts, attemptsOf(got))
 			last := got[len(got)-1]
 			assert.True(t, tt.entry.At.Equal(last.At), "at %s, want %s", last.At, tt.entry.At)
-			assert.Equal(t, sluice.Truncate(tt.entry.Type, sluice.MaxHistoryMessageBytes), last.Type)
-			assert.Equal(t, sluice.Truncate(tt.entry.Message, sluice.MaxHistoryMessageBytes), last.Message)
+			assert.Equal(t, failure.Truncate(tt.entry.Type, failure.MaxHistoryMessageBytes), last.Type)
+			assert.Equal(t, failure.Truncate(tt.entry.Message, failure.MaxHistoryMessageBytes), last.Message)
 			assert.True(t, utf8.ValidString(last.Message))
 		})
 	}
@@ -225,7 +227,7 @@ func TestTruncate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := sluice.Truncate(tt.s, tt.n)
+			got := failure.Truncate(tt.s, tt.n)
 			assert.Equal(t, tt.want, got)
 			assert.LessOrEqual(t, len(got), max(tt.n, 0), "the result, marker included, fits the limit")
 			assert.True(t, utf8.ValidString(got))
@@ -238,7 +240,7 @@ func TestTruncate_EveryLimit(t *testing.T) {
 	for _, s := range []string{"plain ascii text", "héllo wörld ñ", "日本語のテキスト", "a😀b😀c😀", "…already…"} {
 		for n := 0; n <= len(s)+1; n++ {
 			t.Run(fmt.Sprintf("%s/%d", s, n), func(t *testing.T) {
-				got := sluice.Truncate(s, n)
+				got := failure.Truncate(s, n)
 				require.LessOrEqual(t, len(got), n)
 				require.True(t, utf8.ValidString(got), "%q", got)
 				if n >= len(s) {
@@ -258,14 +260,16 @@ func TestTruncate_EveryLimit(t *testing.T) {
 
 type ctxKey struct{}
 
-func TestCopyMessage(t *testing.T) {
+// The hand-offs (retry, dead letter) publish Watermill's CopyWithContext of the delivery:
+// these tests hold it to what they need from it.
+func TestCopyWithContext(t *testing.T) {
 	orig := message.NewMessage("id-1", []byte(`{"amount":10}`))
 	orig.Metadata.Set("tenant", "t1")
 	orig.Metadata.Set(sluice.HeaderRetryCount, "2")
 	ctx := context.WithValue(context.Background(), ctxKey{}, "v")
 	orig.SetContext(ctx)
 
-	c := sluice.CopyMessage(orig)
+	c := orig.CopyWithContext()
 	require.NotSame(t, orig, c)
 	assert.Equal(t, orig.UUID, c.UUID)
 	assert.Equal(t, orig.Payload, c.Payload)
@@ -289,69 +293,69 @@ func TestCopyMessage(t *testing.T) {
 	}
 }
 
-func TestCopyMessage_NilMetadata(t *testing.T) {
+func TestCopyWithContext_NilMetadata(t *testing.T) {
 	orig := message.NewMessage("id-2", nil)
 	orig.Metadata = nil
-	c := sluice.CopyMessage(orig)
+	c := orig.CopyWithContext()
 	require.NotNil(t, c.Metadata)
 	c.Metadata.Set("k", "v") // must not panic on a nil map
 	assert.Equal(t, "v", c.Metadata.Get("k"))
 }
 
 func TestReportOutcome(t *testing.T) {
-	rep := sluice.Report{Outcome: sluice.OutcomeRetry, Delay: time.Second, Attempt: 2, Err: errBoom}
+	rep := report.Report{Outcome: report.OutcomeRetry, Delay: time.Second, Attempt: 2, Err: errBoom}
 
 	t.Run("no reporter is a no-op", func(t *testing.T) {
-		assert.NotPanics(t, func() { sluice.ReportOutcome(context.Background(), rep) })
+		assert.NotPanics(t, func() { report.ReportOutcome(context.Background(), rep) })
 	})
 	t.Run("nothing reported", func(t *testing.T) {
-		var r sluice.Reporter
+		var r report.Reporter
 		got, ok := r.Get()
 		assert.False(t, ok)
-		assert.Equal(t, sluice.Report{}, got)
+		assert.Equal(t, report.Report{}, got)
 	})
 	t.Run("reported through the context", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx := sluice.WithReporter(context.Background(), r)
-		sluice.ReportOutcome(ctx, rep)
+		r := &report.Reporter{}
+		ctx := report.WithReporter(context.Background(), r)
+		report.ReportOutcome(ctx, rep)
 		got, ok := r.Get()
 		require.True(t, ok)
 		assert.Equal(t, rep, got)
 	})
 	t.Run("the last report wins", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx := sluice.WithReporter(context.Background(), r)
-		sluice.ReportOutcome(ctx, rep)
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: 2})
+		r := &report.Reporter{}
+		ctx := report.WithReporter(context.Background(), r)
+		report.ReportOutcome(ctx, rep)
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: 2})
 		got, ok := r.Get()
 		require.True(t, ok)
-		assert.Equal(t, sluice.OutcomeNack, got.Outcome)
+		assert.Equal(t, report.OutcomeNack, got.Outcome)
 		assert.Zero(t, got.Delay)
 	})
 	t.Run("a derived context still reports", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx, cancel := context.WithTimeout(sluice.WithReporter(context.Background(), r), time.Minute)
+		r := &report.Reporter{}
+		ctx, cancel := context.WithTimeout(report.WithReporter(context.Background(), r), time.Minute)
 		defer cancel()
-		sluice.ReportOutcome(ctx, rep)
+		report.ReportOutcome(ctx, rep)
 		_, ok := r.Get()
 		assert.True(t, ok)
 	})
 	t.Run("concurrent reports", func(t *testing.T) {
-		r := &sluice.Reporter{}
-		ctx := sluice.WithReporter(context.Background(), r)
+		r := &report.Reporter{}
+		ctx := report.WithReporter(context.Background(), r)
 		var wg sync.WaitGroup
 		for i := range 8 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeAck, Attempt: i + 1})
+				report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeAck, Attempt: i + 1})
 				_, _ = r.Get()
 			}()
 		}
 		wg.Wait()
 		got, ok := r.Get()
 		require.True(t, ok)
-		assert.Equal(t, sluice.OutcomeAck, got.Outcome)
+		assert.Equal(t, report.OutcomeAck, got.Outcome)
 		assert.Positive(t, got.Attempt)
 	})
 }

@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 // Errors a caller tells apart (the CLI maps them to exit codes).
@@ -36,7 +37,7 @@ func ArchiveName(queue string) string { return sluiceamqp.ArchiveName(queue) }
 const DialTimeout = 10 * time.Second
 
 // Dial connects to the first reachable of urls. Errors name the URL with its password
-// masked (broker/amqp.MaskURL) and never contain the password.
+// masked (internal/mask.URL) and never contain the password.
 func Dial(urls ...string) (*amqp.Connection, error) {
 	if len(urls) == 0 {
 		return nil, errors.New("dlq: no RabbitMQ URL given")
@@ -52,7 +53,7 @@ func Dial(urls ...string) (*amqp.Connection, error) {
 		if err == nil {
 			return conn, nil
 		}
-		errs = append(errs, MaskError(fmt.Errorf("connect to RabbitMQ at %s: %w", sluiceamqp.MaskURL(u), err), urls...))
+		errs = append(errs, MaskError(fmt.Errorf("connect to RabbitMQ at %s: %w", mask.URL(u), err), urls...))
 	}
 	return nil, errors.Join(errs...)
 }
@@ -65,15 +66,12 @@ func MaskError(err error, urls ...string) error {
 		return nil
 	}
 	text := err.Error()
-	masked := MaskText(text, urls...)
+	masked := mask.Text(text, urls...)
 	if masked == text {
 		return err
 	}
 	return &maskedError{text: masked, err: err}
 }
-
-// MaskText returns s with every URL of urls and its password masked (amqp.MaskText).
-func MaskText(s string, urls ...string) string { return sluiceamqp.MaskText(s, urls...) }
 
 // maskedError is an error whose text had a secret removed. It unwraps only to the
 // sentinels of this package, never to the original (whose text holds the secret).

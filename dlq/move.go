@@ -7,8 +7,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice"
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // HeaderArchivedAt is the time a message was archived (RFC 3339), set on its copy in
@@ -61,7 +61,7 @@ func (m *mover) publishing(it item) amqp.Publishing {
 	for k, v := range it.d.Headers {
 		pub.Headers[k] = v
 	}
-	pub.Headers[HeaderArchivedAt] = sluice.FormatTime(m.now)
+	pub.Headers[HeaderArchivedAt] = failure.FormatTime(m.now)
 	return pub
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // Record is one dead-lettered message as an operator sees it: its failure record (the
@@ -56,7 +57,7 @@ type Record struct {
 	FailedHost string `json:"failed_host,omitempty"`
 	FailedPID  string `json:"failed_pid,omitempty"`
 	// History is the bounded list of failed attempts (x-retry-history).
-	History []sluice.HistoryEntry `json:"history,omitempty"`
+	History []failure.HistoryEntry `json:"history,omitempty"`
 	// Headers are all AMQP headers in text form (see broker/amqp.Marshaler), the failure
 	// record included; Watermill's id header is in ID.
 	Headers map[string]string `json:"headers"`
@@ -151,7 +152,7 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		Replays:       replayCount(md.Get(sluice.HeaderReplayCount)),
 		FailedHost:    md.Get(sluice.HeaderFailedHost),
 		FailedPID:     md.Get(sluice.HeaderFailedPID),
-		History:       sluice.History(md),
+		History:       failure.History(md),
 		Headers:       make(map[string]string, len(md)),
 		Properties: Properties{
 			ContentType:     d.ContentType,
@@ -193,7 +194,7 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 			r.Headers[name] = v
 		}
 	}
-	if t, ok := sluice.Time(md, sluice.HeaderFailedAt, now); ok {
+	if t, ok := failure.Time(md, sluice.HeaderFailedAt, now); ok {
 		r.FailedAt = t
 	} else if !d.Timestamp.IsZero() {
 		r.FailedAt = d.Timestamp
@@ -201,7 +202,7 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 	if !r.FailedAt.IsZero() {
 		r.Age, r.HasAge = max(now.Sub(r.FailedAt), 0), true
 	}
-	if t, ok := sluice.Time(md, sluice.HeaderFirstFailureTime, now); ok {
+	if t, ok := failure.Time(md, sluice.HeaderFirstFailureTime, now); ok {
 		r.FirstFailureAt = t
 	}
 	return r
@@ -223,7 +224,7 @@ func (r Record) ShortError(n int) string {
 	if i := strings.IndexAny(msg, "\r\n"); i >= 0 {
 		msg = msg[:i]
 	}
-	return sluice.Truncate(msg, n)
+	return failure.Truncate(msg, n)
 }
 
 // originalQueue is where a message came from: sluice's x-original-queue, else, for a

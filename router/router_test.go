@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -263,7 +264,7 @@ func TestOrder_HandlerPanicIsRetriedThenDeadLettered(t *testing.T) {
 	assert.Equal(t, "charge", dead.Metadata.Get(sluice.HeaderHandler))
 	assert.Equal(t, "2", dead.Metadata.Get(sluice.HeaderRetryCount))
 	var types []string
-	for _, e := range sluice.History(dead.Metadata) {
+	for _, e := range failure.History(dead.Metadata) {
 		types = append(types, e.Type)
 	}
 	assert.Equal(t, []string{"panic", "panic", "panic"}, types)

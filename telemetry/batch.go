@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -31,7 +32,7 @@ func (in *Instrumentation) StartBatch(ctx context.Context, queue, handler string
 			semconv.MessagingOperationTypeProcess,
 			semconv.MessagingDestinationName(queue),
 			semconv.MessagingBatchMessageCount(len(msgs)),
-			AttrHandler.String(handler)))
+			otelnames.AttrHandler.String(handler)))
 	return ctx, func(err error) {
 		if err != nil {
 			span.RecordError(err)

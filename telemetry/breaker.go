@@ -4,14 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/metric"
 )
-
-// RegisterBreakerState registers state with Default(). See
-// Instrumentation.RegisterBreakerState.
-func RegisterBreakerState(state func() map[string]int) (metric.Registration, error) {
-	return Default().RegisterBreakerState(state)
-}
 
 // RegisterBreakerState makes the sluice.breaker.state gauge report, at every collection,
 // the states that state returns: breaker name to 0 (closed), 1 (half-open) or 2 (open),
@@ -19,16 +14,16 @@ func RegisterBreakerState(state func() map[string]int) (metric.Registration, err
 // breakers; Unregister the returned registration when they are gone.
 func (in *Instrumentation) RegisterBreakerState(state func() map[string]int) (metric.Registration, error) {
 	if state == nil {
-		return nil, fmt.Errorf("register %s: state function is nil", MetricBreakerState)
+		return nil, fmt.Errorf("register %s: state function is nil", otelnames.MetricBreakerState)
 	}
 	reg, err := in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for name, s := range state() {
-			o.ObserveInt64(in.breaker, int64(s), metric.WithAttributes(MetricAttrBreaker.String(name)))
+			o.ObserveInt64(in.breaker, int64(s), metric.WithAttributes(otelnames.MetricAttrBreaker.String(name)))
 		}
 		return nil
 	}, in.breaker)
 	if err != nil {
-		return nil, fmt.Errorf("register %s callback: %w", MetricBreakerState, err)
+		return nil, fmt.Errorf("register %s callback: %w", otelnames.MetricBreakerState, err)
 	}
 	return reg, nil
 }

@@ -4,15 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/metric"
-)
-
-// Connection metrics.
-const (
-	// MetricConnectionUp is 1 while the broker connection is up, else 0.
-	MetricConnectionUp = "sluice.connection.up"
-	// MetricReconnects counts connections re-established after a loss.
-	MetricReconnects = "sluice.connection.reconnects"
 )
 
 // ConnectionState is what the connection metrics read at each collection.
@@ -27,17 +20,17 @@ type ConnectionState interface {
 // state at every collection. Unregister the returned registration when state is closed.
 func (in *Instrumentation) RegisterConnection(state ConnectionState) (metric.Registration, error) {
 	if state == nil {
-		return nil, fmt.Errorf("register %s: connection state is nil", MetricConnectionUp)
+		return nil, fmt.Errorf("register %s: connection state is nil", otelnames.MetricConnectionUp)
 	}
-	up, err := in.meter.Int64ObservableGauge(MetricConnectionUp,
+	up, err := in.meter.Int64ObservableGauge(otelnames.MetricConnectionUp,
 		metric.WithDescription("1 while the broker connection is up, else 0."))
 	if err != nil {
-		return nil, fmt.Errorf("create gauge %s: %w", MetricConnectionUp, err)
+		return nil, fmt.Errorf("create gauge %s: %w", otelnames.MetricConnectionUp, err)
 	}
-	reconnects, err := in.meter.Int64ObservableCounter(MetricReconnects,
+	reconnects, err := in.meter.Int64ObservableCounter(otelnames.MetricReconnects,
 		metric.WithDescription("Broker connections re-established after a loss."), metric.WithUnit("{reconnect}"))
 	if err != nil {
-		return nil, fmt.Errorf("create counter %s: %w", MetricReconnects, err)
+		return nil, fmt.Errorf("create counter %s: %w", otelnames.MetricReconnects, err)
 	}
 	attrs := metric.WithAttributes(in.system)
 	reg, err := in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {

@@ -8,29 +8,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Queue depth metrics, read from the broker by a DepthWatcher.
-const (
-	// MetricQueueDepth is the number of messages in a queue (queue, kind, state): state
-	// "ready" (waiting for a consumer) or "unacked" (delivered, not yet acknowledged; only
-	// from a source that knows it, see QueueDepth.UnackedKnown).
-	MetricQueueDepth = "sluice.queue.depth"
-	// MetricQueueConsumers is the number of consumers of a queue (queue, kind).
-	MetricQueueConsumers = "sluice.queue.consumers"
-)
-
-// Labels of the depth metrics.
-const (
-	// MetricAttrKind is the role of a queue: one of the QueueKind constants.
-	MetricAttrKind = attribute.Key("kind")
-	// MetricAttrState is "ready" or "unacked".
-	MetricAttrState = attribute.Key("state")
-)
-
-// Queue kinds, the values of MetricAttrKind.
+// Queue kinds, the values of otelnames.MetricAttrKind.
 const (
 	QueueKindConsumed = "consumed"
 	QueueKindDLQ      = "dlq"
@@ -167,15 +150,15 @@ func (in *Instrumentation) WatchDepth(cfg DepthConfig) (*DepthWatcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	depth, err := in.meter.Int64ObservableGauge(MetricQueueDepth,
+	depth, err := in.meter.Int64ObservableGauge(otelnames.MetricQueueDepth,
 		metric.WithDescription("Messages in a queue, read from the broker: ready or unacked."), metric.WithUnit("{message}"))
 	if err != nil {
-		return nil, fmt.Errorf("create gauge %s: %w", MetricQueueDepth, err)
+		return nil, fmt.Errorf("create gauge %s: %w", otelnames.MetricQueueDepth, err)
 	}
-	consumers, err := in.meter.Int64ObservableGauge(MetricQueueConsumers,
+	consumers, err := in.meter.Int64ObservableGauge(otelnames.MetricQueueConsumers,
 		metric.WithDescription("Consumers of a queue, read from the broker."), metric.WithUnit("{consumer}"))
 	if err != nil {
-		return nil, fmt.Errorf("create gauge %s: %w", MetricQueueConsumers, err)
+		return nil, fmt.Errorf("create gauge %s: %w", otelnames.MetricQueueConsumers, err)
 	}
 	w := &DepthWatcher{
 		cfg:    cfg,
@@ -192,10 +175,10 @@ func (in *Instrumentation) WatchDepth(cfg DepthConfig) (*DepthWatcher, error) {
 			if !ok {
 				continue
 			}
-			base := []attribute.KeyValue{MetricAttrQueue.String(q.Name), MetricAttrKind.String(q.Kind)}
-			o.ObserveInt64(depth, d.Ready, metric.WithAttributes(append(base, MetricAttrState.String("ready"))...))
+			base := []attribute.KeyValue{otelnames.MetricAttrQueue.String(q.Name), otelnames.MetricAttrKind.String(q.Kind)}
+			o.ObserveInt64(depth, d.Ready, metric.WithAttributes(append(base, otelnames.MetricAttrState.String("ready"))...))
 			if d.UnackedKnown {
-				o.ObserveInt64(depth, d.Unacked, metric.WithAttributes(append(base, MetricAttrState.String("unacked"))...))
+				o.ObserveInt64(depth, d.Unacked, metric.WithAttributes(append(base, otelnames.MetricAttrState.String("unacked"))...))
 			}
 			o.ObserveInt64(consumers, d.Consumers, metric.WithAttributes(base...))
 		}

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 // ErrManagementURL is returned by NewManagementSource for a URL it cannot use.
@@ -34,7 +36,7 @@ type ManagementSource struct {
 func NewManagementSource(rawURL, vhost string) (*ManagementSource, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%w: %q (want http[s]://user:password@host:15672)", ErrManagementURL, redactURL(rawURL))
+		return nil, fmt.Errorf("%w: %q (want http[s]://user:password@host:15672)", ErrManagementURL, mask.URL(rawURL))
 	}
 	s := &ManagementSource{vhost: vhost, client: &http.Client{Timeout: 10 * time.Second}}
 	if s.vhost == "" {
@@ -105,15 +107,4 @@ func deref(p *int64) int64 {
 		return 0
 	}
 	return *p
-}
-
-// redactURL hides the password of a URL that may not parse.
-func redactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	if i := strings.Index(raw, "://"); i >= 0 {
-		return raw[:i+3] + "xxxxx"
-	}
-	return "xxxxx"
 }

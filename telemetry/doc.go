@@ -11,7 +11,7 @@
 //   - WrapDelayer: a producer span "send sluice.delay" per retry or deferral hand-off;
 //   - WrapDeadLetterer: a producer span "send <queue>.dlq" per dead-letter hand-off;
 //   - Middleware: a consumer span "process <queue>" per attempt, which must be the
-//     outermost step of the stack because it puts the sluice.Reporter that inner steps
+//     outermost step of the stack because it puts the reporter that inner steps
 //     report outcomes to into the message context.
 //
 // Each hand-off injects its own span context into the message it sends, so the consumer

@@ -9,15 +9,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 )
-
-// MetricLogDropped counts the retry and dead-letter log lines the rate limit dropped, by
-// event (retry, dead_letter).
-const MetricLogDropped = "sluice.log.dropped"
-
-// MetricAttrEvent labels MetricLogDropped.
-const MetricAttrEvent = "event"
 
 // LogLimit bounds the info lines an Instrumentation writes for retries and dead letters:
 // at most Lines in each Interval (a fixed window). The zero value means
@@ -45,7 +39,7 @@ func (l LogLimit) withDefaults() LogLimit {
 
 // eventLog writes one info line per retry hand-off and dead letter, so an operator can
 // follow a message without debug logs, and drops the lines beyond the limit. Dropped
-// lines are counted in MetricLogDropped and summed up in one warning when the next
+// lines are counted in otelnames.MetricLogDropped and summed up in one warning when the next
 // window opens (written on the next event, so no timer outlives the Instrumentation).
 type eventLog struct {
 	logger  *slog.Logger
@@ -61,7 +55,7 @@ type eventLog struct {
 }
 
 func (in *Instrumentation) createEventLog(logger *slog.Logger, limit LogLimit) error {
-	c, err := in.meter.Int64Counter(MetricLogDropped,
+	c, err := in.meter.Int64Counter(otelnames.MetricLogDropped,
 		metric.WithDescription("Retry and dead-letter log lines dropped by the rate limit."),
 		metric.WithUnit("{line}"))
 	if err != nil {
@@ -76,8 +70,8 @@ func (in *Instrumentation) createEventLog(logger *slog.Logger, limit LogLimit) e
 		now:     time.Now,
 		dropped: c,
 		attrs: map[string]metric.MeasurementOption{
-			string(sluice.OutcomeRetry):      metric.WithAttributes(attribute.String(MetricAttrEvent, string(sluice.OutcomeRetry))),
-			string(sluice.OutcomeDeadLetter): metric.WithAttributes(attribute.String(MetricAttrEvent, string(sluice.OutcomeDeadLetter))),
+			string(report.OutcomeRetry):      metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeRetry))),
+			string(report.OutcomeDeadLetter): metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeDeadLetter))),
 		},
 	}
 	// Both series exist from the start, at 0, so a dashboard or alert reads 0, not nothing.
@@ -105,7 +99,7 @@ func (l *eventLog) allow(now time.Time) (ok bool, summary int64) {
 }
 
 // record logs a retry hand-off or a dead letter of message id.
-func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep sluice.Report, errType string) {
+func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep report.Report, errType string) {
 	ok, summary := l.allow(l.now())
 	if summary > 0 {
 		l.logger.LogAttrs(ctx, slog.LevelWarn, "retry and dead-letter log lines dropped by the rate limit",
@@ -125,7 +119,7 @@ func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep sl
 		attrs = append(attrs, slog.String("handler", handler))
 	}
 	msg := "message dead-lettered"
-	if rep.Outcome == sluice.OutcomeRetry {
+	if rep.Outcome == report.OutcomeRetry {
 		msg = "message handed to the broker for a retry"
 		attrs = append(attrs, slog.Duration("delay", rep.Delay))
 	} else {

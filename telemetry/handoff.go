@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
 // Delayer hands a message to the broker to be delivered to queue after d. It has the
@@ -23,18 +25,6 @@ type Delayer interface {
 // poison step's broker interface, which this package does not import.
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
-}
-
-// WrapDelayer returns d traced by the Instrumentation that opts configure (Default when
-// there are none). See Instrumentation.WrapDelayer.
-func WrapDelayer(d Delayer, opts ...Option) Delayer {
-	return instrumentation(opts).WrapDelayer(d)
-}
-
-// WrapDeadLetterer returns d traced by the Instrumentation that opts configure (Default
-// when there are none). See Instrumentation.WrapDeadLetterer.
-func WrapDeadLetterer(d DeadLetterer, opts ...Option) DeadLetterer {
-	return instrumentation(opts).WrapDeadLetterer(d)
 }
 
 // WrapDelayer returns a Delayer that starts a producer span "send sluice.delay" (a child
@@ -68,9 +58,9 @@ func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, 
 		attrPool.Put(buf)
 	}()
 	attrs := append(d.in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeSend, "send", DelayDestination, msg),
-		AttrQueue.String(queue),
-		AttrRetryDelayMS.Int64(delay.Milliseconds()),
-		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
+		otelnames.AttrQueue.String(queue),
+		otelnames.AttrRetryDelayMS.Int64(delay.Milliseconds()),
+		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
 	*buf = attrs // a longer slice, if the appends outgrew it, goes back to the pool
 	return d.in.handOff(ctx, spanName("send", DelayDestination), DelayDestination, msg, attrs, func(ctx context.Context) error {
@@ -87,11 +77,11 @@ type deadLetterer struct {
 func (d *deadLetterer) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
 	dlq := queue + DeadLetterSuffix
 	attrs := append(d.in.messageAttrs(semconv.MessagingOperationTypeSend, "send", dlq, msg),
-		AttrQueue.String(queue),
-		AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
+		otelnames.AttrQueue.String(queue),
+		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
 	if last := msg.Metadata.Get(sluice.HeaderLastError); last != "" {
-		attrs = append(attrs, AttrLastError.String(sluice.Truncate(last, sluice.MaxHistoryMessageBytes)))
+		attrs = append(attrs, otelnames.AttrLastError.String(failure.Truncate(last, failure.MaxHistoryMessageBytes)))
 	}
 	return d.in.handOff(ctx, spanName("send", dlq), dlq, msg, attrs, func(ctx context.Context) error {
 		return d.next.DeadLetter(ctx, queue, msg)

@@ -19,6 +19,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -54,7 +56,7 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 		if err := delayer.Delay(msg.Context(), queue, 250*time.Millisecond, retry); err != nil {
 			return nil, err
 		}
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 250 * time.Millisecond,
+		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 250 * time.Millisecond,
 			Attempt: count + 1, Err: errors.New("gateway timeout")})
 		return nil, nil
 	}, routerOpts{})
@@ -74,7 +76,7 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 	// order by attempt, not by end.
 	byAttempt := func(spans []sdktrace.ReadOnlySpan) []sdktrace.ReadOnlySpan {
 		slices.SortFunc(spans, func(a, b sdktrace.ReadOnlySpan) int {
-			return cmp.Compare(attrs(a)[telemetry.AttrAttempt].AsInt64(), attrs(b)[telemetry.AttrAttempt].AsInt64())
+			return cmp.Compare(attrs(a)[otelnames.AttrAttempt].AsInt64(), attrs(b)[otelnames.AttrAttempt].AsInt64())
 		})
 		return spans
 	}
@@ -97,13 +99,13 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 
 	for i, p := range processes {
 		a := attrs(p)
-		assert.Equal(t, int64(i+1), a[telemetry.AttrAttempt].AsInt64())
+		assert.Equal(t, int64(i+1), a[otelnames.AttrAttempt].AsInt64())
 		if i < 2 {
-			assert.Equal(t, "retry", a[telemetry.AttrOutcome].AsString())
-			assert.Equal(t, int64(250), a[telemetry.AttrRetryDelayMS].AsInt64())
+			assert.Equal(t, "retry", a[otelnames.AttrOutcome].AsString())
+			assert.Equal(t, int64(250), a[otelnames.AttrRetryDelayMS].AsInt64())
 			assert.Equal(t, codes.Error, p.Status().Code)
 		} else {
-			assert.Equal(t, "ack", a[telemetry.AttrOutcome].AsString())
+			assert.Equal(t, "ack", a[otelnames.AttrOutcome].AsString())
 			assert.Equal(t, codes.Unset, p.Status().Code)
 		}
 	}
@@ -112,9 +114,9 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 		assert.Equal(t, trace.SpanKindProducer, d.SpanKind())
 		assert.Equal(t, telemetry.DelayDestination, a[semconv.MessagingDestinationNameKey].AsString())
 		assert.Equal(t, "send", a[semconv.MessagingOperationTypeKey].AsString())
-		assert.Equal(t, queue, a[telemetry.AttrQueue].AsString())
-		assert.Equal(t, int64(250), a[telemetry.AttrRetryDelayMS].AsInt64())
-		assert.Equal(t, int64(i+2), a[telemetry.AttrAttempt].AsInt64(), "the attempt the delayed copy is delivered as")
+		assert.Equal(t, queue, a[otelnames.AttrQueue].AsString())
+		assert.Equal(t, int64(250), a[otelnames.AttrRetryDelayMS].AsInt64())
+		assert.Equal(t, int64(i+2), a[otelnames.AttrAttempt].AsInt64(), "the attempt the delayed copy is delivered as")
 		assert.Equal(t, "pay-1", a[semconv.MessagingMessageIDKey].AsString())
 	}
 
@@ -232,22 +234,10 @@ func TestWrapDeadLetterer(t *testing.T) {
 
 			a := attrs(d)
 			assert.Equal(t, "orders.dlq", a[semconv.MessagingDestinationNameKey].AsString())
-			assert.Equal(t, "orders", a[telemetry.AttrQueue].AsString())
-			assert.Equal(t, int64(5), a[telemetry.AttrAttempt].AsInt64())
-			assert.Equal(t, "insufficient_funds", a[telemetry.AttrLastError].AsString())
+			assert.Equal(t, "orders", a[otelnames.AttrQueue].AsString())
+			assert.Equal(t, int64(5), a[otelnames.AttrAttempt].AsInt64())
+			assert.Equal(t, "insufficient_funds", a[otelnames.AttrLastError].AsString())
 			assert.Equal(t, int64(3), a[semconv.MessagingMessageBodySizeKey].AsInt64())
 		})
 	}
-}
-
-func TestWrapHandoffs_PackageLevelUseOptions(t *testing.T) {
-	e := newEnv(t)
-	opts := []telemetry.Option{telemetry.WithTracerProvider(e.tp), telemetry.WithPropagator(e.prop)}
-	msg := message.NewMessage("id", nil)
-	require.NoError(t, telemetry.WrapDelayer(failingDelayer{}, opts...).Delay(context.Background(), "q", time.Second, msg))
-	require.NoError(t, telemetry.WrapDeadLetterer(&recordingDeadLetterer{}, opts...).DeadLetter(context.Background(), "q", msg))
-
-	e.ended(t, "send sluice.delay")
-	dlq := e.ended(t, "send q.dlq")
-	assert.Equal(t, traceparent(dlq.SpanContext()), msg.Metadata.Get(sluice.HeaderTraceParent))
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -102,13 +103,9 @@ func (h *Health) ReadinessHandler() http.Handler {
 	})
 }
 
-// MetricReady is 1 while ReadinessPath answers 200, else 0: what an alert on a consumer
-// that is not ready reads, since Prometheus does not probe /readyz itself.
-const MetricReady = "sluice.ready"
-
-// registerReady reports MetricReady from h on m at every collection.
+// registerReady reports otelnames.MetricReady from h on m at every collection.
 func registerReady(m metric.Meter, h *Health) error {
-	_, err := m.Int64ObservableGauge(MetricReady,
+	_, err := m.Int64ObservableGauge(otelnames.MetricReady,
 		metric.WithDescription("1 while the process is ready (/readyz answers 200), else 0."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			v := int64(1)
@@ -119,7 +116,7 @@ func registerReady(m metric.Meter, h *Health) error {
 			return nil
 		}))
 	if err != nil {
-		return fmt.Errorf("create gauge %s: %w", MetricReady, err)
+		return fmt.Errorf("create gauge %s: %w", otelnames.MetricReady, err)
 	}
 	return nil
 }

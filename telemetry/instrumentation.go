@@ -15,10 +15,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
-// ScopeName is the instrumentation scope of sluice's tracer and meter.
-const ScopeName = "github.com/sluice-go/sluice/telemetry"
+// scopeName is the instrumentation scope of sluice's tracer and meter.
+const scopeName = "github.com/sluice-go/sluice/telemetry"
 
 // DelayDestination is the destination name of a retry or deferral hand-off: the broker's
 // delay infrastructure, whatever queue the message returns to afterwards.
@@ -26,55 +27,6 @@ const DelayDestination = "sluice.delay"
 
 // DeadLetterSuffix is appended to a queue's name to name its dead-letter queue.
 const DeadLetterSuffix = ".dlq"
-
-// Span and metric attributes that are sluice's own, beside the messaging conventions.
-const (
-	// AttrAttempt is the attempt number, counting from 1: x-retry-count + 1 of the message
-	// consumed, or on a hand-off span of the message handed off.
-	AttrAttempt = attribute.Key("sluice.attempt")
-	// AttrOutcome is the sluice.Outcome of a consumer attempt.
-	AttrOutcome = attribute.Key("sluice.outcome")
-	// AttrRetryDelayMS is the broker-side delay of a retry or deferral, in milliseconds.
-	AttrRetryDelayMS = attribute.Key("sluice.retry.delay_ms")
-	// AttrHandler is the name of the handler that processed the message.
-	AttrHandler = attribute.Key("sluice.handler")
-	// AttrQueue is the queue a delayed or dead-lettered message belongs to.
-	AttrQueue = attribute.Key("sluice.queue")
-	// AttrDeferReason is the reason of a deferral (a deferral is not a failure).
-	AttrDeferReason = attribute.Key("sluice.defer.reason")
-	// AttrLastError is the error type recorded on a message sent to its dead-letter queue.
-	AttrLastError = attribute.Key("sluice.last_error")
-)
-
-// Metric attribute keys. They are short because they become Prometheus labels.
-const (
-	// MetricAttrQueue is the queue a metric was recorded for.
-	MetricAttrQueue = attribute.Key("queue")
-	// MetricAttrHandler is the handler a metric was recorded for.
-	MetricAttrHandler = attribute.Key("handler")
-	// MetricAttrOutcome is the outcome a metric was recorded for.
-	MetricAttrOutcome = attribute.Key("outcome")
-	// MetricAttrBreaker is the circuit breaker a state was observed for.
-	MetricAttrBreaker = attribute.Key("breaker")
-)
-
-// Metric instrument names.
-const (
-	// MetricMessages counts attempts by queue, handler and outcome.
-	MetricMessages = "sluice.messages"
-	// MetricRetries counts attempts handed off for a retry.
-	MetricRetries = "sluice.retries"
-	// MetricDeadLetters counts messages sent to a dead-letter queue.
-	MetricDeadLetters = "sluice.dead_letters"
-	// MetricIdempotencyHits counts duplicates acknowledged without calling the handler.
-	MetricIdempotencyHits = "sluice.idempotency.hits"
-	// MetricHandlerDuration is the time an attempt spent in the stack below telemetry.
-	MetricHandlerDuration = "sluice.handler.duration"
-	// MetricInFlight is the number of attempts being processed.
-	MetricInFlight = "sluice.messages.in_flight"
-	// MetricBreakerState is each circuit breaker's state: 0 closed, 1 half-open, 2 open.
-	MetricBreakerState = "sluice.breaker.state"
-)
 
 // durationBuckets are the semantic conventions' recommended boundaries for durations in
 // seconds; the SDK's defaults are meant for milliseconds and would put every attempt
@@ -197,12 +149,12 @@ func (in *Instrumentation) metricAttrs(k metricKey) messagingOpts {
 	if opt, ok := in.attrSets.Load(k); ok {
 		return opt.(messagingOpts)
 	}
-	kvs := []attribute.KeyValue{MetricAttrQueue.String(k.queue), MetricAttrHandler.String(k.handler)}
+	kvs := []attribute.KeyValue{otelnames.MetricAttrQueue.String(k.queue), otelnames.MetricAttrHandler.String(k.handler)}
 	if k.outcome != "" {
-		kvs = append(kvs, MetricAttrOutcome.String(k.outcome))
+		kvs = append(kvs, otelnames.MetricAttrOutcome.String(k.outcome))
 	}
 	if k.errType != "" {
-		kvs = append(kvs, MetricAttrErrorType.String(k.errType))
+		kvs = append(kvs, otelnames.MetricAttrErrorType.String(k.errType))
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
 	o, _ := in.attrSets.LoadOrStore(k, messagingOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
@@ -223,8 +175,8 @@ func New(opts ...Option) (*Instrumentation, error) {
 		o.mp = otel.GetMeterProvider()
 	}
 	in := &Instrumentation{
-		tracer:     o.tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
-		meter:      o.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL)),
+		tracer:     o.tp.Tracer(scopeName, trace.WithSchemaURL(semconv.SchemaURL)),
+		meter:      o.mp.Meter(scopeName, metric.WithSchemaURL(semconv.SchemaURL)),
 		prop:       o.prop,
 		system:     semconv.MessagingSystemKey.String(o.system),
 		routingKey: o.routingKey,
@@ -237,7 +189,7 @@ func New(opts ...Option) (*Instrumentation, error) {
 		return nil, err
 	}
 	if err := in.createEventLog(o.logger, o.logLimit); err != nil {
-		return nil, fmt.Errorf("create counter %s: %w", MetricLogDropped, err)
+		return nil, fmt.Errorf("create counter %s: %w", otelnames.MetricLogDropped, err)
 	}
 	return in, nil
 }
@@ -255,28 +207,28 @@ func (in *Instrumentation) createInstruments() error {
 		}
 		return c
 	}
-	in.messages = counter(MetricMessages, "Delivery attempts by outcome.")
-	in.retries = counter(MetricRetries, "Attempts handed off to the broker for a delayed retry.")
-	in.deadLetters = counter(MetricDeadLetters, "Messages sent to a dead-letter queue.")
-	in.idemHits = counter(MetricIdempotencyHits, "Duplicates acknowledged without calling the handler.")
+	in.messages = counter(otelnames.MetricMessages, "Delivery attempts by outcome.")
+	in.retries = counter(otelnames.MetricRetries, "Attempts handed off to the broker for a delayed retry.")
+	in.deadLetters = counter(otelnames.MetricDeadLetters, "Messages sent to a dead-letter queue.")
+	in.idemHits = counter(otelnames.MetricIdempotencyHits, "Duplicates acknowledged without calling the handler.")
 	if err != nil {
 		return err
 	}
-	in.duration, err = in.meter.Float64Histogram(MetricHandlerDuration,
+	in.duration, err = in.meter.Float64Histogram(otelnames.MetricHandlerDuration,
 		metric.WithDescription("Time an attempt spent in the stack below telemetry, handler included."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...))
 	if err != nil {
-		return fmt.Errorf("create histogram %s: %w", MetricHandlerDuration, err)
+		return fmt.Errorf("create histogram %s: %w", otelnames.MetricHandlerDuration, err)
 	}
-	in.inFlight, err = in.meter.Int64UpDownCounter(MetricInFlight,
+	in.inFlight, err = in.meter.Int64UpDownCounter(otelnames.MetricInFlight,
 		metric.WithDescription("Attempts being processed."), metric.WithUnit("{message}"))
 	if err != nil {
-		return fmt.Errorf("create up-down counter %s: %w", MetricInFlight, err)
+		return fmt.Errorf("create up-down counter %s: %w", otelnames.MetricInFlight, err)
 	}
-	in.breaker, err = in.meter.Int64ObservableGauge(MetricBreakerState,
+	in.breaker, err = in.meter.Int64ObservableGauge(otelnames.MetricBreakerState,
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
 	if err != nil {
-		return fmt.Errorf("create gauge %s: %w", MetricBreakerState, err)
+		return fmt.Errorf("create gauge %s: %w", otelnames.MetricBreakerState, err)
 	}
 	return nil
 }
@@ -299,7 +251,7 @@ func (in *Instrumentation) parent(msg *message.Message, ctxs ...context.Context)
 			return ctx
 		}
 	}
-	return in.propagator().Extract(ctxs[0], MetadataCarrier(msg.Metadata))
+	return in.propagator().Extract(ctxs[0], metadataCarrier(msg.Metadata))
 }
 
 // inject writes ctx's trace context into msg's headers. The old traceparent and tracestate
@@ -311,7 +263,7 @@ func (in *Instrumentation) inject(ctx context.Context, msg *message.Message) {
 	}
 	delete(msg.Metadata, sluice.HeaderTraceParent)
 	delete(msg.Metadata, sluice.HeaderTraceState)
-	in.propagator().Inject(ctx, MetadataCarrier(msg.Metadata))
+	in.propagator().Inject(ctx, metadataCarrier(msg.Metadata))
 }
 
 // messageAttrs are the messaging attributes every span about msg carries.
@@ -359,38 +311,4 @@ func spanName(op, destination string) string {
 		return op
 	}
 	return op + " " + destination
-}
-
-var (
-	defaultOnce sync.Once
-	defaultIn   *Instrumentation
-)
-
-// Default returns the Instrumentation over the global providers that the package-level
-// functions use. Because the global providers delegate to whatever is installed later,
-// it may be used before Setup.
-func Default() *Instrumentation {
-	defaultOnce.Do(func() {
-		in, err := New()
-		if err != nil {
-			// The instrument names are constants the global delegating meter accepts,
-			// so this is a programming error, not an operational one.
-			panic(fmt.Sprintf("telemetry: create default instrumentation: %v", err))
-		}
-		defaultIn = in
-	})
-	return defaultIn
-}
-
-// instrumentation returns Default() when no options are given, else a new one.
-func instrumentation(opts []Option) *Instrumentation {
-	if len(opts) == 0 {
-		return Default()
-	}
-	in, err := New(opts...)
-	if err != nil {
-		otel.Handle(err)
-		return Default()
-	}
-	return in
 }

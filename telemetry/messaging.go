@@ -12,36 +12,8 @@ import (
 	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
-
-// The OpenTelemetry messaging semantic-convention metrics (semconv v1.43.0). Each point
-// carries messaging.system, messaging.operation.name ("process" or "send"),
-// messaging.destination.name and, for a failed operation, error.type.
-const (
-	// MetricProcessDuration is messaging.process.duration: the time an attempt took,
-	// handler and every step below telemetry included (seconds).
-	MetricProcessDuration = "messaging.process.duration"
-	// MetricConsumedMessages is messaging.client.consumed.messages: deliveries handed to
-	// the stack, redeliveries and retries included.
-	MetricConsumedMessages = "messaging.client.consumed.messages"
-	// MetricSentMessages is messaging.client.sent.messages: messages the stack published
-	// (outputs, retry hand-offs to sluice.delay, dead letters to Q.dlq), counted once each
-	// whether the publish succeeded or not (error.type says it failed).
-	MetricSentMessages = "messaging.client.sent.messages"
-	// MetricOperationDuration is messaging.client.operation.duration of the "send"
-	// operation: one publish call until RabbitMQ confirmed it (seconds).
-	MetricOperationDuration = "messaging.client.operation.duration"
-)
-
-// Sluice's own metrics beside the conventions (see also the names in instrumentation.go).
-const (
-	// MetricRetryDelay is the broker-side delay each retry was given (seconds).
-	MetricRetryDelay = "sluice.retry.delay"
-)
-
-// MetricAttrErrorType labels retries, dead letters and failed operations. Its values are
-// capped; see WithErrorTypeLimit.
-var MetricAttrErrorType = semconv.ErrorTypeKey
 
 // Operation names of the messaging metrics.
 const (
@@ -81,22 +53,22 @@ func (in *Instrumentation) createMessagingInstruments() error {
 	m := &in.mm
 	if m.processDuration, err = messagingconv.NewProcessDuration(in.meter,
 		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
-		return fmt.Errorf("create histogram %s: %w", MetricProcessDuration, err)
+		return fmt.Errorf("create histogram %s: %w", otelnames.MetricProcessDuration, err)
 	}
 	if m.consumed, err = messagingconv.NewClientConsumedMessages(in.meter); err != nil {
-		return fmt.Errorf("create counter %s: %w", MetricConsumedMessages, err)
+		return fmt.Errorf("create counter %s: %w", otelnames.MetricConsumedMessages, err)
 	}
 	if m.sent, err = messagingconv.NewClientSentMessages(in.meter); err != nil {
-		return fmt.Errorf("create counter %s: %w", MetricSentMessages, err)
+		return fmt.Errorf("create counter %s: %w", otelnames.MetricSentMessages, err)
 	}
 	if m.opDuration, err = messagingconv.NewClientOperationDuration(in.meter,
 		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
-		return fmt.Errorf("create histogram %s: %w", MetricOperationDuration, err)
+		return fmt.Errorf("create histogram %s: %w", otelnames.MetricOperationDuration, err)
 	}
-	if m.retryDelay, err = in.meter.Float64Histogram(MetricRetryDelay,
+	if m.retryDelay, err = in.meter.Float64Histogram(otelnames.MetricRetryDelay,
 		metric.WithDescription("Broker-side delay given to each retry."), metric.WithUnit("s"),
 		metric.WithExplicitBucketBoundaries(retryDelayBuckets...)); err != nil {
-		return fmt.Errorf("create histogram %s: %w", MetricRetryDelay, err)
+		return fmt.Errorf("create histogram %s: %w", otelnames.MetricRetryDelay, err)
 	}
 	return nil
 }

@@ -12,22 +12,23 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestMetrics_KnownSequence(t *testing.T) {
 	e := newEnv(t)
 	queue := uniqueQueue("metrics")
-	reports := map[string]*sluice.Report{
-		"retry":     {Outcome: sluice.OutcomeRetry, Delay: time.Second, Err: errors.New("timeout")},
-		"dead":      {Outcome: sluice.OutcomeDeadLetter, Err: sluice.Permanent(errors.New("invalid"))},
-		"duplicate": {Outcome: sluice.OutcomeDuplicate},
-		"deferred":  {Outcome: sluice.OutcomeDeferred, Delay: time.Second},
+	reports := map[string]*report.Report{
+		"retry":     {Outcome: report.OutcomeRetry, Delay: time.Second, Err: errors.New("timeout")},
+		"dead":      {Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(errors.New("invalid"))},
+		"duplicate": {Outcome: report.OutcomeDuplicate},
+		"deferred":  {Outcome: report.OutcomeDeferred, Delay: time.Second},
 	}
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		kind := string(msg.Payload)
 		if rep, ok := reports[kind]; ok {
-			sluice.ReportOutcome(msg.Context(), *rep)
+			report.ReportOutcome(msg.Context(), *rep)
 		}
 		if kind == "error" {
 			return nil, errors.New("handler failed")
@@ -44,20 +45,20 @@ func TestMetrics_KnownSequence(t *testing.T) {
 	}
 
 	m := e.collect(t)
-	labels := []attribute.KeyValue{telemetry.MetricAttrQueue.String(queue), telemetry.MetricAttrHandler.String("test-handler")}
-	outcome := func(o string) []attribute.KeyValue { return append(labels, telemetry.MetricAttrOutcome.String(o)) }
+	labels := []attribute.KeyValue{otelnames.MetricAttrQueue.String(queue), otelnames.MetricAttrHandler.String("test-handler")}
+	outcome := func(o string) []attribute.KeyValue { return append(labels, otelnames.MetricAttrOutcome.String(o)) }
 	wantByOutcome := map[string]int64{"ack": 2, "retry": 1, "dead_letter": 1, "duplicate": 1, "deferred": 1, "nack": 1}
 	for o, want := range wantByOutcome {
-		assert.Equal(t, want, sumPoint(t, m[telemetry.MetricMessages], outcome(o)...), "messages with outcome %s", o)
+		assert.Equal(t, want, sumPoint(t, m[otelnames.MetricMessages], outcome(o)...), "messages with outcome %s", o)
 	}
-	assert.Equal(t, int64(len(sequence)), sumPoint(t, m[telemetry.MetricMessages], labels...))
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricRetries], labels...))
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricDeadLetters], labels...))
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricIdempotencyHits], labels...))
-	assert.Equal(t, int64(0), sumPoint(t, m[telemetry.MetricInFlight], labels...))
+	assert.Equal(t, int64(len(sequence)), sumPoint(t, m[otelnames.MetricMessages], labels...))
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricRetries], labels...))
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricDeadLetters], labels...))
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricIdempotencyHits], labels...))
+	assert.Equal(t, int64(0), sumPoint(t, m[otelnames.MetricInFlight], labels...))
 
-	hist, ok := m[telemetry.MetricHandlerDuration].(metricdata.Histogram[float64])
-	require.True(t, ok, "duration is a float64 histogram, got %T", m[telemetry.MetricHandlerDuration])
+	hist, ok := m[otelnames.MetricHandlerDuration].(metricdata.Histogram[float64])
+	require.True(t, ok, "duration is a float64 histogram, got %T", m[otelnames.MetricHandlerDuration])
 	var count uint64
 	for _, dp := range hist.DataPoints {
 		count += dp.Count
@@ -77,14 +78,14 @@ func TestMetrics_InFlight(t *testing.T) {
 		<-release
 		return nil, nil
 	}, routerOpts{})
-	labels := []attribute.KeyValue{telemetry.MetricAttrQueue.String(queue)}
+	labels := []attribute.KeyValue{otelnames.MetricAttrQueue.String(queue)}
 
 	require.NoError(t, ps.Publish(queue, message.NewMessage("id", nil)))
 	<-entered
-	assert.Equal(t, int64(1), sumPoint(t, e.collect(t)[telemetry.MetricInFlight], labels...), "while the handler runs")
+	assert.Equal(t, int64(1), sumPoint(t, e.collect(t)[otelnames.MetricInFlight], labels...), "while the handler runs")
 	close(release)
 	next(t, results)
-	assert.Equal(t, int64(0), sumPoint(t, e.collect(t)[telemetry.MetricInFlight], labels...), "after it returned")
+	assert.Equal(t, int64(0), sumPoint(t, e.collect(t)[otelnames.MetricInFlight], labels...), "after it returned")
 }
 
 func TestRegisterBreakerState(t *testing.T) {
@@ -94,7 +95,7 @@ func TestRegisterBreakerState(t *testing.T) {
 	require.NoError(t, err)
 
 	gauge := func() map[string]int64 {
-		data, ok := e.collect(t)[telemetry.MetricBreakerState]
+		data, ok := e.collect(t)[otelnames.MetricBreakerState]
 		if !ok {
 			return nil
 		}
@@ -102,7 +103,7 @@ func TestRegisterBreakerState(t *testing.T) {
 		require.True(t, ok, "breaker state is an int64 gauge, got %T", data)
 		out := make(map[string]int64)
 		for _, dp := range g.DataPoints {
-			name, _ := dp.Attributes.Value(telemetry.MetricAttrBreaker)
+			name, _ := dp.Attributes.Value(otelnames.MetricAttrBreaker)
 			out[name.AsString()] = dp.Value
 		}
 		return out
@@ -120,5 +121,5 @@ func TestRegisterBreakerState_Nil(t *testing.T) {
 	e := newEnv(t)
 	_, err := e.in.RegisterBreakerState(nil)
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), telemetry.MetricBreakerState)
+	assert.Contains(t, err.Error(), otelnames.MetricBreakerState)
 }

@@ -12,6 +12,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // errPanicked is recorded on the span of an attempt whose handler panicked past every
@@ -32,11 +35,6 @@ var (
 	producerKind = trace.WithSpanKind(trace.SpanKindProducer)
 )
 
-// Middleware traces h with Default(). See Instrumentation.Middleware.
-func Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return Default().Middleware(h)
-}
-
 // Middleware is a watermill message.HandlerMiddleware that must be the outermost step of
 // the stack. For every delivery attempt it:
 //
@@ -44,9 +42,9 @@ func Middleware(h message.HandlerFunc) message.HandlerFunc {
 //     (and only from them: a span in the subscriber's context is not a parent). An absent
 //     or invalid traceparent starts a new trace; it is not an error;
 //   - starts a consumer span "process <queue>", the queue being
-//     message.SubscribeTopicFromCtx, and puts a *sluice.Reporter into the context; both are
+//     message.SubscribeTopicFromCtx, and puts a *report.Reporter into the context; both are
 //     set on the message with msg.SetContext before h runs, so inner steps see them;
-//   - after h returns, sets the span's attributes from the reported sluice.Report: the
+//   - after h returns, sets the span's attributes from the reported report.Report: the
 //     outcome (when no step reported one, "ack" for a nil error, "nack" otherwise), the
 //     attempt, the retry delay and the handler, and marks the span as failed (error status
 //     and the error recorded) for the outcomes retry, dead_letter and nack or a non-nil
@@ -70,12 +68,12 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		if trace.SpanContextFromContext(base).IsValid() {
 			parent = trace.ContextWithSpanContext(base, trace.SpanContext{})
 		}
-		parent = in.propagator().Extract(parent, MetadataCarrier(msg.Metadata))
+		parent = in.propagator().Extract(parent, metadataCarrier(msg.Metadata))
 		buf := attrPool.Get().(*[]attribute.KeyValue)
 		attrs := append(in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeProcess, "process", queue, msg),
-			AttrAttempt.Int(attempt))
+			otelnames.AttrAttempt.Int(attempt))
 		if handler != "" {
-			attrs = append(attrs, AttrHandler.String(handler))
+			attrs = append(attrs, otelnames.AttrHandler.String(handler))
 		}
 		ctx, span := in.tracer.Start(parent, spanName("process", queue),
 			consumerKind, trace.WithAttributes(attrs...))
@@ -83,8 +81,8 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		*buf = attrs[:0]
 		attrPool.Put(buf)
 
-		reporter := new(sluice.Reporter)
-		ctx = sluice.WithReporter(ctx, reporter)
+		reporter := new(report.Reporter)
+		ctx = report.WithReporter(ctx, reporter)
 		msg.SetContext(ctx)
 
 		flightAttrs := in.metricAttrs(metricKey{queue: queue, handler: handler})
@@ -95,7 +93,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			in.inFlight.Add(noExemplar, -1, flightAttrs.add...)
 			if !finished {
 				// The panic keeps unwinding; the span and metrics must not be lost with it.
-				in.finish(ctx, span, start, queue, handler, msg.UUID, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
+				in.finish(ctx, span, start, queue, handler, msg.UUID, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
 			}
 		}()
 
@@ -107,9 +105,9 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			rep.Attempt = attempt
 		}
 		if rep.Outcome == "" {
-			rep.Outcome = sluice.OutcomeAck
+			rep.Outcome = report.OutcomeAck
 			if err != nil {
-				rep.Outcome = sluice.OutcomeNack
+				rep.Outcome = report.OutcomeNack
 			}
 		}
 		in.finish(ctx, span, start, queue, handler, msg.UUID, rep, err)
@@ -126,12 +124,12 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 // finish sets the outcome attributes and status on span, ends it, records metrics and
 // logs a retry hand-off or dead letter of message id.
 func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start time.Time,
-	queue, handler, id string, rep sluice.Report, err error) {
+	queue, handler, id string, rep report.Report, err error) {
 	// One SetAttributes call: each one copies the span's attributes to make room.
 	var buf [3]attribute.KeyValue
-	attrs := append(buf[:0], AttrOutcome.String(string(rep.Outcome)))
+	attrs := append(buf[:0], otelnames.AttrOutcome.String(string(rep.Outcome)))
 	if rep.Delay > 0 {
-		attrs = append(attrs, AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
+		attrs = append(attrs, otelnames.AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
 	}
 
 	cause := rep.Err
@@ -140,8 +138,8 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	}
 	failedType := "" // error.type of a failed attempt, for the metrics
 	switch {
-	case rep.Outcome == sluice.OutcomeRetry || rep.Outcome == sluice.OutcomeDeadLetter ||
-		rep.Outcome == sluice.OutcomeNack || err != nil:
+	case rep.Outcome == report.OutcomeRetry || rep.Outcome == report.OutcomeDeadLetter ||
+		rep.Outcome == report.OutcomeNack || err != nil:
 		if cause == nil {
 			// A step reported a failure without saying why; the span must still say failed.
 			cause = errors.New(string(rep.Outcome))
@@ -150,12 +148,12 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 		failedType = sluice.ErrorType(cause)
 		attrs = append(attrs, semconv.ErrorTypeKey.String(failedType))
 		span.SetStatus(codes.Error, sluice.ErrorMessage(cause))
-	case rep.Outcome == sluice.OutcomeDeferred:
+	case rep.Outcome == report.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
 		if cause != nil {
-			attrs = append(attrs, AttrDeferReason.String(sluice.Truncate(cause.Error(), sluice.MaxErrorMessageBytes)))
+			attrs = append(attrs, otelnames.AttrDeferReason.String(failure.Truncate(cause.Error(), failure.MaxErrorMessageBytes)))
 		}
-	case rep.Outcome == sluice.OutcomeDiscard && cause != nil:
+	case rep.Outcome == report.OutcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.
 		recordError(span, cause)
 		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
@@ -170,14 +168,14 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	in.recordProcessed(ctx, queue, elapsed, failedType)
 	plain := metricKey{queue: queue, handler: handler}
 	switch rep.Outcome {
-	case sluice.OutcomeRetry:
+	case report.OutcomeRetry:
 		in.retries.Add(noExemplar, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}).add...)
 		in.mm.retryDelay.Record(noExemplar, rep.Delay.Seconds(), in.metricAttrs(plain).rec...)
 		in.events.record(ctx, queue, handler, id, rep, failedType)
-	case sluice.OutcomeDeadLetter:
+	case report.OutcomeDeadLetter:
 		in.deadLetters.Add(noExemplar, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}).add...)
 		in.events.record(ctx, queue, handler, id, rep, failedType)
-	case sluice.OutcomeDuplicate:
+	case report.OutcomeDuplicate:
 		in.idemHits.Add(noExemplar, 1, in.metricAttrs(plain).add...)
 	}
 }

@@ -18,7 +18,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestMiddleware_ContinuesProducerTrace(t *testing.T) {
@@ -56,9 +57,9 @@ func TestMiddleware_ContinuesProducerTrace(t *testing.T) {
 	assert.Equal(t, queue, a[semconv.MessagingDestinationNameKey].AsString())
 	assert.Equal(t, "msg-1", a[semconv.MessagingMessageIDKey].AsString())
 	assert.Equal(t, int64(len(`{"amount":10}`)), a[semconv.MessagingMessageBodySizeKey].AsInt64())
-	assert.Equal(t, "test-handler", a[telemetry.AttrHandler].AsString())
-	assert.Equal(t, int64(1), a[telemetry.AttrAttempt].AsInt64())
-	assert.Equal(t, "ack", a[telemetry.AttrOutcome].AsString())
+	assert.Equal(t, "test-handler", a[otelnames.AttrHandler].AsString())
+	assert.Equal(t, int64(1), a[otelnames.AttrAttempt].AsInt64())
+	assert.Equal(t, "ack", a[otelnames.AttrOutcome].AsString())
 }
 
 func TestMiddleware_InvalidTraceContextStartsTrace(t *testing.T) {
@@ -96,7 +97,7 @@ func TestMiddleware_InvalidTraceContextStartsTrace(t *testing.T) {
 			assert.False(t, process.Parent().IsValid(), "a new root span")
 			assert.True(t, process.SpanContext().TraceID().IsValid())
 			assert.Equal(t, codes.Unset, process.Status().Code)
-			assert.Equal(t, "ack", attrs(process)[telemetry.AttrOutcome].AsString())
+			assert.Equal(t, "ack", attrs(process)[otelnames.AttrOutcome].AsString())
 		})
 	}
 }
@@ -127,7 +128,7 @@ func TestMiddleware_Outcomes(t *testing.T) {
 	tests := []struct {
 		name         string
 		retryCount   string
-		report       *sluice.Report
+		report       *report.Report
 		handlerErr   error
 		wantOutcome  string
 		wantAttempt  int64
@@ -141,22 +142,22 @@ func TestMiddleware_Outcomes(t *testing.T) {
 		{name: "error, nothing reported", handlerErr: errBoom,
 			wantOutcome: "nack", wantAttempt: 1, wantError: true, wantErrType: sluice.ErrorType(errBoom)},
 		{name: "retry reported", retryCount: "2",
-			report:      &sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 1500 * time.Millisecond, Err: errBoom},
+			report:      &report.Report{Outcome: report.OutcomeRetry, Delay: 1500 * time.Millisecond, Err: errBoom},
 			wantOutcome: "retry", wantAttempt: 3, wantDelayMS: 1500, wantError: true},
-		{name: "retry reported without an error", report: &sluice.Report{Outcome: sluice.OutcomeRetry, Delay: time.Second},
+		{name: "retry reported without an error", report: &report.Report{Outcome: report.OutcomeRetry, Delay: time.Second},
 			wantOutcome: "retry", wantAttempt: 1, wantDelayMS: 1000, wantError: true},
 		{name: "dead letter reported", retryCount: "4",
-			report:      &sluice.Report{Outcome: sluice.OutcomeDeadLetter, Err: sluice.Permanent(typedErr{})},
+			report:      &report.Report{Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(typedErr{})},
 			wantOutcome: "dead_letter", wantAttempt: 5, wantError: true, wantErrType: "insufficient_funds"},
 		{name: "nack reported with the hand-off error", handlerErr: errBoom,
-			report:      &sluice.Report{Outcome: sluice.OutcomeNack, Err: errBoom},
+			report:      &report.Report{Outcome: report.OutcomeNack, Err: errBoom},
 			wantOutcome: "nack", wantAttempt: 1, wantError: true},
-		{name: "discard keeps the error without failing", report: &sluice.Report{Outcome: sluice.OutcomeDiscard, Err: sluice.Discard(errBoom)},
+		{name: "discard keeps the error without failing", report: &report.Report{Outcome: report.OutcomeDiscard, Err: sluice.Discard(errBoom)},
 			wantOutcome: "discard", wantAttempt: 1, wantEvent: true},
-		{name: "duplicate", report: &sluice.Report{Outcome: sluice.OutcomeDuplicate},
+		{name: "duplicate", report: &report.Report{Outcome: report.OutcomeDuplicate},
 			wantOutcome: "duplicate", wantAttempt: 1},
 		{name: "deferred is not a failure", retryCount: "1",
-			report:      &sluice.Report{Outcome: sluice.OutcomeDeferred, Delay: 5 * time.Second, Err: errors.New("breaker open")},
+			report:      &report.Report{Outcome: report.OutcomeDeferred, Delay: 5 * time.Second, Err: errors.New("breaker open")},
 			wantOutcome: "deferred", wantAttempt: 2, wantDelayMS: 5000, wantDeferWhy: "breaker open"},
 		{name: "unparseable retry count is the first attempt", retryCount: "many",
 			wantOutcome: "ack", wantAttempt: 1},
@@ -169,7 +170,7 @@ func TestMiddleware_Outcomes(t *testing.T) {
 			queue := uniqueQueue("outcomes")
 			ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 				if tt.report != nil {
-					sluice.ReportOutcome(msg.Context(), *tt.report)
+					report.ReportOutcome(msg.Context(), *tt.report)
 				}
 				return nil, tt.handlerErr
 			}, routerOpts{})
@@ -184,15 +185,15 @@ func TestMiddleware_Outcomes(t *testing.T) {
 
 			process := e.ended(t, "process "+queue)
 			a := attrs(process)
-			assert.Equal(t, tt.wantOutcome, a[telemetry.AttrOutcome].AsString())
-			assert.Equal(t, tt.wantAttempt, a[telemetry.AttrAttempt].AsInt64())
+			assert.Equal(t, tt.wantOutcome, a[otelnames.AttrOutcome].AsString())
+			assert.Equal(t, tt.wantAttempt, a[otelnames.AttrAttempt].AsInt64())
 			if tt.wantDelayMS == 0 {
-				assert.NotContains(t, a, telemetry.AttrRetryDelayMS)
+				assert.NotContains(t, a, otelnames.AttrRetryDelayMS)
 			} else {
-				assert.Equal(t, tt.wantDelayMS, a[telemetry.AttrRetryDelayMS].AsInt64())
+				assert.Equal(t, tt.wantDelayMS, a[otelnames.AttrRetryDelayMS].AsInt64())
 			}
 			if tt.wantDeferWhy != "" {
-				assert.Equal(t, tt.wantDeferWhy, a[telemetry.AttrDeferReason].AsString())
+				assert.Equal(t, tt.wantDeferWhy, a[otelnames.AttrDeferReason].AsString())
 			}
 			if tt.wantError {
 				assert.Equal(t, codes.Error, process.Status().Code)
@@ -234,7 +235,7 @@ func TestMiddleware_OutsideRouter(t *testing.T) {
 
 	process := e.ended(t, "process")
 	assert.NotContains(t, attrs(process), semconv.MessagingDestinationNameKey, "no queue known")
-	assert.NotContains(t, attrs(process), telemetry.AttrHandler)
+	assert.NotContains(t, attrs(process), otelnames.AttrHandler)
 	assert.Equal(t, process.SpanContext(), trace.SpanContextFromContext(inner))
 	assert.Equal(t, process.SpanContext(), trace.SpanContextFromContext(out.Context()),
 		"an output without a span continues the consumer's trace")
@@ -265,26 +266,10 @@ func TestMiddleware_PanicEndsSpan(t *testing.T) {
 
 	process := e.ended(t, "process")
 	assert.Equal(t, codes.Error, process.Status().Code)
-	assert.Equal(t, "nack", attrs(process)[telemetry.AttrOutcome].AsString())
+	assert.Equal(t, "nack", attrs(process)[otelnames.AttrOutcome].AsString())
 	m := e.collect(t)
-	assert.Equal(t, int64(0), sumPoint(t, m[telemetry.MetricInFlight]), "in-flight released")
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricMessages], telemetry.MetricAttrOutcome.String("nack")))
-}
-
-func TestMiddleware_PackageLevelUsesDefault(t *testing.T) {
-	// The default Instrumentation follows the global providers; with none installed it
-	// must still hand the handler a context with a reporter and return its result.
-	errBoom := errors.New("boom")
-	var reported bool
-	h := telemetry.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry})
-		reported = true
-		return nil, errBoom
-	})
-	_, err := h(message.NewMessage("id", nil))
-	assert.ErrorIs(t, err, errBoom)
-	assert.True(t, reported)
-	assert.Same(t, telemetry.Default(), telemetry.Default())
+	assert.Equal(t, int64(0), sumPoint(t, m[otelnames.MetricInFlight]), "in-flight released")
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricMessages], otelnames.MetricAttrOutcome.String("nack")))
 }
 
 // spanTree renders the parent links of spans for failure messages.

@@ -22,6 +22,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -56,7 +58,7 @@ func TestMetrics_ErrorTypeCap(t *testing.T) {
 	queue := uniqueQueue("cap")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		err := namedErr(msg.Payload)
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 250 * time.Millisecond, Err: err})
+		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 250 * time.Millisecond, Err: err})
 		return nil, nil
 	}, routerOpts{})
 	// Four distinct types, the first twice: the first two keep their names.
@@ -66,15 +68,15 @@ func TestMetrics_ErrorTypeCap(t *testing.T) {
 		next(t, results)
 	}
 	m := e.collect(t)
-	q := telemetry.MetricAttrQueue.String(queue)
-	typ := func(v string) attribute.KeyValue { return telemetry.MetricAttrErrorType.String(v) }
-	assert.Equal(t, int64(2), sumPoint(t, m[telemetry.MetricRetries], q, typ("alpha")))
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricRetries], q, typ("beta")))
-	assert.Equal(t, int64(2), sumPoint(t, m[telemetry.MetricRetries], q, typ(telemetry.ErrorTypeOther)))
-	assert.Len(t, m[telemetry.MetricRetries].(metricdata.Sum[int64]).DataPoints, 3, "two named types and _OTHER")
+	q := otelnames.MetricAttrQueue.String(queue)
+	typ := func(v string) attribute.KeyValue { return otelnames.MetricAttrErrorType.String(v) }
+	assert.Equal(t, int64(2), sumPoint(t, m[otelnames.MetricRetries], q, typ("alpha")))
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricRetries], q, typ("beta")))
+	assert.Equal(t, int64(2), sumPoint(t, m[otelnames.MetricRetries], q, typ(telemetry.ErrorTypeOther)))
+	assert.Len(t, m[otelnames.MetricRetries].(metricdata.Sum[int64]).DataPoints, 3, "two named types and _OTHER")
 
-	delay, ok := m[telemetry.MetricRetryDelay].(metricdata.Histogram[float64])
-	require.True(t, ok, "retry delay is a float64 histogram, got %T", m[telemetry.MetricRetryDelay])
+	delay, ok := m[otelnames.MetricRetryDelay].(metricdata.Histogram[float64])
+	require.True(t, ok, "retry delay is a float64 histogram, got %T", m[otelnames.MetricRetryDelay])
 	require.Len(t, delay.DataPoints, 1)
 	assert.Equal(t, uint64(len(kinds)), delay.DataPoints[0].Count)
 	assert.InDelta(t, 0.25*float64(len(kinds)), delay.DataPoints[0].Sum, 1e-9, "delays in seconds")
@@ -85,7 +87,7 @@ func TestMetrics_MessagingConventions(t *testing.T) {
 	queue := uniqueQueue("conv")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		if string(msg.Payload) == "fail" {
-			sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeDeadLetter, Err: sluice.Permanent(namedErr("invalid"))})
+			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(namedErr("invalid"))})
 		}
 		return nil, nil
 	}, routerOpts{})
@@ -101,10 +103,10 @@ func TestMetrics_MessagingConventions(t *testing.T) {
 	m := e.collect(t)
 	dest := semconv.MessagingDestinationName(queue)
 	rabbit := semconv.MessagingSystemKey.String("rabbitmq")
-	assert.Equal(t, int64(3), sumPoint(t, m[telemetry.MetricConsumedMessages], dest, rabbit, semconv.MessagingOperationName("process")))
+	assert.Equal(t, int64(3), sumPoint(t, m[otelnames.MetricConsumedMessages], dest, rabbit, semconv.MessagingOperationName("process")))
 
-	proc, ok := m[telemetry.MetricProcessDuration].(metricdata.Histogram[float64])
-	require.True(t, ok, "got %T", m[telemetry.MetricProcessDuration])
+	proc, ok := m[otelnames.MetricProcessDuration].(metricdata.Histogram[float64])
+	require.True(t, ok, "got %T", m[otelnames.MetricProcessDuration])
 	counts := map[string]uint64{}
 	for _, dp := range proc.DataPoints {
 		et, _ := dp.Attributes.Value(semconv.ErrorTypeKey)
@@ -114,10 +116,10 @@ func TestMetrics_MessagingConventions(t *testing.T) {
 
 	out := semconv.MessagingDestinationName("out")
 	send := semconv.MessagingOperationName("send")
-	assert.Equal(t, int64(3), sumPoint(t, m[telemetry.MetricSentMessages], out, send, rabbit))
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricSentMessages], out, semconv.ErrorTypeKey.String("nack")))
-	opd, ok := m[telemetry.MetricOperationDuration].(metricdata.Histogram[float64])
-	require.True(t, ok, "got %T", m[telemetry.MetricOperationDuration])
+	assert.Equal(t, int64(3), sumPoint(t, m[otelnames.MetricSentMessages], out, send, rabbit))
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricSentMessages], out, semconv.ErrorTypeKey.String("nack")))
+	opd, ok := m[otelnames.MetricOperationDuration].(metricdata.Histogram[float64])
+	require.True(t, ok, "got %T", m[otelnames.MetricOperationDuration])
 	var n uint64
 	for _, dp := range opd.DataPoints {
 		n += dp.Count
@@ -131,9 +133,9 @@ func TestEventLog_RateLimited(t *testing.T) {
 	queue := uniqueQueue("log")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		if string(msg.Payload) == "dead" {
-			sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: 4, Err: namedErr("invalid")})
+			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Attempt: 4, Err: namedErr("invalid")})
 		} else {
-			sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Attempt: 2, Delay: 1500 * time.Millisecond, Err: namedErr("timeout")})
+			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Attempt: 2, Delay: 1500 * time.Millisecond, Err: namedErr("timeout")})
 		}
 		return nil, nil
 	}, routerOpts{})
@@ -148,8 +150,8 @@ func TestEventLog_RateLimited(t *testing.T) {
 	assert.Contains(t, out, `level=INFO msg="message dead-lettered" queue=`+queue+` message_id=m1 attempt=4 error_type=invalid handler=test-handler dlq=`+queue+`.dlq`)
 
 	m := e.collect(t)
-	assert.Equal(t, int64(3), sumPoint(t, m[telemetry.MetricLogDropped], attribute.String(telemetry.MetricAttrEvent, "retry")))
-	assert.Equal(t, int64(1), sumPoint(t, m[telemetry.MetricLogDropped], attribute.String(telemetry.MetricAttrEvent, "dead_letter")))
+	assert.Equal(t, int64(3), sumPoint(t, m[otelnames.MetricLogDropped], attribute.String(otelnames.MetricAttrEvent, "retry")))
+	assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricLogDropped], attribute.String(otelnames.MetricAttrEvent, "dead_letter")))
 }
 
 func TestEventLog_NewWindowSumsUpDrops(t *testing.T) {
@@ -157,7 +159,7 @@ func TestEventLog_NewWindowSumsUpDrops(t *testing.T) {
 	e := newEnv(t, telemetry.WithEventLog(log.logger(), telemetry.LogLimit{Lines: 1, Interval: 2 * time.Second}))
 	queue := uniqueQueue("window")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
-		sluice.ReportOutcome(msg.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: time.Second, Err: namedErr("timeout")})
+		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: time.Second, Err: namedErr("timeout")})
 		return nil, nil
 	}, routerOpts{})
 	for i := 0; i < 3; i++ {
@@ -209,10 +211,10 @@ func gaugePoints(t *testing.T, data metricdata.Aggregation) map[string]int64 {
 	g, ok := data.(metricdata.Gauge[int64])
 	require.True(t, ok, "want an int64 gauge, got %T", data)
 	for _, dp := range g.DataPoints {
-		q, _ := dp.Attributes.Value(telemetry.MetricAttrQueue)
-		k, _ := dp.Attributes.Value(telemetry.MetricAttrKind)
+		q, _ := dp.Attributes.Value(otelnames.MetricAttrQueue)
+		k, _ := dp.Attributes.Value(otelnames.MetricAttrKind)
 		key := q.AsString() + "/" + k.AsString()
-		if s, ok := dp.Attributes.Value(telemetry.MetricAttrState); ok {
+		if s, ok := dp.Attributes.Value(otelnames.MetricAttrState); ok {
 			key += "/" + s.AsString()
 		}
 		out[key] = dp.Value
@@ -243,8 +245,8 @@ func TestWatchDepth(t *testing.T) {
 	assert.Equal(t, map[string]int64{
 		"orders/consumed/ready": 5,
 		"orders.dlq/dlq/ready":  3, "orders.dlq/dlq/unacked": 1,
-	}, gaugePoints(t, m[telemetry.MetricQueueDepth]), "absent and unreadable queues have no series; unacked only where known")
-	assert.Equal(t, map[string]int64{"orders/consumed": 2, "orders.dlq/dlq": 0}, gaugePoints(t, m[telemetry.MetricQueueConsumers]))
+	}, gaugePoints(t, m[otelnames.MetricQueueDepth]), "absent and unreadable queues have no series; unacked only where known")
+	assert.Equal(t, map[string]int64{"orders/consumed": 2, "orders.dlq/dlq": 0}, gaugePoints(t, m[otelnames.MetricQueueConsumers]))
 
 	// Scrapes read the last values: they do not reach the broker.
 	src.mu.Lock()
@@ -272,10 +274,10 @@ func TestWatchDepth_PollsAtItsIntervalAndLogsChangesOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
 	waitRounds(t, w, 3) // three reads of a missing queue
-	assert.Empty(t, gaugePoints(t, e.collect(t)[telemetry.MetricQueueDepth]))
+	assert.Empty(t, gaugePoints(t, e.collect(t)[otelnames.MetricQueueDepth]))
 	src.set("q", telemetry.QueueDepth{Ready: 7})
 	waitRounds(t, w, w.Rounds()+2)
-	assert.Equal(t, map[string]int64{"q/consumed/ready": 7}, gaugePoints(t, e.collect(t)[telemetry.MetricQueueDepth]))
+	assert.Equal(t, map[string]int64{"q/consumed/ready": 7}, gaugePoints(t, e.collect(t)[otelnames.MetricQueueDepth]))
 	out := log.String()
 	assert.Equal(t, 1, strings.Count(out, "the queue does not exist"), out)
 	assert.Equal(t, 1, strings.Count(out, "readable again"), out)
@@ -415,14 +417,14 @@ func TestRegisterConnection(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, reg.Unregister()) })
 	m := e.collect(t)
-	assert.Equal(t, int64(1), m[telemetry.MetricConnectionUp].(metricdata.Gauge[int64]).DataPoints[0].Value)
-	assert.Equal(t, int64(0), sumPoint(t, m[telemetry.MetricReconnects]))
+	assert.Equal(t, int64(1), m[otelnames.MetricConnectionUp].(metricdata.Gauge[int64]).DataPoints[0].Value)
+	assert.Equal(t, int64(0), sumPoint(t, m[otelnames.MetricReconnects]))
 	c.mu.Lock()
 	c.up, c.reconnects = false, 2
 	c.mu.Unlock()
 	m = e.collect(t)
-	assert.Equal(t, int64(0), m[telemetry.MetricConnectionUp].(metricdata.Gauge[int64]).DataPoints[0].Value)
-	assert.Equal(t, int64(2), sumPoint(t, m[telemetry.MetricReconnects], semconv.MessagingSystemKey.String("rabbitmq")))
+	assert.Equal(t, int64(0), m[otelnames.MetricConnectionUp].(metricdata.Gauge[int64]).DataPoints[0].Value)
+	assert.Equal(t, int64(2), sumPoint(t, m[otelnames.MetricReconnects], semconv.MessagingSystemKey.String("rabbitmq")))
 	_, err = e.in.RegisterConnection(nil)
 	require.Error(t, err)
 }

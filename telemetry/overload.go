@@ -4,28 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"go.opentelemetry.io/otel/attribute"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/metric"
-)
-
-// Metric instrument names of the overload protection.
-const (
-	// MetricHandlerPaused is 1 while a handler has stopped taking deliveries because its
-	// breaker is open (or half-open with its probes out), else 0.
-	MetricHandlerPaused = "sluice.handler.paused"
-	// MetricRetryBudgetRemaining is how many more retries a dependency's budget allows now.
-	MetricRetryBudgetRemaining = "sluice.retry.budget.remaining"
-	// MetricRetriesRefused counts retries the overload protection refused, by dependency and
-	// reason (budget, concurrency).
-	MetricRetriesRefused = "sluice.retry.refused"
-)
-
-// Metric attribute keys of the overload metrics.
-const (
-	// MetricAttrDependency is the dependency a retry budget or refusal is about.
-	MetricAttrDependency = attribute.Key("dependency")
-	// MetricAttrReason is why a retry was refused.
-	MetricAttrReason = attribute.Key("reason")
 )
 
 // OverloadMetrics records the overload protection's metrics (see the Metric* names above;
@@ -44,17 +24,17 @@ type OverloadMetrics struct {
 func (in *Instrumentation) NewOverloadMetrics(paused func() map[string]bool, budget func() map[string]float64) (*OverloadMetrics, error) {
 	m := &OverloadMetrics{}
 	var err error
-	if m.paused, err = in.meter.Int64ObservableGauge(MetricHandlerPaused,
+	if m.paused, err = in.meter.Int64ObservableGauge(otelnames.MetricHandlerPaused,
 		metric.WithDescription("1 while the handler takes no deliveries because its circuit breaker is open.")); err != nil {
-		return nil, fmt.Errorf("create gauge %s: %w", MetricHandlerPaused, err)
+		return nil, fmt.Errorf("create gauge %s: %w", otelnames.MetricHandlerPaused, err)
 	}
-	if m.budget, err = in.meter.Float64ObservableGauge(MetricRetryBudgetRemaining,
+	if m.budget, err = in.meter.Float64ObservableGauge(otelnames.MetricRetryBudgetRemaining,
 		metric.WithDescription("Retries the dependency's retry budget still allows in its window."), metric.WithUnit("{retry}")); err != nil {
-		return nil, fmt.Errorf("create gauge %s: %w", MetricRetryBudgetRemaining, err)
+		return nil, fmt.Errorf("create gauge %s: %w", otelnames.MetricRetryBudgetRemaining, err)
 	}
-	if m.refused, err = in.meter.Int64Counter(MetricRetriesRefused,
+	if m.refused, err = in.meter.Int64Counter(otelnames.MetricRetriesRefused,
 		metric.WithDescription("Retries refused by the retry budget or the concurrent-retry limit."), metric.WithUnit("{retry}")); err != nil {
-		return nil, fmt.Errorf("create counter %s: %w", MetricRetriesRefused, err)
+		return nil, fmt.Errorf("create counter %s: %w", otelnames.MetricRetriesRefused, err)
 	}
 	m.reg, err = in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		if paused != nil {
@@ -63,12 +43,12 @@ func (in *Instrumentation) NewOverloadMetrics(paused func() map[string]bool, bud
 				if p {
 					v = 1
 				}
-				o.ObserveInt64(m.paused, v, metric.WithAttributes(MetricAttrHandler.String(handler)))
+				o.ObserveInt64(m.paused, v, metric.WithAttributes(otelnames.MetricAttrHandler.String(handler)))
 			}
 		}
 		if budget != nil {
 			for dep, left := range budget() {
-				o.ObserveFloat64(m.budget, left, metric.WithAttributes(MetricAttrDependency.String(dep)))
+				o.ObserveFloat64(m.budget, left, metric.WithAttributes(otelnames.MetricAttrDependency.String(dep)))
 			}
 		}
 		return nil
@@ -82,7 +62,7 @@ func (in *Instrumentation) NewOverloadMetrics(paused func() map[string]bool, bud
 // RetryRefused counts one refused retry.
 func (m *OverloadMetrics) RetryRefused(ctx context.Context, dependency, queue, reason string) {
 	m.refused.Add(ctx, 1, metric.WithAttributes(
-		MetricAttrDependency.String(dependency), MetricAttrQueue.String(queue), MetricAttrReason.String(reason)))
+		otelnames.MetricAttrDependency.String(dependency), otelnames.MetricAttrQueue.String(queue), otelnames.MetricAttrReason.String(reason)))
 }
 
 // Close unregisters the gauges' callback.

@@ -10,12 +10,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// WrapPublisher returns pub traced by the Instrumentation that opts configure (Default
-// when there are none). See Instrumentation.WrapPublisher.
-func WrapPublisher(pub message.Publisher, opts ...Option) message.Publisher {
-	return instrumentation(opts).WrapPublisher(pub)
-}
-
 // WrapPublisher returns a publisher that starts a producer span "send <topic>" for every
 // message, injects the span's context into the message's traceparent and tracestate
 // headers, and ends the span with an error status if pub fails.

@@ -120,16 +120,3 @@ func TestWrapPublisher_Options(t *testing.T) {
 	assert.Equal(t, "memory", a[semconv.MessagingSystemKey].AsString())
 	assert.Equal(t, "rk.orders", a[semconv.MessagingRabbitMQDestinationRoutingKeyKey].AsString())
 }
-
-func TestWrapPublisher_PackageLevelUsesOptions(t *testing.T) {
-	e := newEnv(t)
-	pub := telemetry.WrapPublisher(&fakePublisher{}, telemetry.WithTracerProvider(e.tp))
-	ctx, caller := e.rootSpan("caller")
-	msg := message.NewMessage("id", nil)
-	msg.SetContext(ctx)
-	require.NoError(t, pub.Publish("q", msg))
-	caller.End()
-
-	assert.Equal(t, caller.SpanContext().SpanID(), e.ended(t, "send q").Parent().SpanID())
-	assert.NoError(t, pub.Close())
-}

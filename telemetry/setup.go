@@ -129,7 +129,7 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		return nil, fmt.Errorf("create prometheus exporter: %w", err)
 	}
 	p.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(reader))
-	if err := registerReady(p.MeterProvider.Meter(ScopeName), p.health); err != nil {
+	if err := registerReady(p.MeterProvider.Meter(scopeName), p.health); err != nil {
 		_ = p.TracerProvider.Shutdown(ctx)
 		_ = p.MeterProvider.Shutdown(ctx)
 		return nil, err

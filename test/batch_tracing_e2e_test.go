@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/router"
-	"github.com/sluice-go/sluice/telemetry/jaeger"
 )
 
 // In Jaeger, each message of a batch keeps its own trace (producer span, consumer span),

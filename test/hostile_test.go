@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -429,9 +430,9 @@ func hostileLimitCases(t *testing.T) []hostileCase {
 	// Headers that nearly fill RabbitMQ's default frame_max (131072): accepted on the way
 	// in, but every copy sluice publishes adds its own headers.
 	const nearFrameMaxPadding = 130_900
-	history := make([]sluice.HistoryEntry, 1000)
+	history := make([]failure.HistoryEntry, 1000)
 	for i := range history {
-		history[i] = sluice.HistoryEntry{At: time.Unix(1714557600, 0).UTC(), Attempt: i + 1, Type: "forged", Message: strings.Repeat("m", 50)}
+		history[i] = failure.HistoryEntry{At: time.Unix(1714557600, 0).UTC(), Attempt: i + 1, Type: "forged", Message: strings.Repeat("m", 50)}
 	}
 	forgedHistory, err := json.Marshal(history)
 	require.NoError(t, err)
@@ -458,8 +459,8 @@ func hostileLimitCases(t *testing.T) []hostileCase {
 			check: func(t *testing.T, res hostileResult) {
 				h := res.dlqMsg.Metadata.Get(sluice.HeaderRetryHistory)
 				assert.Less(t, len(h), 4096, "bounded history")
-				entries := sluice.History(res.dlqMsg.Metadata)
-				require.Len(t, entries, sluice.MaxHistoryEntries)
+				entries := failure.History(res.dlqMsg.Metadata)
+				require.Len(t, entries, failure.MaxHistoryEntries)
 				assert.Equal(t, "forged", entries[1].Type, "the newest forged entries are kept, oldest first")
 				for i, want := range []int{1, 2, 3} {
 					assert.Equal(t, want, entries[2+i].Attempt, "sluice's own attempts last")

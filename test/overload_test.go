@@ -19,6 +19,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -284,9 +285,9 @@ func outageScenario(t testing.TB, e *env, backlog int, outage, openTimeout time.
 	})
 	if !deferring {
 		require.Eventually(t, func() bool {
-			v, ok := metrics.value(telemetry.MetricHandlerPaused, "handler", "charge")
+			v, ok := metrics.value(otelnames.MetricHandlerPaused, "handler", "charge")
 			return ok && v == 1
-		}, outage, 10*time.Millisecond, "the pause shows in %s", telemetry.MetricHandlerPaused)
+		}, outage, 10*time.Millisecond, "the pause shows in %s", otelnames.MetricHandlerPaused)
 	}
 
 	require.Eventually(t, func() bool {
@@ -295,8 +296,8 @@ func outageScenario(t testing.TB, e *env, backlog int, outage, openTimeout time.
 	}, outage+3*time.Minute, 20*time.Millisecond, "every message is processed after recovery")
 	require.Eventually(t, func() bool { return e.count(t, q) == 0 }, 30*time.Second, 20*time.Millisecond)
 	if !deferring {
-		v, ok := metrics.value(telemetry.MetricHandlerPaused, "handler", "charge")
-		assert.True(t, ok && v == 0, "resumed: %s is %v", telemetry.MetricHandlerPaused, v)
+		v, ok := metrics.value(otelnames.MetricHandlerPaused, "handler", "charge")
+		assert.True(t, ok && v == 0, "resumed: %s is %v", otelnames.MetricHandlerPaused, v)
 	}
 	down, up, _, last := dep.stats()
 	run := outageRun{
@@ -505,10 +506,10 @@ func degradationScenario(t testing.TB, e *env, rate int, degraded time.Duration,
 	}, degraded+2*time.Minute, 20*time.Millisecond, "every message succeeds in the end")
 	require.Eventually(t, func() bool { return e.count(t, q) == 0 }, 30*time.Second, 20*time.Millisecond)
 	if withBudget {
-		v, _ := metrics.value(telemetry.MetricRetriesRefused, "dependency", "gateway")
-		assert.EqualValues(t, refused.Load(), v, "%s counts every refusal", telemetry.MetricRetriesRefused)
-		_, ok := metrics.value(telemetry.MetricRetryBudgetRemaining, "dependency", "gateway")
-		assert.True(t, ok, "%s reports the gateway's budget", telemetry.MetricRetryBudgetRemaining)
+		v, _ := metrics.value(otelnames.MetricRetriesRefused, "dependency", "gateway")
+		assert.EqualValues(t, refused.Load(), v, "%s counts every refusal", otelnames.MetricRetriesRefused)
+		_, ok := metrics.value(otelnames.MetricRetryBudgetRemaining, "dependency", "gateway")
+		assert.True(t, ok, "%s reports the gateway's budget", otelnames.MetricRetryBudgetRemaining)
 	}
 	degr, after, failures, _ := dep.stats()
 	share, first := dep.retryShare()

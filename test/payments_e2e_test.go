@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/testenv"
 )
 
@@ -227,7 +228,7 @@ func TestPaymentsEndToEnd(t *testing.T) {
 					_, err := time.Parse(time.RFC3339Nano, rec[k])
 					assert.NoError(t, err, "%s = %q", k, rec[k])
 				}
-				var history []sluice.HistoryEntry
+				var history []failure.HistoryEntry
 				require.NoError(t, json.Unmarshal([]byte(rec[sluice.HeaderRetryHistory]), &history))
 				assert.Len(t, history, len(tc.retries)*0+atoi(tc.retries)+1, "one history entry per attempt")
 				if tc.stack {

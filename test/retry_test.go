@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -63,7 +64,7 @@ func TestRetryFailsTwiceThenSucceeds(t *testing.T) {
 		assert.Equal(t, "msg-1", last.UUID)
 		assert.Equal(t, "2", last.Metadata.Get(sluice.HeaderRetryCount))
 		assert.Equal(t, queue, last.Metadata.Get(sluice.HeaderOriginalQueue))
-		assert.Len(t, sluice.History(last.Metadata), 2)
+		assert.Len(t, failure.History(last.Metadata), 2)
 		if e.rabbit != nil {
 			// The second trip through the cascade started from a copy without the first
 			// trip's x-death: RabbitMQ's records do not pile up from retry to retry.

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // Metadata keys that carry AMQP properties. The marshaler fills them on consume and turns
@@ -303,9 +304,9 @@ func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) 
 		names = append(names, previous)
 	}
 	for _, k := range dropped {
-		names = append(names, sluice.Truncate(k, maxDroppedName))
+		names = append(names, failure.Truncate(k, maxDroppedName))
 	}
-	pub.Headers[HeaderDroppedHeaders] = sluice.Truncate(strings.Join(names, ","), maxDroppedList)
+	pub.Headers[HeaderDroppedHeaders] = failure.Truncate(strings.Join(names, ","), maxDroppedList)
 }
 
 // sluiceHeaders are the headers sluice writes; Marshal drops them only after every other.
@@ -692,7 +693,7 @@ func tableValue(v any) any {
 		for _, k := range keys {
 			// A key JSON re-encoded (invalid UTF-8 becomes U+FFFD, three bytes) may no
 			// longer fit AMQP's short string; amqp091 would refuse the whole publish.
-			t[sluice.Truncate(k, maxShortstr)] = tableValue(x[k])
+			t[failure.Truncate(k, maxShortstr)] = tableValue(x[k])
 		}
 		return t
 	case []any:

@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/telemetry/jaeger"
+	"github.com/sluice-go/sluice/internal/jaeger"
 )
 
 // defaultConsoleAddr keeps the console on this machine unless told otherwise.

@@ -6,8 +6,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // groupSampleBytes is the width of the sample column of `dlq groups`.
@@ -47,7 +47,7 @@ sample, sample_id, count, first_failed_at and last_failed_at.`)
 	for _, g := range groups {
 		total += g.Count
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Count, orDash(g.Handler), orDash(g.ErrorType),
-			fmtTime(g.FirstFailedAt), fmtTime(g.LastFailedAt), orDash(sluice.Truncate(g.Sample, groupSampleBytes)))
+			fmtTime(g.FirstFailedAt), fmtTime(g.LastFailedAt), orDash(failure.Truncate(g.Sample, groupSampleBytes)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -20,7 +20,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -28,6 +27,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 // commands are sluice's subcommands. Adding one is one line here and a file beside.
@@ -142,28 +142,11 @@ func usageErrorf(format string, args ...any) error {
 
 func notFound(err error) error { return &codeError{code: exitNotFound, err: err} }
 
-// redact masks the URLs of AMQP_URL and their passwords in text, the last guard before
-// anything reaches the terminal.
+// redact masks the URLs of AMQP_URL and their passwords in text (internal/mask.Text), the
+// last guard before anything reaches the terminal.
 func redact(text, amqpURL string) string {
 	for _, u := range strings.Split(amqpURL, ",") {
-		u = strings.TrimSpace(u)
-		if u == "" {
-			continue
-		}
-		text = strings.ReplaceAll(text, u, amqp.MaskURL(u))
-		if pw := password(u); pw != "" {
-			text = strings.ReplaceAll(text, pw, "xxxxx")
-		}
+		text = mask.Text(text, strings.TrimSpace(u))
 	}
 	return text
-}
-
-// password returns the password in u, if any.
-func password(u string) string {
-	parsed, err := url.Parse(u)
-	if err != nil || parsed.User == nil {
-		return ""
-	}
-	pw, _ := parsed.User.Password()
-	return pw
 }

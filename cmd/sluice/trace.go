@@ -6,15 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
 
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
-	"github.com/sluice-go/sluice/telemetry/jaeger"
-	"github.com/sluice-go/sluice/telemetry/waterfall"
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/mask"
+	"github.com/sluice-go/sluice/internal/waterfall"
 )
 
 // defaultTraceService is the service searched when neither --service nor
@@ -213,19 +213,9 @@ func parseInterleaved(e *env, fs *flag.FlagSet, args []string) ([]string, error)
 	}
 }
 
-// redactURL masks the password of JAEGER_QUERY_URL (a proxy in front of Jaeger may want
-// one) wherever text shows it.
-func redactURL(text, raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return text
-	}
-	text = strings.ReplaceAll(text, raw, u.Redacted())
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		text = strings.ReplaceAll(text, pw, "xxxxx")
-	}
-	return text
-}
+// redactURL masks JAEGER_QUERY_URL (a proxy in front of Jaeger may want a password) and
+// its password wherever text shows them.
+func redactURL(text, raw string) string { return mask.Text(text, raw) }
 
 // redactErr is err with redactURL applied, keeping its exit code.
 func redactErr(err error, raw string) error {

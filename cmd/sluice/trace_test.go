@@ -20,7 +20,7 @@ import (
 )
 
 // traceTestdata holds traces recorded from Jaeger and their waterfalls.
-var traceTestdata = filepath.Join("..", "..", "telemetry", "waterfall", "testdata")
+var traceTestdata = filepath.Join("..", "..", "internal", "waterfall", "testdata")
 
 // fakeJaeger serves Jaeger's query API from the waterfall package's recorded traces:
 // /api/services, /api/traces/{id}, and /api/traces searched by messaging.message.id.

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	sluice "github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // Error types of the requests this handler refuses, as sluice.ErrorType reports them.
@@ -99,7 +100,7 @@ func invalid(field, value, problem string) error {
 }
 
 // quote renders a string value for an error message, bounded.
-func quote(s string) string { return strconv.Quote(sluice.Truncate(s, maxValueInError)) }
+func quote(s string) string { return strconv.Quote(failure.Truncate(s, maxValueInError)) }
 
 // Decode parses and validates a payment request. Any error it returns is permanent
 // (sluice.Permanent) and carries a *DecodeError when body is not a JSON object, or a
@@ -159,7 +160,7 @@ func stringField(fields map[string]json.RawMessage, name string) (string, error)
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", invalid(name, sluice.Truncate(string(raw), maxValueInError), "must be a JSON string")
+		return "", invalid(name, failure.Truncate(string(raw), maxValueInError), "must be a JSON string")
 	}
 	return s, nil
 }
@@ -169,7 +170,7 @@ func amountField(fields map[string]json.RawMessage) (int64, error) {
 	if raw == nil {
 		return 0, invalid(fieldAmountCents, "", "is missing")
 	}
-	shown := sluice.Truncate(string(raw), maxValueInError)
+	shown := failure.Truncate(string(raw), maxValueInError)
 	switch raw[0] {
 	case '"':
 		return 0, invalid(fieldAmountCents, shown, "must be a JSON integer number of cents, not a string")

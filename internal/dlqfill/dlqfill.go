@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -74,7 +75,7 @@ func (r *Recorder) Publishing(tb testing.TB, f Failure) amqp091.Publishing {
 	rec := r.p.Record(msg, r.queue, f.Err)
 	rec.Metadata.Set(sluice.HeaderHandler, f.Handler)
 	if !f.At.IsZero() {
-		rec.Metadata.Set(sluice.HeaderFailedAt, sluice.FormatTime(f.At))
+		rec.Metadata.Set(sluice.HeaderFailedAt, failure.FormatTime(f.At))
 	}
 	for k, v := range f.Override {
 		rec.Metadata.Set(k, v)

@@ -1,6 +1,6 @@
 // Package steptest runs one sluice step the way the stack does: inside a real Watermill
 // router (over gochannel), which puts the queue and handler name in the message context,
-// with a sluice.Reporter in the context as the telemetry step puts it. The step packages'
+// with a report.Reporter in the context as the telemetry step puts it. The step packages'
 // unit tests share it.
 package steptest
 
@@ -12,9 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/stretchr/testify/require"
-
-	"github.com/sluice-go/sluice"
 )
 
 // Message is the message sent through the step and where it comes from.
@@ -32,7 +31,7 @@ type Result struct {
 	Out    []*message.Message
 	Err    error
 	// Report is what the step reported for the attempt, if Reported.
-	Report   sluice.Report
+	Report   report.Report
 	Reported bool
 }
 
@@ -48,9 +47,9 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 	results := make(chan Result, 1)
 	step := mw(h)
 	router.AddConsumerHandler(in.Handler, in.Queue, pubSub, func(msg *message.Message) error {
-		rep := &sluice.Reporter{}
-		msg.SetContext(sluice.WithReporter(msg.Context(), rep))
-		res := Result{Msg: msg, Before: sluice.CopyMessage(msg).Metadata}
+		rep := &report.Reporter{}
+		msg.SetContext(report.WithReporter(msg.Context(), rep))
+		res := Result{Msg: msg, Before: msg.CopyWithContext().Metadata}
 		res.Out, res.Err = step(msg)
 		res.Report, res.Reported = rep.Get()
 		results <- res

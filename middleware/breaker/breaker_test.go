@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -201,8 +202,8 @@ func TestBreaker_OpenDefers(t *testing.T) {
 
 			afters := map[time.Duration]bool{}
 			for i := range 30 {
-				rep := &sluice.Reporter{}
-				ctx := sluice.WithReporter(context.Background(), rep)
+				rep := &report.Reporter{}
+				ctx := report.WithReporter(context.Background(), rep)
 				callStart := time.Now()
 				msgs, err := h(newMsg(ctx))
 				callEnd := time.Now()
@@ -224,7 +225,7 @@ func TestBreaker_OpenDefers(t *testing.T) {
 
 				got, ok := rep.Get()
 				require.True(t, ok, "deferral must be reported")
-				assert.Equal(t, sluice.OutcomeDeferred, got.Outcome)
+				assert.Equal(t, report.OutcomeDeferred, got.Outcome)
 				assert.Equal(t, de.After, got.Delay)
 				assert.ErrorIs(t, got.Err, breaker.ErrOpen)
 			}
@@ -413,8 +414,8 @@ func TestBreaker_Fallback(t *testing.T) {
 			trip(t, reg, "dep", h, dep, 1)
 			require.Zero(t, calls, "fallback is not for failures the breaker let through")
 
-			rep := &sluice.Reporter{}
-			msg := newMsg(sluice.WithReporter(context.Background(), rep))
+			rep := &report.Reporter{}
+			msg := newMsg(report.WithReporter(context.Background(), rep))
 			msgs, err := h(msg)
 
 			assert.Equal(t, tt.wantMsgs, msgs)

@@ -24,7 +24,7 @@
 //
 // Deferral still moves every message of a backlog through the delay cascade once per open
 // timeout. Breaker.ReturningMiddleware is the other way, which the router uses by default:
-// a rejected message goes back to its queue unacked (a sluice.HandoffError wrapping ErrOpen)
+// a rejected message goes back to its queue unacked (a hand-off error wrapping ErrOpen)
 // and the caller's hook stops the handler's consumer, so the backlog waits in the queue.
 // Breaker.Watch tells the caller when to resume (half-open: with Probes deliveries; closed:
 // fully), and Breaker.OpenRemaining when to look again, since an open breaker turns half-open
@@ -63,6 +63,6 @@
 // State changes are logged, passed to Config.OnStateChange and recorded as span events
 // ("breaker.open", "breaker.half_open", "breaker.closed") on the span of an attempt that saw
 // the change; a deferral is recorded as a "breaker.deferred" span event and reported with
-// sluice.ReportOutcome as sluice.OutcomeDeferred. Registry.State and Registry.States expose
+// outcome "deferred". Registry.State and Registry.States expose
 // the states for metrics. The package starts no goroutines.
 package breaker

@@ -12,6 +12,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // rejecter handles a call the breaker did not let through; verdict is gobreaker's
@@ -77,7 +79,7 @@ func (b *Breaker) Probes() int { return b.cfg.HalfOpenProbes }
 // ReturningMiddleware guards h like Middleware, except that a call the breaker rejects is
 // neither deferred nor handed to Config.Fallback: onReturn is called with the breaker's
 // state (so its caller can stop consuming) and the message goes back to its queue
-// unacked, as a sluice.HandoffError wrapping ErrOpen, without using an attempt. It is the
+// unacked, as a hand-off error wrapping ErrOpen, without using an attempt. It is the
 // breaker step of a handler that pauses while its breaker is open.
 func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddleware {
 	reject := func(ctx context.Context, msg *message.Message, verdict error) ([]*message.Message, error) {
@@ -93,13 +95,13 @@ func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddl
 			attrName.String(b.name),
 			attrState.String(state.String()),
 		))
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: reason})
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: reason})
 		b.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "circuit breaker rejected call; message returned to its queue",
 			slog.String("breaker", b.name),
 			slog.String("state", state.String()),
 			slog.String("message_uuid", msg.UUID),
 		)
-		return nil, sluice.Handoff(reason)
+		return nil, failure.Handoff(reason)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {

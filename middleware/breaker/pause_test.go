@@ -12,7 +12,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -53,8 +54,8 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
 	spanCtx, span := tp.Tracer("test").Start(context.Background(), "attempt")
-	rep := &sluice.Reporter{}
-	msgs, err := h(newMsg(sluice.WithReporter(spanCtx, rep)))
+	rep := &report.Reporter{}
+	msgs, err := h(newMsg(report.WithReporter(spanCtx, rep)))
 	span.End()
 	require.Len(t, rec.Ended(), 1)
 	require.NotEmpty(t, rec.Ended()[0].Events())
@@ -62,11 +63,11 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	assert.Equal(t, "breaker.returned", ev.Name)
 	assert.Contains(t, ev.Attributes, attribute.String("breaker.state", "open"))
 	assert.Nil(t, msgs)
-	assert.True(t, sluice.IsHandoff(err), "the message goes back to its queue: %v", err)
+	assert.True(t, failure.IsHandoff(err), "the message goes back to its queue: %v", err)
 	assert.ErrorIs(t, err, breaker.ErrOpen)
 	got, ok := rep.Get()
 	require.True(t, ok)
-	assert.Equal(t, sluice.OutcomeNack, got.Outcome)
+	assert.Equal(t, report.OutcomeNack, got.Outcome)
 	assert.EqualValues(t, 1, dep.calls.Load(), "the rejected call never reached the dependency")
 
 	require.Eventually(t, func() bool { return b.State() == breaker.StateHalfOpen }, time.Second, 5*time.Millisecond)

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // ErrInFlight is the reason of the sluice.DeferError returned for a duplicate whose key is
@@ -135,7 +137,7 @@ func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // the message id, scoped by the handler name in the message context (so two handlers that
 // consume copies of one event each process it). Then:
 //   - a key done within its TTL: the message is acknowledged without calling the handler,
-//     counted, passed to Config.OnDuplicate and reported as sluice.OutcomeDuplicate;
+//     counted, passed to Config.OnDuplicate and reported as report.OutcomeDuplicate;
 //   - a key in flight: sluice.Defer(InFlightDeferral or the rest of the lease, ErrInFlight),
 //     never a wait in-process;
 //   - otherwise the handler runs holding the key, released on any error or panic so that
@@ -178,8 +180,8 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			if span := trace.SpanFromContext(ctx); span.IsRecording() {
 				span.AddEvent(EventDuplicate, trace.WithAttributes(keyAttrs(key, source)...))
 			}
-			sluice.ReportOutcome(ctx, sluice.Report{
-				Outcome: sluice.OutcomeDuplicate,
+			report.ReportOutcome(ctx, report.Report{
+				Outcome: report.OutcomeDuplicate,
 				Attempt: sluice.RetryCount(msg.Metadata) + 1,
 			})
 			return nil, nil
@@ -245,7 +247,7 @@ func scopedDigest(scope, source, key string) digest {
 
 func keyAttrs(key, source string) []attribute.KeyValue {
 	return []attribute.KeyValue{
-		attribute.String("idempotency.key", sluice.Truncate(key, maxKeyAttr)),
+		attribute.String("idempotency.key", failure.Truncate(key, maxKeyAttr)),
 		attribute.String("idempotency.key_source", source),
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 )
 
@@ -52,14 +53,14 @@ func newGuard(t *testing.T, cfg idempotency.Config) *idempotency.Guard {
 }
 
 // traced puts a recording span and a Reporter into msg's context, as the tracing step does.
-func traced(t *testing.T, msg *message.Message) (*tracetest.SpanRecorder, *sluice.Reporter, func()) {
+func traced(t *testing.T, msg *message.Message) (*tracetest.SpanRecorder, *report.Reporter, func()) {
 	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	ctx, span := tp.Tracer("test").Start(context.Background(), "consume")
-	rep := &sluice.Reporter{}
-	msg.SetContext(sluice.WithReporter(ctx, rep))
+	rep := &report.Reporter{}
+	msg.SetContext(report.WithReporter(ctx, rep))
 	return rec, rep, func() { span.End() }
 }
 
@@ -130,9 +131,9 @@ func TestMiddleware_DuplicateOfDoneKeyIsAcked(t *testing.T) {
 			assert.Equal(t, uint64(1), g.Stats().Hits)
 			assert.Equal(t, []dup{{tt.second, tt.wantKey}}, dups)
 
-			report, ok := rep.Get()
+			got, ok := rep.Get()
 			require.True(t, ok, "outcome reported")
-			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDuplicate, Attempt: 3}, report)
+			assert.Equal(t, report.Report{Outcome: report.OutcomeDuplicate, Attempt: 3}, got)
 
 			attrs := eventAttrs(t, rec, idempotency.EventDuplicate)
 			assert.Equal(t, tt.wantKey, attrs["idempotency.key"].AsString())

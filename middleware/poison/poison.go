@@ -13,7 +13,7 @@
 //	x-original-queue, x-handler, x-retry-count, x-retry-history (this failure included),
 //	x-first-failure-time, x-last-failure-time, x-failed-at, x-failed-host, x-failed-pid.
 //
-// If the dead-letter publish fails, the step returns a sluice.HandoffError: the original is
+// If the dead-letter publish fails, the step returns a hand-off error: the original is
 // nacked and redelivered later, never lost, and the subscriber backs off between nacks so
 // the consumer does not spin. Discard errors are acked and logged at warn level, no copy.
 package poison
@@ -30,7 +30,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // MaxStackBytes is the size a panic's stack is truncated to in the record.
@@ -99,13 +101,13 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		ctx := msg.Context()
 		out, err := h(msg)
 		msg.SetContext(ctx)
-		if err == nil || sluice.IsHandoff(err) {
+		if err == nil || failure.IsHandoff(err) {
 			return out, err
 		}
 		queue := message.SubscribeTopicFromCtx(ctx)
 		if sluice.IsDiscard(err) {
 			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", sluice.ErrorMessage(err))
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
 			return nil, nil
 		}
 		record := p.Record(msg, queue, err)
@@ -115,11 +117,11 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if derr := p.cfg.DeadLetterer.DeadLetter(hctx, queue, record); derr != nil {
 			derr = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, queue, derr)
 			p.cfg.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", queue, "message_id", msg.UUID, "error", derr)
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})
-			return nil, sluice.Handoff(derr)
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})
+			return nil, failure.Handoff(derr)
 		}
 		retries := sluice.RetryCount(msg.Metadata)
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
 		// Debug: the telemetry step writes the operator's line at info, rate-limited, so a
 		// DLQ storm cannot flood the log.
 		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,
@@ -135,15 +137,15 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // the failure record added.
 func (p *Poison) Record(msg *message.Message, queue string, err error) *message.Message {
 	now := p.cfg.Now()
-	rec := sluice.CopyMessage(msg)
+	rec := msg.CopyWithContext()
 	md := rec.Metadata
 	retries := sluice.RetryCount(msg.Metadata)
 	errType := sluice.ErrorType(err)
 	md.Set(sluice.HeaderErrorType, errType)
 	md.Set(sluice.HeaderErrorClass, sluice.ClassOf(err).String())
-	md.Set(sluice.HeaderErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
+	md.Set(sluice.HeaderErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
 	if stack, ok := sluice.PanicStack(err); ok {
-		md.Set(sluice.HeaderErrorStack, sluice.Truncate(stack, MaxStackBytes))
+		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, MaxStackBytes))
 	} else {
 		delete(md, sluice.HeaderErrorStack)
 	}
@@ -152,16 +154,16 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	}
 	md.Set(sluice.HeaderHandler, message.HandlerNameFromCtx(msg.Context()))
 	md.Set(sluice.HeaderRetryCount, strconv.Itoa(retries))
-	if _, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); !ok {
-		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(now))
+	if _, ok := failure.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); !ok {
+		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(now))
 	}
-	md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
+	md.Set(sluice.HeaderLastFailureTime, failure.FormatTime(now))
 	md.Set(sluice.HeaderLastError, errType)
-	md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
-	md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
+	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
+	md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(msg.Metadata, failure.HistoryEntry{
 		At: now.UTC(), Attempt: retries + 1, Type: errType, Message: sluice.ErrorMessage(err),
 	}))
-	md.Set(sluice.HeaderFailedAt, sluice.FormatTime(now))
+	md.Set(sluice.HeaderFailedAt, failure.FormatTime(now))
 	md.Set(sluice.HeaderFailedHost, p.cfg.Host)
 	md.Set(sluice.HeaderFailedPID, p.pid)
 	return rec

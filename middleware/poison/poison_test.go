@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -89,7 +91,7 @@ type result struct {
 	before   message.Metadata // its metadata before the step ran
 	out      []*message.Message
 	err      error
-	report   sluice.Report
+	report   report.Report
 	reported bool
 }
 
@@ -131,7 +133,7 @@ func chargeWithNilMap() {
 	m["p-1"] = 1
 }
 
-func attempts(entries []sluice.HistoryEntry) []int {
+func attempts(entries []failure.HistoryEntry) []int {
 	out := make([]int, len(entries))
 	for i, e := range entries {
 		out[i] = e.Attempt
@@ -143,7 +145,7 @@ func attempts(entries []sluice.HistoryEntry) []int {
 func earlierHistory(n int) string {
 	md := message.Metadata{}
 	for i := 1; i <= n; i++ {
-		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(md, sluice.HistoryEntry{
+		md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(md, failure.HistoryEntry{
 			At: now.Add(time.Duration(i-n-1) * time.Minute), Attempt: i, Type: "card_declined", Message: "earlier",
 		}))
 	}
@@ -160,7 +162,7 @@ func TestNew(t *testing.T) {
 	require.NoError(t, herr)
 	rec := p.Record(message.NewMessage("id", nil), queueName, errDeclined)
 	assert.Equal(t, hostname, rec.Metadata.Get(sluice.HeaderFailedHost), "an empty Host means os.Hostname()")
-	failedAt, ok := sluice.Time(rec.Metadata, sluice.HeaderFailedAt, time.Now())
+	failedAt, ok := failure.Time(rec.Metadata, sluice.HeaderFailedAt, time.Now())
 	require.True(t, ok, "x-failed-at %q", rec.Metadata.Get(sluice.HeaderFailedAt))
 	assert.WithinDuration(t, time.Now(), failedAt, time.Minute, "a nil Now means time.Now")
 }
@@ -190,7 +192,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			name: "exhausted after retries keeps what the retries recorded",
 			md: message.Metadata{
 				sluice.HeaderRetryCount:       "3",
-				sluice.HeaderFirstFailureTime: sluice.FormatTime(earlier),
+				sluice.HeaderFirstFailureTime: failure.FormatTime(earlier),
 				sluice.HeaderOriginalQueue:    "payments.p2",
 				sluice.HeaderRetryHistory:     earlierHistory(3),
 			},
@@ -216,7 +218,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			name:     "long message is truncated",
 			md:       message.Metadata{},
 			err:      sluice.Permanent(errors.New(longMsg)),
-			wantType: "error", wantClass: "permanent", wantMsg: sluice.Truncate("permanent: "+longMsg, sluice.MaxErrorMessageBytes),
+			wantType: "error", wantClass: "permanent", wantMsg: failure.Truncate("permanent: "+longMsg, failure.MaxErrorMessageBytes),
 			wantCount: "0", wantFirst: now, wantOrigin: queueName, wantHistory: []int{1},
 		},
 	}
@@ -243,23 +245,23 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			assert.Equal(t, tt.wantType, md.Get(sluice.HeaderErrorType))
 			assert.Equal(t, tt.wantClass, md.Get(sluice.HeaderErrorClass))
 			assert.Equal(t, tt.wantMsg, md.Get(sluice.HeaderErrorMessage))
-			assert.LessOrEqual(t, len(md.Get(sluice.HeaderErrorMessage)), sluice.MaxErrorMessageBytes)
+			assert.LessOrEqual(t, len(md.Get(sluice.HeaderErrorMessage)), failure.MaxErrorMessageBytes)
 			assert.NotContains(t, md, sluice.HeaderErrorStack, "no stack for an error that is not a panic")
 			assert.Equal(t, tt.wantOrigin, md.Get(sluice.HeaderOriginalQueue))
 			assert.Equal(t, handlerName, md.Get(sluice.HeaderHandler))
 			assert.Equal(t, tt.wantCount, md.Get(sluice.HeaderRetryCount))
-			assert.Equal(t, sluice.FormatTime(tt.wantFirst), md.Get(sluice.HeaderFirstFailureTime))
-			assert.Equal(t, sluice.FormatTime(now), md.Get(sluice.HeaderLastFailureTime))
-			assert.Equal(t, sluice.FormatTime(now), md.Get(sluice.HeaderFailedAt))
+			assert.Equal(t, failure.FormatTime(tt.wantFirst), md.Get(sluice.HeaderFirstFailureTime))
+			assert.Equal(t, failure.FormatTime(now), md.Get(sluice.HeaderLastFailureTime))
+			assert.Equal(t, failure.FormatTime(now), md.Get(sluice.HeaderFailedAt))
 			assert.Equal(t, host, md.Get(sluice.HeaderFailedHost))
 			assert.Equal(t, strconv.Itoa(os.Getpid()), md.Get(sluice.HeaderFailedPID))
-			history := sluice.History(md)
+			history := failure.History(md)
 			assert.Equal(t, tt.wantHistory, attempts(history))
 			if assert.NotEmpty(t, history) {
 				last := history[len(history)-1]
 				assert.True(t, now.Equal(last.At))
 				assert.Equal(t, tt.wantType, last.Type)
-				assert.Equal(t, sluice.Truncate(tt.err.Error(), sluice.MaxHistoryMessageBytes), last.Message)
+				assert.Equal(t, failure.Truncate(tt.err.Error(), failure.MaxHistoryMessageBytes), last.Message)
 			}
 			assert.Equal(t, "t-1", md.Get("tenant"), "other metadata is kept")
 			assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", md.Get(sluice.HeaderTraceParent))
@@ -268,7 +270,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 
 			retries := sluice.RetryCount(res.msg.Metadata)
 			require.True(t, res.reported)
-			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
+			assert.Equal(t, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
 			assert.Equal(t, []poison.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, ErrorType: tt.wantType, Retries: retries, Err: tt.err,
 			}}, events.All())
@@ -298,9 +300,9 @@ func TestMiddleware_PanicRecord(t *testing.T) {
 			const want = "panic: assignment to entry in nil map"
 			assert.Equal(t, want, md.Get(sluice.HeaderErrorMessage))
 			assert.Equal(t, want, md.Get(sluice.HeaderLastErrorMessage))
-			history := sluice.History(md)
+			history := failure.History(md)
 			require.Len(t, history, 1)
-			assert.Equal(t, sluice.HistoryEntry{At: now, Attempt: 1, Type: "panic", Message: want}, history[0])
+			assert.Equal(t, failure.HistoryEntry{At: now, Attempt: 1, Type: "panic", Message: want}, history[0])
 			for k, v := range md {
 				if k != sluice.HeaderErrorStack {
 					assert.NotContains(t, v, "goroutine", "the stack is only in x-error-stack, not in %s", k)
@@ -359,14 +361,14 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 	herr := sluice.Permanent(errDeclined)
 	res := run(t, p.Middleware, failing(herr), message.Metadata{sluice.HeaderRetryCount: "2"})
 	require.Error(t, res.err)
-	assert.True(t, sluice.IsHandoff(res.err), "the original must be nacked, got %v", res.err)
+	assert.True(t, failure.IsHandoff(res.err), "the original must be nacked, got %v", res.err)
 	assert.ErrorIs(t, res.err, errBroker)
 	assert.Contains(t, res.err.Error(), res.msg.UUID)
 	assert.Contains(t, res.err.Error(), strconv.Quote(queueName))
 	assert.Len(t, dl.Calls(), 1)
 	assert.Empty(t, events.All(), "OnDeadLetter is for confirmed dead letters")
 	require.True(t, res.reported)
-	assert.Equal(t, sluice.OutcomeNack, res.report.Outcome)
+	assert.Equal(t, report.OutcomeNack, res.report.Outcome)
 	assert.Equal(t, 3, res.report.Attempt)
 	assert.ErrorIs(t, res.report.Err, errBroker)
 	assert.Equal(t, res.before, res.msg.Metadata)
@@ -375,18 +377,18 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 func TestMiddleware_NotDeadLettered(t *testing.T) {
 	discard := sluice.Discard(errDeclined)
 	wrappedDiscard := fmt.Errorf("refund: %w", sluice.Discard(errDeclined))
-	handoff := sluice.Handoff(errBroker)
+	handoff := failure.Handoff(errBroker)
 	outputs := []*message.Message{message.NewMessage("out-1", []byte("x"))}
 	tests := []struct {
 		name       string
 		h          message.HandlerFunc
 		wantOut    []*message.Message
 		wantErr    error // returned as is; nil: acked
-		wantReport *sluice.Report
+		wantReport *report.Report
 	}{
 		{name: "success", h: func(*message.Message) ([]*message.Message, error) { return outputs, nil }, wantOut: outputs},
-		{name: "Discard", h: failing(discard), wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 1, Err: discard}},
-		{name: "Discard wrapped", h: failing(wrappedDiscard), wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 1, Err: wrappedDiscard}},
+		{name: "Discard", h: failing(discard), wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 1, Err: discard}},
+		{name: "Discard wrapped", h: failing(wrappedDiscard), wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 1, Err: wrappedDiscard}},
 		{name: "hand-off failure from below", h: failing(handoff), wantErr: handoff},
 	}
 	for _, tt := range tests {

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // A message deferred past MaxTotalAge is dead-lettered as "deferral_expired", not as its
@@ -16,7 +17,7 @@ func TestMiddleware_DeferralExpiredHasItsOwnType(t *testing.T) {
 	cfg := testPolicy()
 	cfg.MaxTotalAge = time.Minute
 	r, _, _ := newStep(t, cfg, nil)
-	md := map[string]string{sluice.HeaderFirstDeferTime: sluice.FormatTime(now.Add(-time.Hour))}
+	md := map[string]string{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-time.Hour))}
 	res := run(t, r.Middleware, failing(sluice.Defer(time.Second, errBoom)), md)
 	require.Error(t, res.err)
 	assert.True(t, sluice.IsPermanent(res.err))

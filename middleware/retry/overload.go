@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -52,7 +53,7 @@ func (r *Retry) call(h message.HandlerFunc, msg *message.Message) ([]*message.Me
 		c.attempts = 1
 	case sluice.ClassRetryable:
 		// A failed hand-off or a shutdown says nothing about the dependency.
-		if !sluice.IsHandoff(err) && ctx.Err() == nil {
+		if !failure.IsHandoff(err) && ctx.Err() == nil {
 			c.attempts, c.failures = 1, 1
 		}
 	}

@@ -16,7 +16,7 @@
 //     older than MaxTotalAge, then returned (as Permanent ErrDeferralExpired) for the poison
 //     step.
 //
-// A failed hand-off returns a sluice.HandoffError: the original is nacked and redelivered,
+// A failed hand-off returns a hand-off error: the original is nacked and redelivered,
 // never lost, never dead-lettered.
 package retry
 
@@ -32,7 +32,9 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/report"
 )
 
 // Errors the step returns for the poison step.
@@ -185,7 +187,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		ctx := msg.Context()
 		out, err := r.call(h, msg) // overload.go: budget, concurrency limit, load
 		msg.SetContext(ctx)
-		if err == nil || sluice.IsHandoff(err) {
+		if err == nil || failure.IsHandoff(err) {
 			return out, err
 		}
 		queue := message.SubscribeTopicFromCtx(ctx)
@@ -194,8 +196,8 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			// an artifact of it, so the message goes back unacked without using an attempt.
 			// A deadline (a timeout middleware outside this step) is the handler failing.
 			herr := fmt.Errorf("consumer shutting down while message %s was handled: %w", msg.UUID, err)
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: herr})
-			return nil, sluice.Handoff(herr)
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: herr})
+			return nil, failure.Handoff(herr)
 		}
 		hctx, cancel := lifecycle.HandoffContext(ctx)
 		defer cancel()
@@ -211,13 +213,13 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		case sluice.ClassDiscard:
 			r.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "error", sluice.ErrorMessage(err))
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: attempt, Err: err})
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDiscard, Attempt: attempt, Err: err})
 			return nil, nil
 		case sluice.ClassDefer:
 			return nil, r.deferMessage(hctx, msg, queue, now, attempt, err)
 		}
 
-		first, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now)
+		first, ok := failure.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now)
 		if !ok {
 			first = now
 		}
@@ -241,25 +243,25 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		errType := sluice.ErrorType(err)
 
-		retryCopy := sluice.CopyMessage(msg)
+		retryCopy := msg.CopyWithContext()
 		md := retryCopy.Metadata
 		md.Set(sluice.HeaderRetryCount, strconv.Itoa(count+1))
-		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(first))
-		md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
+		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(first))
+		md.Set(sluice.HeaderLastFailureTime, failure.FormatTime(now))
 		md.Set(sluice.HeaderLastError, errType)
-		md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
+		md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
 		if md.Get(sluice.HeaderOriginalQueue) == "" {
 			md.Set(sluice.HeaderOriginalQueue, queue)
 		}
-		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
+		md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(msg.Metadata, failure.HistoryEntry{
 			At: now.UTC(), Attempt: attempt, Type: errType, Message: sluice.ErrorMessage(err),
 		}))
 		if herr := r.cfg.Delayer.Delay(hctx, queue, delay, retryCopy); herr != nil {
 			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: herr})
-			return nil, sluice.Handoff(herr)
+			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})
+			return nil, failure.Handoff(herr)
 		}
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeRetry, Delay: delay, Attempt: attempt, Err: err})
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeRetry, Delay: delay, Attempt: attempt, Err: err})
 		r.cfg.Logger.Debug("message handed to broker for retry", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "delay", delay, "error", sluice.ErrorMessage(err))
 		if r.cfg.OnRetry != nil {
 			r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Err: err})
@@ -271,11 +273,11 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue string, now time.Time, attempt int, err error) error {
 	var de *sluice.DeferError
 	errors.As(err, &de)
-	since, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstDeferTime, now)
+	since, ok := failure.Time(msg.Metadata, sluice.HeaderFirstDeferTime, now)
 	if !ok {
 		since = now
 	}
-	if first, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); ok && first.Before(since) {
+	if first, ok := failure.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); ok && first.Before(since) {
 		since = first
 	}
 	if age := now.Sub(since); age > r.cfg.MaxTotalAge {
@@ -283,23 +285,23 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	}
 	// Capped like a RetryAfter: the broker cannot hold a message forever either.
 	delay := min(max(de.After, 0), r.cfg.MaxRetryAfter)
-	deferred := sluice.CopyMessage(msg)
+	deferred := msg.CopyWithContext()
 	md := deferred.Metadata
 	defers, _ := strconv.Atoi(msg.Metadata.Get(sluice.HeaderDeferCount))
 	// The header is untrusted: a huge value must not wrap around to a negative count.
 	md.Set(sluice.HeaderDeferCount, strconv.Itoa(min(max(defers, 0), sluice.MaxRetryCountHeader)+1))
-	if _, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstDeferTime, now); !ok {
-		md.Set(sluice.HeaderFirstDeferTime, sluice.FormatTime(now))
+	if _, ok := failure.Time(msg.Metadata, sluice.HeaderFirstDeferTime, now); !ok {
+		md.Set(sluice.HeaderFirstDeferTime, failure.FormatTime(now))
 	}
 	if md.Get(sluice.HeaderOriginalQueue) == "" {
 		md.Set(sluice.HeaderOriginalQueue, queue)
 	}
 	if herr := r.cfg.Delayer.Delay(ctx, queue, delay, deferred); herr != nil {
 		herr = fmt.Errorf("deferral hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
-		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: herr})
-		return sluice.Handoff(herr)
+		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})
+		return failure.Handoff(herr)
 	}
-	sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeferred, Delay: delay, Attempt: attempt, Err: err})
+	report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeferred, Delay: delay, Attempt: attempt, Err: err})
 	if r.cfg.OnRetry != nil {
 		r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Deferred: true, Err: err})
 	}

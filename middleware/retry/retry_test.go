@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -97,7 +99,7 @@ type result struct {
 	before   message.Metadata // its metadata before the step ran
 	out      []*message.Message
 	err      error
-	report   sluice.Report
+	report   report.Report
 	reported bool
 }
 
@@ -118,14 +120,14 @@ func failing(err error) message.HandlerFunc {
 func historyOf(n int) string {
 	var md message.Metadata = message.Metadata{}
 	for i := 1; i <= n; i++ {
-		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(md, sluice.HistoryEntry{
+		md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(md, failure.HistoryEntry{
 			At: now.Add(time.Duration(i-n-1) * time.Minute), Attempt: i, Type: "error", Message: "earlier failure",
 		}))
 	}
 	return md.Get(sluice.HeaderRetryHistory)
 }
 
-func attempts(entries []sluice.HistoryEntry) []int {
+func attempts(entries []failure.HistoryEntry) []int {
 	out := make([]int, len(entries))
 	for i, e := range entries {
 		out[i] = e.Attempt
@@ -323,7 +325,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			name: "third failure keeps first failure time and original queue",
 			md: message.Metadata{
 				sluice.HeaderRetryCount:       "2",
-				sluice.HeaderFirstFailureTime: sluice.FormatTime(earlier),
+				sluice.HeaderFirstFailureTime: failure.FormatTime(earlier),
 				sluice.HeaderOriginalQueue:    "orders.p3",
 				sluice.HeaderRetryHistory:     historyOf(2),
 			},
@@ -338,7 +340,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 		},
 		{
 			name:      "future first failure time is replaced",
-			md:        message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: sluice.FormatTime(now.Add(time.Hour))},
+			md:        message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(time.Hour))},
 			wantCount: "2", wantDelay: 200 * time.Millisecond, wantFirst: now,
 			wantOrigin: queueName, wantHistory: []int{2}, wantAttempt: 2,
 		},
@@ -413,12 +415,12 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			assert.Equal(t, []byte(`{"order":"o-1"}`), []byte(c.Payload))
 			md := c.Metadata
 			assert.Equal(t, tt.wantCount, md.Get(sluice.HeaderRetryCount))
-			assert.Equal(t, sluice.FormatTime(tt.wantFirst), md.Get(sluice.HeaderFirstFailureTime))
-			assert.Equal(t, sluice.FormatTime(now), md.Get(sluice.HeaderLastFailureTime))
+			assert.Equal(t, failure.FormatTime(tt.wantFirst), md.Get(sluice.HeaderFirstFailureTime))
+			assert.Equal(t, failure.FormatTime(now), md.Get(sluice.HeaderLastFailureTime))
 			assert.Equal(t, "gateway_timeout", md.Get(sluice.HeaderLastError))
 			assert.Equal(t, "charge order: gateway did not answer", md.Get(sluice.HeaderLastErrorMessage))
 			assert.Equal(t, tt.wantOrigin, md.Get(sluice.HeaderOriginalQueue))
-			history := sluice.History(md)
+			history := failure.History(md)
 			assert.Equal(t, tt.wantHistory, attempts(history))
 			if assert.NotEmpty(t, history) {
 				last := history[len(history)-1]
@@ -433,7 +435,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 
 			assert.True(t, res.reported)
-			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeRetry, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: herr}, res.report)
+			assert.Equal(t, report.Report{Outcome: report.OutcomeRetry, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: herr}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Err: herr,
 			}}, events.All())
@@ -442,7 +444,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 }
 
 func TestMiddleware_LastErrorHeaders(t *testing.T) {
-	long := strings.Repeat("é", sluice.MaxErrorMessageBytes) // twice the limit in bytes
+	long := strings.Repeat("é", failure.MaxErrorMessageBytes) // twice the limit in bytes
 	tests := []struct {
 		name     string
 		err      error
@@ -455,7 +457,7 @@ func TestMiddleware_LastErrorHeaders(t *testing.T) {
 		{"panic is its value", recoveredPanic(), "panic", "panic: card store is nil"},
 		{"untyped error names its Go type", fmt.Errorf("charge: %w", &net.OpError{Op: "dial", Net: "tcp", Err: errBoom}), "net.OpError", "charge: dial tcp: boom"},
 		{"RetryAfter keeps the type", sluice.RetryAfter(time.Second, &gatewayErr{msg: "429"}), "gateway_timeout", "retry after 1s: 429"},
-		{"long message is truncated", errors.New(long), "error", sluice.Truncate(long, sluice.MaxErrorMessageBytes)},
+		{"long message is truncated", errors.New(long), "error", failure.Truncate(long, failure.MaxErrorMessageBytes)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -466,12 +468,12 @@ func TestMiddleware_LastErrorHeaders(t *testing.T) {
 			md := d.Calls()[0].msg.Metadata
 			assert.Equal(t, tt.wantType, md.Get(sluice.HeaderLastError))
 			assert.Equal(t, tt.wantMsg, md.Get(sluice.HeaderLastErrorMessage))
-			assert.LessOrEqual(t, len(md.Get(sluice.HeaderLastErrorMessage)), sluice.MaxErrorMessageBytes)
+			assert.LessOrEqual(t, len(md.Get(sluice.HeaderLastErrorMessage)), failure.MaxErrorMessageBytes)
 			assert.LessOrEqual(t, len(md.Get(sluice.HeaderRetryHistory)), 1024, "the history keeps a short message")
-			history := sluice.History(md)
+			history := failure.History(md)
 			require.NotEmpty(t, history)
 			assert.Equal(t, tt.wantType, history[len(history)-1].Type)
-			assert.Equal(t, sluice.Truncate(tt.wantMsg, sluice.MaxHistoryMessageBytes), history[len(history)-1].Message)
+			assert.Equal(t, failure.Truncate(tt.wantMsg, failure.MaxHistoryMessageBytes), history[len(history)-1].Message)
 			for k, v := range md {
 				assert.NotContains(t, v, "goroutine", "no stack in %s", k)
 			}
@@ -547,18 +549,18 @@ func TestMiddleware_NotRetried(t *testing.T) {
 	wrappedPermanent := fmt.Errorf("validate: %w", sluice.Permanent(errBoom))
 	permanentRetryAfter := sluice.Permanent(sluice.RetryAfter(time.Second, errBoom))
 	discard := sluice.Discard(errBoom)
-	handoff := sluice.Handoff(errBroker)
+	handoff := failure.Handoff(errBroker)
 	tests := []struct {
 		name       string
 		err        error
 		count      string
 		wantErr    error // returned as is; nil: acked
-		wantReport *sluice.Report
+		wantReport *report.Report
 	}{
 		{name: "Permanent", err: permanent, wantErr: permanent},
 		{name: "Permanent wrapped", err: wrappedPermanent, wantErr: wrappedPermanent},
 		{name: "Permanent around RetryAfter", err: permanentRetryAfter, wantErr: permanentRetryAfter},
-		{name: "Discard", err: discard, count: "2", wantReport: &sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: 3, Err: discard}},
+		{name: "Discard", err: discard, count: "2", wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 3, Err: discard}},
 		{name: "hand-off failure from below", err: handoff, wantErr: handoff},
 	}
 	for _, tt := range tests {
@@ -603,17 +605,17 @@ func TestMiddleware_Exhausted(t *testing.T) {
 		{name: "RetryAfter does not add retries", cfg: func(c *retry.Config) { c.MaxRetries = 2 }, md: message.Metadata{sluice.HeaderRetryCount: "2"}, err: sluice.RetryAfter(time.Second, errBoom), wantExhausted: true, wantRetries: 2},
 		{
 			name:          "older than MaxTotalAge",
-			md:            message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: sluice.FormatTime(now.Add(-25 * time.Hour))},
+			md:            message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour))},
 			wantExhausted: true, wantRetries: 1, wantAge: 25 * time.Hour,
 		},
 		{
 			name: "exactly MaxTotalAge old",
-			md:   message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: sluice.FormatTime(now.Add(-24 * time.Hour))},
+			md:   message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-24 * time.Hour))},
 		},
 		{
 			name:          "older than a custom MaxTotalAge",
 			cfg:           func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:            message.Metadata{sluice.HeaderRetryCount: "2", sluice.HeaderFirstFailureTime: sluice.FormatTime(now.Add(-61 * time.Minute))},
+			md:            message.Metadata{sluice.HeaderRetryCount: "2", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-61 * time.Minute))},
 			wantExhausted: true, wantRetries: 2, wantAge: 61 * time.Minute,
 		},
 		{
@@ -648,7 +650,7 @@ func TestMiddleware_Exhausted(t *testing.T) {
 			assert.Same(t, herr, errors.Unwrap(res.err))
 			assert.Equal(t, tt.wantRetries, ee.Retries)
 			assert.Equal(t, tt.wantAge, ee.Age)
-			assert.False(t, sluice.IsHandoff(res.err))
+			assert.False(t, failure.IsHandoff(res.err))
 			assert.Empty(t, d.Calls(), "no hand-off once exhausted")
 			assert.Empty(t, events.All())
 			assert.Equal(t, res.before, res.msg.Metadata)
@@ -674,12 +676,12 @@ func TestMiddleware_Defer(t *testing.T) {
 		},
 		{
 			name: "after two retries the count is unchanged",
-			md:   message.Metadata{sluice.HeaderRetryCount: "2", sluice.HeaderFirstFailureTime: sluice.FormatTime(now.Add(-time.Minute))},
+			md:   message.Metadata{sluice.HeaderRetryCount: "2", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-time.Minute))},
 			err:  sluice.Defer(time.Second, reason), wantDelay: time.Second, wantDeferCount: "1", wantFirstDefer: now, wantAttempt: 3,
 		},
 		{
 			name: "a later deferral keeps the first deferral time",
-			md:   message.Metadata{sluice.HeaderDeferCount: "3", sluice.HeaderFirstDeferTime: sluice.FormatTime(firstDefer)},
+			md:   message.Metadata{sluice.HeaderDeferCount: "3", sluice.HeaderFirstDeferTime: failure.FormatTime(firstDefer)},
 			err:  sluice.Defer(time.Second, reason), wantDelay: time.Second, wantDeferCount: "4", wantFirstDefer: firstDefer, wantAttempt: 1,
 		},
 		{
@@ -729,11 +731,11 @@ func TestMiddleware_Defer(t *testing.T) {
 			assert.Equal(t, res.msg.Metadata.Get(sluice.HeaderRetryHistory), md.Get(sluice.HeaderRetryHistory), "a deferral is not a failure")
 			assert.Equal(t, res.msg.Metadata.Get(sluice.HeaderFirstFailureTime), md.Get(sluice.HeaderFirstFailureTime))
 			assert.Equal(t, tt.wantDeferCount, md.Get(sluice.HeaderDeferCount))
-			assert.Equal(t, sluice.FormatTime(tt.wantFirstDefer), md.Get(sluice.HeaderFirstDeferTime))
+			assert.Equal(t, failure.FormatTime(tt.wantFirstDefer), md.Get(sluice.HeaderFirstDeferTime))
 			assert.Equal(t, queueName, md.Get(sluice.HeaderOriginalQueue))
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 
-			assert.Equal(t, sluice.Report{Outcome: sluice.OutcomeDeferred, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: tt.err}, res.report)
+			assert.Equal(t, report.Report{Outcome: report.OutcomeDeferred, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: tt.err}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Deferred: true, Err: tt.err,
 			}}, events.All())
@@ -760,23 +762,23 @@ func TestMiddleware_DeferExpires(t *testing.T) {
 		md          message.Metadata
 		wantExpired bool
 	}{
-		{name: "deferred for longer than MaxTotalAge", md: message.Metadata{sluice.HeaderFirstDeferTime: sluice.FormatTime(now.Add(-25 * time.Hour))}, wantExpired: true},
-		{name: "deferred for exactly MaxTotalAge", md: message.Metadata{sluice.HeaderFirstDeferTime: sluice.FormatTime(now.Add(-24 * time.Hour))}},
+		{name: "deferred for longer than MaxTotalAge", md: message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-25 * time.Hour))}, wantExpired: true},
+		{name: "deferred for exactly MaxTotalAge", md: message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-24 * time.Hour))}},
 		{
 			name:        "first failure older than MaxTotalAge",
-			md:          message.Metadata{sluice.HeaderFirstFailureTime: sluice.FormatTime(now.Add(-25 * time.Hour)), sluice.HeaderFirstDeferTime: sluice.FormatTime(now.Add(-time.Minute))},
+			md:          message.Metadata{sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour)), sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-time.Minute))},
 			wantExpired: true,
 		},
 		{
 			name:        "custom MaxTotalAge",
 			cfg:         func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:          message.Metadata{sluice.HeaderFirstDeferTime: sluice.FormatTime(now.Add(-2 * time.Hour))},
+			md:          message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-2 * time.Hour))},
 			wantExpired: true,
 		},
 		{
 			name: "a future first deferral time does not expire it",
 			cfg:  func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:   message.Metadata{sluice.HeaderFirstDeferTime: sluice.FormatTime(now.Add(48 * time.Hour))},
+			md:   message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(48 * time.Hour))},
 		},
 	}
 	for _, tt := range tests {
@@ -818,7 +820,7 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			r, d, events := newStep(t, testPolicy(), errBroker)
 			res := run(t, r.Middleware, failing(tt.err), tt.md)
 			require.Error(t, res.err)
-			assert.True(t, sluice.IsHandoff(res.err), "the original must be nacked, got %v", res.err)
+			assert.True(t, failure.IsHandoff(res.err), "the original must be nacked, got %v", res.err)
 			assert.ErrorIs(t, res.err, errBroker)
 			assert.NotErrorIs(t, res.err, retry.ErrRetriesExhausted)
 			assert.False(t, sluice.IsPermanent(res.err), "a failed hand-off must not be dead-lettered")
@@ -827,7 +829,7 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			assert.Len(t, d.Calls(), 1)
 			assert.Empty(t, events.All(), "OnRetry is for confirmed hand-offs")
 			require.True(t, res.reported)
-			assert.Equal(t, sluice.OutcomeNack, res.report.Outcome)
+			assert.Equal(t, report.OutcomeNack, res.report.Outcome)
 			assert.Equal(t, tt.wantAttempt, res.report.Attempt)
 			assert.ErrorIs(t, res.report.Err, errBroker)
 			assert.Equal(t, res.before, res.msg.Metadata)
@@ -846,13 +848,13 @@ func TestMiddleware_CountsUpToExhaustion(t *testing.T) {
 		res := run(t, r.Middleware, failing(errBoom), md)
 		require.NoError(t, res.err, "retry %d", i+1)
 		calls := d.Calls()
-		md = sluice.CopyMessage(calls[len(calls)-1].msg).Metadata
+		md = calls[len(calls)-1].msg.CopyWithContext().Metadata
 		assert.Equal(t, strconv.Itoa(i+1), md.Get(sluice.HeaderRetryCount))
 	}
 	res := run(t, r.Middleware, failing(errBoom), md)
 	assert.ErrorIs(t, res.err, retry.ErrRetriesExhausted)
 	assert.Len(t, d.Calls(), cfg.MaxRetries)
-	assert.Equal(t, []int{1, 2, 3}, attempts(sluice.History(md)))
+	assert.Equal(t, []int{1, 2, 3}, attempts(failure.History(md)))
 }
 
 func TestMiddleware_DeferIsCappedAtMaxRetryAfter(t *testing.T) {

@@ -27,8 +27,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 //go:embed templates/*.html
@@ -190,7 +189,7 @@ func (s *Server) validCSRF(token string) bool { return token != "" && equal(toke
 
 // mask hides the configured secrets in text.
 func (s *Server) mask(text string) string {
-	return dlq.MaskText(text, s.cfg.Secrets...)
+	return mask.Text(text, s.cfg.Secrets...)
 }
 
 func formatTime(t time.Time) string {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/telemetry/jaeger"
-	"github.com/sluice-go/sluice/telemetry/waterfall"
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/waterfall"
 )
 
 // timelineLookback bounds the search of a message's traces by id.
@@ -22,7 +22,7 @@ const jaegerTimeout = 5 * time.Second
 
 // Timeline is a message's life as Jaeger saw it, or why it is missing.
 type Timeline struct {
-	// Traces are the message's traces drawn by telemetry/waterfall (every attempt, each
+	// Traces are the message's traces drawn by internal/waterfall (every attempt, each
 	// delay asked and waited, the dead letter), oldest first.
 	Traces []DrawnTrace
 	// Missing says why there is no timeline; empty when Traces is not.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/telemetry"
@@ -92,13 +93,13 @@ func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, fail
 			if err := in.WrapDelayer(nopDelayer{}).Delay(m.Context(), fx.queue, 50*time.Millisecond, retry); err != nil {
 				return nil, err
 			}
-			sluice.ReportOutcome(m.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 50 * time.Millisecond, Err: failure})
+			report.ReportOutcome(m.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 50 * time.Millisecond, Err: failure})
 			return nil, nil
 		}
 		if err := in.WrapDeadLetterer(keep).DeadLetter(m.Context(), fx.queue, pois.Record(m, fx.queue, failure)); err != nil {
 			return nil, err
 		}
-		sluice.ReportOutcome(m.Context(), sluice.Report{Outcome: sluice.OutcomeDeadLetter, Err: failure})
+		report.ReportOutcome(m.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Err: failure})
 		return nil, nil
 	})
 	_, err = handle(first)

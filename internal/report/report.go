@@ -1,4 +1,6 @@
-package sluice
+// Package report carries the outcome of one delivery attempt from the step that decides it
+// (retry, poison, breaker, idempotency) to the telemetry step that records it.
+package report
 
 import (
 	"context"

@@ -16,8 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
-	"github.com/sluice-go/sluice/telemetry/jaeger"
 )
 
 // liveJaeger returns a client for the Jaeger at JAEGER_QUERY_URL (default
@@ -89,7 +90,7 @@ func TestLive_RetriedMessageIsOneTrace(t *testing.T) {
 		if err := delayer.Delay(m.Context(), "orders", 100*time.Millisecond, retry); err != nil {
 			return nil, err
 		}
-		sluice.ReportOutcome(m.Context(), sluice.Report{Outcome: sluice.OutcomeRetry, Delay: 100 * time.Millisecond,
+		report.ReportOutcome(m.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 100 * time.Millisecond,
 			Err: errors.New("gateway timeout")})
 		delayed = retry
 		return nil, nil

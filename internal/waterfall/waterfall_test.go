@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/telemetry/jaeger"
-	"github.com/sluice-go/sluice/telemetry/waterfall"
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/waterfall"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files from the current output")
@@ -49,7 +49,7 @@ func golden(t *testing.T, name, got string) {
 		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
 	}
 	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./telemetry/waterfall -update to create it")
+	require.NoError(t, err, "run go test ./internal/waterfall -update to create it")
 	assert.Equal(t, string(want), got, "output differs from %s (-update rewrites it)", path)
 }
 

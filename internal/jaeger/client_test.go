@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/telemetry/jaeger"
+	"github.com/sluice-go/sluice/internal/jaeger"
 )
 
 // Recorded from Jaeger v1.76.0 for a trace of the telemetry package's spans: a caller

@@ -1,0 +1,243 @@
+package waterfall
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/telemetry"
+)
+
+// row is one line of the table.
+type row struct {
+	name     string // tree glyphs, mark and name
+	offset   time.Duration
+	duration time.Duration
+	showDur  bool
+	from, to time.Duration // the bar's extent, relative to the trace's start
+	fill     rune
+	detail   string
+}
+
+// table writes the column headings and one row per span, wait and event.
+func (d *drawing) table(b *strings.Builder) {
+	var rows []row
+	seen := map[string]bool{}
+	var walk func(s jaeger.Span, lead, branch string)
+	walk = func(s jaeger.Span, lead, branch string) {
+		if seen[s.SpanID] {
+			return
+		}
+		seen[s.SpanID] = true
+		if p, ok := d.t.Span(s.ParentSpanID); ok && s.Kind() == "consumer" && p.Kind() == "producer" {
+			if wait := s.StartTime.Sub(p.StartTime.Add(p.Duration)); wait > 0 {
+				rows = append(rows, d.waitRow(lead+waitGlyph(branch), p, s, wait))
+			}
+		}
+		rows = append(rows, d.spanRow(lead+branch, s))
+		kids := d.children[s.SpanID]
+		below := lead + continuation(branch)
+		for _, l := range s.Logs {
+			if ev := d.eventRow(below, l, len(kids) > 0); ev != nil {
+				rows = append(rows, *ev)
+			}
+		}
+		for i, c := range kids {
+			if i == len(kids)-1 {
+				walk(c, below, "└─ ")
+			} else {
+				walk(c, below, "├─ ")
+			}
+		}
+	}
+	for _, r := range d.t.Roots() {
+		walk(r, "", "")
+	}
+	// Spans in a parent cycle have no root; they are drawn rather than lost.
+	for _, s := range d.t.Spans {
+		walk(s, "", "")
+	}
+
+	nameW, offW, durW := len("SPAN"), len("START"), len("DURATION")
+	for _, r := range rows {
+		nameW = max(nameW, utf8.RuneCountInString(r.name))
+		offW = max(offW, len(fmtOffset(r.offset)))
+		if r.showDur {
+			durW = max(durW, len(fmtDuration(r.duration)))
+		}
+	}
+	axis := []rune(strings.Repeat(" ", d.width))
+	total := []rune(fmtDuration(d.total))
+	if len(total)+2 <= d.width {
+		axis[0] = '0'
+		copy(axis[d.width-len(total):], total)
+	}
+	writeLine(b, fmt.Sprintf("%s  %*s  %*s  │%s│", pad("SPAN", nameW), offW, "START", durW, "DURATION", string(axis)))
+	for _, r := range rows {
+		dur := ""
+		if r.showDur {
+			dur = fmtDuration(r.duration)
+		}
+		line := fmt.Sprintf("%s  %*s  %*s  │%s│", pad(r.name, nameW), offW, fmtOffset(r.offset), durW, dur, d.bar(r))
+		if r.detail != "" {
+			line += "  " + r.detail
+		}
+		writeLine(b, line)
+	}
+}
+
+// writeLine writes line without trailing blanks, so golden files and terminals agree.
+func writeLine(b *strings.Builder, line string) {
+	b.WriteString(strings.TrimRight(line, " "))
+	b.WriteString("\n")
+}
+
+// spanRow draws one span.
+func (d *drawing) spanRow(tree string, s jaeger.Span) row {
+	r := row{
+		offset:   s.StartTime.Sub(d.start),
+		duration: s.Duration,
+		showDur:  true,
+		fill:     barSpan,
+	}
+	r.from, r.to = r.offset, r.offset+s.Duration
+	mark := ""
+	if s.Failed() {
+		mark = markFailed + " "
+	}
+	var detail []string
+	if s.Service != "" && s.Service != d.service {
+		detail = append(detail, "["+s.Service+"]")
+	}
+	if id := messageOf(s); id != "" && id != d.message {
+		detail = append(detail, "message "+id)
+	}
+	if isSluiceAttempt(s) {
+		if mark == "" {
+			mark = markOK + " "
+		}
+		detail = append(detail, "attempt "+s.TagString(string(otelnames.AttrAttempt)))
+		outcome := s.TagString(string(otelnames.AttrOutcome))
+		if delay := delayOf(s); delay != "" {
+			switch outcome {
+			case "retry":
+				outcome += " in " + delay
+			case "deferred":
+				outcome += " for " + delay
+			}
+		}
+		if outcome != "" {
+			detail = append(detail, outcome)
+		}
+		if reason := s.TagString(string(otelnames.AttrDeferReason)); reason != "" {
+			detail = append(detail, reason)
+		}
+		if text := errorText(s); text != "" {
+			detail = append(detail, firstLine(text))
+		}
+	} else {
+		switch {
+		case s.TagString("messaging.destination.name") == telemetry.DelayDestination:
+			if delay := delayOf(s); delay != "" {
+				detail = append(detail, "delay "+delay)
+			}
+		case isDeadLetter(s):
+			text := "dead letter"
+			if typ := s.TagString(string(otelnames.AttrLastError)); typ != "" {
+				text += " (error type " + typ + ")"
+			}
+			detail = append(detail, text)
+		}
+		if s.Failed() {
+			if text := errorText(s); text != "" {
+				detail = append(detail, firstLine(text))
+			}
+		}
+	}
+	r.name = tree + mark + s.OperationName
+	r.detail = clip(strings.Join(detail, " · "))
+	return r
+}
+
+// waitRow draws the time a message spent in the broker between a hand-off or publish
+// (parent) and the attempt that consumed it.
+func (d *drawing) waitRow(tree string, parent, consumer jaeger.Span, wait time.Duration) row {
+	from := parent.StartTime.Add(parent.Duration).Sub(d.start)
+	r := row{offset: from, duration: wait, showDur: true, from: from, to: from + wait, fill: barWait}
+	where := parent.TagString("messaging.destination.name")
+	switch {
+	case where == telemetry.DelayDestination:
+		r.name = tree + "waiting in the delay"
+		if delay := delayOf(parent); delay != "" {
+			r.detail = "asked " + delay
+		}
+	case where != "":
+		r.name = tree + "waiting in " + where
+	default:
+		r.name = tree + "waiting"
+	}
+	if isDeadLetter(parent) {
+		r.detail = "until replayed"
+	}
+	return r
+}
+
+// eventRow draws a span event (a breaker or idempotency decision); exceptions are not
+// drawn, their message is on the span's own row.
+func (d *drawing) eventRow(lead string, l jaeger.Log, more bool) *row {
+	name, _ := l.Fields["event"].(string)
+	if name == "" || name == "exception" {
+		return nil
+	}
+	// The event belongs to the span: it hangs below it, beside the line to its children.
+	glyph := "  "
+	if more {
+		glyph = "│ "
+	}
+	at := l.Timestamp.Sub(d.start)
+	keys := make([]string, 0, len(l.Fields))
+	for k := range l.Fields {
+		if k != "event" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	fields := make([]string, len(keys))
+	for i, k := range keys {
+		fields[i] = fmt.Sprintf("%s=%v", k, l.Fields[k])
+	}
+	return &row{
+		name:   lead + glyph + "• " + name,
+		offset: at,
+		from:   at,
+		to:     at,
+		fill:   barEvent,
+		detail: clip(firstLine(strings.Join(fields, " "))),
+	}
+}
+
+// bar draws r's extent on the timeline: a cell is lit if the extent overlaps it, and every
+// extent lights at least one cell, so that a span of microseconds is still seen.
+func (d *drawing) bar(r row) string {
+	cells := []rune(strings.Repeat(" ", d.width))
+	total := d.total
+	if total <= 0 {
+		total = 1
+	}
+	w := int64(d.width)
+	from := int64(r.from) * w / int64(total)
+	to := (int64(r.to)*w + int64(total) - 1) / int64(total)
+	if to <= from {
+		to = from + 1
+	}
+	from = min(max(from, 0), w-1)
+	to = min(max(to, from+1), w)
+	for i := from; i < to; i++ {
+		cells[i] = r.fill
+	}
+	return string(cells)
+}
