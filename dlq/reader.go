@@ -117,8 +117,8 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 		// For a read (reserve 0) the consumer has its whole window unacknowledged:
 		// RabbitMQ sends it nothing more and nothing is in flight, so cancelling it loses
 		// no delivery (amqp091-go drops a delivery that arrives for a cancelled consumer).
-		// An operation keeps reserve of the window for its batch; a delivery in flight at
-		// the cancel is not seen by that run and stays in the source (see the package doc).
+		// An operation holds messages only while canHold, so it never gets here; a dry run
+		// reads with reserve 0, like a read.
 		if err := r.rotate(); err != nil {
 			return amqp.Delivery{}, nil, false, err
 		}
