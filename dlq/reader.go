@@ -68,6 +68,9 @@ type reader struct {
 	acked      int // of those, acknowledged by the caller
 	pending    []amqp.Delivery
 	probe      *amqp.Channel
+	// tapered: the consumer was replaced, on the same channel, by one whose prefetch is
+	// what the run still needs (see taper).
+	tapered bool
 }
 
 func newReader(conn *amqp.Connection, ch *amqp.Channel, queue string, total, window, reserve int, setup func(*amqp.Channel) error) (*reader, error) {
@@ -112,6 +115,12 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 		d, r.pending = r.pending[0], r.pending[1:]
 		r.read++
 		return d, r.channelOf[d.ConsumerTag], true, nil
+	}
+	if r.setup != nil && !r.tapered && r.deliveries != nil && r.total-r.read < r.window/2 {
+		if err := r.taper(); err != nil {
+			return amqp.Delivery{}, nil, false, err
+		}
+		return r.next(ctx)
 	}
 	if r.deliveries != nil && r.held >= r.window-r.reserve {
 		// For a read (reserve 0) the consumer has its whole window unacknowledged:
@@ -182,7 +191,26 @@ func (r *reader) canHold() bool {
 	return r.deliveries == nil || r.held+1 < r.window-r.reserve
 }
 
+// taper cancels an operation's consumer near the end of its run, keeping what it
+// received; the next consumer, on the same channel (the same transaction), gets a prefetch
+// of what the run still needs. Otherwise up to a window of messages is delivered past the
+// run's end, each given back at close, and a classic queue puts back messages slowly once
+// others were acknowledged between them.
+func (r *reader) taper() error {
+	r.tapered = true
+	if err := r.ch.Cancel(r.tag, false); err != nil {
+		return fmt.Errorf("read %q: cancel consumer: %w", r.queue, err)
+	}
+	r.drain()
+	return nil
+}
+
 func (r *reader) consume() error {
+	if need := r.total - r.read - len(r.pending); r.tapered && need > 0 {
+		if err := r.ch.Qos(min(need, r.window), 0, false); err != nil {
+			return fmt.Errorf("set prefetch on %q: %w", r.queue, err)
+		}
+	}
 	r.seq++
 	r.tag = "sluice-dlq-" + strconv.Itoa(r.seq)
 	r.held, r.delivered, r.acked = 0, 0, 0
