@@ -20,8 +20,9 @@ import (
 )
 
 // benchMessages is the size of the DLQ operations' benchmarks: 20,000 by default, the
-// issue's figure; SLUICE_BENCH_DLQ_MESSAGES=100000 measures the large DLQ by hand (a run
-// of minutes, so not the default of make bench).
+// issue's figure; SLUICE_BENCH_DLQ_MESSAGES=100000 measures the large DLQ (a run of many
+// minutes: the group replay then fills 400,000, so run it with -bench
+// 'DLQ/(List|Show|Stats|Groups|ReplayAll|Archive)'; see the README).
 func benchMessages() int {
 	if n, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_DLQ_MESSAGES")); err == nil && n > 0 {
 		return n
@@ -64,6 +65,9 @@ func BenchmarkDLQ(b *testing.B) {
 		}
 		reportRate(b, msgs)
 	}
+	// gatewayGroup is the group of the gateway_down messages of the last fill: the same
+	// record, so the same group, as a read would find.
+	var gatewayGroup string
 	// fill dead-letters total messages into a fresh queue's DLQ; every fourth is
 	// gateway_down, the rest invalid_amount.
 	fill := func(b *testing.B, total int) string {
@@ -77,6 +81,8 @@ func BenchmarkDLQ(b *testing.B) {
 			rec.Publishing(b, dlqfill.Failure{ID: "t", Handler: "payments", Err: gatewayDown(), Payload: benchenv.Payload}),
 			rec.Publishing(b, dlqfill.Failure{ID: "t", Handler: "payments", Err: invalidAmount(), Payload: benchenv.Payload}),
 		}
+		gw := templates[0]
+		gatewayGroup = dlq.NewRecord(amqp091.Delivery{Headers: gw.Headers, Body: gw.Body, ContentType: gw.ContentType}, q, 1, time.Now()).GroupID
 		dlqfill.Publish(b, r.Conn, amqp.DLQName(q), total, func(i int) amqp091.Publishing {
 			pub := templates[min(i%4, 1)]
 			headers := make(amqp091.Table, len(pub.Headers))
@@ -98,50 +104,66 @@ func BenchmarkDLQ(b *testing.B) {
 	in := dlq.NewInspector(conn)
 
 	// each runs one operation per iteration on a DLQ of total messages, of which it
-	// handles msgs, and reports msgs per second.
-	each := func(b *testing.B, total, msgs int, run func(q string) (int, error)) {
+	// handles msgs, and reports msgs per second. prep, untimed, returns the selector.
+	// Reads share one filled queue per size (they leave it as it was); the other cases
+	// fill a fresh one each iteration.
+	reads := map[int]string{}
+	each := func(b *testing.B, c benchCase) {
 		for range b.N {
 			b.StopTimer()
-			q := fill(b, total)
+			var q string
+			if c.read {
+				if reads[c.total] == "" {
+					reads[c.total] = fill(b, c.total)
+				}
+				q = reads[c.total]
+			} else {
+				q = fill(b, c.total)
+			}
+			var sel dlq.Selector
+			if c.prep != nil {
+				sel = c.prep(b, q)
+			}
 			runtime.GC()
 			peak := watchHeap()
 			b.StartTimer()
-			got, err := run(q)
+			got, err := c.run(q, sel)
 			b.StopTimer()
 			b.ReportMetric(peak(), "peak-heap-MB")
 			if err != nil {
 				b.Fatal(err)
 			}
-			if got != msgs {
-				b.Fatalf("handled %d messages, want %d", got, msgs)
+			if got != c.msgs {
+				b.Fatalf("handled %d messages, want %d", got, c.msgs)
 			}
 		}
-		reportRate(b, msgs)
+		reportRate(b, c.msgs)
 	}
 	ctx := context.Background()
-	cases := []struct {
-		name       string
-		total, msg int
-		run        func(q string) (int, error)
-	}{
-		{name: fmt.Sprintf("ReplayAll%d", n), total: n, msg: n, run: func(q string) (int, error) {
-			res, err := op.Replay(ctx, q, dlq.Selector{All: true}, dlq.Options{})
-			return res.Moved, err
-		}},
-		{name: fmt.Sprintf("ReplayErrorType%dOf%d", n/4, n), total: n, msg: n / 4, run: func(q string) (int, error) {
-			res, err := op.Replay(ctx, q, dlq.Selector{ErrorType: "gateway_down"}, dlq.Options{})
-			return res.Moved, err
-		}},
-		{name: fmt.Sprintf("ArchiveAll%d", n), total: n, msg: n, run: func(q string) (int, error) {
-			res, err := op.Archive(ctx, q, dlq.Selector{All: true}, dlq.Options{})
-			return res.Moved, err
-		}},
-		{name: fmt.Sprintf("List%d", n), total: n, msg: n, run: func(q string) (int, error) {
+	lastGroup := func(*testing.B, string) dlq.Selector {
+		return dlq.Selector{Group: gatewayGroup} // a quarter of the DLQ
+	}
+	replay := func(q string, sel dlq.Selector) (int, error) {
+		res, err := op.Replay(ctx, q, sel, dlq.Options{})
+		return res.Moved, err
+	}
+	cases := []benchCase{
+		// The selective case: n by group, a quarter of a DLQ four times larger.
+		{name: fmt.Sprintf("ReplayGroup%dOf%d", n, 4*n), total: 4 * n, msgs: n, prep: lastGroup, run: replay},
+		{name: fmt.Sprintf("List%d", n), total: n, msgs: n, read: true, run: func(q string, _ dlq.Selector) (int, error) {
 			k := 0
 			_, err := in.Messages(ctx, q, dlq.Selector{}, func(dlq.Record) bool { k++; return true })
 			return k, err
 		}},
-		{name: fmt.Sprintf("Groups%d", n), total: n, msg: n, run: func(q string) (int, error) {
+		{name: fmt.Sprintf("Show%d", n), total: n, msgs: n, read: true, run: func(q string, _ dlq.Selector) (int, error) {
+			_, err := in.Show(ctx, q, fmt.Sprintf("m-%06d", n-1)) // the last: every message read
+			return n, err
+		}},
+		{name: fmt.Sprintf("Stats%d", n), total: n, msgs: n, read: true, run: func(q string, _ dlq.Selector) (int, error) {
+			st, err := in.Stats(ctx, q)
+			return st.Total, err
+		}},
+		{name: fmt.Sprintf("Groups%d", n), total: n, msgs: n, read: true, run: func(q string, _ dlq.Selector) (int, error) {
 			gs, err := in.Groups(ctx, q)
 			k := 0
 			for _, g := range gs {
@@ -149,28 +171,34 @@ func BenchmarkDLQ(b *testing.B) {
 			}
 			return k, err
 		}},
-	}
-	if n <= 20000 {
-		// The selective case: 20,000 of a DLQ four times larger.
-		cases = append(cases, struct {
-			name       string
-			total, msg int
-			run        func(q string) (int, error)
-		}{name: fmt.Sprintf("ReplayGroup%dOf%d", n, 4*n), total: 4 * n, msg: n, run: func(q string) (int, error) {
-			gs, err := in.Groups(ctx, q)
-			if err != nil {
-				return 0, err
-			}
-			res, err := op.Replay(ctx, q, dlq.Selector{Group: gs[len(gs)-1].ID}, dlq.Options{})
+		{name: fmt.Sprintf("ReplayAll%d", n), total: n, msgs: n, run: func(q string, _ dlq.Selector) (int, error) {
+			return replay(q, dlq.Selector{All: true})
+		}},
+		{name: fmt.Sprintf("ReplayErrorType%dOf%d", n/4, n), total: n, msgs: n / 4, run: func(q string, _ dlq.Selector) (int, error) {
+			return replay(q, dlq.Selector{ErrorType: "gateway_down"})
+		}},
+		{name: fmt.Sprintf("ArchiveAll%d", n), total: n, msgs: n, run: func(q string, _ dlq.Selector) (int, error) {
+			res, err := op.Archive(ctx, q, dlq.Selector{All: true}, dlq.Options{})
 			return res.Moved, err
-		}})
+		}},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			b.Run("raw", func(b *testing.B) { raw(b, c.msg) })
-			b.Run("sluice", func(b *testing.B) { each(b, c.total, c.msg, c.run) })
+			b.Run("raw", func(b *testing.B) { raw(b, c.msgs) })
+			b.Run("sluice", func(b *testing.B) { each(b, c) })
 		})
 	}
+}
+
+// benchCase is one row of BenchmarkDLQ: an operation on a DLQ of total messages that
+// handles msgs of them.
+type benchCase struct {
+	name        string
+	total, msgs int
+	// read: the operation leaves the queue as it was, so its queue is filled once.
+	read bool
+	prep func(b *testing.B, q string) dlq.Selector
+	run  func(q string, sel dlq.Selector) (int, error)
 }
 
 func reportRate(b *testing.B, msgs int) {

@@ -64,18 +64,28 @@
 // (BatchSize, 500 by default):
 //
 //	for each batch: check the destination queue exists (passive declare, on a second
-//	                channel); publish (mandatory) every message of the batch; basic.ack its
-//	                source copy; tx.commit
-//	not selected:   left unacknowledged, given back when the channel closes (in one go,
-//	                not one by one)
+//	                channel); publish (mandatory) every selected message of the batch to its
+//	                destination and every skipped one, unchanged, to the source's tail;
+//	                basic.ack every source copy; tx.commit
 //
-// Each reading channel holds at most a window of skipped messages and a new one takes
-// over (see reader), because RabbitMQ finds an acknowledged message by scanning its
-// channel's unacknowledged ones: acknowledging on a channel holding 15,000 skipped
-// messages made the tenth commit of 500 take 21 s instead of 0.4 s. A classic queue puts
-// the skipped messages back one at a time, each at its place, which takes long for many
-// (measured: about 100 s for 15,000 on a loaded 2-core machine); an operation waits a
-// few seconds for them and returns, and they keep coming back after it, in order.
+// A run goes through exactly the messages the source held when it started (its ready
+// count), so once it ends the skipped messages are in the source again, in their order
+// (a message dead-lettered during the run can end up among them, ahead of some). Until its
+// first match a run holds the skipped messages instead, as long as they fit in its window
+// (about 1,500), and they go back in place when it ends: a selector that matches nothing
+// in a source that small writes nothing; in a larger one it rewrites it, in order.
+//
+// Why skipped messages are published again rather than held unacknowledged until the end,
+// for RabbitMQ to requeue: a classic queue (version 1, RabbitMQ 3.10) puts requeued
+// messages back one at a time, each at its place, which took about 100 s for 15,000 once
+// the moved ones between them were acknowledged, and a channel finds an acknowledged
+// message by scanning its unacknowledged ones from the oldest, so holding thousands forced
+// the reader to switch channels (see reader) and each switch could leave a message in
+// flight unseen. Measured on the shared 2-core machine, selecting 5,000 of 20,000: holding
+// (consumer replaced every 2,000) had moved 3,500 after 5 minutes; publishing back finished
+// in 96 s. Publishing back costs one publish per skipped message, inside the batch's
+// transaction, so it is as crash safe as the move itself; it bounds a selective run at
+// about the rate of a replay of the whole source (see BenchmarkDLQ).
 //
 // The publishes of a batch and the removal of their source copies are committed together,
 // so a process killed at any point (SIGKILL included) neither loses a message nor leaves
@@ -99,13 +109,13 @@
 // window, while the destination is being deleted, could lose that one message.
 //
 // A run reads at most the number of messages the source held when it started, and ends
-// early when the source has had no ready message for about a second. When an operation
-// moves to its next channel while RabbitMQ has a delivery in flight to the one it leaves,
-// that message is not seen by the run and stays in the source (neither moved nor lost; a
-// second run takes it). Reads never leave a consumer with room for a delivery in flight.
-// A replayed message that fails again and comes back to the DLQ (at its tail) during the
-// run is left there rather than replayed in a loop. A selector that matches nothing is
-// ErrNothingSelected.
+// early when the source has had no ready message for about a second. It uses one channel
+// and one consumer throughout, so no delivery is ever in flight to a consumer it left; the
+// few messages delivered past its end (within the prefetch window) go back when it closes.
+// A dry run holds every message like a read, and like a read replaces its consumer only
+// once the window is full. A replayed message that fails again and comes back to the DLQ
+// (at its tail) during the run is left there rather than replayed in a loop. A selector
+// that matches nothing is ErrNothingSelected.
 //
 // # The archive
 //

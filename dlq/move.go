@@ -15,11 +15,15 @@ import (
 // Q.dlq.archive; a replay removes it.
 const HeaderArchivedAt = "x-archived-at"
 
-// item is a selected message waiting for its batch's transaction.
+// item is a message read by an operation, waiting for its batch's transaction: a selected
+// one (moved to its destination) or, with keep, one the selector skipped (published
+// unchanged to the source's tail, so the source keeps it, in order, once the run has gone
+// through the messages it held at the start).
 type item struct {
 	d     amqp.Delivery
 	ch    *amqp.Channel // the channel it was delivered on
 	moved Moved
+	keep  bool
 }
 
 // mover commits batches of moves, each in the transaction of the channel its messages
@@ -66,11 +70,11 @@ func (m *mover) publishing(it item) amqp.Publishing {
 }
 
 // commit moves batch in one transaction: every publish (mandatory) and the
-// acknowledgement of every source copy, then tx.commit. A message whose destination is
-// missing is left out (it stays in the source, counted in res.Failed); one RabbitMQ returns
-// as unroutable at the commit is put back (see restore). Any other error means the channel
-// is in trouble: the transaction is lost with it, nothing of the batch moved, and the run
-// stops.
+// acknowledgement of every source copy, then tx.commit. A kept message is published to the
+// source's tail. A selected message whose destination is missing is kept the same way
+// (counted in res.Failed); one RabbitMQ returns as unroutable at the commit is put back
+// (see restore). Any other error means the channel is in trouble: the transaction is lost
+// with it, nothing of the batch moved, and the run stops.
 func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 	if len(batch) == 0 {
 		return nil
@@ -80,6 +84,9 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 	if !m.o.skipDestinationCheck && m.to == "" && m.op == opReplay {
 		// One check per destination and batch, just before its publishes.
 		for _, it := range batch {
+			if it.keep {
+				continue
+			}
 			dest := it.moved.Destination
 			if _, done := missing[dest]; !done {
 				missing[dest] = m.checkDestination(dest)
@@ -87,17 +94,23 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 		}
 	}
 	var sent []item
+	kept := 0
 	for _, it := range batch {
-		if err := missing[it.moved.Destination]; err != nil {
+		if err := missing[it.moved.Destination]; err != nil && !it.keep {
 			if !isDestinationMissing(err) {
 				return err
 			}
-			m.rd.hold(it.d)
 			res.Failed = append(res.Failed, Failure{ID: it.moved.ID, Destination: it.moved.Destination,
 				Err: fmt.Errorf("message %q: %w", it.moved.ID, err)})
-			continue
+			it = m.kept(it)
 		}
-		if m.op != opPurge {
+		switch {
+		case it.keep:
+			kept++
+			if err := ch.Publish("", m.source, true, false, originalPublishing(it.d)); err != nil {
+				return fmt.Errorf("publish message %q back to %q: %w", it.moved.ID, m.source, err)
+			}
+		case m.op != opPurge:
 			if err := ch.Publish("", it.moved.Destination, true, false, m.publishing(it)); err != nil {
 				return fmt.Errorf("publish message %q to %q: %w", it.moved.ID, it.moved.Destination, err)
 			}
@@ -106,9 +119,6 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 			return fmt.Errorf("acknowledge message %q in %q: %w", it.moved.ID, m.source, err)
 		}
 		sent = append(sent, it)
-	}
-	if len(sent) == 0 {
-		return nil
 	}
 	if m.o.Pace > 0 {
 		time.Sleep(m.o.Pace)
@@ -130,24 +140,35 @@ drain:
 			break drain
 		}
 	}
+	moved := 0
 	for i, it := range sent {
+		m.rd.ack(it.d)
 		if ret, ok := returned[i]; ok {
-			m.rd.ack(it.d)
 			err := m.restore(it, ret)
-			if !isDestinationMissing(err) {
+			if !isDestinationMissing(err) || it.keep {
 				return err
 			}
 			res.Failed = append(res.Failed, Failure{ID: it.moved.ID, Destination: it.moved.Destination, Err: err})
 			continue
 		}
-		m.rd.ack(it.d)
+		if it.keep {
+			continue
+		}
+		moved++
 		res.Moved++
 		if m.o.OnMoved != nil {
 			m.o.OnMoved(it.moved)
 		}
 	}
-	prog.moved(len(sent) - len(returned))
+	prog.moved(moved)
 	return nil
+}
+
+// kept returns it as a message the source keeps: published back to its tail.
+func (m *mover) kept(it item) item {
+	it.keep = true
+	it.moved.Destination = m.source
+	return it
 }
 
 // findReturned returns the index in sent of the message ret returns, or -1.

@@ -226,7 +226,15 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 		m.returns[c] = c.NotifyReturn(make(chan amqp.Return, 2*batchSize+8))
 		return nil
 	}
-	rd, err := newReader(o.conn, ch, res.Source, total, window, batchSize, setup)
+	// A run keeps no message unacknowledged (the ones it skips are published back, see the
+	// package doc), so its one consumer never needs replacing; a dry run holds every
+	// message like a read, and like a read replaces its consumer only once the window is
+	// full, with no delivery in flight.
+	reserve := batchSize
+	if opts.DryRun {
+		reserve = 0
+	}
+	rd, err := newReader(o.conn, ch, res.Source, total, window, reserve, setup)
 	if err != nil {
 		return res, err
 	}
@@ -260,17 +268,27 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 		}
 		res.Scanned++
 		rec := selectionRecord(d, queue, res.Scanned, m.now)
-		if !sel.Match(rec) {
-			rd.hold(d)
+		var it item
+		if sel.Match(rec) {
+			res.Matched++
+			prog.scanned(1, true)
+			if len(sel.IDs) > 0 {
+				found[rec.ID] = true
+			}
+			it = item{d: d, ch: dch, moved: m.moved(rec)}
+		} else {
 			prog.scanned(1, false)
-			continue
+			// Until the first match, a skipped message is held and goes back in place when
+			// the run ends, so a run that matches nothing writes nothing; from the first
+			// match on (or once holding more would need a second consumer), skipped
+			// messages are published back to the tail, behind the held ones: the source
+			// keeps its order either way.
+			if opts.DryRun || (res.Matched == 0 && rd.canHold()) {
+				rd.hold(d)
+				continue
+			}
+			it = m.kept(item{d: d, ch: dch, moved: Moved{ID: rec.ID}})
 		}
-		res.Matched++
-		prog.scanned(1, true)
-		if len(sel.IDs) > 0 {
-			found[rec.ID] = true
-		}
-		it := item{d: d, ch: dch, moved: m.moved(rec)}
 		if opts.DryRun {
 			rd.hold(d)
 			res.Moved++

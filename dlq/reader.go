@@ -53,19 +53,24 @@ type reader struct {
 	// settle bounds how long close waits for the given-back messages (see readSettle).
 	settle time.Duration
 
-	read       int
-	seq        int
-	ch         *amqp.Channel   // the current consumer's channel
-	chans      []*amqp.Channel // every channel used, oldest first
-	tag        string
-	channelOf  map[string]*amqp.Channel // consumer tag -> its channel
-	heldOn     map[*amqp.Channel]int
+	read      int
+	seq       int
+	ch        *amqp.Channel   // the current consumer's channel
+	chans     []*amqp.Channel // every channel used, oldest first
+	tag       string
+	channelOf map[string]*amqp.Channel // consumer tag -> its channel
+	// out counts, per channel, the messages delivered to it and not acknowledged: what
+	// closing it gives back.
+	out        map[*amqp.Channel]int
 	deliveries <-chan amqp.Delivery
 	held       int // messages of the current consumer the caller keeps unacknowledged
 	delivered  int // messages the current consumer delivered
 	acked      int // of those, acknowledged by the caller
 	pending    []amqp.Delivery
 	probe      *amqp.Channel
+	// tapered: the consumer was replaced, on the same channel, by one whose prefetch is
+	// what the run still needs (see taper).
+	tapered bool
 }
 
 func newReader(conn *amqp.Connection, ch *amqp.Channel, queue string, total, window, reserve int, setup func(*amqp.Channel) error) (*reader, error) {
@@ -79,7 +84,7 @@ func newReader(conn *amqp.Connection, ch *amqp.Channel, queue string, total, win
 	window = min(window, 65535) // basic.qos's prefetch count is 16 bits
 	reserve = min(reserve, window/2)
 	r := &reader{conn: conn, queue: queue, total: total, window: window, reserve: reserve, setup: setup, settle: settle,
-		channelOf: map[string]*amqp.Channel{}, heldOn: map[*amqp.Channel]int{}}
+		channelOf: map[string]*amqp.Channel{}, out: map[*amqp.Channel]int{}}
 	if err := r.use(ch); err != nil {
 		return nil, err
 	}
@@ -111,12 +116,18 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 		r.read++
 		return d, r.channelOf[d.ConsumerTag], true, nil
 	}
+	if r.setup != nil && !r.tapered && r.deliveries != nil && r.total-r.read < r.window/2 {
+		if err := r.taper(); err != nil {
+			return amqp.Delivery{}, nil, false, err
+		}
+		return r.next(ctx)
+	}
 	if r.deliveries != nil && r.held >= r.window-r.reserve {
 		// For a read (reserve 0) the consumer has its whole window unacknowledged:
 		// RabbitMQ sends it nothing more and nothing is in flight, so cancelling it loses
 		// no delivery (amqp091-go drops a delivery that arrives for a cancelled consumer).
-		// An operation keeps reserve of the window for its batch; a delivery in flight at
-		// the cancel is not seen by that run and stays in the source (see the package doc).
+		// An operation holds messages only while canHold, so it never gets here; a dry run
+		// reads with reserve 0, like a read.
 		if err := r.rotate(); err != nil {
 			return amqp.Delivery{}, nil, false, err
 		}
@@ -140,6 +151,7 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 			}
 			r.read++
 			r.delivered++
+			r.out[r.ch]++
 			return d, r.ch, true, nil
 		case <-idle.C:
 			ready, err := r.ready()
@@ -163,6 +175,7 @@ func (r *reader) ack(d amqp.Delivery) {
 	if d.ConsumerTag == r.tag {
 		r.acked++
 	}
+	r.out[r.channelOf[d.ConsumerTag]]--
 }
 
 // hold tells the reader the caller keeps d unacknowledged until the reader closes.
@@ -170,10 +183,34 @@ func (r *reader) hold(d amqp.Delivery) {
 	if d.ConsumerTag == r.tag {
 		r.held++
 	}
-	r.heldOn[r.channelOf[d.ConsumerTag]]++
+}
+
+// canHold reports whether the caller can hold one more message of the current consumer
+// without the reader replacing the consumer for it.
+func (r *reader) canHold() bool {
+	return r.deliveries == nil || r.held+1 < r.window-r.reserve
+}
+
+// taper cancels an operation's consumer near the end of its run, keeping what it
+// received; the next consumer, on the same channel (the same transaction), gets a prefetch
+// of what the run still needs. Otherwise up to a window of messages is delivered past the
+// run's end, each given back at close, and a classic queue puts back messages slowly once
+// others were acknowledged between them.
+func (r *reader) taper() error {
+	r.tapered = true
+	if err := r.ch.Cancel(r.tag, false); err != nil {
+		return fmt.Errorf("read %q: cancel consumer: %w", r.queue, err)
+	}
+	r.drain()
+	return nil
 }
 
 func (r *reader) consume() error {
+	if need := r.total - r.read - len(r.pending); r.tapered && need > 0 {
+		if err := r.ch.Qos(min(need, r.window), 0, false); err != nil {
+			return fmt.Errorf("set prefetch on %q: %w", r.queue, err)
+		}
+	}
 	r.seq++
 	r.tag = "sluice-dlq-" + strconv.Itoa(r.seq)
 	r.held, r.delivered, r.acked = 0, 0, 0
@@ -195,10 +232,7 @@ func (r *reader) rotate() error {
 	if err := r.ch.Cancel(r.tag, false); err != nil {
 		return fmt.Errorf("read %q: cancel consumer: %w", r.queue, err)
 	}
-	for d := range r.deliveries {
-		r.pending = append(r.pending, d)
-	}
-	r.deliveries = nil
+	r.drain()
 	ch, err := r.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("read %q: open channel: %w", r.queue, err)
@@ -206,14 +240,31 @@ func (r *reader) rotate() error {
 	return r.use(ch)
 }
 
-// close closes the reader's channels, oldest first, each giving back the messages it
-// held, and waits after each until the queue counts them as ready again: a quorum queue
-// takes a closed channel's messages back asynchronously, at its head, so waiting keeps the
+// drain takes what the cancelled current consumer had received, in order, into pending.
+func (r *reader) drain() {
+	for d := range r.deliveries {
+		r.pending = append(r.pending, d)
+		r.out[r.ch]++
+	}
+	r.deliveries = nil
+}
+
+// close cancels the current consumer (counting what it received beyond the run's end),
+// then closes the reader's channels, oldest first, each giving back the messages it held,
+// and waits after each until the queue counts them as ready again: a quorum queue takes a
+// closed channel's messages back asynchronously, at its head, so waiting keeps the
 // channels' messages in order, and an operation started right after sees them all. A
 // classic queue puts each message back at its place, whatever the order of the closes,
 // but slowly when there are many (see operationSettle): once one wait runs out, the rest
 // close without waiting.
 func (r *reader) close() {
+	if r.deliveries != nil {
+		// After cancel-ok RabbitMQ sends the consumer nothing more, and amqp091-go has
+		// queued what came before it: the count of what the channel gives back is exact.
+		if err := r.ch.Cancel(r.tag, false); err == nil {
+			r.drain()
+		}
+	}
 	base := -1
 	if n, err := r.ready(); err == nil {
 		base = n
@@ -222,8 +273,8 @@ func (r *reader) close() {
 	waiting := base >= 0
 	for _, ch := range r.chans {
 		_ = ch.Close()
-		back += r.heldOn[ch]
-		if waiting && r.heldOn[ch] > 0 {
+		back += r.out[ch]
+		if waiting && r.out[ch] > 0 {
 			waiting = r.waitReady(base+back, time.Now().Add(r.settle))
 		}
 	}

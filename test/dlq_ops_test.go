@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -187,9 +188,10 @@ func TestDLQCLIOperations(t *testing.T) {
 	}
 }
 
-// TestDLQCLIKilledMidRun SIGKILLs a replay and an archive of 20,000 dead letters in the
+// TestDLQCLIKilledMidRun SIGKILLs a replay and an archive of 20,000 dead letters, and a
+// replay of a quarter of them (the run publishes the others back to the DLQ's tail), in the
 // middle of their run, runs them again, and checks every message is exactly once where it
-// should be.
+// should be, and the DLQ keeps the others in their order, rotated at the point of the kill.
 func TestDLQCLIKilledMidRun(t *testing.T) {
 	const total = 20000
 	e := rabbitEnv(t)
@@ -202,9 +204,16 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 		op   string
 		dest func(queue string) string
 		verb string
+		// sel is the selector's flags; selected says which "m-<i>" it selects.
+		sel      []string
+		selected func(i int) bool
 	}{
-		{name: "replay", op: "replay", dest: func(q string) string { return q }, verb: "replayed"},
-		{name: "archive", op: "archive", dest: amqp.ArchiveName, verb: "archived"},
+		{name: "replay", op: "replay", dest: func(q string) string { return q }, verb: "replayed",
+			sel: []string{"--all"}, selected: func(int) bool { return true }},
+		{name: "archive", op: "archive", dest: amqp.ArchiveName, verb: "archived",
+			sel: []string{"--all"}, selected: func(int) bool { return true }},
+		{name: "replay a quarter", op: "replay", dest: func(q string) string { return q }, verb: "replayed",
+			sel: []string{"--error-type", "gateway_down"}, selected: func(i int) bool { return i%4 == 0 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -221,14 +230,15 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 
 			// 40 batches of 500, each holding its transaction open for 40ms before the commit:
 			// a kill at a random moment most likely lands in an open transaction.
-			cmd := exec.Command(bin, "dlq", tc.op, "--queue", queue, "--all", "--batch", "500", "--pace", "40ms")
+			args := append([]string{"dlq", tc.op, "--queue", queue, "--batch", "500", "--pace", "40ms"}, tc.sel...)
+			cmd := exec.Command(bin, args...)
 			cmd.Env = append(os.Environ(), "AMQP_URL="+url)
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			require.NoError(t, cmd.Start())
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			require.Eventually(t, func() bool { return e.count(t, dest)-start >= 4000 }, 2*time.Minute, 5*time.Millisecond,
+			require.Eventually(t, func() bool { return e.count(t, dest)-start >= 1000 }, 2*time.Minute, 5*time.Millisecond,
 				"the first run is under way:\n%s", &out)
 			require.NoError(t, cmd.Process.Kill()) // SIGKILL: no cleanup, a transaction open
 			<-exited
@@ -239,21 +249,42 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 				return moved+left == total
 			}, time.Minute, 20*time.Millisecond, "every message either moved or back in the DLQ")
 			t.Logf("%s killed after %d of %d messages moved, %d back in the DLQ", tc.op, moved, total, left)
-			require.Less(t, moved, total, "killed before it finished:\n%s", &out)
-
-			res := runSluice(t, bin, url, "dlq", tc.op, "--queue", queue, "--all")
-			require.Equal(t, 0, res.code, res)
-			assert.Contains(t, res.stdout, fmt.Sprintf("%s %d of %d messages", tc.verb, left, left))
-			assert.Equal(t, 0, e.count(t, queue+".dlq"), "none left behind")
-			counts := idCounts(t, e.rabbit, dest)
-			assert.Len(t, counts, total, "every message in %s", dest)
+			var want, keep []string
 			for i := range total {
-				id := fmt.Sprintf("m-%05d", i)
+				if tc.selected(i) {
+					want = append(want, fmt.Sprintf("m-%05d", i))
+				} else {
+					keep = append(keep, fmt.Sprintf("m-%05d", i))
+				}
+			}
+			require.Less(t, moved, len(want), "killed before it finished:\n%s", &out)
+
+			res := runSluice(t, bin, url, append([]string{"dlq", tc.op, "--queue", queue}, tc.sel...)...)
+			require.Equal(t, 0, res.code, res)
+			assert.Contains(t, res.stdout, fmt.Sprintf("%s %d of %d messages", tc.verb, len(want)-moved, left))
+			var kept []string
+			for _, d := range peekQueue(t, e.rabbit, queue+".dlq") {
+				kept = append(kept, fmt.Sprint(d.Headers[amqp.UUIDHeader]))
+			}
+			// A run killed midway leaves the DLQ rotated: the messages it had not reached
+			// (given back at the head) before the ones it had published back to the tail.
+			// Each part keeps its order, and the run again keeps the rotation.
+			k := 0
+			if len(kept) > 0 {
+				k = max(slices.Index(keep, kept[0]), 0)
+			}
+			if rotated := append(slices.Clone(keep[k:]), keep[:k]...); !slices.Equal(rotated, kept) {
+				t.Errorf("the DLQ keeps the %d unselected messages once each, in order from %d; holds %d", len(keep), k, len(kept))
+			}
+			counts := idCounts(t, e.rabbit, dest)
+			assert.Len(t, counts, len(want), "every selected message in %s", dest)
+			for _, id := range want {
 				if counts[id] != 1 {
 					t.Errorf("%s is %d times in %s", id, counts[id], dest)
 				}
 			}
-			t.Logf("%s run again: %d more moved; %s holds %d distinct messages, none twice", tc.op, left, dest, len(counts))
+			t.Logf("%s run again: %d more moved; %s holds %d distinct messages, none twice; the DLQ keeps %d in order",
+				tc.op, len(want)-moved, dest, len(counts), len(kept))
 		})
 	}
 }
