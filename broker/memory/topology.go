@@ -1,0 +1,30 @@
+package memory
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// DLQName returns the dead-letter queue of queue.
+func DLQName(queue string) string { return queue + ".dlq" }
+
+// DeclareQueue creates queue and its dead-letter queue.
+func (b *Broker) DeclareQueue(_ context.Context, queue string) error {
+	if b.closed() {
+		return ErrClosed
+	}
+	b.queue(queue)
+	b.queue(DLQName(queue))
+	return nil
+}
+
+// DeadLetter puts a copy of msg in queue's dead-letter queue (a partition's is the one its
+// partitioned queue's partitions share).
+func (b *Broker) DeadLetter(_ context.Context, queue string, msg *message.Message) error {
+	if b.closed() {
+		return ErrClosed
+	}
+	b.queue(b.parts.dlq(queue)).push(copyMessage(msg), false)
+	return nil
+}
