@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/dlqfill"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // benchMessages is the size of the DLQ operations' benchmarks: 20,000 by default, the
@@ -69,7 +70,7 @@ func BenchmarkDLQ(b *testing.B) {
 	fill := func(b *testing.B, total int) string {
 		b.Helper()
 		q := benchenv.SluiceQueue(b, r, br, "bench.dlq")
-		r.DeleteQueues(amqp.ArchiveName(q))
+		r.DeleteQueues(topology.Archive(q))
 		// Two records made by the poison step, copied with each message's id: making each
 		// record anew would make filling the DLQ the longest part of the benchmark.
 		rec := dlqfill.NewRecorder(b, q)
@@ -77,7 +78,7 @@ func BenchmarkDLQ(b *testing.B) {
 			rec.Publishing(b, dlqfill.Failure{ID: "t", Handler: "payments", Err: gatewayDown(), Payload: benchenv.Payload}),
 			rec.Publishing(b, dlqfill.Failure{ID: "t", Handler: "payments", Err: invalidAmount(), Payload: benchenv.Payload}),
 		}
-		dlqfill.Publish(b, r.Conn, amqp.DLQName(q), total, func(i int) amqp091.Publishing {
+		dlqfill.Publish(b, r.Conn, topology.DLQ(q), total, func(i int) amqp091.Publishing {
 			pub := templates[min(i%4, 1)]
 			headers := make(amqp091.Table, len(pub.Headers))
 			for k, v := range pub.Headers {

@@ -91,7 +91,7 @@ func WithAdopt() HandlerOption { return func(c *handlerConfig) { c.sub.adopt = t
 // WithOutputExchange publishes the handler's output messages to an exchange, confirmed,
 // with out.RoutingKey or the message's own RoutingKeyMetadata, instead of to a queue; use
 // it with HandleWithOutput and an empty output topic. An event nobody is bound for is
-// kept in sluice.unrouted (see amqp.UnroutedQueue), from where `sluice dlq replay
+// kept in sluice.unrouted (see topology.UnroutedQueue), from where `sluice dlq replay
 // --unrouted` sends it again once someone subscribes.
 func WithOutputExchange(out Output) HandlerOption {
 	return func(c *handlerConfig) { c.sub.output = &out }

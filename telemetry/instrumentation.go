@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // ScopeName is the instrumentation scope of sluice's tracer and meter.
@@ -22,10 +23,10 @@ const ScopeName = "github.com/sluice-go/sluice/telemetry"
 
 // DelayDestination is the destination name of a retry or deferral hand-off: the broker's
 // delay infrastructure, whatever queue the message returns to afterwards.
-const DelayDestination = "sluice.delay"
+const DelayDestination = topology.DelayDestination
 
 // DeadLetterSuffix is appended to a queue's name to name its dead-letter queue.
-const DeadLetterSuffix = ".dlq"
+const DeadLetterSuffix = topology.DeadLetterSuffix
 
 // Span and metric attributes that are sluice's own, beside the messaging conventions.
 const (

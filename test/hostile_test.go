@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -199,7 +200,7 @@ func TestHostileInput(t *testing.T) {
 
 	queue := e.newQueue(t, "test.hostile")
 	output := queue + ".out"
-	r.DeleteQueues(output, output+".dlq")
+	r.DeleteQueues(output, topology.DLQ(output))
 
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
@@ -519,7 +520,7 @@ func TestHostileInput(t *testing.T) {
 			events[ev.PaymentID] = hostileResult{event: &ev, eventD: d}
 		}
 		for {
-			d, ok := r.Get(amqp.DLQName(queue))
+			d, ok := r.Get(topology.DLQ(queue))
 			if !ok {
 				break
 			}

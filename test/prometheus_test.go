@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // lookTool returns the path of a Prometheus tool, skipping the test where it is missing
@@ -209,7 +210,7 @@ func (p *prometheus) eventually(t *testing.T, expr string, want, delta float64) 
 func TestPaymentsObservedByPrometheus(t *testing.T) {
 	r := testenv.NewRabbit(t)
 	queue, output := testenv.Name("obs.payments.requested"), testenv.Name("obs.payments.succeeded")
-	r.DeleteQueues(queue, output, queue+".dlq")
+	r.DeleteQueues(queue, output, topology.DLQ(queue))
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	env := append(fastPaymentsEnv(r.URL, queue, output),
 		"RETRY_MAX_RETRIES=2", // after fastPaymentsEnv's 3: the last one wins
@@ -259,7 +260,7 @@ func TestPaymentsObservedByPrometheus(t *testing.T) {
 		// Then one payment twice: one more event, and a duplicate.
 		allAttempts = attempts + 2
 	)
-	require.Eventually(t, func() bool { return len(events()) == succeeded && r.Count(queue+".dlq") == deadLetters },
+	require.Eventually(t, func() bool { return len(events()) == succeeded && r.Count(topology.DLQ(queue)) == deadLetters },
 		90*time.Second, 100*time.Millisecond, "the run settles: %d events, %d dead letters", succeeded, deadLetters)
 	// A payment requested again once done is a duplicate: acked without a charge.
 	dup := testenv.Name("pay")

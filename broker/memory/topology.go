@@ -4,10 +4,9 @@ import (
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-)
 
-// DLQName returns the dead-letter queue of queue.
-func DLQName(queue string) string { return queue + ".dlq" }
+	"github.com/sluice-go/sluice/internal/topology"
+)
 
 // DeclareQueue creates queue and its dead-letter queue.
 func (b *Broker) DeclareQueue(_ context.Context, queue string) error {
@@ -15,7 +14,7 @@ func (b *Broker) DeclareQueue(_ context.Context, queue string) error {
 		return ErrClosed
 	}
 	b.queue(queue)
-	b.queue(DLQName(queue))
+	b.queue(topology.DLQ(queue))
 	return nil
 }
 

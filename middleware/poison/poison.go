@@ -31,6 +31,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // MaxStackBytes is the size a panic's stack is truncated to in the record.
@@ -122,7 +123,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
 		// Debug: the telemetry step writes the operator's line at info, rate-limited, so a
 		// DLQ storm cannot flood the log.
-		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,
+		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", topology.DLQ(queue), "message_id", msg.UUID,
 			"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", retries, "error", sluice.ErrorMessage(err))
 		if p.cfg.OnDeadLetter != nil {
 			p.cfg.OnDeadLetter(Event{Queue: queue, MessageID: msg.UUID, ErrorType: record.Metadata.Get(sluice.HeaderErrorType), Retries: retries, Err: err})

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -132,7 +133,7 @@ func TestTimelineFromJaeger(t *testing.T) {
 		`href="http://jaeger.example:16686/trace/` + traceID + `"`,
 		"attempt 1 · retry in 50ms · gateway timeout",
 		"asked 50ms",
-		"send " + fx.queue + ".dlq",
+		"send " + topology.DLQ(fx.queue),
 	} {
 		assert.Contains(t, body, want)
 	}
