@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 // Limits of the AMQP encoding that Marshal keeps to.
@@ -88,30 +89,7 @@ func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) 
 }
 
 // sluiceHeaders are the headers sluice writes; Marshal drops them only after every other.
-var sluiceHeaders = map[string]bool{
-	HeaderDroppedHeaders:          true,
-	sluice.HeaderRetryCount:       true,
-	sluice.HeaderFirstFailureTime: true,
-	sluice.HeaderLastFailureTime:  true,
-	sluice.HeaderLastError:        true,
-	sluice.HeaderLastErrorMessage: true,
-	sluice.HeaderOriginalQueue:    true,
-	sluice.HeaderRetryHistory:     true,
-	sluice.HeaderDeferCount:       true,
-	sluice.HeaderFirstDeferTime:   true,
-	sluice.HeaderIdempotencyKey:   true,
-	sluice.HeaderErrorType:        true,
-	sluice.HeaderErrorMessage:     true,
-	sluice.HeaderErrorStack:       true,
-	sluice.HeaderHandler:          true,
-	sluice.HeaderFailedAt:         true,
-	sluice.HeaderFailedHost:       true,
-	sluice.HeaderFailedPID:        true,
-	sluice.HeaderErrorClass:       true,
-	sluice.HeaderReplayCount:      true,
-	sluice.HeaderTraceParent:      true,
-	sluice.HeaderTraceState:       true,
-}
+var sluiceHeaders = headers.Set([][]string{headers.RetryState, headers.FailureRecord, headers.Carried}, HeaderDroppedHeaders)
 
 // headerFrameSize is the payload size of the content header frame amqp091 writes for pub.
 func headerFrameSize(pub amqp.Publishing) int {

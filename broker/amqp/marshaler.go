@@ -8,6 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	hdr "github.com/sluice-go/sluice/internal/headers"
 )
 
 // Marshaler converts between Watermill messages and AMQP. It implements watermill-amqp's
@@ -25,7 +27,7 @@ import (
 //     a NaN or infinite float, which RabbitMQ cannot parse (it closes the connection). Inside
 //     tables and arrays only JSON's types survive: nested integers come back as int64,
 //     nested bytes, times and decimals as their text, and invalid UTF-8 as U+FFFD;
-//   - headers RabbitMQ owns (see BrokerOwnedHeader) are readable as metadata but never
+//   - headers RabbitMQ owns (x-death and the like) are readable as metadata but never
 //     republished;
 //   - a header named like one of the property and delivery keys above, or starting with
 //     MetadataHeaderPrefix, is metadata under MetadataHeaderPrefix plus its name, so it
@@ -111,7 +113,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 			}
 			continue
 		}
-		if readOnlyMetadata[k] || BrokerOwnedHeader(k) || k == UUIDHeader || k == HeaderDroppedHeaders {
+		if readOnlyMetadata[k] || hdr.BrokerOwned(k) || k == UUIDHeader || k == HeaderDroppedHeaders {
 			continue
 		}
 		name, _ := HeaderName(k) // every key it refuses was handled above
@@ -158,7 +160,7 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		}
 		text, typ := headerText(v)
 		md[k] = text
-		if !BrokerOwnedHeader(name) {
+		if !hdr.BrokerOwned(name) {
 			if types == nil {
 				types = make(map[string]string)
 			}

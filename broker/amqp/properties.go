@@ -86,13 +86,3 @@ func HeaderName(key string) (name string, ok bool) {
 	}
 	return key, true
 }
-
-// BrokerOwnedHeader reports whether RabbitMQ owns a header: sluice reads it and never
-// writes it back, so dead-lettering records do not pile up from retry to retry.
-func BrokerOwnedHeader(key string) bool {
-	switch key {
-	case "x-death", "x-delivery-count", "x-received-from":
-		return true
-	}
-	return strings.HasPrefix(key, "x-first-death-") || strings.HasPrefix(key, "x-last-death-")
-}

@@ -15,7 +15,8 @@
 //
 // If the dead-letter publish fails, the step returns a sluice.HandoffError: the original is
 // nacked and redelivered later, never lost, and the subscriber backs off between nacks so
-// the consumer does not spin. Discard errors are acked and logged at warn level, no copy.
+// the consumer does not spin. Discard errors never reach the step: the retry step inside it
+// acks them (see package retry).
 package poison
 
 import (
@@ -30,6 +31,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -104,11 +106,6 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return out, err
 		}
 		queue := message.SubscribeTopicFromCtx(ctx)
-		if sluice.IsDiscard(err) {
-			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", sluice.ErrorMessage(err))
-			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
-			return nil, nil
-		}
 		record := p.Record(msg, queue, err)
 		// A handler deadline outside this step must not fail the dead-letter publish.
 		hctx, cancel := lifecycle.HandoffContext(ctx)
@@ -148,20 +145,8 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	} else {
 		delete(md, sluice.HeaderErrorStack)
 	}
-	if md.Get(sluice.HeaderOriginalQueue) == "" {
-		md.Set(sluice.HeaderOriginalQueue, queue)
-	}
 	md.Set(sluice.HeaderHandler, message.HandlerNameFromCtx(msg.Context()))
-	md.Set(sluice.HeaderRetryCount, strconv.Itoa(retries))
-	if _, ok := sluice.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); !ok {
-		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(now))
-	}
-	md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
-	md.Set(sluice.HeaderLastError, errType)
-	md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
-	md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
-		At: now.UTC(), Attempt: retries + 1, Type: errType, Message: sluice.ErrorMessage(err),
-	}))
+	headers.StampFailure(md, msg.Metadata, headers.Failure{Queue: queue, RetryCount: retries, Attempt: retries + 1, Now: now, Err: err})
 	md.Set(sluice.HeaderFailedAt, sluice.FormatTime(now))
 	md.Set(sluice.HeaderFailedHost, p.cfg.Host)
 	md.Set(sluice.HeaderFailedPID, p.pid)

@@ -32,6 +32,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
@@ -239,21 +240,10 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if berr != nil {
 			return nil, berr
 		}
-		errType := sluice.ErrorType(err)
-
 		retryCopy := sluice.CopyMessage(msg)
-		md := retryCopy.Metadata
-		md.Set(sluice.HeaderRetryCount, strconv.Itoa(count+1))
-		md.Set(sluice.HeaderFirstFailureTime, sluice.FormatTime(first))
-		md.Set(sluice.HeaderLastFailureTime, sluice.FormatTime(now))
-		md.Set(sluice.HeaderLastError, errType)
-		md.Set(sluice.HeaderLastErrorMessage, sluice.Truncate(sluice.ErrorMessage(err), sluice.MaxErrorMessageBytes))
-		if md.Get(sluice.HeaderOriginalQueue) == "" {
-			md.Set(sluice.HeaderOriginalQueue, queue)
-		}
-		md.Set(sluice.HeaderRetryHistory, sluice.AppendHistory(msg.Metadata, sluice.HistoryEntry{
-			At: now.UTC(), Attempt: attempt, Type: errType, Message: sluice.ErrorMessage(err),
-		}))
+		headers.StampFailure(retryCopy.Metadata, msg.Metadata, headers.Failure{
+			Queue: queue, RetryCount: count + 1, Attempt: attempt, First: first, Now: now, Err: err,
+		})
 		if herr := r.cfg.Delayer.Delay(hctx, queue, delay, retryCopy); herr != nil {
 			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
 			sluice.ReportOutcome(ctx, sluice.Report{Outcome: sluice.OutcomeNack, Attempt: attempt, Err: herr})
