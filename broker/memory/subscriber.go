@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/internal/pausegate"
 )
 
 // SubscribeOptions tune one subscription; they mean what they mean for RabbitMQ.
@@ -31,7 +33,7 @@ type subscriber struct {
 	wg      sync.WaitGroup
 	nacks   int64
 	nackMu  sync.Mutex
-	gate    gate // Pause and Resume (pause.go)
+	gate    pausegate.Gate // Pause and Resume (pause.go)
 }
 
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -80,10 +82,10 @@ func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Mes
 		if s.stop(ctx) {
 			return
 		}
-		st := s.gate.state()
-		if !st.admits(worker) {
+		st := s.gate.State()
+		if !st.Admits(worker) {
 			select {
-			case <-st.changed:
+			case <-st.Changed:
 			case <-ctx.Done():
 			case <-s.closing:
 			case <-s.b.closing:
@@ -94,7 +96,7 @@ func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Mes
 		if !ok {
 			select {
 			case <-q.avail:
-			case <-st.changed:
+			case <-st.Changed:
 			case <-ctx.Done():
 				return
 			case <-s.closing:
@@ -121,7 +123,7 @@ func (s *subscriber) work(ctx context.Context, q *queue, out chan<- *message.Mes
 			q.push(m, true)
 			cancel()
 			return
-		case <-st.changed:
+		case <-st.Changed:
 			q.push(m, true)
 			cancel()
 			continue
