@@ -14,9 +14,9 @@ import (
 
 // Key-partitioned consumption (see the package documentation, "Partitioned queues").
 const (
-	// ConsistentHashExchangeType is the exchange type of RabbitMQ's consistent-hash plugin,
+	// consistentHashExchangeType is the exchange type of RabbitMQ's consistent-hash plugin,
 	// rabbitmq_consistent_hash_exchange, which routes a partitioned queue's messages.
-	ConsistentHashExchangeType = "x-consistent-hash"
+	consistentHashExchangeType = "x-consistent-hash"
 	// MaxPartitionKeyBytes is the longest partition key: it travels as the routing key,
 	// which AMQP 0-9-1 limits to 255 bytes.
 	MaxPartitionKeyBytes = 255
@@ -37,7 +37,7 @@ var (
 
 // consistentHashType is the exchange type DeclarePartitioned declares; tests point it at a
 // type no broker has, to exercise the missing-plugin path on any RabbitMQ.
-var consistentHashType = ConsistentHashExchangeType
+var consistentHashType = consistentHashExchangeType
 
 // DeclarePartitioned declares queue as partitions key-partitioned queues: the
 // consistent-hash exchange topology.PartitionExchange(queue); the queues topology.Partition(queue, 0 …

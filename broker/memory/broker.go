@@ -12,6 +12,12 @@ import (
 	"time"
 )
 
+// Config's zero values.
+const (
+	defaultNackBackoffMax = 10 * time.Second
+	defaultDrainTimeout   = 30 * time.Second
+)
+
 // ErrClosed is returned by operations on a closed broker.
 var ErrClosed = errors.New("memory: broker closed")
 
@@ -47,10 +53,10 @@ type Broker struct {
 // New starts an embedded broker.
 func New(cfg Config) *Broker {
 	if cfg.NackBackoffMax <= 0 {
-		cfg.NackBackoffMax = 10 * time.Second
+		cfg.NackBackoffMax = defaultNackBackoffMax
 	}
 	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = 30 * time.Second
+		cfg.DrainTimeout = defaultDrainTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -42,11 +42,15 @@ func (h *scheduleHeap) Pop() any {
 	return x
 }
 
+// idleWait is how long the scheduler's timer waits with nothing scheduled; a Delay wakes it
+// at once, so the value only bounds an idle loop.
+const idleWait = time.Hour
+
 // runScheduler moves due messages into their queues. One timer, reset to the earliest due
 // time, serves every delay: a long delay never holds back a short one.
 func (b *Broker) runScheduler() {
 	defer b.wg.Done()
-	timer := time.NewTimer(time.Hour)
+	timer := time.NewTimer(idleWait)
 	defer timer.Stop()
 	for {
 		b.mu.Lock()
@@ -55,7 +59,7 @@ func (b *Broker) runScheduler() {
 		for len(b.sched) > 0 && !b.sched[0].due.After(now) {
 			due = append(due, heap.Pop(&b.sched).(scheduled))
 		}
-		next := time.Hour
+		next := idleWait
 		if len(b.sched) > 0 {
 			next = b.sched[0].due.Sub(now)
 		}

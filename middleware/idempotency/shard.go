@@ -13,6 +13,9 @@ const sweepBudget = 2
 // to the back instead of evicting, before it evicts whatever is oldest.
 const maxRelocations = 8
 
+// cacheLineBytes is the cache line size of the CPUs sluice runs on (amd64, arm64).
+const cacheLineBytes = 64
+
 // Shard counts: up to maxShards (lock striping), but never so many that a shard holds fewer
 // than minShardKeys, so that a small store still evicts in global insertion order.
 const (
@@ -32,7 +35,7 @@ type shard struct {
 	// (tests, coarse clocks); see nextToken.
 	lastToken int64
 	st        counters
-	_         [64]byte // keeps neighbouring shards' locks off one cache line
+	_         [cacheLineBytes]byte // keeps neighbouring shards' locks off one cache line
 }
 
 type counters struct {
