@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/dlqfill"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // benchMessages is the size of the DLQ operations' benchmarks: 20,000 by default, the
@@ -73,7 +74,7 @@ func BenchmarkDLQ(b *testing.B) {
 	fill := func(b *testing.B, total int) string {
 		b.Helper()
 		q := benchenv.SluiceQueue(b, r, br, "bench.dlq")
-		r.DeleteQueues(amqp.ArchiveName(q))
+		r.DeleteQueues(topology.Archive(q))
 		// Two records made by the poison step, copied with each message's id: making each
 		// record anew would make filling the DLQ the longest part of the benchmark.
 		rec := dlqfill.NewRecorder(b, q)
@@ -83,7 +84,7 @@ func BenchmarkDLQ(b *testing.B) {
 		}
 		gw := templates[0]
 		gatewayGroup = dlq.NewRecord(amqp091.Delivery{Headers: gw.Headers, Body: gw.Body, ContentType: gw.ContentType}, q, 1, time.Now()).GroupID
-		dlqfill.Publish(b, r.Conn, amqp.DLQName(q), total, func(i int) amqp091.Publishing {
+		dlqfill.Publish(b, r.Conn, topology.DLQ(q), total, func(i int) amqp091.Publishing {
 			pub := templates[min(i%4, 1)]
 			headers := make(amqp091.Table, len(pub.Headers))
 			for k, v := range pub.Headers {

@@ -7,8 +7,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/mask"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Errors a caller tells apart (the CLI maps them to exit codes).
@@ -28,10 +28,10 @@ var (
 )
 
 // DLQName returns the dead-letter queue of queue (broker/amqp's naming).
-func DLQName(queue string) string { return sluiceamqp.DLQName(queue) }
+func DLQName(queue string) string { return topology.DLQ(queue) }
 
 // ArchiveName returns the archive of queue's dead letters (broker/amqp's naming).
-func ArchiveName(queue string) string { return sluiceamqp.ArchiveName(queue) }
+func ArchiveName(queue string) string { return topology.Archive(queue) }
 
 // DialTimeout bounds the TCP and AMQP handshake of Dial.
 const DialTimeout = 10 * time.Second

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -34,7 +35,7 @@ func newFixture(t *testing.T, qt amqp.QueueType) *fixture {
 	t.Helper()
 	r := testenv.NewRabbit(t)
 	queue := testenv.Name("test.dlq." + string(qt))
-	r.DeleteQueues(queue, amqp.DLQName(queue))
+	r.DeleteQueues(queue, topology.DLQ(queue))
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, QueueType: qt})
@@ -44,7 +45,7 @@ func newFixture(t *testing.T, qt amqp.QueueType) *fixture {
 	conn, err := amqp091.Dial(r.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	return &fixture{rabbit: r, conn: conn, queue: queue, dlq: amqp.DLQName(queue)}
+	return &fixture{rabbit: r, conn: conn, queue: queue, dlq: topology.DLQ(queue)}
 }
 
 // failure describes one dead-lettered message to create.

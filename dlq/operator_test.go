@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/dlqfill"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // groupCase is one failure group of the mixed DLQ: how many messages, and the error of
@@ -176,9 +177,9 @@ func TestOperationsByGroup(t *testing.T) {
 				res, err := op.Archive(ctx, fx.queue, dlq.Selector{Group: groupID["account panic"]}, dlq.Options{})
 				require.NoError(t, err)
 				assert.Equal(t, 3, res.Moved)
-				archive := amqp.ArchiveName(fx.queue)
+				archive := topology.Archive(fx.queue)
 				fx.rabbit.DeleteQueues(archive)
-				assert.Equal(t, fx.queue+".dlq.archive", archive)
+				assert.Equal(t, topology.Archive(fx.queue), archive)
 				assert.Equal(t, idsOf("account panic"), fx.peek(t, archive))
 				assert.Equal(t, left("gateway", "account panic"), fx.peek(t, fx.dlq))
 				assertRetention(t, fx, archive, dlq.DefaultRetention)
@@ -209,7 +210,7 @@ func TestOperationsByGroup(t *testing.T) {
 					assert.Nil(t, d.Headers[dlq.HeaderArchivedAt], "a replay removes the archive stamp")
 					assert.Nil(t, d.Headers[sluice.HeaderErrorStack])
 				}
-				assert.Equal(t, 0, fx.rabbit.Count(amqp.ArchiveName(fx.queue)))
+				assert.Equal(t, 0, fx.rabbit.Count(topology.Archive(fx.queue)))
 			})
 			t.Run("replay to a missing queue moves nothing", func(t *testing.T) {
 				_, err := op.Replay(ctx, fx.queue, dlq.Selector{All: true}, dlq.Options{To: fx.queue + ".nowhere"})

@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice"
-	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 // Replayer is the replay of one Selector back to each message's original queue, with the
@@ -88,30 +88,12 @@ func quoteAll(ids []string) string {
 // resetOnReplay are the headers a replay removes: the retry state and the failure record,
 // so the message starts over with a full set of retries. x-original-queue stays (it names
 // the queue the message goes back to).
-var resetOnReplay = map[string]bool{
-	sluice.HeaderRetryCount:       true,
-	sluice.HeaderFirstFailureTime: true,
-	sluice.HeaderLastFailureTime:  true,
-	sluice.HeaderLastError:        true,
-	sluice.HeaderLastErrorMessage: true,
-	sluice.HeaderRetryHistory:     true,
-	sluice.HeaderDeferCount:       true,
-	HeaderArchivedAt:              true,
-	sluice.HeaderFirstDeferTime:   true,
-	sluice.HeaderErrorType:        true,
-	sluice.HeaderErrorMessage:     true,
-	sluice.HeaderErrorStack:       true,
-	sluice.HeaderErrorClass:       true,
-	sluice.HeaderHandler:          true,
-	sluice.HeaderFailedAt:         true,
-	sluice.HeaderFailedHost:       true,
-	sluice.HeaderFailedPID:        true,
-}
+var resetOnReplay = headers.Set([][]string{headers.RetryState, headers.FailureRecord}, HeaderArchivedAt)
 
 // ResetHeader reports whether a replay removes header key: the retry and failure-record
 // headers and the headers RabbitMQ owns (x-death, ...).
 func ResetHeader(key string) bool {
-	return resetOnReplay[key] || sluiceamqp.BrokerOwnedHeader(key)
+	return resetOnReplay[key] || headers.BrokerOwned(key)
 }
 
 // ReplayPublishing returns the publishing that replays d: its body, properties and headers,

@@ -11,7 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice"
-	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Events nobody was bound for. Every exchange sluice declares has the alternate exchange
@@ -24,7 +24,7 @@ import (
 // service of the vhost: select by exchange.
 
 // UnroutedQueue is the queue that keeps events no queue was bound for.
-const UnroutedQueue = sluiceamqp.UnroutedQueue
+const UnroutedQueue = topology.UnroutedQueue
 
 // Headers a restored event carries: an event put back into sluice.unrouted by hand (after
 // its replay was returned) no longer has its exchange and routing key as delivery fields.
@@ -59,7 +59,7 @@ type UnroutedEvent struct {
 // NewUnroutedEvent describes delivery d, read at position pos of sluice.unrouted.
 func NewUnroutedEvent(d amqp.Delivery, pos int) UnroutedEvent {
 	ev := UnroutedEvent{Position: pos, ID: MessageID(d), Exchange: d.Exchange, RoutingKey: d.RoutingKey, Published: d.Timestamp, Headers: d.Headers}
-	if x, ok := d.Headers[HeaderUnroutedExchange].(string); ok && (d.Exchange == "" || d.Exchange == sluiceamqp.UnroutedExchange) {
+	if x, ok := d.Headers[HeaderUnroutedExchange].(string); ok && (d.Exchange == "" || d.Exchange == topology.UnroutedExchange) {
 		ev.Exchange = x
 		ev.RoutingKey, _ = d.Headers[HeaderUnroutedRoutingKey].(string)
 	}
@@ -228,7 +228,7 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 		if !sel.Match(ev) {
 			continue
 		}
-		if ev.Exchange == "" || ev.Exchange == sluiceamqp.UnroutedExchange {
+		if ev.Exchange == "" || ev.Exchange == topology.UnroutedExchange {
 			res.Failed = append(res.Failed, Failure{ID: ev.ID, Err: fmt.Errorf("event %q has no exchange to go back to: %w", ev.ID, ErrNoExchange)})
 			continue
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // unroutedFixture is an exchange sluice declared (with its alternate exchange) and a
@@ -100,7 +101,7 @@ func TestUnroutedListAndReplay(t *testing.T) {
 	assert.Equal(t, 1, fx.list(t)[0].Replays)
 
 	queue := testenv.Name("test.unrouted.sub")
-	fx.rabbit.DeleteQueues(queue, amqp.DLQName(queue))
+	fx.rabbit.DeleteQueues(queue, topology.DLQ(queue))
 	require.NoError(t, fx.broker.DeclareSubscription(ctx, queue, []amqp.Binding{{Exchange: fx.exchange, Keys: []string{"order.paid"}}}, false))
 	res, err = dlq.ReplayUnrouted(ctx, fx.rabbit.Conn, dlq.UnroutedSelector{Exchange: fx.exchange, RoutingKey: "order.paid"}, false)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/outbox"
 )
 
@@ -19,7 +20,7 @@ import (
 func BenchmarkOutboxPublish(b *testing.B) {
 	rabbit := testenv.NewRabbit(b)
 	queue := testenv.Name("outbox.bench")
-	rabbit.DeleteQueues(queue, queue+".dlq")
+	rabbit.DeleteQueues(queue, topology.DLQ(queue))
 	br := connect(b, rabbit.URL, queue)
 	payload := []byte(`{"payment_id":"p-1","amount":1250,"currency":"EUR"}`)
 
@@ -108,8 +109,8 @@ func BenchmarkOutboxPublishPostgres(b *testing.B) {
 	}
 	defer db.Close()
 	queue := testenv.Name("outbox.bench.pg")
-	rabbit.DeleteQueues(queue, queue+".dlq")
-	b.Cleanup(func() { rabbit.DeleteQueues(queue, queue+".dlq") })
+	rabbit.DeleteQueues(queue, topology.DLQ(queue))
+	b.Cleanup(func() { rabbit.DeleteQueues(queue, topology.DLQ(queue)) })
 	br := connect(b, rabbit.URL, queue)
 	payload := []byte(`{"payment_id":"p-1","amount":1250,"currency":"EUR"}`)
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/outbox"
 )
 
@@ -103,7 +104,7 @@ func TestOutbox_CopiesOfLostConfirmsHaveTheirEffectOnce(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			queue := testenv.Name("outbox.lost")
-			rabbit.DeleteQueues(queue, queue+".dlq")
+			rabbit.DeleteQueues(queue, topology.DLQ(queue))
 			b := connect(t, rabbit.URL, queue)
 			lossy := &lostConfirms{
 				pub:   contextPublisher{b.Publisher(), b.Publisher().PublishTo},

@@ -12,13 +12,14 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/outbox"
 )
 
 func TestPublisher_BrokerUpPublishesDirectly(t *testing.T) {
 	rabbit := testenv.NewRabbit(t)
 	queue := testenv.Name("outbox.direct")
-	rabbit.DeleteQueues(queue, queue+".dlq")
+	rabbit.DeleteQueues(queue, topology.DLQ(queue))
 	b := connect(t, rabbit.URL, queue)
 	ob, err := outbox.New(b.Publisher(), outbox.Config{Dir: t.TempDir(), Logger: quietLogger()})
 	require.NoError(t, err)
@@ -33,7 +34,7 @@ func TestPublisher_BrokerUpPublishesDirectly(t *testing.T) {
 func TestPublisher_UnroutableIsTheCallersError(t *testing.T) {
 	rabbit := testenv.NewRabbit(t)
 	queue := testenv.Name("outbox.unroutable")
-	rabbit.DeleteQueues(queue, queue+".dlq")
+	rabbit.DeleteQueues(queue, topology.DLQ(queue))
 	b := connect(t, rabbit.URL, queue)
 	ob, err := outbox.New(b.Publisher(), outbox.Config{Dir: t.TempDir(), Logger: quietLogger()})
 	require.NoError(t, err)
@@ -49,7 +50,7 @@ func TestPublisher_UnroutableIsTheCallersError(t *testing.T) {
 func TestPublisher_ForwardsLeftEntriesFirstAndSetsAsideUnroutable(t *testing.T) {
 	rabbit := testenv.NewRabbit(t)
 	queue := testenv.Name("outbox.left")
-	rabbit.DeleteQueues(queue, queue+".dlq")
+	rabbit.DeleteQueues(queue, topology.DLQ(queue))
 	b := connect(t, rabbit.URL, queue)
 	dir := t.TempDir()
 

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
 )
@@ -157,7 +158,7 @@ func runBatchScenario(t *testing.T, url string, batch bool) (*scenarioLedger, ma
 	t.Helper()
 	r := testenv.NewRabbit(t)
 	q := testenv.Name("test.batch")
-	r.DeleteQueues(q, amqp.DLQName(q))
+	r.DeleteQueues(q, topology.DLQ(q))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	br, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: silentLogger})
@@ -204,14 +205,14 @@ func runBatchScenario(t *testing.T, url string, batch bool) (*scenarioLedger, ma
 	serve(t, s)
 	wantCommitted := batchScenarioMessages - batchScenarioMessages/50 - 1
 	require.Eventually(t, func() bool {
-		return ledger.committedTotal() == wantCommitted && r.Count(amqp.DLQName(q)) == batchScenarioMessages/50+1
+		return ledger.committedTotal() == wantCommitted && r.Count(topology.DLQ(q)) == batchScenarioMessages/50+1
 	}, 60*time.Second, 50*time.Millisecond, "committed %d of %d", ledger.committedTotal(), wantCommitted)
 	// Deferred duplicates come back after the test's goal is met: they must not commit.
 	assert.Never(t, func() bool { return ledger.committedTotal() != wantCommitted }, time.Second, 50*time.Millisecond)
 
 	dead := map[int]string{}
 	for {
-		d, ok := r.Get(amqp.DLQName(q))
+		d, ok := r.Get(topology.DLQ(q))
 		if !ok {
 			break
 		}

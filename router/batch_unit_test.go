@@ -17,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -93,7 +93,7 @@ func TestHandleBatch_WaitAndWrongResultCount(t *testing.T) {
 	assert.Equal(t, []int{3}, sizes, "the three messages are one batch, called after the wait")
 	mu.Unlock()
 
-	dlq := memory.DLQName("bad")
+	dlq := topology.DLQ("bad")
 	require.Eventually(t, func() bool { return b.mem.Len(dlq) == 1 }, 10*time.Second, 5*time.Millisecond)
 	dead := b.mem.Peek(dlq)[0]
 	assert.Contains(t, dead.Metadata.Get(sluice.HeaderErrorMessage), "wrong number of results")
@@ -123,14 +123,14 @@ func TestHandleBatchWithOutput_PerMessageOutputs(t *testing.T) {
 		publish(t, b, "payments", id)
 	}
 	require.Eventually(t, func() bool {
-		return b.mem.Len("ledger") == 2 && b.mem.Len(memory.DLQName("payments")) == 1
+		return b.mem.Len("ledger") == 2 && b.mem.Len(topology.DLQ("payments")) == 1
 	}, 10*time.Second, 5*time.Millisecond)
 	var entries []string
 	for _, m := range b.mem.Peek("ledger") {
 		entries = append(entries, string(m.Payload))
 	}
 	assert.ElementsMatch(t, []string{"entry of m-1", "entry of m-2"}, entries)
-	assert.Equal(t, "m-bad", b.mem.Peek(memory.DLQName("payments"))[0].UUID)
+	assert.Equal(t, "m-bad", b.mem.Peek(topology.DLQ("payments"))[0].UUID)
 }
 
 // Every message has its own consumer span, in its own trace; the batch call has one span

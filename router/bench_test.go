@@ -28,6 +28,7 @@ import (
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -225,7 +226,7 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 	}
 	// A delay of 0 sets no digit, so the cheapest correct route into the cascade is its
 	// lowest level, whose exchange passes the message to the delivery exchange.
-	exchange := fmt.Sprintf("%s%02d", amqp.DelayExchangePrefix, 0)
+	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 0)
 	key := benchZeroDelayKey(q)
 	var rec message.Metadata
 	if record {

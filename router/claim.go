@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // partitionClaimInterval is how often an instance claims one more free partition; see
@@ -103,7 +105,7 @@ func (c *claimer) run(ctx context.Context) {
 				others := held - mine
 				if mine == 0 || others <= 0 || mine <= others || time.Since(freeSince) >= c.timeout {
 					k := pick(pending)
-					c.logger.Debug("claiming partition", "queue", PartitionQueue(c.queue, k), "held_here", mine, "held_elsewhere", others)
+					c.logger.Debug("claiming partition", "queue", topology.Partition(c.queue, k), "held_here", mine, "held_elsewhere", others)
 					close(c.turns[k])
 					delete(pending, k)
 					mine++
@@ -134,7 +136,7 @@ func (c *claimer) run(ctx context.Context) {
 func (c *claimer) survey(ctx context.Context, pending map[int]bool) (held int, free map[int]bool, err error) {
 	free = map[int]bool{}
 	for k := 0; k < c.partitions; k++ {
-		n, err := c.counter.ConsumerCount(ctx, PartitionQueue(c.queue, k))
+		n, err := c.counter.ConsumerCount(ctx, topology.Partition(c.queue, k))
 		if err != nil {
 			return 0, nil, err
 		}

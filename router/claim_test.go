@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -68,7 +69,7 @@ func startInstance(t *testing.T, f *fakeSAC, name string, partitions int, interv
 			defer wg.Done()
 			select {
 			case <-c.Turn(k):
-				f.subscribe(router.PartitionQueue("q", k), name)
+				f.subscribe(topology.Partition("q", k), name)
 			case <-ctx.Done():
 			}
 		}()

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // ErrPartitions is returned for a negative partition count.
@@ -42,10 +44,6 @@ var ErrPartitions = errors.New("router: partitions must be 1 or more")
 // The handlers of one WithPartitions registration share one breaker (named after the
 // handler unless WithBreaker says otherwise). Zero means no partitions.
 func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.partitions = p } }
-
-// PartitionQueue returns the name of partition k of queue, "<queue>.p<k>", as the brokers
-// declare it.
-func PartitionQueue(queue string, k int) string { return queue + ".p" + strconv.Itoa(k) }
 
 // PartitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
 func PartitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
@@ -100,7 +98,7 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 		} else if claim != nil {
 			sub = &claimedSubscriber{inner: sub, claim: claim, k: k, logger: s.logger, closing: make(chan struct{})}
 		}
-		s.router.AddConsumerHandler(hname, PartitionQueue(queue, k), sub, func(m *message.Message) error {
+		s.router.AddConsumerHandler(hname, topology.Partition(queue, k), sub, func(m *message.Message) error {
 			_, err := stack(m)
 			return err
 		})

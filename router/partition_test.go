@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -95,7 +96,7 @@ func TestPartitionedHandlerConsumesEachKeyOnOnePartition(t *testing.T) {
 	for _, a := range seen.snapshot() {
 		k := strings.TrimPrefix(a.queue, "q.p")
 		assert.Equal(t, "work#"+k, a.handler, "handler of partition queue %s", a.queue)
-		assert.Equal(t, router.PartitionQueue("q", atoi(t, k)), a.queue)
+		assert.Equal(t, topology.Partition("q", atoi(t, k)), a.queue)
 		if prev, ok := partitionOf[a.key]; ok {
 			assert.Equal(t, prev, a.queue, "key %s consumed from two partitions", a.key)
 		}
@@ -136,8 +137,8 @@ func TestPartitionedRetryAndDeadLetterStayOnThePartition(t *testing.T) {
 		assert.Equal(t, queues[k][0], queues[k][1], "key %s retried on another partition", k)
 	}
 
-	require.Eventually(t, func() bool { return b.Len(memory.DLQName("q")) == 1 }, 5*time.Second, 10*time.Millisecond, "dead letter in the shared DLQ q.dlq")
-	dead := b.Peek(memory.DLQName("q"))[0]
+	require.Eventually(t, func() bool { return b.Len(topology.DLQ("q")) == 1 }, 5*time.Second, 10*time.Millisecond, "dead letter in the shared DLQ q.dlq")
+	dead := b.Peek(topology.DLQ("q"))[0]
 	assert.Equal(t, queues["poison"][0], dead.Metadata.Get(sluice.HeaderOriginalQueue), "the record names the partition, where a replay must go")
 	assert.Equal(t, router.PartitionHandlerName("work", atoi(t, strings.TrimPrefix(queues["poison"][0], "q.p"))), dead.Metadata.Get(sluice.HeaderHandler))
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/delaybench"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -364,7 +365,7 @@ func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 		}
 	}
 	key = append(key, q...)
-	exchange := fmt.Sprintf("%s%02d", amqp.DelayExchangePrefix, 15)
+	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 15)
 	body := benchenv.Payload[:64]
 	pending := make(chan *amqp091.DeferredConfirmation, 1024)
 	nacked := make(chan int)

@@ -19,7 +19,7 @@ import (
 // partitions fairly and move them when an instance joins or leaves, on a broker that
 // keeps a membership (RabbitMQ: amqp.Broker.Join). Each instance announces itself every
 // heartbeat (zero means amqp.DefaultHeartbeatInterval) on the fanout exchange
-// amqp.MembersExchange(queue) and lists the instances heard within three heartbeats; all
+// topology.Members(queue) and lists the instances heard within three heartbeats; all
 // compute the same assignment from that list (AssignPartitions) and each consumes only
 // its own partitions. An instance gives a partition up between messages: it cancels its
 // consumer, hands the router what was already delivered or gives it back, waits for the

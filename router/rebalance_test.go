@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
 )
@@ -148,9 +149,9 @@ func TestRebalancing_JoinAndKillConvergeAndLoseNothing(t *testing.T) {
 	url := node.URL()
 	r := node.Rabbit(t)
 	queue := testenv.Name("test.rebalance")
-	queues := []string{amqp.DLQName(queue)}
+	queues := []string{topology.DLQ(queue)}
 	for k := range 8 {
-		queues = append(queues, router.PartitionQueue(queue, k))
+		queues = append(queues, topology.Partition(queue, k))
 	}
 	r.DeleteQueues(queues...)
 	bank := &rebalanceBank{charged: map[string]int{}, by: map[string][]string{}}

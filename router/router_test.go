@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -253,7 +254,7 @@ func TestOrder_HandlerPanicIsRetriedThenDeadLettered(t *testing.T) {
 	serve(t, s)
 
 	publish(t, b, "payments", "m-panic")
-	dlq := memory.DLQName("payments")
+	dlq := topology.DLQ("payments")
 	require.Eventually(t, func() bool { return b.mem.Len(dlq) == 1 }, 10*time.Second, 5*time.Millisecond, "the panicking message was not dead-lettered")
 
 	assert.Equal(t, []string{"", "1", "2"}, retryCounts(rec.all()), "first attempt and %d retries", maxRetries)
@@ -304,7 +305,7 @@ func TestOrder_FailedOutputPublishIsRetriedNotMarkedDone(t *testing.T) {
 	assert.Equal(t, []string{"", "1"}, retryCounts(calls))
 	assert.Contains(t, calls[1].lastError, errOutputDown.Error(), "the retry was caused by the output publish")
 	assert.Equal(t, "entry of m-out, call 2", string(b.mem.Peek("ledger")[0].Payload), "only the confirmed publish's output exists")
-	assert.Zero(t, b.mem.Len(memory.DLQName("payments")))
+	assert.Zero(t, b.mem.Len(topology.DLQ("payments")))
 
 	// The successful attempt did mark the key done: the idempotency step is in the stack.
 	publish(t, b, "payments", "m-out")
@@ -351,7 +352,7 @@ func TestOrder_TimeoutContextIsRestoredForTheHandoff(t *testing.T) {
 	assert.Equal(t, "1", calls[1].retryCount)
 	assert.Contains(t, calls[1].lastError, context.DeadlineExceeded.Error())
 	assert.Equal(t, []error{nil}, b.delayContextErrors(), "the hand-off ran with a cancelled context")
-	assert.Zero(t, b.mem.Len(memory.DLQName("payments")))
+	assert.Zero(t, b.mem.Len(topology.DLQ("payments")))
 }
 
 // (d) A Defer from the handler goes back to the broker without using an attempt: with one
@@ -379,7 +380,7 @@ func TestOrder_DeferDoesNotUseAnAttempt(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatalf("the message never succeeded; deliveries: %+v, dead letters: %d", rec.all(), b.mem.Len(memory.DLQName("stock")))
+		t.Fatalf("the message never succeeded; deliveries: %+v, dead letters: %d", rec.all(), b.mem.Len(topology.DLQ("stock")))
 	}
 	calls := rec.all()
 	assert.Equal(t, []string{"", "1", "1", "1"}, retryCounts(calls), "x-retry-count must not change on a deferral")
@@ -388,5 +389,5 @@ func TestOrder_DeferDoesNotUseAnAttempt(t *testing.T) {
 		defers = append(defers, c.deferCount)
 	}
 	assert.Equal(t, []string{"", "", "1", "2"}, defers)
-	assert.Zero(t, b.mem.Len(memory.DLQName("stock")))
+	assert.Zero(t, b.mem.Len(topology.DLQ("stock")))
 }

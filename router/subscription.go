@@ -11,22 +11,24 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/binding"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
-// ExchangeKind is the type of an exchange a handler subscribes or publishes to.
-type ExchangeKind string
+// ExchangeKind is the type of an exchange a handler subscribes or publishes to: the same
+// type as the brokers' (internal/binding holds the kinds and their rules).
+type ExchangeKind = binding.Kind
 
 // Exchange kinds, as in AMQP.
 const (
 	// Topic routes on dot-separated binding keys; * is one word, # zero or more.
-	Topic ExchangeKind = "topic"
+	Topic = binding.Topic
 	// Direct routes on the exact binding key.
-	Direct ExchangeKind = "direct"
+	Direct = binding.Direct
 	// Fanout sends every event to every bound queue.
-	Fanout ExchangeKind = "fanout"
+	Fanout = binding.Fanout
 	// Headers routes on header (metadata) values.
-	Headers ExchangeKind = "headers"
+	Headers = binding.Headers
 )
 
 // RoutingKeyMetadata is the metadata key with which a handler gives one output message its
@@ -91,7 +93,7 @@ func WithAdopt() HandlerOption { return func(c *handlerConfig) { c.sub.adopt = t
 // WithOutputExchange publishes the handler's output messages to an exchange, confirmed,
 // with out.RoutingKey or the message's own RoutingKeyMetadata, instead of to a queue; use
 // it with HandleWithOutput and an empty output topic. An event nobody is bound for is
-// kept in sluice.unrouted (see amqp.UnroutedQueue), from where `sluice dlq replay
+// kept in sluice.unrouted (see topology.UnroutedQueue), from where `sluice dlq replay
 // --unrouted` sends it again once someone subscribes.
 func WithOutputExchange(out Output) HandlerOption {
 	return func(c *handlerConfig) { c.sub.output = &out }

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -114,14 +115,14 @@ func TestSubscriptionAndExchangeOutputOnTheEmbeddedBroker(t *testing.T) {
 
 	require.NoError(t, mem.PublishToExchange(ctx, "orders", "order.created", message.NewMessage("o1", []byte("x"))))
 	require.NoError(t, mem.PublishToExchange(ctx, "orders", "order.paid", message.NewMessage("o2", []byte("x"))))
-	require.Eventually(t, func() bool { return mem.Len("audit") == 1 && mem.Len(memory.UnroutedQueue) == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return mem.Len("audit") == 1 && mem.Len(topology.UnroutedQueue) == 2 }, 5*time.Second, 5*time.Millisecond)
 
 	audit := mem.Peek("audit")[0]
 	require.Equal(t, "ok-o1", audit.UUID)
 	require.Equal(t, "check.passed", audit.Metadata.Get(memory.MetadataRoutingKey))
 	require.Empty(t, audit.Metadata.Get(router.RoutingKeyMetadata))
 	unrouted := map[string]string{}
-	for _, m := range mem.Peek(memory.UnroutedQueue) {
+	for _, m := range mem.Peek(topology.UnroutedQueue) {
 		unrouted[m.UUID] = m.Metadata.Get(memory.MetadataExchange) + " " + m.Metadata.Get(memory.MetadataRoutingKey)
 		require.Empty(t, m.Metadata.Get(router.RoutingKeyMetadata))
 	}
@@ -145,8 +146,8 @@ func TestExchangeOutputIsTraced(t *testing.T) {
 	}, router.WithOutputExchange(router.Output{Exchange: "events", Kind: router.Fanout})))
 	runSubscribed(t, s)
 	require.NoError(t, mem.Publish("in", message.NewMessage("m1", nil)))
-	require.Eventually(t, func() bool { return mem.Len(memory.UnroutedQueue) == 1 }, 5*time.Second, 5*time.Millisecond)
-	out := mem.Peek(memory.UnroutedQueue)[0]
+	require.Eventually(t, func() bool { return mem.Len(topology.UnroutedQueue) == 1 }, 5*time.Second, 5*time.Millisecond)
+	out := mem.Peek(topology.UnroutedQueue)[0]
 	require.NotEmpty(t, out.Metadata.Get("traceparent"))
 	var names []string
 	for _, sp := range spans.Ended() {

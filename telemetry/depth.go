@@ -11,6 +11,8 @@ import (
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Queue kinds, the values of otelnames.MetricAttrKind.
@@ -23,14 +25,13 @@ const (
 
 // UnroutedQueue holds the events no queue was bound to (docs/DESIGN.md: the alternate exchange
 // of sluice's exchanges).
-const UnroutedQueue = "sluice.unrouted"
+const UnroutedQueue = topology.UnroutedQueue
 
 // ArchiveSuffix is appended to a dead-letter queue's name to name its archive.
-// ArchiveName builds the name here until the broker package names archives itself.
-const ArchiveSuffix = ".archive"
+const ArchiveSuffix = topology.ArchiveSuffix
 
 // ArchiveName returns the archive of queue's dead-letter queue: Q.dlq.archive.
-func ArchiveName(queue string) string { return queue + DeadLetterSuffix + ArchiveSuffix }
+func ArchiveName(queue string) string { return topology.Archive(queue) }
 
 // Errors of WatchDepth.
 var (

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // scopeName is the instrumentation scope of sluice's tracer and meter.
@@ -23,10 +24,10 @@ const scopeName = "github.com/sluice-go/sluice/telemetry"
 
 // DelayDestination is the destination name of a retry or deferral hand-off: the broker's
 // delay infrastructure, whatever queue the message returns to afterwards.
-const DelayDestination = "sluice.delay"
+const DelayDestination = topology.DelayDestination
 
 // DeadLetterSuffix is appended to a queue's name to name its dead-letter queue.
-const DeadLetterSuffix = ".dlq"
+const DeadLetterSuffix = topology.DeadLetterSuffix
 
 // durationBuckets are the semantic conventions' recommended boundaries for durations in
 // seconds; the SDK's defaults are meant for milliseconds and would put every attempt

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -66,7 +67,7 @@ func TestBreaker_DefaultIgnoresOnePoisonMessageAmongHealthyTraffic(t *testing.T)
 
 	// A quiet queue: the poison message alone, all its attempts.
 	e.publish(t, q, message.NewMessage(watermill.NewUUID(), []byte("poison")))
-	require.Eventually(t, func() bool { return e.count(t, q+".dlq") == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.count(t, topology.DLQ(q)) == 1 }, 30*time.Second, 10*time.Millisecond)
 
 	// Steady healthy traffic with a second poison message among it.
 	for i := range healthy {
@@ -76,7 +77,7 @@ func TestBreaker_DefaultIgnoresOnePoisonMessageAmongHealthyTraffic(t *testing.T)
 		e.publish(t, q, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "order-%d", i)))
 		time.Sleep(10 * time.Millisecond) // steady traffic, not one burst
 	}
-	require.Eventually(t, func() bool { return handled.Load() == healthy && e.count(t, q+".dlq") == 2 },
+	require.Eventually(t, func() bool { return handled.Load() == healthy && e.count(t, topology.DLQ(q)) == 2 },
 		30*time.Second, 10*time.Millisecond, "every healthy message handled, both poison messages dead-lettered")
 	assert.Zero(t, deferred.Load(), "no message was deferred by the breaker")
 	mu.Lock()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -132,7 +133,7 @@ func (s *dlqService) fill(t *testing.T, e *env, ids ...string) {
 		e.publish(t, s.queue, m)
 	}
 	require.Eventually(t, func() bool {
-		return e.count(t, s.queue+".dlq") == len(ids) && e.count(t, s.queue) == 0
+		return e.count(t, topology.DLQ(s.queue)) == len(ids) && e.count(t, s.queue) == 0
 	}, 60*time.Second, 20*time.Millisecond, "%d messages dead-lettered", len(ids))
 }
 
@@ -140,7 +141,7 @@ func (s *dlqService) fill(t *testing.T, e *env, ids ...string) {
 // consuming them, once the DLQ holds want messages.
 func peekDLQ(t *testing.T, e *env, queue string, want int) []string {
 	t.Helper()
-	dlq := queue + ".dlq"
+	dlq := topology.DLQ(queue)
 	require.Eventually(t, func() bool { return e.count(t, dlq) == want }, 10*time.Second, 10*time.Millisecond,
 		"%s holds %d messages", dlq, want)
 	var ids []string
@@ -236,7 +237,7 @@ func checkDLQList(queue string, before []string) func(t *testing.T, out string) 
 				assert.Regexp(t, `gateway_down\s+retries exhausted after 1 retries: gateway: 503 \S+ \S+…\s+1$`, lines[i+1])
 			}
 		}
-		assert.Contains(t, out, "5 messages in "+queue+".dlq")
+		assert.Contains(t, out, "5 messages in "+topology.DLQ(queue))
 	}
 }
 
@@ -263,7 +264,7 @@ func checkDLQListJSON(queue string, before []string) func(t *testing.T, out stri
 		}
 		require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 		assert.Equal(t, queue, got.Queue)
-		assert.Equal(t, queue+".dlq", got.DLQ)
+		assert.Equal(t, topology.DLQ(queue), got.DLQ)
 		assert.Equal(t, 5, got.Total)
 		require.Len(t, got.Messages, 5)
 		for i, m := range got.Messages {
@@ -364,7 +365,7 @@ func (c *dlqCLI) testReplay(t *testing.T) {
 			assert.Contains(t, res.stdout, st.wantOut)
 			require.Eventually(t, func() bool { return len(svc.counts()) == len(st.processed) }, 30*time.Second, 20*time.Millisecond,
 				"processed %v", st.processed)
-			assert.Equal(t, st.dlqLeft, e.count(t, queue+".dlq"), "DLQ count")
+			assert.Equal(t, st.dlqLeft, e.count(t, topology.DLQ(queue)), "DLQ count")
 			counts := svc.counts()
 			for _, id := range st.processed {
 				assert.Equal(t, 1, counts[id], "%s processed once", id)
@@ -396,7 +397,7 @@ func (c *dlqCLI) testPurge(t *testing.T) {
 		dlqLeft  int
 	}{
 		{name: "without --yes", args: []string{"dlq", "purge", "--queue", queue}, wantCode: 2, wantErr: "refusing to purge " + queue + ".dlq without --yes", dlqLeft: 2},
-		{name: "with --yes", args: []string{"dlq", "purge", "--queue", queue, "--yes"}, wantCode: 0, wantOut: "purged 2 of 2 messages read from " + queue + ".dlq", dlqLeft: 0},
+		{name: "with --yes", args: []string{"dlq", "purge", "--queue", queue, "--yes"}, wantCode: 0, wantOut: "purged 2 of 2 messages read from " + topology.DLQ(queue), dlqLeft: 0},
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
@@ -404,7 +405,7 @@ func (c *dlqCLI) testPurge(t *testing.T) {
 			require.Equal(t, st.wantCode, res.code, res)
 			assert.Contains(t, res.stdout, st.wantOut)
 			assert.Contains(t, res.stderr, st.wantErr)
-			assert.Equal(t, st.dlqLeft, e.count(t, queue+".dlq"))
+			assert.Equal(t, st.dlqLeft, e.count(t, topology.DLQ(queue)))
 		})
 	}
 }
@@ -468,9 +469,9 @@ func TestDLQCLIListRowsNameTheFailure(t *testing.T) {
 		}))
 	})
 	e.publish(t, queue, message.NewMessage("boom-1", []byte(`{}`)))
-	require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == 1 }, 30*time.Second, 20*time.Millisecond)
 	e.publish(t, queue, message.NewMessage("net-1", []byte(`{}`)))
-	require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == 2 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == 2 }, 30*time.Second, 20*time.Millisecond)
 
 	res := runSluice(t, sluiceCLI(t), e.rabbit.URL, "dlq", "list", "--queue", queue)
 	require.Equal(t, 0, res.code, res.String())

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/dlqfill"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // peekQueue returns the messages of queue, head first, without consuming them: a consumer
@@ -81,7 +82,7 @@ func fillOps(t *testing.T, e *env, queue string, n int) {
 		}
 		templates[k] = rec.Publishing(t, dlqfill.Failure{ID: "template", Handler: "payments", Err: err, Payload: []byte(strings.Repeat("x", 512))})
 	}
-	dlqfill.Publish(t, e.rabbit.Conn, queue+".dlq", n, func(i int) amqp091.Publishing {
+	dlqfill.Publish(t, e.rabbit.Conn, topology.DLQ(queue), n, func(i int) amqp091.Publishing {
 		pub := templates[i%4]
 		headers := make(amqp091.Table, len(pub.Headers))
 		for k, v := range pub.Headers {
@@ -91,7 +92,7 @@ func fillOps(t *testing.T, e *env, queue string, n int) {
 		pub.Headers = headers
 		return pub
 	})
-	require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == n }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == n }, 30*time.Second, 20*time.Millisecond)
 }
 
 // cliGroups runs `dlq groups --json` and returns its groups.
@@ -111,7 +112,7 @@ func TestDLQCLIOperations(t *testing.T) {
 	bin := sluiceCLI(t)
 	url := e.rabbit.URL
 	queue := e.newQueue(t, "test.dlqops")
-	archive := amqp.ArchiveName(queue)
+	archive := topology.Archive(queue)
 	other := queue + ".fixed"
 	e.rabbit.DeleteQueues(archive, other)
 	fillOps(t, e, queue, 40)
@@ -136,7 +137,7 @@ func TestDLQCLIOperations(t *testing.T) {
 	require.Equal(t, 0, res.code, res)
 	assert.Regexp(t, `(?m)^GROUP\s+COUNT\s+HANDLER\s+ERROR TYPE\s+FIRST FAILED\s+LAST FAILED\s+SAMPLE$`, res.stdout)
 	assert.Regexp(t, `(?m)^`+invalid+`\s+30\s+payments\s+invalid_amount\s+`, res.stdout)
-	assert.Contains(t, res.stdout, "2 groups, 40 messages in "+queue+".dlq")
+	assert.Contains(t, res.stdout, "2 groups, 40 messages in "+topology.DLQ(queue))
 
 	steps := []struct {
 		name     string
@@ -147,25 +148,25 @@ func TestDLQCLIOperations(t *testing.T) {
 		counts   map[string]int // queue -> messages after the step
 	}{
 		{name: "list a group", args: []string{"list", "--group", gateway}, wantOut: "10 matching of 40 messages",
-			counts: map[string]int{queue + ".dlq": 40}},
-		{name: "replay a group", args: []string{"replay", "--group", gateway}, wantOut: "replayed 10 of 40 messages read from " + queue + ".dlq",
-			counts: map[string]int{queue: 10, queue + ".dlq": 30}},
+			counts: map[string]int{topology.DLQ(queue): 40}},
+		{name: "replay a group", args: []string{"replay", "--group", gateway}, wantOut: "replayed 10 of 40 messages read from " + topology.DLQ(queue),
+			counts: map[string]int{queue: 10, topology.DLQ(queue): 30}},
 		{name: "a group that matches nothing exits 3", args: []string{"replay", "--group", gateway}, wantCode: 3,
 			wantErr: "none of the 30 messages in \"" + queue + ".dlq\" matches --group " + gateway + ": no message matches the selector",
-			counts:  map[string]int{queue: 10, queue + ".dlq": 30}},
+			counts:  map[string]int{queue: 10, topology.DLQ(queue): 30}},
 		{name: "archive part of a group", args: []string{"archive", "--group", invalid, "--id", "m-00001", "--id", "m-00002"},
 			wantOut: "archived 2 of 30 messages read from " + queue + ".dlq to " + archive + ": m-00001, m-00002",
-			counts:  map[string]int{queue + ".dlq": 28, archive: 2}},
+			counts:  map[string]int{topology.DLQ(queue): 28, archive: 2}},
 		{name: "list the archive", args: []string{"list", "--archive"}, wantOut: "2 messages in " + archive},
 		{name: "replay from the archive to another queue", args: []string{"replay", "--archive", "--all", "--to", other},
 			wantOut: "replayed 2 of 2 messages read from " + archive + " to " + other,
-			counts:  map[string]int{archive: 0, other: 2, queue + ".dlq": 28}},
+			counts:  map[string]int{archive: 0, other: 2, topology.DLQ(queue): 28}},
 		{name: "replay --to a missing queue exits 3", args: []string{"replay", "--all", "--to", queue + ".nowhere"}, wantCode: 3,
-			wantErr: "destination queue not found", counts: map[string]int{queue + ".dlq": 28}},
+			wantErr: "destination queue not found", counts: map[string]int{topology.DLQ(queue): 28}},
 		{name: "purge a group needs --yes", args: []string{"purge", "--group", invalid}, wantCode: 2,
-			wantErr: "refusing to purge " + queue + ".dlq without --yes: it deletes the selected messages", counts: map[string]int{queue + ".dlq": 28}},
+			wantErr: "refusing to purge " + queue + ".dlq without --yes: it deletes the selected messages", counts: map[string]int{topology.DLQ(queue): 28}},
 		{name: "purge a group", args: []string{"purge", "--group", invalid, "--yes"}, wantOut: "purged 28 of 28 messages",
-			counts: map[string]int{queue + ".dlq": 0}},
+			counts: map[string]int{topology.DLQ(queue): 0}},
 		{name: "an empty DLQ matches nothing", args: []string{"archive", "--all"}, wantCode: 3, wantErr: "no message matches the selector"},
 		{name: "an error type that matches nothing", args: []string{"purge", "--error-type", "nope", "--yes"}, wantCode: 3, wantErr: "matches --error-type nope"},
 	}
@@ -210,7 +211,7 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 	}{
 		{name: "replay", op: "replay", dest: func(q string) string { return q }, verb: "replayed",
 			sel: []string{"--all"}, selected: func(int) bool { return true }},
-		{name: "archive", op: "archive", dest: amqp.ArchiveName, verb: "archived",
+		{name: "archive", op: "archive", dest: topology.Archive, verb: "archived",
 			sel: []string{"--all"}, selected: func(int) bool { return true }},
 		{name: "replay a quarter", op: "replay", dest: func(q string) string { return q }, verb: "replayed",
 			sel: []string{"--error-type", "gateway_down"}, selected: func(i int) bool { return i%4 == 0 }},
@@ -219,7 +220,7 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			queue := e.newQueue(t, "test.dlqkill."+tc.op)
 			dest := tc.dest(queue)
-			e.rabbit.DeleteQueues(amqp.ArchiveName(queue))
+			e.rabbit.DeleteQueues(topology.Archive(queue))
 			fillOps(t, e, queue, total)
 			if tc.op == "archive" {
 				// The archive must exist for its count to be watched.
@@ -245,7 +246,7 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 
 			var moved, left int
 			require.Eventually(t, func() bool {
-				moved, left = e.count(t, dest), e.count(t, queue+".dlq")
+				moved, left = e.count(t, dest), e.count(t, topology.DLQ(queue))
 				return moved+left == total
 			}, time.Minute, 20*time.Millisecond, "every message either moved or back in the DLQ")
 			t.Logf("%s killed after %d of %d messages moved, %d back in the DLQ", tc.op, moved, total, left)
@@ -263,7 +264,7 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 			require.Equal(t, 0, res.code, res)
 			assert.Contains(t, res.stdout, fmt.Sprintf("%s %d of %d messages", tc.verb, len(want)-moved, left))
 			var kept []string
-			for _, d := range peekQueue(t, e.rabbit, queue+".dlq") {
+			for _, d := range peekQueue(t, e.rabbit, topology.DLQ(queue)) {
 				kept = append(kept, fmt.Sprint(d.Headers[amqp.UUIDHeader]))
 			}
 			// A run killed midway leaves the DLQ rotated: the messages it had not reached

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -32,7 +33,7 @@ type env struct {
 func (e *env) newQueue(t testing.TB, prefix string) string {
 	q := testenv.Name(prefix)
 	if e.rabbit != nil {
-		e.rabbit.DeleteQueues(q, q+".dlq")
+		e.rabbit.DeleteQueues(q, topology.DLQ(q))
 	}
 	return q
 }
@@ -62,11 +63,11 @@ func (e *env) publish(t testing.TB, queue string, msg *message.Message) {
 func (e *env) dlq(t testing.TB, queue string) []*message.Message {
 	t.Helper()
 	if e.rabbit == nil {
-		return e.mem.Peek(queue + ".dlq")
+		return e.mem.Peek(topology.DLQ(queue))
 	}
 	var out []*message.Message
 	for {
-		d, ok := e.rabbit.Get(queue + ".dlq")
+		d, ok := e.rabbit.Get(topology.DLQ(queue))
 		if !ok {
 			return out
 		}

@@ -29,6 +29,7 @@ import (
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -239,7 +240,7 @@ func startHostileStack(t *testing.T) *hostileStack {
 
 	queue := e.newQueue(t, "test.hostile")
 	output := queue + ".out"
-	r.DeleteQueues(output, output+".dlq")
+	r.DeleteQueues(output, topology.DLQ(output))
 
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
@@ -599,7 +600,7 @@ func (o *hostileOutcomes) collect() bool {
 		o.events[ev.PaymentID] = hostileResult{event: &ev, eventD: d}
 	}
 	for {
-		d, ok := o.s.r.Get(amqp.DLQName(o.s.queue))
+		d, ok := o.s.r.Get(topology.DLQ(o.s.queue))
 		if !ok {
 			break
 		}

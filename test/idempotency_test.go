@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -109,7 +110,7 @@ func TestIdempotencyThroughTheStack(t *testing.T) {
 		assert.Equal(t, uint64(payments/10), st.Released, "failed first attempts released their key")
 		assert.Zero(t, st.KeyErrors)
 		assert.Equal(t, 0, e.count(t, queue), "queue empty")
-		assert.Equal(t, 0, e.count(t, queue+".dlq"), "DLQ empty")
+		assert.Equal(t, 0, e.count(t, topology.DLQ(queue)), "DLQ empty")
 		t.Logf("%s: %d handler calls; in-flight duplicates deferred %d times; stats %+v",
 			e.name, calls.Load(), st.InFlightHits, st)
 	})

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // rssKiB reads a process's resident memory from /proc.
@@ -41,7 +42,7 @@ func BenchmarkPaymentsServiceRSS(b *testing.B) {
 	const total, mid, warm = 200_000, 100_000, 20_000
 	r := testenv.NewRabbit(b)
 	queue, output := testenv.Name("bench.rss.requested"), testenv.Name("bench.rss.succeeded")
-	r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+	r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
 	cmd := exec.Command(testenv.PlainBinary(b, "./cmd/payments"), "serve")
 	cmd.Env = append(fastPaymentsEnv(r.URL, queue, output), "PAYMENTS_CONCURRENCY=16", "IDEMPOTENCY_MAX_KEYS=50000")
 	require.NoError(b, cmd.Start())

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/outbox"
 )
 
@@ -21,7 +22,7 @@ func TestPaymentsDemoThroughTheOutbox(t *testing.T) {
 	bin := testenv.Binary(t, "./cmd/payments")
 	r := testenv.NewRabbit(t)
 	queue, output := testenv.Name("demo.outbox.requested"), testenv.Name("demo.outbox.succeeded")
-	r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+	r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
 	dir := t.TempDir()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

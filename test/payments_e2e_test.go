@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // paymentsService runs the payments binary as its own process on queue and output.
@@ -120,7 +121,7 @@ func paymentBody(id, source string) []byte {
 func TestPaymentsEndToEnd(t *testing.T) {
 	r := testenv.NewRabbit(t)
 	queue, output := testenv.Name("e2e.payments.requested"), testenv.Name("e2e.payments.succeeded")
-	r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+	r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
 	startPayments(t, fastPaymentsEnv(r.URL, queue, output))
 	waitQueue(t, r, queue)
 	waitQueue(t, r, output)
@@ -153,7 +154,7 @@ func TestPaymentsEndToEnd(t *testing.T) {
 	wantEvents := map[string]int{id("visa"): 1, id("flaky"): 3, id("rate"): 2, id("dup"): 1}
 	require.Eventually(t, func() bool { return len(events()) >= len(wantEvents) }, 60*time.Second, 50*time.Millisecond, "success events")
 	wantDLQ := 4 // insufficient, timeout, panic, malformed
-	require.Eventually(t, func() bool { return r.Count(queue+".dlq") >= wantDLQ }, 60*time.Second, 50*time.Millisecond, "dead letters")
+	require.Eventually(t, func() bool { return r.Count(topology.DLQ(queue)) >= wantDLQ }, 60*time.Second, 50*time.Millisecond, "dead letters")
 	time.Sleep(time.Second) // anything more (a second event for the duplicate) would show now
 
 	byPayment := map[string]arrived{}
@@ -183,7 +184,7 @@ func TestPaymentsEndToEnd(t *testing.T) {
 	records := map[string]map[string]string{}
 	payloads := map[string][]byte{}
 	for {
-		d, ok := r.Get(queue + ".dlq")
+		d, ok := r.Get(topology.DLQ(queue))
 		if !ok {
 			break
 		}
@@ -276,7 +277,7 @@ func TestPaymentsDemoSummaryMatchesItsMix(t *testing.T) {
 		{"rabbitmq", func(t *testing.T) []string {
 			r := testenv.NewRabbit(t)
 			queue, output := testenv.Name("demo.payments.requested"), testenv.Name("demo.payments.succeeded")
-			r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+			r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
 			leaveStaleEvents(t, r, output)
 			return fastPaymentsEnv(r.URL, queue, output)
 		}},

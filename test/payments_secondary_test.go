@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // With AMQP_SECONDARY_URL, `payments serve` consumes the second cluster (a node of the
@@ -21,7 +22,7 @@ func TestPaymentsServeConsumesBothClusters(t *testing.T) {
 	node := testenv.StartNode(t, testenv.NodeOptions{})
 	secondary := node.Rabbit(t)
 	queue, output := testenv.Name("e2e.secondary.requested"), testenv.Name("e2e.secondary.succeeded")
-	primary.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+	primary.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
 	startPayments(t, append(fastPaymentsEnv(primary.URL, queue, output), "AMQP_SECONDARY_URL="+node.URL()))
 	for _, r := range []*testenv.Rabbit{primary, secondary} {
 		waitQueue(t, r, queue)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -122,7 +123,7 @@ func TestPipeline_UnroutableOutputIsRetriedNeverLost(t *testing.T) {
 			tt.run(t, e, q, outQ, g, &calls)
 
 			e.publish(t, q, message.NewMessage(watermill.NewUUID(), []byte(`{"payment_id":"p-1"}`)))
-			require.Eventually(t, func() bool { return e.count(t, q+".dlq") == 1 }, 30*time.Second, 20*time.Millisecond,
+			require.Eventually(t, func() bool { return e.count(t, topology.DLQ(q)) == 1 }, 30*time.Second, 20*time.Millisecond,
 				"the message whose output could not be published is dead-lettered")
 			dead := e.dlq(t, q)
 			require.Len(t, dead, 1)
@@ -224,7 +225,7 @@ func TestPipeline_WatermillTimeoutIsAHandlerFailure(t *testing.T) {
 					})
 			}
 			e.publish(t, q, message.NewMessage(watermill.NewUUID(), []byte("slow")))
-			require.Eventually(t, func() bool { return e.count(t, q+".dlq") == 1 }, 30*time.Second, 20*time.Millisecond, "dead-lettered")
+			require.Eventually(t, func() bool { return e.count(t, topology.DLQ(q)) == 1 }, 30*time.Second, 20*time.Millisecond, "dead-lettered")
 			dead := e.dlq(t, q)
 			require.Len(t, dead, 1)
 			assert.Contains(t, dead[0].Metadata.Get(sluice.HeaderErrorMessage), tt.wantError)
@@ -256,7 +257,7 @@ func TestPipeline_WatermillMiddlewareComposes(t *testing.T) {
 				return func(*message.Message) ([]*message.Message, error) { calls.Add(1); panic("boom") }
 			},
 			check: func(t *testing.T, e *env, q, _ string, calls *atomic.Int64) {
-				require.Eventually(t, func() bool { return e.count(t, q+".dlq") == 3 }, 30*time.Second, 20*time.Millisecond)
+				require.Eventually(t, func() bool { return e.count(t, topology.DLQ(q)) == 3 }, 30*time.Second, 20*time.Millisecond)
 				assert.Equal(t, int64(3*(1+maxRetries)), calls.Load())
 			},
 		},
@@ -267,7 +268,7 @@ func TestPipeline_WatermillMiddlewareComposes(t *testing.T) {
 				return func(*message.Message) ([]*message.Message, error) { calls.Add(1); panic("boom") }
 			},
 			check: func(t *testing.T, e *env, q, _ string, calls *atomic.Int64) {
-				require.Eventually(t, func() bool { return e.count(t, q+".dlq") == 3 }, 30*time.Second, 20*time.Millisecond)
+				require.Eventually(t, func() bool { return e.count(t, topology.DLQ(q)) == 3 }, 30*time.Second, 20*time.Millisecond)
 				assert.Equal(t, int64(3*(1+maxRetries)), calls.Load())
 			},
 		},
@@ -401,7 +402,7 @@ func TestPipeline_WatermillAMQPSubscriber(t *testing.T) {
 	})
 	e.publish(t, q, message.NewMessage(watermill.NewUUID(), []byte("bad")))
 	e.publish(t, q, message.NewMessage(watermill.NewUUID(), []byte("good")))
-	require.Eventually(t, func() bool { return e.count(t, q+".dlq") == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return e.count(t, topology.DLQ(q)) == 1 }, 30*time.Second, 20*time.Millisecond)
 	// A nack loop would keep counting.
 	assert.Never(t, func() bool {
 		mu.Lock()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // lookTool returns the path of a Prometheus tool, skipping the test where it is missing
@@ -244,7 +245,7 @@ type observedPayments struct {
 func startObservedPayments(t *testing.T) *observedPayments {
 	r := testenv.NewRabbit(t)
 	queue, output := testenv.Name("obs.payments.requested"), testenv.Name("obs.payments.succeeded")
-	r.DeleteQueues(queue, output, queue+".dlq")
+	r.DeleteQueues(queue, output, topology.DLQ(queue))
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	env := append(fastPaymentsEnv(r.URL, queue, output),
 		"RETRY_MAX_RETRIES=2", // after fastPaymentsEnv's 3: the last one wins
@@ -287,7 +288,9 @@ func (o *observedPayments) run(t *testing.T) {
 			r.Publish(queue, amqp091.Publishing{MessageId: id, ContentType: example_payment.ContentTypeJSON, Body: paymentBody(id, m.source)})
 		}
 	}
-	require.Eventually(t, func() bool { return len(events()) == observedSucceeded && r.Count(queue+".dlq") == observedDeadLetters },
+	require.Eventually(t, func() bool {
+		return len(events()) == observedSucceeded && r.Count(topology.DLQ(queue)) == observedDeadLetters
+	},
 		90*time.Second, 100*time.Millisecond, "the run settles: %d events, %d dead letters", observedSucceeded, observedDeadLetters)
 	// A payment requested again once done is a duplicate: acked without a charge.
 	dup := testenv.Name("pay")

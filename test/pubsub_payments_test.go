@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // The payment service subscribed to an exchange (PAYMENTS_EXCHANGE, default binding key
@@ -27,7 +28,7 @@ func TestPaymentsServiceSubscribedToAnExchange(t *testing.T) {
 	r := testenv.NewRabbit(t)
 	queue, output := testenv.Name("e2e.sub.payments.requested"), testenv.Name("e2e.sub.payments.succeeded")
 	requests, events := testenv.Name("e2e.sub.orders"), testenv.Name("e2e.sub.payments")
-	r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+	r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
 	deleteExchangesAfter(t, r.URL, requests, events)
 	env := append(fastPaymentsEnv(r.URL, queue, output), "PAYMENTS_EXCHANGE="+requests, "PAYMENTS_OUTPUT_EXCHANGE="+events)
 	startPayments(t, env)
@@ -100,7 +101,7 @@ func TestPaymentsServiceSubscribedToAnExchange(t *testing.T) {
 		return out
 	}
 	require.Eventually(t, func() bool { return assert.ObjectsAreEqual(want, count()) }, 60*time.Second, 50*time.Millisecond, "success events on %s", events)
-	require.Eventually(t, func() bool { return r.Count(queue+".dlq") == 1 }, 30*time.Second, 50*time.Millisecond, "the declined payment is dead-lettered")
+	require.Eventually(t, func() bool { return r.Count(topology.DLQ(queue)) == 1 }, 30*time.Second, 50*time.Millisecond, "the declined payment is dead-lettered")
 	time.Sleep(500 * time.Millisecond) // a second event for a payment would show now
 	mu.Lock()
 	assert.Len(t, got[id("visa")], 1)

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -138,8 +139,8 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 		}, "each subscriber gets its events; the retries and the deferral stay with billing")
 		assert.Equal(t, wantBilling, got.of("billing"))
 		assert.Equal(t, wantShipping, got.of("shipping"))
-		require.Equal(t, 1, e.count(t, qa+".dlq"), "billing's refusal is in billing's DLQ")
-		require.Equal(t, 0, e.count(t, qb+".dlq"))
+		require.Equal(t, 1, e.count(t, topology.DLQ(qa)), "billing's refusal is in billing's DLQ")
+		require.Equal(t, 0, e.count(t, topology.DLQ(qb)))
 		if e.rabbit == nil {
 			return // the dlq package (replay) is RabbitMQ's
 		}
@@ -162,7 +163,7 @@ func (e *env) unroutedOf(t *testing.T, exchange string) []dlq.UnroutedEvent {
 	t.Helper()
 	if e.rabbit == nil {
 		var out []dlq.UnroutedEvent
-		for _, m := range e.mem.Peek(memory.UnroutedQueue) {
+		for _, m := range e.mem.Peek(topology.UnroutedQueue) {
 			if m.Metadata.Get(memory.MetadataExchange) == exchange {
 				out = append(out, dlq.UnroutedEvent{ID: m.UUID, Exchange: exchange, RoutingKey: m.Metadata.Get(memory.MetadataRoutingKey), Payload: string(m.Payload)})
 			}
@@ -295,6 +296,6 @@ func TestOutputQueueGetsNoDeadLetterQueue(t *testing.T) {
 	})
 	e.publish(t, in, message.NewMessage("m1", []byte("x")))
 	require.Eventually(t, func() bool { return e.count(t, out) == 1 }, 30*time.Second, 20*time.Millisecond)
-	assert.Equal(t, 0, e.count(t, in+".dlq"))
-	assert.Equal(t, -1, e.count(t, out+".dlq"), "no DLQ for the output queue")
+	assert.Equal(t, 0, e.count(t, topology.DLQ(in)))
+	assert.Equal(t, -1, e.count(t, topology.DLQ(out)), "no DLQ for the output queue")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/steptest"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -76,7 +77,7 @@ func TestRetryFailsTwiceThenSucceeds(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 0, e.count(t, queue), "queue empty")
-		assert.Equal(t, 0, e.count(t, queue+".dlq"), "DLQ empty")
+		assert.Equal(t, 0, e.count(t, topology.DLQ(queue)), "DLQ empty")
 	})
 }
 
@@ -105,7 +106,7 @@ func TestRetryClassesOfError(t *testing.T) {
 				e.publish(t, queue, message.NewMessage("msg-"+tc.name[:4], []byte("payload")))
 				settle(t, func() bool { return c.n() >= tc.wantCalls }, "calls")
 				assert.Equal(t, tc.wantCalls, c.n(), "handler calls")
-				require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == tc.wantDLQ }, 10*time.Second, 20*time.Millisecond)
+				require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == tc.wantDLQ }, 10*time.Second, 20*time.Millisecond)
 				assert.Equal(t, 0, e.count(t, queue), "queue empty")
 			})
 		}
@@ -184,7 +185,7 @@ func TestFailedHandoffLeavesOriginalUnacked(t *testing.T) {
 	e.publish(t, queue, message.NewMessage("msg-handoff", []byte("x")))
 	require.Eventually(t, func() bool { return c.n() >= 5 }, 20*time.Second, 20*time.Millisecond, "redelivered after each failed hand-off")
 	// The original is never acked nor dead-lettered: the same message comes back.
-	assert.Equal(t, 0, e.count(t, queue+".dlq"), "nothing dead-lettered")
+	assert.Equal(t, 0, e.count(t, topology.DLQ(queue)), "nothing dead-lettered")
 	for _, m := range c.msgs {
 		assert.Equal(t, "msg-handoff", m.UUID)
 		assert.Empty(t, m.Metadata.Get(sluice.HeaderRetryCount), "no retry copy was ever confirmed")

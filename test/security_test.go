@@ -32,6 +32,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -140,7 +141,7 @@ func TestPasswordNeverInLogsOrErrors(t *testing.T) {
 	e.publish(t, queue, message.NewMessage("before-loss", []byte("before")))
 	waitFor("before")
 	e.publish(t, queue, message.NewMessage("failing", []byte("fail")))
-	require.Eventually(t, func() bool { return r.Count(queue+".dlq") == 1 }, 30*time.Second, 50*time.Millisecond, "failing message dead-lettered")
+	require.Eventually(t, func() bool { return r.Count(topology.DLQ(queue)) == 1 }, 30*time.Second, 50*time.Millisecond, "failing message dead-lettered")
 
 	// Close only this test's connections: other tests share the broker.
 	connected := strings.Count(logs.String(), "connected to RabbitMQ")
@@ -192,7 +193,7 @@ func TestPasswordNeverInLogsOrErrors(t *testing.T) {
 	t.Run("payments CLI", func(t *testing.T) {
 		bin := buildCommand(t, "./cmd/payments")
 		q := testenv.Name("test.security.cli")
-		r.DeleteQueues(q, q+".dlq", q+".out", q+".out.dlq")
+		r.DeleteQueues(q, topology.DLQ(q), q+".out", q+".out.dlq")
 		cliEnv := append(os.Environ(), "PAYMENTS_QUEUE="+q, "PAYMENTS_OUTPUT_QUEUE="+q+".out", "OTEL_TRACES_EXPORTER=none")
 
 		// Wrong password: the command must fail, saying why, without the password.

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -27,7 +28,7 @@ import (
 func TestShutdownWithHandlersInFlightLosesNothing(t *testing.T) {
 	r := testenv.NewRabbit(t)
 	queue := testenv.Name("test.shutdown")
-	r.DeleteQueues(queue, queue+".dlq")
+	r.DeleteQueues(queue, topology.DLQ(queue))
 	const total = 20
 	ignore := goleak.IgnoreCurrent()
 	finished := map[string]bool{} // acked by the first stack
@@ -138,7 +139,7 @@ func TestMissingDeadLetterExchangeRedeliversWithBackoff(t *testing.T) {
 	for _, m := range c.msgs {
 		assert.Equal(t, "msg-nodlx", m.UUID, "the same message, never lost or replaced")
 	}
-	assert.Equal(t, 0, e.count(t, queue+".dlq"))
+	assert.Equal(t, 0, e.count(t, topology.DLQ(queue)))
 }
 
 type deadLettererFunc func(ctx context.Context, queue string, m *message.Message) error

@@ -28,6 +28,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -244,7 +245,7 @@ func TestTracing_AttemptsOfAMessageAreOneTrace(t *testing.T) {
 			require.NoError(t, ts.inst.WrapPublisher(e.amqp.Publisher()).Publish(queue, msg))
 			traceID := msg.Metadata.Get(sluice.HeaderTraceParent)[3:35]
 
-			dlq := queue + ".dlq"
+			dlq := topology.DLQ(queue)
 			tr := ts.awaitTrace(t, msg.UUID, func(spans []jaeger.Span) bool {
 				done := countNamed(spans, "process "+queue) == 3 && countNamed(spans, "send sluice.delay") == 2
 				if tc.wantDLQ {
@@ -377,7 +378,7 @@ func TestTracing_ContextFromAForeignProducer(t *testing.T) {
 				assert.Empty(t, span.ParentSpanID, "a new trace: the attempt is its root")
 			}
 			require.Eventually(t, func() bool { return e.count(t, queue) == 0 }, 10*time.Second, 20*time.Millisecond, "acked")
-			assert.Equal(t, 0, e.count(t, queue+".dlq"), "not dead-lettered")
+			assert.Equal(t, 0, e.count(t, topology.DLQ(queue)), "not dead-lettered")
 		})
 	}
 }
@@ -490,14 +491,14 @@ func TestTracing_MetricsOfAKnownRun(t *testing.T) {
 	assert.Equal(t, 4.0, metricValue(families, "sluice_handler_duration_seconds", with("outcome", "ack")), "handler duration count of acks")
 	assert.Equal(t, 0.0, metricValue(families, "sluice_messages_in_flight", labels), "sluice_messages_in_flight")
 	assert.Contains(t, families, "sluice_messages_in_flight", "the in-flight gauge is exported")
-	require.Eventually(t, func() bool { return e.count(t, queue+".dlq") == 1 }, 10*time.Second, 20*time.Millisecond, "one dead letter")
+	require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == 1 }, 10*time.Second, 20*time.Millisecond, "one dead letter")
 }
 
 func TestTracing_DLQReplayContinuesTheTrace(t *testing.T) {
 	e := rabbitEnv(t)
 	ts := newTracingStack(t, false)
 	queue := e.newQueue(t, "test.tracing.replay")
-	dlq := queue + ".dlq"
+	dlq := topology.DLQ(queue)
 	var calls atomic.Int32
 	start(t, e, router.Config{Telemetry: ts.inst, Retry: tracingRetry(1)}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("replay", queue, func(m *message.Message) error {

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/delaybench"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Benchmarks against the local RabbitMQ, every message benchenv.Payload (1 KiB) and
@@ -182,7 +183,7 @@ func BenchmarkDelayAccuracy(b *testing.B) {
 		br := benchenv.Broker(b, url)
 		q := testenv.Name("bench.delay")
 		r := testenv.NewRabbit(b)
-		r.DeleteQueues(q, amqp.DLQName(q))
+		r.DeleteQueues(q, topology.DLQ(q))
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := br.DeclareQueue(ctx, q); err != nil {

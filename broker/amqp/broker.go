@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // ErrDelayTooLong is returned for a delay beyond MaxDelay.
@@ -115,7 +117,7 @@ func (b *Broker) Delay(ctx context.Context, queue string, d time.Duration, msg *
 // DeadLetter publishes msg to queue's dead-letter queue through sluice.dlx and returns once
 // RabbitMQ confirmed it.
 func (b *Broker) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
-	return b.pub.PublishTo(ctx, DeadLetterExchange, queue, msg)
+	return b.pub.PublishTo(ctx, topology.DeadLetterExchange, queue, msg)
 }
 
 // Close closes every subscriber (draining in-flight messages), the publisher and the

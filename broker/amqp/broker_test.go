@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 func newBroker(t *testing.T, cfg amqp.Config) *amqp.Broker {
@@ -28,7 +29,7 @@ func newBroker(t *testing.T, cfg amqp.Config) *amqp.Broker {
 
 func declare(t *testing.T, b *amqp.Broker, r *testenv.Rabbit, queue string) {
 	t.Helper()
-	r.DeleteQueues(queue, amqp.DLQName(queue))
+	r.DeleteQueues(queue, topology.DLQ(queue))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	require.NoError(t, b.DeclareQueue(ctx, queue))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // TestQuorumDLQHasNoReachableDeliveryLimit: a quorum DLQ is declared with NoDeliveryLimit,
@@ -27,7 +28,7 @@ func TestQuorumDLQHasNoReachableDeliveryLimit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := testenv.NewRabbit(t)
 			queue := testenv.Name("test.dlqlimit")
-			dlq := amqp.DLQName(queue)
+			dlq := topology.DLQ(queue)
 			r.DeleteQueues(queue, dlq)
 			ch, err := r.Conn.Channel()
 			require.NoError(t, err)

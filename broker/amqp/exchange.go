@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/internal/binding"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Publish/subscribe topology (see docs/DESIGN.md, "Topology names"): a subscriber's queue Q is
@@ -17,10 +18,6 @@ import (
 // sluice.unrouted, a fanout exchange feeding the durable queue sluice.unrouted, so an event
 // nobody is bound to is kept, with its exchange and routing key, instead of being dropped.
 const (
-	// UnroutedExchange is the alternate exchange of every exchange sluice declares.
-	UnroutedExchange = "sluice.unrouted"
-	// UnroutedQueue keeps what UnroutedExchange receives.
-	UnroutedQueue = "sluice.unrouted"
 	// AlternateExchangeArg is RabbitMQ's exchange argument naming the alternate exchange.
 	AlternateExchangeArg = "alternate-exchange"
 )
@@ -161,7 +158,7 @@ func (b *Broker) declareExchange(ctx context.Context, name string, kind Exchange
 		return err
 	}
 	defer ch.Close()
-	args := amqp.Table{AlternateExchangeArg: UnroutedExchange}
+	args := amqp.Table{AlternateExchangeArg: topology.UnroutedExchange}
 	if err := ch.ExchangeDeclare(name, string(kind), true, false, false, false, args); err != nil {
 		return fmt.Errorf("declare %s exchange %q: %w", kind, name, inequivalent(err, "exchange", name))
 	}
@@ -196,27 +193,27 @@ func (b *Broker) declareUnrouted(ctx context.Context) error {
 		return nil
 	}
 	found, err := b.passive(ctx, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclarePassive(UnroutedQueue, true, false, false, false, nil)
+		_, err := ch.QueueDeclarePassive(topology.UnroutedQueue, true, false, false, false, nil)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("check queue %q: %w", UnroutedQueue, err)
+		return fmt.Errorf("check queue %q: %w", topology.UnroutedQueue, err)
 	}
 	ch, err := b.conn.channel(ctx)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	if err := ch.ExchangeDeclare(UnroutedExchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %q: %w", UnroutedExchange, inequivalent(err, "exchange", UnroutedExchange))
+	if err := ch.ExchangeDeclare(topology.UnroutedExchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", topology.UnroutedExchange, inequivalent(err, "exchange", topology.UnroutedExchange))
 	}
 	if !found {
-		if _, err := ch.QueueDeclare(UnroutedQueue, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
-			return fmt.Errorf("declare queue %q: %w", UnroutedQueue, err)
+		if _, err := ch.QueueDeclare(topology.UnroutedQueue, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
+			return fmt.Errorf("declare queue %q: %w", topology.UnroutedQueue, err)
 		}
 	}
-	if err := ch.QueueBind(UnroutedQueue, "", UnroutedExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %q to %q: %w", UnroutedQueue, UnroutedExchange, err)
+	if err := ch.QueueBind(topology.UnroutedQueue, "", topology.UnroutedExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", topology.UnroutedQueue, topology.UnroutedExchange, err)
 	}
 	b.unroutedDeclared = true
 	return nil
@@ -303,18 +300,18 @@ func (b *Broker) declareFailurePaths(ctx context.Context, queue string) error {
 		return err
 	}
 	defer ch.Close()
-	if err := ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %q: %w", DeadLetterExchange, err)
+	if err := ch.ExchangeDeclare(topology.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", topology.DeadLetterExchange, err)
 	}
-	dlq := DLQName(queue)
+	dlq := topology.DLQ(queue)
 	if _, err := ch.QueueDeclare(dlq, true, false, false, false, queueArgs(b.cfg.QueueType, nil)); err != nil {
 		return fmt.Errorf("declare queue %q (type %s): %w", dlq, b.cfg.QueueType, inequivalent(err, "queue", dlq))
 	}
-	if err := ch.QueueBind(dlq, queue, DeadLetterExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %q to %q: %w", dlq, DeadLetterExchange, err)
+	if err := ch.QueueBind(dlq, queue, topology.DeadLetterExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", dlq, topology.DeadLetterExchange, err)
 	}
-	if err := ch.QueueBind(queue, deliveryBindingKey(queue), DelayDeliveryExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %q to %q: %w", queue, DelayDeliveryExchange, err)
+	if err := ch.QueueBind(queue, deliveryBindingKey(queue), topology.DelayDeliveryExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", queue, topology.DelayDeliveryExchange, err)
 	}
 	return nil
 }

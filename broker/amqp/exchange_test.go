@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 func TestBindingValidate(t *testing.T) {
@@ -75,7 +76,7 @@ func unroutedCopy(t *testing.T, r *testenv.Rabbit, id string) (amqp091.Delivery,
 	require.NoError(t, err)
 	defer ch.Close() // gives every message back
 	for {
-		d, ok, err := ch.Get(amqp.UnroutedQueue, false)
+		d, ok, err := ch.Get(topology.UnroutedQueue, false)
 		require.NoError(t, err)
 		if !ok {
 			return amqp091.Delivery{}, false
@@ -96,7 +97,7 @@ func TestExchangeRoutesToSubscribersAndKeepsUnrouted(t *testing.T) {
 	exchange := testenv.Name("test.orders")
 	created, any := testenv.Name("test.created"), testenv.Name("test.any")
 	deleteExchanges(t, r.URL, exchange)
-	r.DeleteQueues(created, amqp.DLQName(created), any, amqp.DLQName(any))
+	r.DeleteQueues(created, topology.DLQ(created), any, topology.DLQ(any))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, b.DeclareSubscription(ctx, created, []amqp.Binding{{Exchange: exchange, Keys: []string{"order.created"}}}, false))
@@ -117,7 +118,7 @@ func TestExchangeRoutesToSubscribersAndKeepsUnrouted(t *testing.T) {
 	require.Equal(t, "order.created", d.RoutingKey)
 
 	d, ok = unroutedCopy(t, r, "u1")
-	require.True(t, ok, "the event nobody is bound for is kept in %s", amqp.UnroutedQueue)
+	require.True(t, ok, "the event nobody is bound for is kept in %s", topology.UnroutedQueue)
 	require.Equal(t, exchange, d.Exchange)
 	require.Equal(t, "invoice.paid", d.RoutingKey)
 	require.Equal(t, "t1", d.Headers["tenant"])
@@ -132,7 +133,7 @@ func removeUnrouted(t *testing.T, r *testenv.Rabbit, id string) {
 	require.NoError(t, err)
 	defer ch.Close()
 	for {
-		d, ok, err := ch.Get(amqp.UnroutedQueue, false)
+		d, ok, err := ch.Get(topology.UnroutedQueue, false)
 		require.NoError(t, err)
 		if !ok {
 			return
@@ -149,14 +150,14 @@ func TestAdoptOrRefuseExistingTopology(t *testing.T) {
 	r := testenv.NewRabbit(t)
 	b := newBroker(t, amqp.Config{})
 	queue, exchange := testenv.Name("test.foreignq"), testenv.Name("test.foreignx")
-	r.DeleteQueues(queue, amqp.DLQName(queue))
+	r.DeleteQueues(queue, topology.DLQ(queue))
 	deleteExchanges(t, r.URL, exchange)
 	ch, err := r.Conn.Channel()
 	require.NoError(t, err)
 	// The arguments sluice gives a queue, but of another type.
 	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp091.Table{
 		"x-queue-type":              "quorum",
-		"x-dead-letter-exchange":    amqp.DeadLetterExchange,
+		"x-dead-letter-exchange":    topology.DeadLetterExchange,
 		"x-dead-letter-routing-key": queue,
 	})
 	require.NoError(t, err)
@@ -187,7 +188,7 @@ func TestAdoptOrRefuseExistingTopology(t *testing.T) {
 	// delay cascade.
 	require.NoError(t, b.DeadLetter(ctx, queue, message.NewMessage("d1", []byte("x"))))
 	require.NoError(t, b.Delay(ctx, queue, 0, message.NewMessage("r1", []byte("x"))))
-	require.Eventually(t, func() bool { return r.Count(amqp.DLQName(queue)) == 1 && r.Count(queue) == 2 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Count(topology.DLQ(queue)) == 1 && r.Count(queue) == 2 }, 10*time.Second, 20*time.Millisecond)
 }
 
 // Each exchange kind routes to the queue what its binding matches, and keeps the rest in
@@ -215,7 +216,7 @@ func TestBindingKindsRouteOnRabbitMQ(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			exchange, queue := testenv.Name("test.kinds"), testenv.Name("test.kinds.q")
 			deleteExchanges(t, r.URL, exchange)
-			r.DeleteQueues(queue, amqp.DLQName(queue))
+			r.DeleteQueues(queue, topology.DLQ(queue))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			tc.binding.Exchange = exchange

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	hdr "github.com/sluice-go/sluice/internal/headers"
 )
 
 // tableGen builds AMQP header tables from fuzz bytes: every field type amqp091 reads from
@@ -192,7 +193,7 @@ func FuzzMarshalerHeaders(f *testing.F) {
 				continue
 			}
 			out, present := pub.Headers[k]
-			if amqp.BrokerOwnedHeader(k) {
+			if hdr.BrokerOwned(k) {
 				if present {
 					t.Fatalf("broker-owned header %q republished", k)
 				}

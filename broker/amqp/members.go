@@ -12,6 +12,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // ErrInvalidMembership is returned by Join for a MembershipConfig out of range.
@@ -24,10 +26,6 @@ const (
 	// DefaultMemberExpiry is MembershipConfig.Expiry's zero value, in intervals.
 	DefaultMemberExpiry = 3
 )
-
-// MembersExchange returns the fanout exchange over which the instances of queue's
-// partitioned handler announce themselves, "sluice.members.<queue>".
-func MembersExchange(queue string) string { return "sluice.members." + queue }
 
 // MembershipConfig configures Join. The zero value gives the defaults named on each field.
 type MembershipConfig struct {
@@ -66,7 +64,7 @@ func (c *MembershipConfig) setDefaults() error {
 
 // Membership is this instance's place among the instances of one partitioned handler,
 // learnt through RabbitMQ alone: every instance publishes a heartbeat every Interval to
-// the fanout exchange MembersExchange(queue) and hears everyone's (its own included) on
+// the fanout exchange topology.Members(queue) and hears everyone's (its own included) on
 // an exclusive, auto-deleted queue of its own. A member is listed while it was heard
 // within Expiry; one that closes its Membership says goodbye and leaves the lists at
 // once. Heartbeats expire in the broker after Expiry, so a slow listener is not misled by
@@ -152,18 +150,18 @@ func (m *Membership) Broadcast(ctx context.Context, body []byte) error {
 	}
 	defer ch.Close()
 	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("broadcast to %q: confirm mode: %w", MembersExchange(m.queue), err)
+		return fmt.Errorf("broadcast to %q: confirm mode: %w", topology.Members(m.queue), err)
 	}
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, MembersExchange(m.queue), "", false, false, amqp.Publishing{
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, topology.Members(m.queue), "", false, false, amqp.Publishing{
 		Headers: amqp.Table{memberHeaderKind: memberBroadcast, memberHeaderFrom: m.cfg.ID},
 		Body:    body,
 	})
 	if err != nil {
-		return fmt.Errorf("broadcast %d bytes to %q: %w", len(body), MembersExchange(m.queue), err)
+		return fmt.Errorf("broadcast %d bytes to %q: %w", len(body), topology.Members(m.queue), err)
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil || !ok {
-		return fmt.Errorf("broadcast %d bytes to %q: not confirmed: %v", len(body), MembersExchange(m.queue), err)
+		return fmt.Errorf("broadcast %d bytes to %q: not confirmed: %v", len(body), topology.Members(m.queue), err)
 	}
 	return nil
 }
@@ -174,7 +172,7 @@ func (m *Membership) listen(ctx context.Context) (*amqp.Channel, <-chan amqp.Del
 	if err != nil {
 		return nil, nil, err
 	}
-	ex := MembersExchange(m.queue)
+	ex := topology.Members(m.queue)
 	if err := ch.ExchangeDeclare(ex, amqp.ExchangeFanout, false, true, false, false, nil); err != nil {
 		return nil, nil, fmt.Errorf("declare members exchange %q: %w", ex, err)
 	}
@@ -249,7 +247,7 @@ func (m *Membership) announce(ch *amqp.Channel, kind string) {
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Interval)
 	defer cancel()
 	// Unconfirmed on purpose: a lost heartbeat is replaced by the next one.
-	_ = ch.PublishWithContext(ctx, MembersExchange(m.queue), "", false, false, amqp.Publishing{
+	_ = ch.PublishWithContext(ctx, topology.Members(m.queue), "", false, false, amqp.Publishing{
 		Headers:    amqp.Table{memberHeaderKind: kind},
 		Body:       []byte(m.cfg.ID),
 		Expiration: strconv.FormatInt(m.cfg.Expiry.Milliseconds(), 10),

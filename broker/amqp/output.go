@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // DeclareOutputQueue declares queue for a stack that only publishes to it: durable, with the
@@ -29,7 +31,7 @@ func (b *Broker) DeclareOutputQueue(ctx context.Context, queue string) error {
 	}
 	defer ch.Close()
 	extra := amqp.Table{
-		"x-dead-letter-exchange":    DeadLetterExchange,
+		"x-dead-letter-exchange":    topology.DeadLetterExchange,
 		"x-dead-letter-routing-key": queue,
 	}
 	if b.cfg.QueueType == QueueQuorum && b.cfg.DeliveryLimit > 0 {

@@ -4,18 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Key-partitioned consumption (see the package documentation, "Partitioned queues").
 const (
-	// ConsistentHashExchangeType is the exchange type of RabbitMQ's consistent-hash plugin,
+	// consistentHashExchangeType is the exchange type of RabbitMQ's consistent-hash plugin,
 	// rabbitmq_consistent_hash_exchange, which routes a partitioned queue's messages.
-	ConsistentHashExchangeType = "x-consistent-hash"
+	consistentHashExchangeType = "x-consistent-hash"
 	// MaxPartitionKeyBytes is the longest partition key: it travels as the routing key,
 	// which AMQP 0-9-1 limits to 255 bytes.
 	MaxPartitionKeyBytes = 255
@@ -34,23 +35,15 @@ var (
 	ErrPartitionKey = errors.New("amqp: partition key must be 1 to 255 bytes")
 )
 
-// PartitionQueue returns the name of partition k of queue: "<queue>.p<k>".
-func PartitionQueue(queue string, k int) string { return queue + ".p" + strconv.Itoa(k) }
-
-// PartitionExchange returns the consistent-hash exchange producers publish queue's messages
-// to, with the partition key as routing key. It has the queue's own name: exchanges and
-// queues are separate namespaces, and a producer needs to know only one name.
-func PartitionExchange(queue string) string { return queue }
-
 // consistentHashType is the exchange type DeclarePartitioned declares; tests point it at a
 // type no broker has, to exercise the missing-plugin path on any RabbitMQ.
-var consistentHashType = ConsistentHashExchangeType
+var consistentHashType = consistentHashExchangeType
 
 // DeclarePartitioned declares queue as partitions key-partitioned queues: the
-// consistent-hash exchange PartitionExchange(queue); the queues PartitionQueue(queue, 0 …
+// consistent-hash exchange topology.PartitionExchange(queue); the queues topology.Partition(queue, 0 …
 // partitions-1), each with single-active-consumer and bound to the exchange with weight 1;
 // each partition's route back from the delay cascade; and one dead-letter queue
-// DLQName(queue) that every partition's dead letters go to. It is idempotent.
+// topology.DLQ(queue) that every partition's dead letters go to. It is idempotent.
 //
 // The declarations run on a connection of their own: RabbitMQ answers an exchange type it
 // does not know (the plugin is off) by closing the whole connection, which must not take
@@ -74,7 +67,7 @@ func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partition
 	}
 	defer ch.Close()
 
-	exchange := PartitionExchange(queue)
+	exchange := topology.PartitionExchange(queue)
 	if err := ch.ExchangeDeclare(exchange, consistentHashType, true, false, false, false, nil); err != nil {
 		var amqpErr *amqp.Error
 		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.CommandInvalid && strings.Contains(amqpErr.Reason, "exchange type") {
@@ -82,10 +75,10 @@ func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partition
 		}
 		return fmt.Errorf("declare exchange %q of type %s (an exchange of that name with another type exists?): %w", exchange, consistentHashType, err)
 	}
-	if err := ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %q: %w", DeadLetterExchange, err)
+	if err := ch.ExchangeDeclare(topology.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", topology.DeadLetterExchange, err)
 	}
-	if ch, err = b.declareDLQ(ctx, ch, DLQName(queue)); err != nil {
+	if ch, err = b.declareDLQ(ctx, ch, topology.DLQ(queue)); err != nil {
 		return err
 	}
 	defer ch.Close()
@@ -98,19 +91,19 @@ func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partition
 }
 
 func (b *Broker) declarePartition(ch *amqp.Channel, queue string, k int) error {
-	part := PartitionQueue(queue, k)
-	dlq := DLQName(queue)
+	part := topology.Partition(queue, k)
+	dlq := topology.DLQ(queue)
 	// The dead letters of every partition share Q.dlq; their x-original-queue names the
 	// partition, so a replay goes back to the partition that owns the key.
-	if err := ch.QueueBind(dlq, part, DeadLetterExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %q to %q with key %q: %w", dlq, DeadLetterExchange, part, err)
+	if err := ch.QueueBind(dlq, part, topology.DeadLetterExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q with key %q: %w", dlq, topology.DeadLetterExchange, part, err)
 	}
 	extra := amqp.Table{
 		// One consumer at a time gets the partition, so one instance's in-memory
 		// idempotency sees every message of a key; RabbitMQ hands the partition to a
 		// waiting consumer when the active one goes away.
 		"x-single-active-consumer":  true,
-		"x-dead-letter-exchange":    DeadLetterExchange,
+		"x-dead-letter-exchange":    topology.DeadLetterExchange,
 		"x-dead-letter-routing-key": part,
 	}
 	if b.cfg.QueueType == QueueQuorum && b.cfg.DeliveryLimit > 0 {
@@ -121,11 +114,11 @@ func (b *Broker) declarePartition(ch *amqp.Channel, queue string, k int) error {
 	}
 	// The binding key of a consistent-hash exchange is the partition's weight: equal
 	// weights give each partition an equal share of the keys.
-	if err := ch.QueueBind(part, "1", PartitionExchange(queue), false, nil); err != nil {
-		return fmt.Errorf("bind partition queue %q to exchange %q: %w", part, PartitionExchange(queue), err)
+	if err := ch.QueueBind(part, "1", topology.PartitionExchange(queue), false, nil); err != nil {
+		return fmt.Errorf("bind partition queue %q to exchange %q: %w", part, topology.PartitionExchange(queue), err)
 	}
-	if err := ch.QueueBind(part, deliveryBindingKey(part), DelayDeliveryExchange, false, nil); err != nil {
-		return fmt.Errorf("bind queue %q to %q: %w", part, DelayDeliveryExchange, err)
+	if err := ch.QueueBind(part, deliveryBindingKey(part), topology.DelayDeliveryExchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q to %q: %w", part, topology.DelayDeliveryExchange, err)
 	}
 	return nil
 }
@@ -140,7 +133,7 @@ func checkNoPartition(conn *amqp.Connection, queue string, partitions int) error
 	}
 	// A passive declare of a missing queue closes its channel: this one is for that alone.
 	defer ch.Close()
-	extra := PartitionQueue(queue, partitions)
+	extra := topology.Partition(queue, partitions)
 	_, err = ch.QueueDeclarePassive(extra, true, false, false, false, nil)
 	if err == nil {
 		return fmt.Errorf("queue %q exists beside the %d partitions declared for %q: %w; "+
@@ -161,7 +154,7 @@ func (b *Broker) PublishPartitioned(ctx context.Context, queue, key string, mess
 	if key == "" || len(key) > MaxPartitionKeyBytes {
 		return fmt.Errorf("publish to partitioned queue %q: key of %d bytes: %w", queue, len(key), ErrPartitionKey)
 	}
-	return b.pub.PublishTo(ctx, PartitionExchange(queue), key, messages...)
+	return b.pub.PublishTo(ctx, topology.PartitionExchange(queue), key, messages...)
 }
 
 // dialSide opens a short-lived connection of its own to the first node that answers, for

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Every node refuses an exchange type it does not know the way it refuses x-consistent-hash
@@ -31,7 +32,7 @@ func TestDeclarePartitionedWithoutThePluginSaysHowToEnableIt(t *testing.T) {
 	assert.Contains(t, err.Error(), "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange")
 	assert.Contains(t, err.Error(), queue, "the error names the exchange")
 	assert.NotContains(t, err.Error(), "guest:guest", "the password is masked")
-	assert.Equal(t, -1, r.Count(amqp.PartitionQueue(queue, 0)), "nothing is declared behind a missing exchange")
+	assert.Equal(t, -1, r.Count(topology.Partition(queue, 0)), "nothing is declared behind a missing exchange")
 
 	// RabbitMQ closed the connection the declaration ran on; the broker's own connection,
 	// which its consumers and publishes use, is untouched.

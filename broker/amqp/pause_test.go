@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Pausing a subscription on RabbitMQ: messages with a handler finish, prefetched ones go
@@ -27,7 +28,7 @@ func TestSubscriberPauseKeepsTheQueueInOrder(t *testing.T) {
 			b := newBroker(t, amqp.Config{QueueType: qt, Logger: quietLogger()})
 			q := testenv.Name("pause")
 			declare(t, b, r, q)
-			t.Cleanup(func() { r.DeleteQueues(q, amqp.DLQName(q)) })
+			t.Cleanup(func() { r.DeleteQueues(q, topology.DLQ(q)) })
 			for i := range total {
 				require.NoError(t, b.Publisher().Publish(q, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "m-%02d", i))))
 			}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // TestUniversalPubSub runs Watermill's universal Pub/Sub suite against the RabbitMQ wiring:
@@ -196,7 +197,7 @@ func (s *suiteEnv) deleteQueues(t *testing.T) {
 	s.mu.Lock()
 	names := make([]string, 0, 2*len(s.queues))
 	for q := range s.queues {
-		names = append(names, q, amqp.DLQName(q))
+		names = append(names, q, topology.DLQ(q))
 	}
 	s.mu.Unlock()
 	sort.Strings(names)

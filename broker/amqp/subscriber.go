@@ -12,6 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/pausegate"
 )
 
 // SubscribeOptions tune one subscription.
@@ -53,7 +55,7 @@ type Subscriber struct {
 
 	nacks atomic.Int64 // consecutive nacks, for the requeue backoff
 
-	gate gate // Pause and Resume (pause.go)
+	gate pausegate.Gate // Pause and Resume (pause.go)
 
 	// redeclare declares a queue again after it was deleted under its consumer; it fails
 	// for a queue its broker did not declare. Nil means never.
@@ -110,10 +112,10 @@ func (s *Subscriber) checkQueue(ctx context.Context, queue string) error {
 func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *message.Message, orphans *sync.WaitGroup) {
 	wait := 200 * time.Millisecond
 	for {
-		st := s.gate.state()
-		if st.paused {
+		st := s.gate.State()
+		if st.Paused {
 			select {
-			case <-st.changed:
+			case <-st.Changed:
 				continue
 			case <-s.closing:
 				return
@@ -165,7 +167,7 @@ func (s *Subscriber) stopping(ctx context.Context) bool {
 
 // consumeOnce consumes on one channel until it closes or the subscriber stops. When the
 // channel closes under running handlers it returns at once and leaves them to orphans.
-func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message, st gateState, orphans *sync.WaitGroup) error {
+func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message, st pausegate.State, orphans *sync.WaitGroup) error {
 	opts := s.opts.optsFor(st)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -196,7 +198,7 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		select {
 		case <-waitCtx.Done():
 			_ = ch.Cancel(tag, false)
-		case <-st.changed:
+		case <-st.Changed:
 			_ = ch.Cancel(tag, false)
 		case <-stopped:
 		}
@@ -213,7 +215,7 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		close(closed)
 	}()
 	acks := newAcker(ch, (opts.Prefetch-opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
-	back := &returns{changed: st.changed}
+	back := &returns{changed: st.Changed}
 	var workers sync.WaitGroup
 	for i := 0; i < opts.Concurrency; i++ {
 		workers.Add(1)
@@ -252,7 +254,7 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		return closedErr(closeErr)
 	}
 	settle()
-	if closedChan(st.changed) {
+	if closedChan(st.Changed) {
 		return errGateChanged
 	}
 	if closedChan(closed) {

@@ -9,18 +9,14 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// Topology names. See docs/DESIGN.md: Q's dead letters go to Q.dlq through the direct exchange
-// sluice.dlx; the delay cascade sluice.delay.* is shared by every queue of a vhost.
+// The delay cascade (docs/DESIGN.md; its names are package topology's): Q's dead letters go to
+// Q.dlq through the direct exchange sluice.dlx; the delay cascade sluice.delay.* is shared by
+// every queue of a vhost.
 const (
-	// DeadLetterExchange is the direct exchange that routes dead letters to Q.dlq by key Q.
-	DeadLetterExchange = "sluice.dlx"
-	// DelayExchangePrefix names the cascade's level exchanges and queues: sluice.delay.00 …
-	DelayExchangePrefix = "sluice.delay."
-	// DelayDeliveryExchange receives what leaves the cascade and routes it to its queue.
-	DelayDeliveryExchange = "sluice.delay.deliver"
-
 	// DelayLevels is the number of cascade levels; level k holds a message 2^k units.
 	DelayLevels = 26
 	// DelayResolution is the cascade's unit: delays are exact to this.
@@ -28,13 +24,6 @@ const (
 	// MaxDelay is the longest delay the cascade can give (about 7.8 days).
 	MaxDelay = time.Duration(1<<DelayLevels-1) * DelayResolution
 )
-
-// DLQName returns the dead-letter queue of queue.
-func DLQName(queue string) string { return queue + ".dlq" }
-
-// ArchiveName returns the archive of queue's dead letters, Q.dlq.archive, where package dlq
-// moves archived dead letters (kept for a retention period, see dlq.DefaultRetention).
-func ArchiveName(queue string) string { return DLQName(queue) + ".archive" }
 
 // NoDeliveryLimit is the x-delivery-limit sluice gives the quorum queues that hold dead
 // letters (Q.dlq, Q.dlq.archive). Every read of such a queue returns its messages, and a
@@ -54,14 +43,11 @@ func DeadLetterQueueArgs(qt QueueType, extra amqp.Table) amqp.Table {
 	return args
 }
 
-// delayLevelName returns the exchange and queue name of cascade level k.
-func delayLevelName(k int) string { return fmt.Sprintf("%s%02d", DelayExchangePrefix, k) }
-
 // delayEntryExchange is where a delay of units enters the cascade: the level of its highest
 // set bit. Every level above would only pass it on (its digit there is 0), and each
 // exchange hop costs the broker; entering at the top made a retry cross all 26.
 func delayEntryExchange(units uint64) string {
-	return delayLevelName(max(bits.Len64(units)-1, 0))
+	return topology.DelayLevel(max(bits.Len64(units)-1, 0))
 }
 
 // deliveryBindingKey matches a routing key of DelayLevels digit words followed by queue;
@@ -95,7 +81,7 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	defer ch.Close()
 	// The DLQ first, in a round trip of its own: one declared by an earlier sluice may be
 	// refused its new arguments, which closes the channel (declareDLQ goes on with another).
-	dlq := DLQName(queue)
+	dlq := topology.DLQ(queue)
 	if ch, err = b.declareDLQ(ctx, ch, dlq); err != nil {
 		return err
 	}
@@ -106,19 +92,19 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	if !b.cascadeDeclared {
 		b.cascadeOn(d)
 	}
-	d.exchange(DeadLetterExchange, amqp.ExchangeDirect)
-	d.bindQueue(dlq, queue, DeadLetterExchange)
+	d.exchange(topology.DeadLetterExchange, amqp.ExchangeDirect)
+	d.bindQueue(dlq, queue, topology.DeadLetterExchange)
 	// RabbitMQ's own dead-lettering (a quorum queue's delivery limit) also lands in Q.dlq,
 	// so a message that keeps crashing its consumer stops looping.
 	extra := amqp.Table{
-		"x-dead-letter-exchange":    DeadLetterExchange,
+		"x-dead-letter-exchange":    topology.DeadLetterExchange,
 		"x-dead-letter-routing-key": queue,
 	}
 	if b.cfg.QueueType == QueueQuorum && b.cfg.DeliveryLimit > 0 {
 		extra["x-delivery-limit"] = int64(b.cfg.DeliveryLimit)
 	}
 	d.queue(queue, queueArgs(b.cfg.QueueType, extra))
-	d.bindQueue(queue, deliveryBindingKey(queue), DelayDeliveryExchange)
+	d.bindQueue(queue, deliveryBindingKey(queue), topology.DelayDeliveryExchange)
 	if err := d.fence(ctx); err != nil {
 		return fmt.Errorf("declare queue %q (type %s) with its DLQ and delay route: %w", queue, b.cfg.QueueType, err)
 	}
@@ -186,12 +172,12 @@ func (b *Broker) declareCascade(ctx context.Context) error {
 // dead-lettered, keeping its routing key, to level k-1's exchange; level 0 dead-letters to
 // the delivery exchange, which routes on the destination.
 func (b *Broker) cascadeOn(d *declarer) {
-	d.exchange(DelayDeliveryExchange, amqp.ExchangeTopic)
+	d.exchange(topology.DelayDeliveryExchange, amqp.ExchangeTopic)
 	for k := 0; k < DelayLevels; k++ {
-		name := delayLevelName(k)
-		next := DelayDeliveryExchange
+		name := topology.DelayLevel(k)
+		next := topology.DelayDeliveryExchange
 		if k > 0 {
-			next = delayLevelName(k - 1)
+			next = topology.DelayLevel(k - 1)
 		}
 		d.exchange(name, amqp.ExchangeTopic)
 		ttl := int64(time.Duration(1<<k) * DelayResolution / time.Millisecond)
@@ -266,7 +252,7 @@ func (d *declarer) fence(ctx context.Context) error {
 	}
 	res := make(chan error, 1)
 	go func() {
-		res <- d.ch.ExchangeDeclare(DelayDeliveryExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+		res <- d.ch.ExchangeDeclare(topology.DelayDeliveryExchange, amqp.ExchangeTopic, true, false, false, false, nil)
 	}()
 	select {
 	case err := <-res:

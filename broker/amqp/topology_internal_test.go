@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // simulateCascade follows a routing key through the cascade as RabbitMQ would route it with
@@ -19,7 +21,7 @@ func simulateCascade(t *testing.T, entry, key string) (time.Duration, string) {
 	words := strings.Split(key, ".")
 	require.Greater(t, len(words), DelayLevels, "key %q", key)
 	var level int
-	_, err := fmt.Sscanf(entry, DelayExchangePrefix+"%d", &level)
+	_, err := fmt.Sscanf(entry, topology.DelayExchangePrefix+"%d", &level)
 	require.NoError(t, err)
 	var waited time.Duration
 	for ; level >= 0; level-- {

@@ -35,14 +35,14 @@ func WatermillConfig(amqpURI string) wamqp.Config {
 // cfg can consume sluice's retries: a Marshaler other than sluice's is refused with
 // ErrWatermillMarshaler.
 func NewWatermillSubscriber(cfg wamqp.Config, logger watermill.LoggerAdapter) (*wamqp.Subscriber, error) {
-	if err := CheckWatermillConfig(cfg); err != nil {
+	if err := checkWatermillConfig(cfg); err != nil {
 		return nil, err
 	}
 	return wamqp.NewSubscriber(cfg, logger)
 }
 
-// CheckWatermillConfig returns ErrWatermillMarshaler when cfg's Marshaler is not sluice's.
-func CheckWatermillConfig(cfg wamqp.Config) error {
+// checkWatermillConfig returns ErrWatermillMarshaler when cfg's Marshaler is not sluice's.
+func checkWatermillConfig(cfg wamqp.Config) error {
 	switch cfg.Marshaler.(type) {
 	case Marshaler, *Marshaler:
 		return nil

@@ -11,14 +11,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/internal/binding"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Publish/subscribe, as on RabbitMQ (see broker/amqp): a subscriber's queue is bound to
 // exchanges, and what an exchange cannot route goes to the queue sluice.unrouted, keeping
 // its exchange and routing key in metadata.
 const (
-	// UnroutedQueue keeps what an exchange could route to no queue.
-	UnroutedQueue = "sluice.unrouted"
 	// MetadataExchange and MetadataRoutingKey say which exchange and routing key a message
 	// was published with; they are the keys sluice's RabbitMQ marshaler uses.
 	MetadataExchange   = "amqp-exchange"
@@ -161,7 +160,7 @@ func sameHeaders(a, b map[string]string) bool {
 
 // PublishToExchange routes copies of messages to every queue bound to exchange whose
 // binding matches routingKey (or, on a headers exchange, the message's metadata), each
-// queue once. A message no binding matches goes to UnroutedQueue. Every copy carries its
+// queue once. A message no binding matches goes to topology.UnroutedQueue. Every copy carries its
 // exchange and routing key in MetadataExchange and MetadataRoutingKey.
 func (b *Broker) PublishToExchange(_ context.Context, exchangeName, routingKey string, messages ...*message.Message) error {
 	if b.closed() {
@@ -173,7 +172,7 @@ func (b *Broker) PublishToExchange(_ context.Context, exchangeName, routingKey s
 			return err
 		}
 		if len(queues) == 0 {
-			queues = []string{UnroutedQueue}
+			queues = []string{topology.UnroutedQueue}
 		}
 		for _, q := range queues {
 			c := copyMessage(m)
@@ -254,10 +253,10 @@ func topicWords(pattern, words []string) bool {
 }
 
 // ReplayUnrouted publishes again, to their exchange with their routing key, the messages
-// of UnroutedQueue that came from exchange (every exchange when it is empty), and returns
-// how many it took. One nobody is bound for yet comes back to UnroutedQueue.
+// of topology.UnroutedQueue that came from exchange (every exchange when it is empty), and returns
+// how many it took. One nobody is bound for yet comes back to topology.UnroutedQueue.
 func (b *Broker) ReplayUnrouted(ctx context.Context, exchangeName string) (int, error) {
-	q := b.queue(UnroutedQueue)
+	q := b.queue(topology.UnroutedQueue)
 	q.mu.Lock()
 	var take, keep []*message.Message
 	for _, m := range q.ready {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 func TestTopicMatch(t *testing.T) {
@@ -69,14 +70,14 @@ func TestExchangeRouting(t *testing.T) {
 			require.NoError(t, b.PublishToExchange(ctx, "x", tc.key, m))
 			if !tc.routed {
 				require.Equal(t, 0, b.Len("q"))
-				require.Len(t, b.Peek(memory.UnroutedQueue), 1)
+				require.Len(t, b.Peek(topology.UnroutedQueue), 1)
 				return
 			}
 			got := b.Peek("q")
 			require.Len(t, got, 1)
 			require.Equal(t, "x", got[0].Metadata.Get(memory.MetadataExchange))
 			require.Equal(t, tc.key, got[0].Metadata.Get(memory.MetadataRoutingKey))
-			require.Equal(t, 0, b.Len(memory.UnroutedQueue))
+			require.Equal(t, 0, b.Len(topology.UnroutedQueue))
 		})
 	}
 }
@@ -94,18 +95,18 @@ func TestSubscribersAndUnroutedReplay(t *testing.T) {
 	}
 	require.Equal(t, 2, b.Len("billing"))
 	require.Equal(t, 1, b.Len("shipping"))
-	require.Equal(t, 1, b.Len(memory.UnroutedQueue))
+	require.Equal(t, 1, b.Len(topology.UnroutedQueue))
 
 	n, err := b.ReplayUnrouted(ctx, "orders")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Equal(t, 1, b.Len(memory.UnroutedQueue), "still nobody bound: back in %s", memory.UnroutedQueue)
+	require.Equal(t, 1, b.Len(topology.UnroutedQueue), "still nobody bound: back in %s", topology.UnroutedQueue)
 
 	require.NoError(t, b.DeclareSubscription(ctx, "invoices", []memory.Binding{{Exchange: "orders", Keys: []string{"invoice.#"}}}, false))
 	n, err = b.ReplayUnrouted(ctx, "orders")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Equal(t, 0, b.Len(memory.UnroutedQueue))
+	require.Equal(t, 0, b.Len(topology.UnroutedQueue))
 	got := b.Peek("invoices")
 	require.Len(t, got, 1)
 	require.Equal(t, "invoice.sent", got[0].UUID)

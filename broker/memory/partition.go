@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strconv"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Partition errors.
@@ -22,9 +23,6 @@ var (
 	// ErrPartitionKey means a partitioned publish had an empty key.
 	ErrPartitionKey = errors.New("memory: partition key must not be empty")
 )
-
-// PartitionQueue returns the name of partition k of queue: "<queue>.p<k>", as on RabbitMQ.
-func PartitionQueue(queue string, k int) string { return queue + ".p" + strconv.Itoa(k) }
 
 // partitionSet remembers the partitioned queues: queue → partition count, and each
 // partition queue → its queue (for the shared dead-letter queue). The zero value is empty.
@@ -42,7 +40,7 @@ func (p *partitionSet) set(queue string, partitions int) {
 	}
 	p.counts[queue] = partitions
 	for k := 0; k < partitions; k++ {
-		p.parent[PartitionQueue(queue, k)] = queue
+		p.parent[topology.Partition(queue, k)] = queue
 	}
 }
 
@@ -58,13 +56,13 @@ func (p *partitionSet) dlq(queue string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if parent, ok := p.parent[queue]; ok {
-		return DLQName(parent)
+		return topology.DLQ(parent)
 	}
-	return DLQName(queue)
+	return topology.DLQ(queue)
 }
 
-// DeclarePartitioned creates partitions queues PartitionQueue(queue, k) and the one
-// dead-letter queue they share, DLQName(queue). The embedded broker has one consumer
+// DeclarePartitioned creates partitions queues topology.Partition(queue, k) and the one
+// dead-letter queue they share, topology.DLQ(queue). The embedded broker has one consumer
 // process, so every partition is trivially consumed by one instance; what it keeps from
 // RabbitMQ is the routing: PublishPartitioned sends every message of a key to the same
 // partition (by FNV-1a of the key, not RabbitMQ's hash).
@@ -80,9 +78,9 @@ func (b *Broker) DeclarePartitioned(_ context.Context, queue string, partitions 
 	}
 	b.parts.set(queue, partitions)
 	for k := 0; k < partitions; k++ {
-		b.queue(PartitionQueue(queue, k))
+		b.queue(topology.Partition(queue, k))
 	}
-	b.queue(DLQName(queue))
+	b.queue(topology.DLQ(queue))
 	return nil
 }
 
@@ -101,7 +99,7 @@ func (b *Broker) PublishPartitioned(_ context.Context, queue, key string, messag
 	}
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(key))
-	q := b.queue(PartitionQueue(queue, int(h.Sum64()%uint64(n))))
+	q := b.queue(topology.Partition(queue, int(h.Sum64()%uint64(n))))
 	for _, m := range messages {
 		q.push(copyMessage(m), false)
 	}

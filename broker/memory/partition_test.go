@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 func TestPartitionedPublishRoutesEveryKeyToOnePartition(t *testing.T) {
@@ -29,7 +30,7 @@ func TestPartitionedPublishRoutesEveryKeyToOnePartition(t *testing.T) {
 	used := map[string]bool{}
 	total := 0
 	for p := 0; p < parts; p++ {
-		part := memory.PartitionQueue("q", p)
+		part := topology.Partition("q", p)
 		for _, m := range b.Peek(part) {
 			key := string(m.Payload)
 			if prev, ok := seen[key]; ok {
@@ -90,10 +91,10 @@ func TestPartitionsShareOneDeadLetterQueue(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, b.DeclarePartitioned(ctx, "q", 3))
 	for p := 0; p < 3; p++ {
-		require.NoError(t, b.DeadLetter(ctx, memory.PartitionQueue("q", p), message.NewMessage(fmt.Sprint(p), nil)))
+		require.NoError(t, b.DeadLetter(ctx, topology.Partition("q", p), message.NewMessage(fmt.Sprint(p), nil)))
 	}
 	require.NoError(t, b.DeadLetter(ctx, "other", message.NewMessage("o", nil)))
-	assert.Equal(t, 3, b.Len(memory.DLQName("q")))
-	assert.Equal(t, 1, b.Len(memory.DLQName("other")), "a plain queue keeps its own DLQ")
-	assert.Equal(t, 0, b.Len(memory.DLQName(memory.PartitionQueue("q", 0))))
+	assert.Equal(t, 3, b.Len(topology.DLQ("q")))
+	assert.Equal(t, 1, b.Len(topology.DLQ("other")), "a plain queue keeps its own DLQ")
+	assert.Equal(t, 0, b.Len(topology.DLQ(topology.Partition("q", 0))))
 }

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -47,7 +47,7 @@ func observe(cfg config, logger *slog.Logger, b router.Broker, providers *teleme
 	watch := telemetry.DepthQueuesFor(cfg.queue)
 	// Partitions share the base queue's DLQ and archive; the consumed queues are theirs.
 	for k := 0; k < cfg.partitions; k++ {
-		watch = append(watch, telemetry.DepthQueue{Name: amqp.PartitionQueue(cfg.queue, k), Kind: telemetry.QueueKindConsumed})
+		watch = append(watch, telemetry.DepthQueue{Name: topology.Partition(cfg.queue, k), Kind: telemetry.QueueKindConsumed})
 	}
 	w, err := inst.WatchDepth(telemetry.DepthConfig{Source: source, Queues: watch, Interval: cfg.depthInterval, Logger: logger})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 func TestUnroutedCommands(t *testing.T) {
@@ -22,7 +23,7 @@ func TestUnroutedCommands(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 	exchange, queue := testenv.Name("test.cli.unrouted"), testenv.Name("test.cli.unrouted.sub")
-	r.DeleteQueues(queue, amqp.DLQName(queue))
+	r.DeleteQueues(queue, topology.DLQ(queue))
 	t.Cleanup(func() {
 		if ch, err := r.Conn.Channel(); err == nil {
 			_ = ch.ExchangeDelete(exchange, false, false)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // readmeMarker precedes, in README.md, the code block that must be this program.
@@ -45,7 +46,7 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 	t.Setenv("AMQP_URL", r.URL)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "") // spans are made, not exported
 	queue, output := testenv.Name("quickstart.requested"), testenv.Name("quickstart.succeeded")
-	r.DeleteQueues(queue, queue+".dlq", output, output+".dlq")
+	r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -68,7 +69,7 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 	publish("m-2", `{"payment_id":"pay_1","amount_cents":1299}`) // the same payment again
 	publish("m-3", `{"payment_id":`)
 
-	require.Eventually(t, func() bool { return r.Count(queue+".dlq") == 1 && r.Count(output) >= 1 }, 30*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return r.Count(topology.DLQ(queue)) == 1 && r.Count(output) >= 1 }, 30*time.Second, 50*time.Millisecond)
 	require.Eventually(t, func() bool { return r.Count(queue) == 0 }, 10*time.Second, 50*time.Millisecond, "every request handled")
 	time.Sleep(500 * time.Millisecond) // a second event for the duplicate would show now
 	assert.Equal(t, 1, r.Count(output), "pay_1 charged once")
@@ -79,7 +80,7 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 	require.NoError(t, json.Unmarshal(ev.Body, &event))
 	assert.Equal(t, map[string]string{"payment_id": "pay_1", "status": "succeeded"}, event)
 
-	dead, ok := r.Get(queue + ".dlq")
+	dead, ok := r.Get(topology.DLQ(queue))
 	require.True(t, ok)
 	assert.Equal(t, "m-3", dead.MessageId)
 	assert.Equal(t, "json.SyntaxError", dead.Headers[sluice.HeaderErrorType])

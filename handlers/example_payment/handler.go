@@ -8,6 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	sluice "github.com/sluice-go/sluice"
+
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // The queues of the example.
@@ -17,7 +19,7 @@ const (
 	// QueueSucceeded is the queue the handler's Succeeded events are published to.
 	QueueSucceeded = "payments.succeeded"
 	// QueueDLQ is QueueRequested's dead-letter queue (the stack names it queue + ".dlq").
-	QueueDLQ = QueueRequested + ".dlq"
+	QueueDLQ = QueueRequested + topology.DeadLetterSuffix
 )
 
 // ContentTypeJSON is the content-type metadata of the events the handler publishes.

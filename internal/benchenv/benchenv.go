@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Payload is the body of every benchmark message: 1 KiB of letters.
@@ -43,7 +44,7 @@ func Broker(b *testing.B, url string) *amqp.Broker {
 func SluiceQueue(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, prefix string) string {
 	b.Helper()
 	q := testenv.Name(prefix)
-	r.DeleteQueues(q, amqp.DLQName(q))
+	r.DeleteQueues(q, topology.DLQ(q))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := br.DeclareQueue(ctx, q); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -92,7 +93,7 @@ func (r *Recorder) Publishing(tb testing.TB, f Failure) amqp091.Publishing {
 func Fill(tb testing.TB, conn *amqp091.Connection, queue string, n int, f func(i int) Failure) {
 	tb.Helper()
 	r := NewRecorder(tb, queue)
-	Publish(tb, conn, amqp.DLQName(queue), n, func(i int) amqp091.Publishing { return r.Publishing(tb, f(i)) })
+	Publish(tb, conn, topology.DLQ(queue), n, func(i int) amqp091.Publishing { return r.Publishing(tb, f(i)) })
 }
 
 // Publish publishes n messages, pub(0) … pub(n-1), to queue through the default exchange,

@@ -15,7 +15,8 @@
 //
 // If the dead-letter publish fails, the step returns a hand-off error: the original is
 // nacked and redelivered later, never lost, and the subscriber backs off between nacks so
-// the consumer does not spin. Discard errors are acked and logged at warn level, no copy.
+// the consumer does not spin. Discard errors never reach the step: the retry step inside it
+// acks them (see package retry).
 package poison
 
 import (
@@ -31,8 +32,10 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // MaxStackBytes is the size a panic's stack is truncated to in the record.
@@ -105,11 +108,6 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return out, err
 		}
 		queue := message.SubscribeTopicFromCtx(ctx)
-		if sluice.IsDiscard(err) {
-			p.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "error", sluice.ErrorMessage(err))
-			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDiscard, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: err})
-			return nil, nil
-		}
 		record := p.Record(msg, queue, err)
 		// A handler deadline outside this step must not fail the dead-letter publish.
 		hctx, cancel := lifecycle.HandoffContext(ctx)
@@ -124,7 +122,7 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
 		// Debug: the telemetry step writes the operator's line at info, rate-limited, so a
 		// DLQ storm cannot flood the log.
-		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", queue+".dlq", "message_id", msg.UUID,
+		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", topology.DLQ(queue), "message_id", msg.UUID,
 			"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", retries, "error", sluice.ErrorMessage(err))
 		if p.cfg.OnDeadLetter != nil {
 			p.cfg.OnDeadLetter(Event{Queue: queue, MessageID: msg.UUID, ErrorType: record.Metadata.Get(sluice.HeaderErrorType), Retries: retries, Err: err})
@@ -149,20 +147,8 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	} else {
 		delete(md, sluice.HeaderErrorStack)
 	}
-	if md.Get(sluice.HeaderOriginalQueue) == "" {
-		md.Set(sluice.HeaderOriginalQueue, queue)
-	}
 	md.Set(sluice.HeaderHandler, message.HandlerNameFromCtx(msg.Context()))
-	md.Set(sluice.HeaderRetryCount, strconv.Itoa(retries))
-	if _, ok := failure.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); !ok {
-		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(now))
-	}
-	md.Set(sluice.HeaderLastFailureTime, failure.FormatTime(now))
-	md.Set(sluice.HeaderLastError, errType)
-	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
-	md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(msg.Metadata, failure.HistoryEntry{
-		At: now.UTC(), Attempt: retries + 1, Type: errType, Message: sluice.ErrorMessage(err),
-	}))
+	headers.StampFailure(md, msg.Metadata, headers.Failure{Queue: queue, RetryCount: retries, Attempt: retries + 1, Now: now, Err: err})
 	md.Set(sluice.HeaderFailedAt, failure.FormatTime(now))
 	md.Set(sluice.HeaderFailedHost, p.cfg.Host)
 	md.Set(sluice.HeaderFailedPID, p.pid)

@@ -375,8 +375,8 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 }
 
 func TestMiddleware_NotDeadLettered(t *testing.T) {
-	discard := sluice.Discard(errDeclined)
-	wrappedDiscard := fmt.Errorf("refund: %w", sluice.Discard(errDeclined))
+	// A Discard never reaches this step: the retry step inside it acks it (package retry's
+	// tests cover that branch, test/retry_test.go the two steps together).
 	handoff := failure.Handoff(errBroker)
 	outputs := []*message.Message{message.NewMessage("out-1", []byte("x"))}
 	tests := []struct {
@@ -387,8 +387,6 @@ func TestMiddleware_NotDeadLettered(t *testing.T) {
 		wantReport *report.Report
 	}{
 		{name: "success", h: func(*message.Message) ([]*message.Message, error) { return outputs, nil }, wantOut: outputs},
-		{name: "Discard", h: failing(discard), wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 1, Err: discard}},
-		{name: "Discard wrapped", h: failing(wrappedDiscard), wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 1, Err: wrappedDiscard}},
 		{name: "hand-off failure from below", h: failing(handoff), wantErr: handoff},
 	}
 	for _, tt := range tests {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/internal/report"
 )
@@ -241,21 +242,10 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if berr != nil {
 			return nil, berr
 		}
-		errType := sluice.ErrorType(err)
-
 		retryCopy := msg.CopyWithContext()
-		md := retryCopy.Metadata
-		md.Set(sluice.HeaderRetryCount, strconv.Itoa(count+1))
-		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(first))
-		md.Set(sluice.HeaderLastFailureTime, failure.FormatTime(now))
-		md.Set(sluice.HeaderLastError, errType)
-		md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
-		if md.Get(sluice.HeaderOriginalQueue) == "" {
-			md.Set(sluice.HeaderOriginalQueue, queue)
-		}
-		md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(msg.Metadata, failure.HistoryEntry{
-			At: now.UTC(), Attempt: attempt, Type: errType, Message: sluice.ErrorMessage(err),
-		}))
+		headers.StampFailure(retryCopy.Metadata, msg.Metadata, headers.Failure{
+			Queue: queue, RetryCount: count + 1, Attempt: attempt, First: first, Now: now, Err: err,
+		})
 		if herr := r.cfg.Delayer.Delay(hctx, queue, delay, retryCopy); herr != nil {
 			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
 			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})

@@ -28,9 +28,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 const (
@@ -503,7 +503,7 @@ func cascadeMessages(t *testing.T, node *testenv.Node) int {
 	n := 0
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) != 2 || !strings.HasPrefix(f[0], amqp.DelayExchangePrefix) {
+		if len(f) != 2 || !strings.HasPrefix(f[0], topology.DelayExchangePrefix) {
 			continue
 		}
 		k, err := strconv.Atoi(f[1])

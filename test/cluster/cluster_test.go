@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -159,16 +160,16 @@ func TestPartitionTopology(t *testing.T) {
 	t.Run("quorum partitions with single active consumer on every node", func(t *testing.T) {
 		qs := listQueues(t, n.queue)
 		for k := 0; k < partitions; k++ {
-			q, ok := qs[amqp.PartitionQueue(n.queue, k)]
+			q, ok := qs[topology.Partition(n.queue, k)]
 			require.True(t, ok, "partition %d declared: %v", k, qs)
 			assert.Equal(t, "quorum", q.Type)
 			assert.Len(t, q.Members, 3, "replicas of %s", q.Name)
 			assert.Equal(t, true, q.arg("x-single-active-consumer"), "arguments of %s: %v", q.Name, q.Arguments)
-			assert.Equal(t, amqp.DeadLetterExchange, q.arg("x-dead-letter-exchange"))
+			assert.Equal(t, topology.DeadLetterExchange, q.arg("x-dead-letter-exchange"))
 			assert.Equal(t, q.Name, q.arg("x-dead-letter-routing-key"), "RabbitMQ's own dead letters (delivery limit) reach the shared DLQ too")
 		}
-		dl, ok := qs[amqp.DLQName(n.queue)]
-		require.True(t, ok, "the shared dead-letter queue %s", amqp.DLQName(n.queue))
+		dl, ok := qs[topology.DLQ(n.queue)]
+		require.True(t, ok, "the shared dead-letter queue %s", topology.DLQ(n.queue))
 		assert.Equal(t, "quorum", dl.Type)
 		assert.Len(t, qs, partitions+1, "no queue named %s itself, no per-partition DLQ: %v", n.queue, qs)
 	})
@@ -180,7 +181,7 @@ func TestPartitionTopology(t *testing.T) {
 	}
 	parts := make([]string, partitions)
 	for k := range parts {
-		parts[k] = amqp.PartitionQueue(n.queue, k)
+		parts[k] = topology.Partition(n.queue, k)
 	}
 	route := func(b *amqp.Broker) map[string]string {
 		for _, k := range keys {
@@ -214,13 +215,13 @@ func TestPartitionTopology(t *testing.T) {
 
 	t.Run("dead letters of every partition land in the shared DLQ", func(t *testing.T) {
 		for k := 0; k < partitions; k++ {
-			require.NoError(t, first.DeadLetter(ctx, amqp.PartitionQueue(n.queue, k), message.NewMessage(fmt.Sprint("dead-", k), []byte("x"))))
+			require.NoError(t, first.DeadLetter(ctx, topology.Partition(n.queue, k), message.NewMessage(fmt.Sprint("dead-", k), []byte("x"))))
 		}
-		assert.Len(t, getAll(t, conn, amqp.DLQName(n.queue)), partitions)
+		assert.Len(t, getAll(t, conn, topology.DLQ(n.queue)), partitions)
 	})
 
 	t.Run("a delayed message comes back to its partition", func(t *testing.T) {
-		part := amqp.PartitionQueue(n.queue, 2)
+		part := topology.Partition(n.queue, 2)
 		require.NoError(t, first.Delay(ctx, part, 50*time.Millisecond, message.NewMessage("delayed", []byte("delayed"))))
 		got := consumeFor(t, conn, 1, 20*time.Second, parts...)
 		assert.Equal(t, map[string][]string{part: {"delayed"}}, got)
@@ -234,7 +235,7 @@ func TestPartitionTopology(t *testing.T) {
 	t.Run("fewer partitions than exist is refused", func(t *testing.T) {
 		err := first.DeclarePartitioned(ctx, n.queue, partitions-1)
 		require.ErrorIs(t, err, amqp.ErrPartitionCount)
-		assert.Contains(t, err.Error(), amqp.PartitionQueue(n.queue, partitions-1))
+		assert.Contains(t, err.Error(), topology.Partition(n.queue, partitions-1))
 	})
 }
 
@@ -317,7 +318,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 			return false
 		}
 		defer ch.Close()
-		q, err := ch.QueueDeclarePassive(amqp.DLQName(n.queue), true, false, false, false, nil)
+		q, err := ch.QueueDeclarePassive(topology.DLQ(n.queue), true, false, false, false, nil)
 		return err == nil && q.Messages == 4 && len(byKey()) == len(keys) && func() bool {
 			for k, as := range byKey() {
 				if !strings.HasPrefix(k, "poison") && len(as) < 2 {
@@ -347,7 +348,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 	for k, as := range byKey() {
 		require.Len(t, as, 2, "attempts of %s", k)
 		assert.Equal(t, as[0].queue, as[1].queue, "key %s: second attempt on another partition", k)
-		assert.True(t, strings.HasPrefix(as[0].queue, n.queue+".p"), "consumed from a partition: %s", as[0].queue)
+		assert.True(t, strings.HasPrefix(as[0].queue, n.queue+topology.PartitionInfix), "consumed from a partition: %s", as[0].queue)
 		if strings.HasPrefix(k, "poison") {
 			assert.True(t, as[1].replayed)
 			assert.Equal(t, as[0].queue, destination[k], "the DLQ record names the partition")

@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Tuning of the payments instances in these tests.
@@ -66,12 +67,12 @@ func (n names) cleanup(t *testing.T, url string) {
 		}
 		defer ch.Close()
 		for k := 0; k < partitions; k++ {
-			_, _ = ch.QueueDelete(amqp.PartitionQueue(n.queue, k), false, false, false)
+			_, _ = ch.QueueDelete(topology.Partition(n.queue, k), false, false, false)
 		}
-		for _, q := range []string{n.queue, amqp.DLQName(n.queue), n.output, amqp.DLQName(n.output)} {
+		for _, q := range []string{n.queue, topology.DLQ(n.queue), n.output, topology.DLQ(n.output)} {
 			_, _ = ch.QueueDelete(q, false, false, false)
 		}
-		_ = ch.ExchangeDelete(amqp.PartitionExchange(n.queue), false, false)
+		_ = ch.ExchangeDelete(topology.PartitionExchange(n.queue), false, false)
 	})
 }
 
@@ -132,7 +133,7 @@ func (p *producer) publish(queue string, ps []payment, perSecond int) error {
 		}
 		var confirms []*amqp091.DeferredConfirmation
 		for _, pm := range ps[i:min(i+batch, len(ps))] {
-			dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, amqp.PartitionExchange(queue), pm.paymentID, true, false, amqp091.Publishing{
+			dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, topology.PartitionExchange(queue), pm.paymentID, true, false, amqp091.Publishing{
 				MessageId:    pm.messageID,
 				ContentType:  "application/json",
 				DeliveryMode: amqp091.Persistent,
@@ -355,7 +356,7 @@ func waitClaimed(t *testing.T, url, queue string) {
 			if err != nil {
 				return false
 			}
-			q, err := ch.QueueDeclarePassive(amqp.PartitionQueue(queue, k), true, false, false, false, nil)
+			q, err := ch.QueueDeclarePassive(topology.Partition(queue, k), true, false, false, false, nil)
 			_ = ch.Close()
 			if err != nil || q.Consumers == 0 {
 				return false

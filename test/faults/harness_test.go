@@ -32,6 +32,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -262,7 +263,7 @@ func (l *ledger) check(t *testing.T, maxEffects int) summary {
 // drainDLQ takes queue's dead letters through a plain client on the node and records them.
 func (l *ledger) drainDLQ(r *testenv.Rabbit, queue string) {
 	for {
-		d, ok := r.Get(amqp.DLQName(queue))
+		d, ok := r.Get(topology.DLQ(queue))
 		if !ok {
 			return
 		}

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // chromium returns the browser's path; it skips on a dev box without one and fails in CI
@@ -97,7 +97,7 @@ func TestBrowser(t *testing.T) {
 		_, body := fx.get(t, "/queues/"+fx.queue+"/messages/order-1001")
 		return strings.Contains(body, `class="waterfall"`)
 	}, 20*time.Second, 250*time.Millisecond)
-	dlqName := amqp.DLQName(fx.queue)
+	dlqName := topology.DLQ(fx.queue)
 
 	var refreshed, title, payload, result string
 	require.NoError(t, chromedp.Do(ctx,

@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
@@ -90,7 +90,7 @@ func TestReads(t *testing.T) {
 		{name: "confirm of an unknown op", path: "/queues/" + q + "/confirm?op=explode&group=" + gateway, wantCode: 400},
 		{name: "confirm of an unknown group", path: "/queues/" + q + "/confirm?op=purge&group=nogroup", wantCode: 404},
 		{name: "confirm of a group", path: "/queues/" + q + "/confirm?op=replay&group=" + gateway, wantCode: 200,
-			want: []string{"Send 2 message(s) from <code>" + amqp.DLQName(q) + "</code> back to", `name="csrf" value="` + fx.console.CSRFToken() + `"`, `name="group" value="` + gateway + `"`}},
+			want: []string{"Send 2 message(s) from <code>" + topology.DLQ(q) + "</code> back to", `name="csrf" value="` + fx.console.CSRFToken() + `"`, `name="group" value="` + gateway + `"`}},
 		{name: "static script", path: "/static/console.js", wantCode: 200, want: []string{"fetch(api"}},
 	}
 	for _, tc := range cases {
@@ -107,12 +107,12 @@ func TestReads(t *testing.T) {
 		})
 	}
 	// Nothing was consumed by the reads.
-	assert.Equal(t, 4, fx.rabbit.Count(amqp.DLQName(q)))
+	assert.Equal(t, 4, fx.rabbit.Count(topology.DLQ(q)))
 }
 
 func TestActions(t *testing.T) {
 	fx := newFixture(t, nil)
-	q, dlqName, archive := fx.queue, amqp.DLQName(fx.queue), amqp.ArchiveName(fx.queue)
+	q, dlqName, archive := fx.queue, topology.DLQ(fx.queue), topology.Archive(fx.queue)
 	for _, id := range []string{"a-1", "a-2", "a-3"} {
 		fx.deadLetter(t, id, `{"id":"`+id+`"}`, gatewayDown(), nil)
 	}

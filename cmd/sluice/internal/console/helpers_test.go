@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -44,7 +45,7 @@ func newFixture(t *testing.T, mutate func(*console.Config)) *fixture {
 	t.Helper()
 	r := testenv.NewRabbit(t)
 	queue := testenv.Name("test.console")
-	r.DeleteQueues(queue, amqp.DLQName(queue), amqp.ArchiveName(queue))
+	r.DeleteQueues(queue, topology.DLQ(queue), topology.Archive(queue))
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}})
@@ -91,7 +92,7 @@ func (fx *fixture) publishRecord(t *testing.T, rec *message.Message) {
 	rec.Metadata.Set(sluice.HeaderHandler, "payments")
 	pub, err := amqp.Marshaler{}.Marshal(rec)
 	require.NoError(t, err)
-	fx.rabbit.Publish(amqp.DLQName(fx.queue), pub)
+	fx.rabbit.Publish(topology.DLQ(fx.queue), pub)
 }
 
 // get fetches path and returns the status and body.

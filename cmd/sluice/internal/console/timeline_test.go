@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -133,7 +134,7 @@ func TestTimelineFromJaeger(t *testing.T) {
 		`href="http://jaeger.example:16686/trace/` + traceID + `"`,
 		"attempt 1 · retry in 50ms · gateway timeout",
 		"asked 50ms",
-		"send " + fx.queue + ".dlq",
+		"send " + topology.DLQ(fx.queue),
 	} {
 		assert.Contains(t, body, want)
 	}

@@ -1,0 +1,88 @@
+package amqp
+
+import (
+	"strings"
+)
+
+// Metadata keys that carry AMQP properties. The marshaler fills them on consume and turns
+// them back into properties on publish, so a republished copy (retry, DLQ, replay) keeps the
+// producer's properties. The content type uses the conventional "content-type" key, so a
+// handler that sets it on its output (as Watermill users do) gets the AMQP property.
+const (
+	MetadataContentType     = "content-type"
+	MetadataContentEncoding = "amqp-content-encoding"
+	MetadataCorrelationID   = "amqp-correlation-id"
+	MetadataReplyTo         = "amqp-reply-to"
+	MetadataType            = "amqp-type"
+	MetadataAppID           = "amqp-app-id"
+	MetadataPriority        = "amqp-priority"
+	MetadataDeliveryMode    = "amqp-delivery-mode"
+	MetadataTimestamp       = "amqp-timestamp"
+	MetadataMessageID       = "amqp-message-id"
+	// MetadataRoutingKey and MetadataExchange say where the delivery came from; read-only.
+	MetadataRoutingKey = "amqp-routing-key"
+	MetadataExchange   = "amqp-exchange"
+	// MetadataRedelivered is "true" when RabbitMQ delivered the message before; read-only.
+	MetadataRedelivered = "amqp-redelivered"
+
+	// MetadataHeaderTypes records the AMQP type of every header that was not a string, as
+	// a JSON object from the header's metadata key to type name, so Marshal can restore it.
+	MetadataHeaderTypes = "sluice-header-types"
+
+	// UUIDHeader is Watermill's message id header, kept for interoperability.
+	UUIDHeader = "_watermill_message_uuid"
+
+	// HeaderDroppedHeaders lists, comma-separated, the headers and properties Marshal had
+	// to leave out because AMQP cannot carry them (see Marshaler).
+	HeaderDroppedHeaders = "x-dropped-headers"
+
+	// MetadataHeaderPrefix keeps a producer's header whose name is taken by one of the
+	// metadata keys above (a header called "content-type", say, beside the content-type
+	// property) or itself starts with this prefix: it is metadata MetadataHeaderPrefix+name,
+	// and Marshal publishes that key as the header name again. See HeaderName.
+	MetadataHeaderPrefix = "amqp-header:"
+)
+
+// readOnlyMetadata are filled on consume and never published as headers.
+var readOnlyMetadata = map[string]bool{
+	MetadataRoutingKey:  true,
+	MetadataExchange:    true,
+	MetadataRedelivered: true,
+	MetadataHeaderTypes: true,
+	MetadataMessageID:   true,
+}
+
+// reservedMetadataKey reports whether key has a meaning of its own to the marshaler, so
+// that a header of that name must live in metadata under MetadataHeaderPrefix.
+func reservedMetadataKey(key string) bool {
+	switch key {
+	case MetadataContentType, MetadataContentEncoding, MetadataCorrelationID, MetadataReplyTo,
+		MetadataType, MetadataAppID, MetadataPriority, MetadataDeliveryMode, MetadataTimestamp:
+		return true // the properties Marshal publishes
+	}
+	return readOnlyMetadata[key] || strings.HasPrefix(key, MetadataHeaderPrefix)
+}
+
+// headerKey is the metadata key Unmarshal gives the header called name.
+func headerKey(name string) string {
+	if reservedMetadataKey(name) {
+		return MetadataHeaderPrefix + name
+	}
+	return name
+}
+
+// HeaderName returns the AMQP header that metadata key stands for: the key itself, or the
+// name a MetadataHeaderPrefix key holds. ok is false for the keys that carry properties
+// and delivery facts (MetadataContentType … MetadataRedelivered, MetadataHeaderTypes).
+func HeaderName(key string) (name string, ok bool) {
+	if rest, found := strings.CutPrefix(key, MetadataHeaderPrefix); found {
+		if reservedMetadataKey(rest) {
+			return rest, true
+		}
+		return key, true // not one Unmarshal makes: a header of that very name
+	}
+	if reservedMetadataKey(key) {
+		return "", false
+	}
+	return key, true
+}

@@ -1,0 +1,112 @@
+// Package headers holds sluice's header sets, so that the marshaler (which drops sluice's own
+// headers last), the replay (which resets the retry state and the failure record) and the
+// steps that write them agree on one list, and the failure record both steps stamp.
+package headers
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
+)
+
+// RetryState are the headers the retry step writes on every hand-off.
+var RetryState = []string{
+	sluice.HeaderRetryCount,
+	sluice.HeaderFirstFailureTime,
+	sluice.HeaderLastFailureTime,
+	sluice.HeaderLastError,
+	sluice.HeaderLastErrorMessage,
+	sluice.HeaderRetryHistory,
+	sluice.HeaderDeferCount,
+	sluice.HeaderFirstDeferTime,
+}
+
+// FailureRecord are the headers the poison step adds to a dead-letter copy.
+var FailureRecord = []string{
+	sluice.HeaderErrorType,
+	sluice.HeaderErrorMessage,
+	sluice.HeaderErrorStack,
+	sluice.HeaderErrorClass,
+	sluice.HeaderHandler,
+	sluice.HeaderFailedAt,
+	sluice.HeaderFailedHost,
+	sluice.HeaderFailedPID,
+}
+
+// Carried are sluice's headers that travel with a message and survive a replay.
+var Carried = []string{
+	sluice.HeaderOriginalQueue,
+	sluice.HeaderIdempotencyKey,
+	sluice.HeaderReplayCount,
+	sluice.HeaderTraceParent,
+	sluice.HeaderTraceState,
+}
+
+// Set returns the union of lists and extra as a set.
+func Set(lists [][]string, extra ...string) map[string]bool {
+	set := make(map[string]bool)
+	for _, l := range lists {
+		for _, k := range l {
+			set[k] = true
+		}
+	}
+	for _, k := range extra {
+		set[k] = true
+	}
+	return set
+}
+
+// BrokerOwned reports whether RabbitMQ owns a header: sluice reads it and never writes it
+// back, so dead-lettering records do not pile up from retry to retry.
+func BrokerOwned(key string) bool {
+	switch key {
+	case "x-death", "x-delivery-count", "x-received-from":
+		return true
+	}
+	return strings.HasPrefix(key, "x-first-death-") || strings.HasPrefix(key, "x-last-death-")
+}
+
+// Failure is one failed attempt, as StampFailure records it.
+type Failure struct {
+	// Queue is the queue the message was consumed from; x-original-queue keeps the first.
+	Queue string
+	// RetryCount is the x-retry-count to write.
+	RetryCount int
+	// Attempt is the failed attempt's number, for x-retry-history.
+	Attempt int
+	// First is the x-first-failure-time to write; zero keeps a valid one the message has
+	// (else Now).
+	First time.Time
+	// Now is the failure's time.
+	Now time.Time
+	// Err is the handler's error.
+	Err error
+}
+
+// StampFailure writes the retry state of failure f on md, the metadata of a copy of a message
+// whose metadata before the failure was prev: the retry count, first and last failure
+// times, the last error and the history. The retry step stamps it on the retry copy and the
+// poison step on the dead-letter copy, before adding its failure record.
+func StampFailure(md, prev message.Metadata, f Failure) {
+	errType := sluice.ErrorType(f.Err)
+	md.Set(sluice.HeaderRetryCount, strconv.Itoa(f.RetryCount))
+	if !f.First.IsZero() {
+		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(f.First))
+	} else if _, ok := failure.Time(prev, sluice.HeaderFirstFailureTime, f.Now); !ok {
+		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(f.Now))
+	}
+	md.Set(sluice.HeaderLastFailureTime, failure.FormatTime(f.Now))
+	md.Set(sluice.HeaderLastError, errType)
+	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(f.Err), failure.MaxErrorMessageBytes))
+	if md.Get(sluice.HeaderOriginalQueue) == "" {
+		md.Set(sluice.HeaderOriginalQueue, f.Queue)
+	}
+	md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(prev, failure.HistoryEntry{
+		At: f.Now.UTC(), Attempt: f.Attempt, Type: errType, Message: sluice.ErrorMessage(f.Err),
+	}))
+}

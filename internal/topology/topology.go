@@ -1,0 +1,65 @@
+// Package topology builds every queue and exchange name sluice declares or reads, so that each
+// name is spelled in one place (docs/DESIGN.md, "Topology names"). The brokers, the steps, the
+// failure operations (package dlq), telemetry and the commands all call it.
+//
+// The names are a contract with operators — they see Q.dlq in the management UI and in
+// alerts — but not a Go API users build on: the packages users call take a queue name and
+// derive the rest, and package dlq keeps DLQName and ArchiveName for the operator's own code.
+// So the functions live here, under internal/, rather than in the root package's vocabulary.
+package topology
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Suffixes and prefixes of derived names.
+const (
+	// DeadLetterSuffix is appended to a queue's name to name its dead-letter queue: Q.dlq.
+	DeadLetterSuffix = ".dlq"
+	// ArchiveSuffix is appended to a dead-letter queue's name to name its archive.
+	ArchiveSuffix = ".archive"
+	// PartitionInfix separates a partitioned queue's name from a partition's number: Q.p0.
+	PartitionInfix = ".p"
+	// MembersPrefix names the fanout exchange of a partitioned handler's instances.
+	MembersPrefix = "sluice.members."
+)
+
+// Names shared by every queue of a vhost.
+const (
+	// DeadLetterExchange is the direct exchange that routes dead letters to Q.dlq by key Q.
+	DeadLetterExchange = "sluice.dlx"
+	// DelayDestination is the delay cascade as a whole: the destination of a retry or
+	// deferral hand-off, whatever queue the message returns to afterwards.
+	DelayDestination = "sluice.delay"
+	// DelayExchangePrefix names the cascade's level exchanges and queues: sluice.delay.00 …
+	DelayExchangePrefix = DelayDestination + "."
+	// DelayDeliveryExchange receives what leaves the cascade and routes it to its queue.
+	DelayDeliveryExchange = DelayExchangePrefix + "deliver"
+	// UnroutedExchange is the alternate exchange of every exchange sluice declares.
+	UnroutedExchange = "sluice.unrouted"
+	// UnroutedQueue keeps what UnroutedExchange receives.
+	UnroutedQueue = "sluice.unrouted"
+)
+
+// DLQ returns the dead-letter queue of queue: Q.dlq. A partitioned queue's partitions share
+// the queue's.
+func DLQ(queue string) string { return queue + DeadLetterSuffix }
+
+// Archive returns the archive of queue's dead letters: Q.dlq.archive.
+func Archive(queue string) string { return DLQ(queue) + ArchiveSuffix }
+
+// Partition returns the name of partition k of queue: Q.pK.
+func Partition(queue string, k int) string { return queue + PartitionInfix + strconv.Itoa(k) }
+
+// PartitionExchange returns the consistent-hash exchange producers publish queue's messages
+// to, with the partition key as routing key. It has the queue's own name: exchanges and
+// queues are separate namespaces, and a producer needs to know only one name.
+func PartitionExchange(queue string) string { return queue }
+
+// Members returns the fanout exchange over which the instances of queue's partitioned
+// handler announce themselves: sluice.members.Q.
+func Members(queue string) string { return MembersPrefix + queue }
+
+// DelayLevel returns the exchange and queue name of delay cascade level k: sluice.delay.KK.
+func DelayLevel(k int) string { return fmt.Sprintf("%s%02d", DelayExchangePrefix, k) }
