@@ -24,7 +24,7 @@ test-chaos:
 
 ## test-faults: the network and broker fault suite alone (nodes of its own; never beside other broker tests)
 test-faults:
-	$(GO) test -race -count=1 -timeout 12m -tags faults -v ./test/faults/
+	$(GO) test -race -count=1 -timeout 15m -tags faults -v ./test/faults/
 
 ## test-cluster: the three-node cluster tests alone (test/cluster starts and stops the cluster)
 test-cluster:

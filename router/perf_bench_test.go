@@ -33,7 +33,7 @@ import (
 )
 
 // Benchmarks of issue 27 (performance): a slow handler, the cost of tracing, the delay
-// cascade under load and how the stack's cost grows. See BENCHMARKS-perf.md.
+// cascade under load and how the stack's cost grows. See BENCHMARKS.md, "Performance targets".
 
 // slowHandlerWait is the slow handler's wait: a database call.
 const slowHandlerWait = 2 * time.Millisecond

@@ -94,7 +94,7 @@ if [ $status = 0 ] && [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
 fi
 if [ $status = 0 ] && [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
 	# The network and broker fault suite: nodes of its own, never beside other broker tests.
-	suite -race -count=1 -timeout 12m -tags faults ./test/faults/ || status=1
+	suite -race -count=1 -timeout 15m -tags faults ./test/faults/ || status=1
 fi
 
 if [ "$jaeger" != 0 ]; then
