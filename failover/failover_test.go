@@ -45,6 +45,11 @@ func depth(t *testing.T, url, queue string) int {
 	return q.Messages
 }
 
+// primaryTimeout is generous: these tests check where publishes go, not how fast, and on a
+// loaded machine the first confirm after a reconnect can take over a second, which would
+// send that publish to the secondary.
+const primaryTimeout = 10 * time.Second
+
 // TestFailover runs two RabbitMQ nodes of its own, not clustered, on their own ports: the
 // primary's app is stopped in the middle of a run and started again.
 func TestFailover(t *testing.T) {
@@ -53,7 +58,7 @@ func TestFailover(t *testing.T) {
 	queue := testenv.Name("failover")
 	primary := connect(t, nodeURL(primaryNode), queue)
 	secondary := connect(t, nodeURL(secondaryNode), queue)
-	pub, err := failover.NewPublisher(primary.Publisher(), secondary.Publisher(), failover.Config{PrimaryTimeout: time.Second, Logger: quietLogger()})
+	pub, err := failover.NewPublisher(primary.Publisher(), secondary.Publisher(), failover.Config{PrimaryTimeout: primaryTimeout, Logger: quietLogger()})
 	require.NoError(t, err)
 
 	const per = 300
@@ -142,7 +147,7 @@ func TestFailover(t *testing.T) {
 		})
 		require.NoError(t, err)
 		defer func() { require.NoError(t, primaryCluster.Close()) }()
-		pub, err := failover.NewPublisher(primaryCluster.Publisher(), secondary.Publisher(), failover.Config{PrimaryTimeout: time.Second, Logger: quietLogger()})
+		pub, err := failover.NewPublisher(primaryCluster.Publisher(), secondary.Publisher(), failover.Config{PrimaryTimeout: primaryTimeout, Logger: quietLogger()})
 		require.NoError(t, err)
 		publish := func(n int) {
 			t.Helper()
