@@ -185,10 +185,17 @@ func TestRebalancing_JoinAndKillConvergeAndLoseNothing(t *testing.T) {
 			m.Metadata.Set(sluice.HeaderIdempotencyKey, id)
 			// A producer that loses nothing publishes a nacked message again: the test's
 			// node, on a busy machine, sometimes refuses one (basic.nack).
-			err := pub.PublishPartitioned(pctx, queue, id, m)
+			// Each publish has its own deadline: on a busy machine the whole stream takes
+			// longer than any one budget for it would allow.
+			publish := func() error {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				return pub.PublishPartitioned(ctx, queue, id, m)
+			}
+			err := publish()
 			for try := 0; errors.Is(err, amqp.ErrNacked) && try < 5; try++ {
 				time.Sleep(100 * time.Millisecond)
-				err = pub.PublishPartitioned(pctx, queue, id, m)
+				err = publish()
 			}
 			if err != nil {
 				published <- err
