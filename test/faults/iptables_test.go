@@ -186,3 +186,47 @@ func localPortRange(t *testing.T) (lo, hi int) {
 	hi, _ = strconv.Atoi(f[1])
 	return lo, hi
 }
+
+// tcpConn is an established TCP connection on 127.0.0.1 seen from one end.
+type tcpConn struct {
+	local, remote int // ports
+	inode         string
+}
+
+// establishedConns reads /proc/net/tcp: the machine's established IPv4 connections.
+func establishedConns(t *testing.T) []tcpConn {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	require.NoError(t, err)
+	var out []tcpConn
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+		if len(f) < 10 || f[3] != "01" {
+			continue
+		}
+		port := func(addr string) int {
+			i := strings.LastIndex(addr, ":")
+			p, _ := strconv.ParseInt(addr[i+1:], 16, 32)
+			return int(p)
+		}
+		out = append(out, tcpConn{local: port(f[1]), remote: port(f[2]), inode: f[9]})
+	}
+	return out
+}
+
+// socketInodes returns the inodes of the sockets process pid holds.
+func socketInodes(t *testing.T, pid int) map[string]bool {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err, "sockets of pid %d", pid)
+	out := map[string]bool{}
+	for _, e := range entries {
+		target, err := os.Readlink(dir + "/" + e.Name())
+		if err == nil && strings.HasPrefix(target, "socket:[") {
+			out[strings.TrimSuffix(strings.TrimPrefix(target, "socket:["), "]")] = true
+		}
+	}
+	return out
+}
