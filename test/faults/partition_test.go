@@ -187,17 +187,6 @@ func leaderOf(t *testing.T, n *testenv.Node, queue string) (leader string, membe
 	return "", nil
 }
 
-// clusterCounts sums the connection and channel counts of nodes.
-func clusterCounts(t *testing.T, nodes []*testenv.Node) (conns, chans int) {
-	t.Helper()
-	for _, n := range nodes {
-		c, ch := counts(t, n)
-		conns += c
-		chans += ch
-	}
-	return conns, chans
-}
-
 // timedPublish is one publish of the stream and when it started and returned.
 type timedPublish struct {
 	start, end time.Time
@@ -235,7 +224,8 @@ func TestPartition(t *testing.T) {
 	})
 
 	rabbit := a.Rabbit(t) // the operator's view, from the majority
-	baseConns, baseChans := clusterCounts(t, all)
+	// list_connections and list_channels list the whole cluster's.
+	baseConns, baseChans := counts(t, a)
 	goroutines := goleak.IgnoreCurrent()
 
 	l := newLedger()
@@ -393,10 +383,13 @@ func TestPartition(t *testing.T) {
 		s, len(stream), slowest.Round(100*time.Millisecond), timeout, l.failures(5), rejoin.Round(100*time.Millisecond))
 	_ = guard.Close()
 
-	require.Eventually(t, func() bool {
-		c, ch := clusterCounts(t, all)
+	if !assert.Eventually(t, func() bool {
+		c, ch := counts(t, a)
 		return c == baseConns && ch == baseChans
-	}, 30*time.Second, 250*time.Millisecond, "connections and channels on the three nodes back to %d and %d", baseConns, baseChans)
+	}, 30*time.Second, 250*time.Millisecond, "connections and channels in the cluster back to %d and %d", baseConns, baseChans) {
+		out, _ := a.Ctl("-q", "list_connections", "name", "node", "client_properties")
+		t.Fatalf("connections left:\n%s", out)
+	}
 	goleak.VerifyNone(t, goroutines)
 }
 
