@@ -35,6 +35,8 @@ type Publisher struct {
 
 	mu sync.Mutex
 	cc *confirmChannel
+	// closing counts channels being closed aside (see confirmDeadline).
+	closing sync.WaitGroup
 }
 
 func newPublisher(conn *connection, cfg Config) *Publisher {
@@ -129,7 +131,7 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 				}
 			case <-ctx.Done():
 				// Name the alarm when there is one: a deadline alone says nothing of why.
-				if blocked := p.conn.blockedErr(); blocked != nil {
+				if blocked := p.confirmDeadline(cc); blocked != nil {
 					return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w: %w", pending[i].MessageId, exchange, routingKey, blocked, ctx.Err())
 				}
 				return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w", pending[i].MessageId, exchange, routingKey, ctx.Err())
@@ -162,6 +164,36 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 	return cc, nil
 }
 
+// confirmDeadline handles a publish whose deadline passed before its confirm. It returns
+// the alarm when RabbitMQ blocks the connection: the channel is fine then, and other
+// callers keep it. Otherwise the channel is forgotten, so the next publish opens a fresh
+// one: a confirm that does not come on an unblocked connection can mean a channel that
+// never confirms again. Seen with RabbitMQ 3.10 in the partition scenario: a channel
+// opened on a majority node while it was dropping the minority node kept sending to the
+// quorum queue's old leader and never confirmed, while a new channel on the same node was
+// confirmed in milliseconds; reusing it made every later publish time out too. Publishes
+// still waiting on it see it close and are published again (at-least-once).
+func (p *Publisher) confirmDeadline(cc *confirmChannel) error {
+	if blocked := p.conn.blockedErr(); blocked != nil {
+		return blocked
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cc != cc {
+		return nil // already replaced by another caller
+	}
+	p.cc = nil
+	// channel.close waits for RabbitMQ's answer, which a stuck channel may be slow to
+	// give: close it aside, not within this caller's already passed deadline. Close waits
+	// for it (Broker.Close closes the connection first, which ends the wait).
+	p.closing.Add(1)
+	go func() {
+		defer p.closing.Done()
+		cc.close()
+	}()
+	return nil
+}
+
 func (p *Publisher) dropChannel(cc *confirmChannel) {
 	p.mu.Lock()
 	if p.cc == cc {
@@ -181,6 +213,7 @@ func (p *Publisher) Close() error {
 	if cc != nil {
 		cc.close()
 	}
+	p.closing.Wait()
 	return nil
 }
 
