@@ -183,6 +183,7 @@ func (p *Publisher) confirmDeadline(cc *confirmChannel) error {
 		return nil // already replaced by another caller
 	}
 	p.cc = nil
+	p.conn.logger.Warn("no confirm before a publish deadline on an unblocked connection; publishing on a new channel", "connection", p.conn.name)
 	// channel.close waits for RabbitMQ's answer, which a stuck channel may be slow to
 	// give: close it aside, not within this caller's already passed deadline. Close waits
 	// for it (Broker.Close closes the connection first, which ends the wait).
