@@ -63,3 +63,30 @@ func TestPublishDeadlineOnUnblockedConnectionReplacesTheChannel(t *testing.T) {
 		t.Fatal("the stuck channel was not closed")
 	}
 }
+
+// A nacked publish also drops the channel (the stuck channel of the partition scenario
+// nacked too), and the publisher goes on with a new one.
+func TestNackReplacesTheChannel(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := New(ctx, Config{URLs: []string{testenv.AMQPURL(t)}})
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, b.Close()) }()
+	// A queue that refuses every message: RabbitMQ nacks the publish.
+	full := testenv.Name("test.nackfull")
+	r := testenv.NewRabbit(t)
+	r.DeleteQueues(full)
+	ch, err := r.Conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(full, false, false, false, false, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
+	require.NoError(t, err)
+	_ = ch.Close()
+	p := b.Publisher()
+
+	require.ErrorIs(t, p.PublishTo(ctx, "", full, message.NewMessage("refused", []byte("x"))), ErrNacked)
+	p.mu.Lock()
+	first := p.cc
+	p.mu.Unlock()
+	assert.Nil(t, first, "the channel that nacked was forgotten")
+	require.ErrorIs(t, p.PublishTo(ctx, "", full, message.NewMessage("refused-again", []byte("x"))), ErrNacked)
+}
