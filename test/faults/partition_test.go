@@ -333,7 +333,7 @@ func TestPartition(t *testing.T) {
 			_ = pprof.Lookup("goroutine").WriteTo(f, 2)
 			_ = f.Close()
 		}
-		t.Fatalf("no publish begun after the cut was confirmed; goroutines in %s", dump)
+		t.Fatalf("no publish begun after the cut was confirmed; failures %v; goroutines in %s", l.failures(5), dump)
 	}
 	recovery := firstAfter()
 	resumed := confirms.Load()
