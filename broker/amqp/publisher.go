@@ -35,6 +35,8 @@ type Publisher struct {
 
 	mu sync.Mutex
 	cc *confirmChannel
+	// closing counts channels being closed aside (see forgetChannel).
+	closing sync.WaitGroup
 }
 
 func newPublisher(conn *connection, cfg Config) *Publisher {
@@ -124,12 +126,17 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 				case err == nil:
 				case errors.Is(err, errChannelLost):
 					retry = append(retry, pending[i])
+				case errors.Is(err, ErrNacked):
+					// The stuck channel below also nacks (a quorum queue client that gives
+					// up on the old leader): the next publish gets a fresh channel too.
+					_ = p.forgetChannel(cc, "nack")
+					return fmt.Errorf("publish message %s to exchange %q key %q: %w", pending[i].MessageId, exchange, routingKey, err)
 				default:
 					return fmt.Errorf("publish message %s to exchange %q key %q: %w", pending[i].MessageId, exchange, routingKey, err)
 				}
 			case <-ctx.Done():
 				// Name the alarm when there is one: a deadline alone says nothing of why.
-				if blocked := p.conn.blockedErr(); blocked != nil {
+				if blocked := p.forgetChannel(cc, "no confirm before the deadline"); blocked != nil {
 					return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w: %w", pending[i].MessageId, exchange, routingKey, blocked, ctx.Err())
 				}
 				return fmt.Errorf("publish message %s to exchange %q key %q: waiting for confirm: %w", pending[i].MessageId, exchange, routingKey, ctx.Err())
@@ -162,6 +169,38 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 	return cc, nil
 }
 
+// forgetChannel handles a publish whose deadline passed before its confirm, or that was
+// nacked (why says which). It returns the alarm when RabbitMQ blocks the connection: the
+// channel is fine then, and other callers keep it. Otherwise the channel is forgotten, so
+// the next publish opens a fresh one: a channel can stop confirming for good. Seen with
+// RabbitMQ 3.10 in the partition scenario: a channel opened on a majority node while it
+// was dropping the minority node (the quorum queue's old leader) never confirmed again,
+// or only nacked, while a new channel on the same node was confirmed in milliseconds;
+// reusing it failed every later publish. Publishes still waiting on it see it close and
+// are published again (at-least-once); a queue that nacks for another reason (overflow
+// reject-publish) costs a channel per nack.
+func (p *Publisher) forgetChannel(cc *confirmChannel, why string) error {
+	if blocked := p.conn.blockedErr(); blocked != nil {
+		return blocked
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cc != cc {
+		return nil // already replaced by another caller
+	}
+	p.cc = nil
+	p.conn.logger.Warn("publish failed on an unblocked connection; publishing on a new channel", "reason", why, "connection", p.conn.name)
+	// channel.close waits for RabbitMQ's answer, which a stuck channel may be slow to
+	// give: close it aside, not within this caller's already passed deadline. Close waits
+	// for it (Broker.Close closes the connection first, which ends the wait).
+	p.closing.Add(1)
+	go func() {
+		defer p.closing.Done()
+		cc.close()
+	}()
+	return nil
+}
+
 func (p *Publisher) dropChannel(cc *confirmChannel) {
 	p.mu.Lock()
 	if p.cc == cc {
@@ -181,6 +220,7 @@ func (p *Publisher) Close() error {
 	if cc != nil {
 		cc.close()
 	}
+	p.closing.Wait()
 	return nil
 }
 

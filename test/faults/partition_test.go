@@ -1,0 +1,432 @@
+//go:build faults
+
+package faults
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/middleware/idempotency"
+	"github.com/sluice-go/sluice/router"
+)
+
+// netTicktime is the cluster's Erlang net_ticktime: a node whose peers went silent is
+// taken for down after about this long (the default 60 s would make the scenario last
+// minutes). rabbitmqctl gets the same, or the nodes would drop its idle connections.
+const netTicktime = 10 * time.Second
+
+// ipLocalPortRange is Linux's IP_LOCAL_PORT_RANGE socket option (since 6.3): the range a
+// socket's ephemeral port is taken from, within net.ipv4.ip_local_port_range.
+const ipLocalPortRange = 51
+
+// outPorts is how many source ports the minority node's outgoing distribution connections
+// may use.
+const outPorts = 64
+
+// testCluster is the scenario's three nodes: the minority node and the two others.
+type testCluster struct {
+	minority *testenv.Node
+	majority []*testenv.Node
+	outLo    int // first port of the minority node's outgoing range
+}
+
+// startPartitionCluster starts three nodes with pause_minority, pinned distribution ports,
+// and, on the minority node, outgoing distribution connections from a port range of their
+// own: every node is on 127.0.0.1, so ports are all a rule can tell them apart by, and an
+// outgoing connection's port is otherwise any ephemeral one (as rabbitmqctl's are).
+func startPartitionCluster(t *testing.T) *testCluster {
+	t.Helper()
+	t.Setenv("RABBITMQ_CTL_ERL_ARGS", fmt.Sprintf("-kernel net_ticktime %d", int(netTicktime/time.Second)))
+	// Distribution ports out of the ephemeral range (so no client socket takes one) and
+	// away from the shared node's (25672) and scripts/rabbitmq-cluster.sh's (25681-25683).
+	dist := portRange(t, 21000, 25000, 3)
+	lo, hi := localPortRange(t)
+	out := portRange(t, lo+1000, hi-1000, outPorts)
+	var pr [4]byte
+	binary.NativeEndian.PutUint32(pr[:], uint32(out+outPorts-1)<<16|uint32(out))
+	erlArgs := func(extra string) string {
+		return fmt.Sprintf("-kernel inet_dist_use_interface {127,0,0,1} -kernel net_ticktime %d%s", int(netTicktime/time.Second), extra)
+	}
+	opts := make([]testenv.NodeOptions, 3)
+	for i := range opts {
+		args := erlArgs("")
+		if i == 2 {
+			// IPPROTO_IP (0), IP_LOCAL_PORT_RANGE: low 16 bits the first port, high the last.
+			args = erlArgs(fmt.Sprintf(" -kernel inet_dist_connect_options [{raw,0,%d,<<%d,%d,%d,%d>>}]", ipLocalPortRange, pr[0], pr[1], pr[2], pr[3]))
+		}
+		opts[i] = testenv.NodeOptions{
+			Name:     fmt.Sprintf("sluice_part%d_%d", os.Getpid(), i+1),
+			DistPort: dist + i,
+			Config: []string{
+				fmt.Sprintf("heartbeat = %d", int(serverHeartbeat/time.Second)),
+				"cluster_partition_handling = pause_minority",
+			},
+			Env: map[string]string{"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": args},
+			// A delayed message whose delay queue's leader moved mid-forward waits for
+			// the dead-letter worker's retry: 3 minutes by default (see the README's
+			// note on the chaos test), 5 s here.
+			Files: map[string][]byte{"advanced.config": []byte("[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].\n")},
+		}
+	}
+	begin := time.Now()
+	nodes := testenv.StartCluster(t, opts...)
+	t.Logf("cluster of %s, %s, %s started in %s (distribution ports %d-%d; minority's outgoing %d-%d)",
+		nodes[0].Name, nodes[1].Name, nodes[2].Name, time.Since(begin).Round(100*time.Millisecond), dist, dist+2, out, out+outPorts-1)
+	// The third node joined the first: it opened that connection, from its range.
+	return &testCluster{minority: nodes[2], majority: nodes[:2], outLo: out}
+}
+
+// cutRules drop every segment between the minority node and the others: to and from its
+// listening distribution port (the others' connections to it; rabbitmqctl's to it too,
+// which the test does not use while cut), and between its outgoing range and the others'
+// distribution ports. epmd (4369) is left alone: it is shared with every node on the
+// machine, and a port lookup alone connects no one.
+func (c *testCluster) cutRules() [][]string {
+	m := strconv.Itoa(c.minority.DistPort)
+	others := strconv.Itoa(c.majority[0].DistPort) + "," + strconv.Itoa(c.majority[1].DistPort)
+	rng := fmt.Sprintf("%d:%d", c.outLo, c.outLo+outPorts-1)
+	match := [][]string{
+		{"-p", "tcp", "--dport", m},
+		{"-p", "tcp", "--sport", m},
+		{"-p", "tcp", "--sport", rng, "-m", "multiport", "--dports", others},
+		{"-p", "tcp", "--dport", rng, "-m", "multiport", "--sports", others},
+	}
+	var rules [][]string
+	// A new connection is refused at once: Erlang's auto-connect would otherwise hold
+	// every sender to the lost node for net_setuptime (7 s) per attempt, and the nodes
+	// attempt all the time (see the README on what that did to the majority's channels).
+	for _, r := range match {
+		rules = append(rules, append(slices.Clone(r), "--syn", "-j", "REJECT", "--reject-with", "tcp-reset"))
+	}
+	// Everything else on an established connection is swallowed, as a cut cable would.
+	for _, r := range match {
+		rules = append(rules, append(slices.Clone(r), "-j", "DROP"))
+	}
+	return rules
+}
+
+// checkPorts makes sure the rules cut what they should and nothing else: the minority
+// node's connections to the others leave from its range (else the option did not take),
+// and no other connection to the others' distribution ports does (an ephemeral port the
+// two others connect from may, rarely, fall in that range; the cut would part them too).
+func (c *testCluster) checkPorts(t *testing.T) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.minority.Dir, "mnesia", "node.pid"))
+	require.NoError(t, err)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	mine := socketInodes(t, pid)
+	peers := map[int]bool{c.majority[0].DistPort: true, c.majority[1].DistPort: true}
+	var own, strangers int
+	for _, conn := range establishedConns(t) {
+		if conn.local < c.outLo || conn.local >= c.outLo+outPorts || !peers[conn.remote] {
+			continue
+		}
+		if mine[conn.inode] {
+			own++
+		} else {
+			strangers++
+		}
+	}
+	require.Zero(t, strangers, "connections to the majority's distribution ports from the minority's port range that are not the minority node's: run again")
+	require.NotZero(t, own, "the minority node connects to its peers from outside %d-%d: the kernel ignored IP_LOCAL_PORT_RANGE (Linux 6.3 or later is needed)", c.outLo, c.outLo+outPorts-1)
+}
+
+// runningNodes returns the nodes n sees running (with the rabbit application up).
+func runningNodes(t *testing.T, n *testenv.Node) []string {
+	t.Helper()
+	out, err := n.Ctl("-q", "cluster_status", "--formatter", "json")
+	if err != nil {
+		return nil
+	}
+	var st struct {
+		RunningNodes []string `json:"running_nodes"`
+	}
+	if json.Unmarshal([]byte(out), &st) != nil {
+		return nil
+	}
+	return st.RunningNodes
+}
+
+// leaderOf returns the leader and the members of quorum queue as n knows them.
+func leaderOf(t *testing.T, n *testenv.Node, queue string) (leader string, members []string) {
+	t.Helper()
+	out, err := n.Ctl("-q", "list_queues", "name", "leader", "members", "--formatter", "json")
+	require.NoError(t, err, "list_queues: %s", out)
+	var rows []struct {
+		Name    string   `json:"name"`
+		Leader  string   `json:"leader"`
+		Members []string `json:"members"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), "list_queues output: %s", out)
+	for _, r := range rows {
+		if r.Name == queue {
+			return r.Leader, r.Members
+		}
+	}
+	t.Fatalf("queue %s not listed by %s: %s", queue, n.Name, out)
+	return "", nil
+}
+
+// timedPublish is one publish of the stream and when it started and returned.
+type timedPublish struct {
+	start, end time.Time
+	confirmed  bool
+}
+
+// TestPartition is scenario 9: inside a three-node cluster (pause_minority), the node that
+// leads the consumed quorum queue is cut off from the two others by iptables while sluice
+// publishes and consumes through it. Publishes in flight are never reported confirmed
+// unless stored; once the majority has elected a new leader and the minority node paused
+// (closing sluice's connections), sluice fails over along its URL list, publishes again
+// what was not confirmed, and confirms resume. After the cut heals, the node comes back,
+// nothing confirmed is lost, each side effect happened once, and the connection and
+// channel counts and goroutines are back to their baseline.
+func TestPartition(t *testing.T) {
+	fw := firewall{t: t, path: requireIptables(t)}
+	fw.removeStaleChains()
+	c := startPartitionCluster(t)
+	m, a := c.minority, c.majority[0]
+	// Registered after the nodes, so it runs before they stop: a node cut off cannot be
+	// told to stop.
+	part := &cut{fw: fw, chain: chainPrefix + strconv.Itoa(os.Getpid()), rules: c.cutRules()}
+	t.Cleanup(func() {
+		if err := part.heal(); err != nil {
+			t.Errorf("remove the partition: %v", err)
+		}
+	})
+	all := []*testenv.Node{m, a, c.majority[1]}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range all {
+				t.Logf("%s %s", n.Name, n.LogTail(80))
+			}
+		}
+	})
+
+	rabbit := a.Rabbit(t) // the operator's view, from the majority
+	// list_connections and list_channels list the whole cluster's.
+	baseConns, baseChans := counts(t, a)
+	goroutines := goleak.IgnoreCurrent()
+
+	l := newLedger()
+	queue := testenv.Name("faults.partition")
+	guard, err := idempotency.New(idempotency.Config{})
+	require.NoError(t, err)
+	defer guard.Close()
+	// The minority node first: the stack declares the quorum queue through it, which makes
+	// it the queue's leader (client-local placement), and publishes and consumes through it.
+	urls := []string{m.URL(), a.URL(), c.majority[1].URL()}
+	st := startStack(t, amqp.Config{URLs: urls, QueueType: amqp.QueueQuorum, ReconnectMaxInterval: time.Second},
+		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 4, Prefetch: 16},
+		workload(l, queue, 5*time.Millisecond))
+	leader, members := leaderOf(t, a, queue)
+	require.Equal(t, m.Name, leader, "the consumed queue's leader is on the node that goes to the minority")
+	require.Len(t, members, 3, "the quorum queue has a member on each node")
+
+	before := make([]string, 200)
+	for i := range before {
+		before[i] = idFor("part-before-", i)
+	}
+	publishAll(l, st.broker.Publisher(), queue, before, 20, 2, 30*time.Second)
+	require.Zero(t, l.summary().Failed, "publishes before the partition: %v", l.failures(5))
+
+	// A stream of publishes, one message each from four publishers, running across the cut.
+	var (
+		mu       sync.Mutex
+		stream   []timedPublish
+		seq      atomic.Int64
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+		pub      = st.broker.Publisher()
+		timeout  = 60 * time.Second
+		confirms atomic.Int64
+	)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Plain messages: a retry or dead-letter hand-off during the cut meets
+				// RabbitMQ's stalls on the moved delay and dead-letter queues (see the
+				// README) and would hold the shared publishing channel; the messages
+				// published before and after the cut cover those paths.
+				id := fmt.Sprintf("part-during-%05d", seq.Add(1))
+				begin := time.Now()
+				publishAll(l, pub, queue, []string{id}, 1, 1, timeout)
+				ok := l.outcome(id) == confirmed
+				if ok {
+					confirms.Add(1)
+				}
+				mu.Lock()
+				stream = append(stream, timedPublish{start: begin, end: time.Now(), confirmed: ok})
+				mu.Unlock()
+			}
+		}()
+	}
+	stopStream := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}
+	defer stopStream()
+	require.Eventually(t, func() bool { return confirms.Load() >= 50 }, 30*time.Second, 10*time.Millisecond, "the stream publishes")
+
+	c.checkPorts(t)
+	part.apply()
+	cutAt := time.Now()
+	t.Logf("partition: %s cut off from %s and %s", m.Name, a.Name, c.majority[1].Name)
+
+	// The majority takes the minority node for down (net_ticktime) and keeps running.
+	require.Eventually(t, func() bool {
+		running := runningNodes(t, a)
+		return len(running) == 2 && !slices.Contains(running, m.Name)
+	}, 6*netTicktime, 250*time.Millisecond, "the majority sees %s gone", m.Name)
+	downAt := time.Since(cutAt)
+	// The majority confirms a plain client's publish: what follows is sluice's part.
+	require.Eventually(t, func() bool { return probe(t, a, queue, cutAt) }, 60*time.Second, time.Second,
+		"a plain client's publish to %s on %s is confirmed", queue, a.Name)
+
+	// Confirms resume: a publish that began after the cut is confirmed (the minority's
+	// leader cannot commit it: it needs a majority's acknowledgement).
+	firstAfter := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		var first time.Duration
+		for _, p := range stream {
+			if p.confirmed && p.start.After(cutAt) && (first == 0 || p.end.Sub(cutAt) < first) {
+				first = p.end.Sub(cutAt)
+			}
+		}
+		return first
+	}
+	if !assert.Eventually(t, func() bool { return firstAfter() > 0 }, 90*time.Second, 50*time.Millisecond, "sluice's confirms resume after the election") {
+		dump := filepath.Join(os.TempDir(), fmt.Sprintf("sluice-partition-goroutines-%d.txt", os.Getpid()))
+		if f, err := os.Create(dump); err == nil {
+			_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+			_ = f.Close()
+		}
+		t.Fatalf("no publish begun after the cut was confirmed; failures %v; goroutines in %s", l.failures(5), dump)
+	}
+	recovery := firstAfter()
+	resumed := confirms.Load()
+	if !assert.Eventually(t, func() bool { return confirms.Load() >= resumed+100 }, 60*time.Second, 10*time.Millisecond, "confirms keep coming") {
+		t.Fatalf("%d confirms at the first after the cut, %d now; %s sees %v running, %s sees %v",
+			resumed, confirms.Load(), a.Name, runningNodes(t, a), c.majority[1].Name, runningNodes(t, c.majority[1]))
+	}
+	newLeader, _ := leaderOf(t, a, queue)
+	assert.NotEqual(t, m.Name, newLeader, "the majority elected a leader of its own")
+	assert.Contains(t, []string{a.Name, c.majority[1].Name}, newLeader)
+	t.Logf("partition: majority saw %s down %s after the cut; new leader %s; first confirm of a publish begun after the cut %s after it",
+		m.Name, downAt.Round(100*time.Millisecond), newLeader, recovery.Round(100*time.Millisecond))
+
+	stopStream()
+	var slowest time.Duration
+	for _, p := range stream {
+		slowest = max(slowest, p.end.Sub(p.start))
+	}
+
+	// Heal; the paused node comes back and rejoins.
+	require.NoError(t, part.heal())
+	healedAt := time.Now()
+	require.Eventually(t, func() bool { return len(runningNodes(t, a)) == 3 }, 90*time.Second, 250*time.Millisecond,
+		"%s runs again in the cluster after the partition heals", m.Name)
+	_, err = m.Ctl("-q", "await_startup", "--timeout", "60")
+	require.NoError(t, err, "%s booted again", m.Name)
+	rejoin := time.Since(healedAt)
+
+	after := make([]string, 200)
+	for i := range after {
+		after[i] = idFor("part-after-", i)
+	}
+	publishAll(l, st.broker.Publisher(), queue, after, 20, 2, 30*time.Second)
+
+	if !assert.Eventually(t, func() bool {
+		l.drainDLQ(rabbit, queue)
+		return l.settled()
+	}, 90*time.Second, 200*time.Millisecond, "every confirmed message processed or dead-lettered") {
+		t.Fatalf("not settled: %v", l.unsettled(10))
+	}
+	st.close()
+	s := l.check(t, 1)
+	for _, id := range after {
+		assert.Equal(t, confirmed, l.outcome(id), "published after the heal: %s", id)
+	}
+	t.Logf("partition: %+v; %d stream publishes, slowest %s (publish timeout %s); failures: %v; the minority node rejoined %s after the heal",
+		s, len(stream), slowest.Round(100*time.Millisecond), timeout, l.failures(5), rejoin.Round(100*time.Millisecond))
+	_ = guard.Close()
+
+	if !assert.Eventually(t, func() bool {
+		c, ch := counts(t, a)
+		return c == baseConns && ch == baseChans
+	}, 30*time.Second, 250*time.Millisecond, "connections and channels in the cluster back to %d and %d", baseConns, baseChans) {
+		out, _ := a.Ctl("-q", "list_connections", "name", "node", "client_properties")
+		t.Fatalf("connections left:\n%s", out)
+	}
+	goleak.VerifyNone(t, goroutines)
+}
+
+// unsettled describes up to n confirmed messages without a final place: id, handler calls.
+func (l *ledger) unsettled(n int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for id, r := range l.m {
+		if r.publish == confirmed && r.place == "" && len(out) < n {
+			out = append(out, fmt.Sprintf("%s (%d calls)", id, len(r.calls)))
+		}
+	}
+	return out
+}
+
+// probe publishes one message to queue through a plain client of its own on n and
+// reports whether the broker confirmed it within 10 s.
+func probe(t *testing.T, n *testenv.Node, queue string, cutAt time.Time) bool {
+	conn, err := amqp091.Dial(n.URL())
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil || ch.Confirm(false) != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	begin := time.Now()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
+		amqp091.Publishing{MessageId: fmt.Sprintf("probe-%d", begin.UnixNano()), Body: []byte("{}")})
+	if err != nil {
+		return false
+	}
+	ok, err := dc.WaitContext(ctx)
+	t.Logf("plain client's publish at cut+%s: confirmed=%v (%v) in %s", begin.Sub(cutAt).Round(100*time.Millisecond), ok, err, time.Since(begin).Round(time.Millisecond))
+	return ok && err == nil
+}
