@@ -163,7 +163,9 @@ func TestScaleOutSurvivesNodeStop(t *testing.T) {
 	// i1 connects to node 1 first, i2 to node 2; the test's own clients use node 3.
 	ins := startTogether(t, n, urls, urls, []string{urls[1], urls[2], urls[0]})
 	ev := collect(t, urls[2], n.output)
-	const total = 2000
+	// 30 s of publishing: stop_app alone took 18 s on a busy machine, and the check needs
+	// payments still coming once it returns.
+	const total = 6000
 	load := workload(runID(), total, total, 4)
 
 	published := newProducer(t, urls[2]).publishInBackground(n.queue, load, 200)
