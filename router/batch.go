@@ -46,12 +46,12 @@ type batchConfig struct {
 	wait time.Duration
 }
 
-// DefaultBatchWait is the wait of WithBatch(size, 0).
-const DefaultBatchWait = 100 * time.Millisecond
+// defaultBatchWait is the wait of WithBatch(size, 0).
+const defaultBatchWait = 100 * time.Millisecond
 
 // WithBatch sets how HandleBatch and HandleBatchWithOutput collect a batch: the handler
 // is called with size messages, or with those that arrived within wait of the first one
-// when fewer come (zero means DefaultBatchWait). Without it a batch is 1 message.
+// when fewer come (zero means 100ms). Without it a batch is 1 message.
 //
 // A batch is made of the messages the handler works on at once, so the handler's
 // concurrency (WithConcurrency) defaults to size and should not be set lower; a higher
@@ -105,7 +105,7 @@ func (s *Stack) HandleBatchWithOutput(name, queue, outputTopic string, h BatchOu
 		return fmt.Errorf("%w: handler %q has WithBatch(%d, %s), size must be 1 or more and wait not negative", ErrInvalidOption, name, bc.size, bc.wait)
 	}
 	if bc.wait == 0 {
-		bc.wait = DefaultBatchWait
+		bc.wait = defaultBatchWait
 	}
 	b := &batcher{h: h, cfg: bc, queue: queue, name: name, tel: s.cfg.Telemetry}
 	all := append([]HandlerOption{WithConcurrency(bc.size), batchHandler}, opts...)

@@ -27,9 +27,9 @@ const (
 // DefaultURL is the URL used when Config.URLs is empty and AMQP_URL is unset.
 const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
 
-// DefaultAckDelay is Config.AckDelay's zero value: short beside any handler, long enough
+// defaultAckDelay is Config.AckDelay's zero value: short beside any handler, long enough
 // to gather the acks of a busy queue.
-const DefaultAckDelay = time.Millisecond
+const defaultAckDelay = time.Millisecond
 
 // ErrNoURL is returned when no broker URL is configured.
 var ErrNoURL = errors.New("amqp: no broker URL configured")
@@ -68,7 +68,7 @@ type Config struct {
 	// ack on its own.
 	AckDelay time.Duration
 	// FrameMax is the largest AMQP frame sluice asks RabbitMQ for; the node may lower it to
-	// its own frame_max. Zero means DefaultFrameMax, RabbitMQ's default. Publishes fit
+	// its own frame_max. Zero means 131072, RabbitMQ's default. Publishes fit
 	// their headers to the value the connection negotiated (see Marshaler).
 	FrameMax int
 	// Logger receives connection and consume events. Nil means slog.Default().
@@ -123,10 +123,10 @@ func (c *Config) setDefaults() error {
 		c.NackBackoffMax = 10 * time.Second
 	}
 	if c.AckDelay == 0 {
-		c.AckDelay = DefaultAckDelay
+		c.AckDelay = defaultAckDelay
 	}
 	if c.FrameMax == 0 {
-		c.FrameMax = DefaultFrameMax
+		c.FrameMax = defaultFrameMax
 	}
 	if c.FrameMax < minFrameMax {
 		return fmt.Errorf("amqp: FrameMax %d is below AMQP's minimum frame size %d", c.FrameMax, minFrameMax)
@@ -156,19 +156,19 @@ func SplitURLs(s string) []string {
 // internal/mask.URL.
 func MaskURL(u string) string { return mask.URL(u) }
 
-// maskErr returns err with its text masked by MaskText, for errors amqp091-go builds from
+// maskErr returns err with its text masked by maskText, for errors amqp091-go builds from
 // a URL.
 func maskErr(err error, urls []string) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	if masked := MaskText(msg, urls...); masked != msg {
+	if masked := maskText(msg, urls...); masked != msg {
 		return errors.New(masked)
 	}
 	return err
 }
 
-// MaskText returns s with each of urls, and each of their passwords, masked. Use it on any
+// maskText returns s with each of urls, and each of their passwords, masked. Use it on any
 // text that may quote a broker URL before it is logged or printed; see internal/mask.Text.
-func MaskText(s string, urls ...string) string { return mask.Text(s, urls...) }
+func maskText(s string, urls ...string) string { return mask.Text(s, urls...) }

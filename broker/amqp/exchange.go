@@ -18,8 +18,8 @@ import (
 // sluice.unrouted, a fanout exchange feeding the durable queue sluice.unrouted, so an event
 // nobody is bound to is kept, with its exchange and routing key, instead of being dropped.
 const (
-	// AlternateExchangeArg is RabbitMQ's exchange argument naming the alternate exchange.
-	AlternateExchangeArg = "alternate-exchange"
+	// alternateExchangeArg is RabbitMQ's exchange argument naming the alternate exchange.
+	alternateExchangeArg = "alternate-exchange"
 )
 
 // ExchangeKind is an AMQP exchange type (internal/binding holds the rules both brokers share).
@@ -158,7 +158,7 @@ func (b *Broker) declareExchange(ctx context.Context, name string, kind Exchange
 		return err
 	}
 	defer ch.Close()
-	args := amqp.Table{AlternateExchangeArg: topology.UnroutedExchange}
+	args := amqp.Table{alternateExchangeArg: topology.UnroutedExchange}
 	if err := ch.ExchangeDeclare(name, string(kind), true, false, false, false, args); err != nil {
 		return fmt.Errorf("declare %s exchange %q: %w", kind, name, inequivalent(err, "exchange", name))
 	}

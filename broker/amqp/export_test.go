@@ -7,3 +7,11 @@ func SetConsistentHashType(t string) (restore func()) {
 	consistentHashType = t
 	return func() { consistentHashType = old }
 }
+
+const AlternateExchangeArg = alternateExchangeArg
+const DefaultFrameMax = defaultFrameMax
+const MaxPartitionKeyBytes = maxPartitionKeyBytes
+const MetadataPriority = metadataPriority
+const MetadataDeliveryMode = metadataDeliveryMode
+const MetadataTimestamp = metadataTimestamp
+const MetadataMessageID = metadataMessageID

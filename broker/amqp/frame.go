@@ -13,8 +13,8 @@ import (
 
 // Limits of the AMQP encoding that Marshal keeps to.
 const (
-	// DefaultFrameMax is RabbitMQ's default frame_max, the Marshaler's when FrameMax is 0.
-	DefaultFrameMax = 131072
+	// defaultFrameMax is RabbitMQ's default frame_max, the Marshaler's when FrameMax is 0.
+	defaultFrameMax = 131072
 	// minFrameMax is AMQP 0-9-1's frame-min-size: every peer accepts frames this large.
 	minFrameMax = 4096
 	// maxShortstr is the longest AMQP short string: property values and table keys.
@@ -35,7 +35,7 @@ const (
 func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) {
 	frameMax := m.FrameMax
 	if frameMax <= 0 {
-		frameMax = DefaultFrameMax
+		frameMax = defaultFrameMax
 	}
 	limit := frameMax - frameOverhead
 	// Room for the record of what was dropped, which is itself bounded.

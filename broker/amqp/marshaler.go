@@ -49,7 +49,7 @@ import (
 // message whose headers nearly fill frame_max; this is how its retry and dead-letter
 // copies, which add sluice's headers, still get through.
 type Marshaler struct {
-	// FrameMax is the connection's negotiated frame_max. Zero means DefaultFrameMax.
+	// FrameMax is the connection's negotiated frame_max. Zero means 131072.
 	FrameMax int
 }
 
@@ -82,32 +82,32 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		case MetadataContentType:
 			pub.ContentType = shortstr(k, v)
 			continue
-		case MetadataContentEncoding:
+		case metadataContentEncoding:
 			pub.ContentEncoding = shortstr(k, v)
 			continue
 		case MetadataCorrelationID:
 			pub.CorrelationId = shortstr(k, v)
 			continue
-		case MetadataReplyTo:
+		case metadataReplyTo:
 			pub.ReplyTo = shortstr(k, v)
 			continue
 		case MetadataType:
 			pub.Type = shortstr(k, v)
 			continue
-		case MetadataAppID:
+		case metadataAppID:
 			pub.AppId = shortstr(k, v)
 			continue
-		case MetadataPriority:
+		case metadataPriority:
 			if p, err := strconv.ParseUint(v, 10, 8); err == nil {
 				pub.Priority = uint8(p)
 			}
 			continue
-		case MetadataDeliveryMode:
+		case metadataDeliveryMode:
 			if v == "1" {
 				pub.DeliveryMode = amqp.Transient
 			}
 			continue
-		case MetadataTimestamp:
+		case metadataTimestamp:
 			if t, ok := parseTimestamp(v); ok {
 				pub.Timestamp = t
 			}
@@ -177,22 +177,22 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		}
 	}
 	setIf(MetadataContentType, d.ContentType)
-	setIf(MetadataContentEncoding, d.ContentEncoding)
+	setIf(metadataContentEncoding, d.ContentEncoding)
 	setIf(MetadataCorrelationID, d.CorrelationId)
-	setIf(MetadataReplyTo, d.ReplyTo)
+	setIf(metadataReplyTo, d.ReplyTo)
 	setIf(MetadataType, d.Type)
-	setIf(MetadataAppID, d.AppId)
-	setIf(MetadataMessageID, d.MessageId)
+	setIf(metadataAppID, d.AppId)
+	setIf(metadataMessageID, d.MessageId)
 	setIf(MetadataRoutingKey, d.RoutingKey)
 	setIf(MetadataExchange, d.Exchange)
 	if d.Priority != 0 {
-		md[MetadataPriority] = strconv.Itoa(int(d.Priority))
+		md[metadataPriority] = strconv.Itoa(int(d.Priority))
 	}
 	if d.DeliveryMode != 0 {
-		md[MetadataDeliveryMode] = strconv.Itoa(int(d.DeliveryMode))
+		md[metadataDeliveryMode] = strconv.Itoa(int(d.DeliveryMode))
 	}
 	if !d.Timestamp.IsZero() {
-		md[MetadataTimestamp] = timestampText(d.Timestamp)
+		md[metadataTimestamp] = timestampText(d.Timestamp)
 	}
 	if d.Redelivered {
 		md[MetadataRedelivered] = "true"

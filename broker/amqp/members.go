@@ -23,8 +23,8 @@ var ErrInvalidMembership = errors.New("amqp: invalid membership config")
 const (
 	// DefaultHeartbeatInterval is MembershipConfig.Interval's zero value.
 	DefaultHeartbeatInterval = 500 * time.Millisecond
-	// DefaultMemberExpiry is MembershipConfig.Expiry's zero value, in intervals.
-	DefaultMemberExpiry = 3
+	// defaultMemberExpiry is MembershipConfig.Expiry's zero value, in intervals.
+	defaultMemberExpiry = 3
 )
 
 // MembershipConfig configures Join. The zero value gives the defaults named on each field.
@@ -36,7 +36,7 @@ type MembershipConfig struct {
 	// DefaultHeartbeatInterval.
 	Interval time.Duration
 	// Expiry is how long a member stays listed after its last heartbeat: a killed
-	// instance (no goodbye) leaves the list within Expiry. Zero means DefaultMemberExpiry
+	// instance (no goodbye) leaves the list within Expiry. Zero means 3
 	// intervals; it must exceed Interval.
 	Expiry time.Duration
 	// OnBroadcast, when set, receives what the other members Broadcast, on the listening
@@ -54,7 +54,7 @@ func (c *MembershipConfig) setDefaults() error {
 		c.Interval = DefaultHeartbeatInterval
 	}
 	if c.Expiry == 0 {
-		c.Expiry = DefaultMemberExpiry * c.Interval
+		c.Expiry = defaultMemberExpiry * c.Interval
 	}
 	if c.Interval < 0 || c.Expiry <= c.Interval {
 		return fmt.Errorf("%w: Interval %s, Expiry %s (Interval must be positive and below Expiry)", ErrInvalidMembership, c.Interval, c.Expiry)

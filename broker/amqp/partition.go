@@ -17,9 +17,9 @@ const (
 	// consistentHashExchangeType is the exchange type of RabbitMQ's consistent-hash plugin,
 	// rabbitmq_consistent_hash_exchange, which routes a partitioned queue's messages.
 	consistentHashExchangeType = "x-consistent-hash"
-	// MaxPartitionKeyBytes is the longest partition key: it travels as the routing key,
+	// maxPartitionKeyBytes is the longest partition key: it travels as the routing key,
 	// which AMQP 0-9-1 limits to 255 bytes.
-	MaxPartitionKeyBytes = 255
+	maxPartitionKeyBytes = 255
 )
 
 // Partition errors.
@@ -151,7 +151,7 @@ func checkNoPartition(conn *amqp.Connection, queue string, partitions int) error
 // (routing key of its consistent-hash exchange), so every message of a key lands in the same
 // partition, and waits for their confirms. Use the key the consumer's idempotency step uses.
 func (b *Broker) PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error {
-	if key == "" || len(key) > MaxPartitionKeyBytes {
+	if key == "" || len(key) > maxPartitionKeyBytes {
 		return fmt.Errorf("publish to partitioned queue %q: key of %d bytes: %w", queue, len(key), ErrPartitionKey)
 	}
 	return b.pub.PublishTo(ctx, topology.PartitionExchange(queue), key, messages...)

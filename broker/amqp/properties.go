@@ -10,15 +10,15 @@ import (
 // handler that sets it on its output (as Watermill users do) gets the AMQP property.
 const (
 	MetadataContentType     = "content-type"
-	MetadataContentEncoding = "amqp-content-encoding"
+	metadataContentEncoding = "amqp-content-encoding"
 	MetadataCorrelationID   = "amqp-correlation-id"
-	MetadataReplyTo         = "amqp-reply-to"
+	metadataReplyTo         = "amqp-reply-to"
 	MetadataType            = "amqp-type"
-	MetadataAppID           = "amqp-app-id"
-	MetadataPriority        = "amqp-priority"
-	MetadataDeliveryMode    = "amqp-delivery-mode"
-	MetadataTimestamp       = "amqp-timestamp"
-	MetadataMessageID       = "amqp-message-id"
+	metadataAppID           = "amqp-app-id"
+	metadataPriority        = "amqp-priority"
+	metadataDeliveryMode    = "amqp-delivery-mode"
+	metadataTimestamp       = "amqp-timestamp"
+	metadataMessageID       = "amqp-message-id"
 	// MetadataRoutingKey and MetadataExchange say where the delivery came from; read-only.
 	MetadataRoutingKey = "amqp-routing-key"
 	MetadataExchange   = "amqp-exchange"
@@ -49,15 +49,15 @@ var readOnlyMetadata = map[string]bool{
 	MetadataExchange:    true,
 	MetadataRedelivered: true,
 	MetadataHeaderTypes: true,
-	MetadataMessageID:   true,
+	metadataMessageID:   true,
 }
 
 // reservedMetadataKey reports whether key has a meaning of its own to the marshaler, so
 // that a header of that name must live in metadata under MetadataHeaderPrefix.
 func reservedMetadataKey(key string) bool {
 	switch key {
-	case MetadataContentType, MetadataContentEncoding, MetadataCorrelationID, MetadataReplyTo,
-		MetadataType, MetadataAppID, MetadataPriority, MetadataDeliveryMode, MetadataTimestamp:
+	case MetadataContentType, metadataContentEncoding, MetadataCorrelationID, metadataReplyTo,
+		MetadataType, metadataAppID, metadataPriority, metadataDeliveryMode, metadataTimestamp:
 		return true // the properties Marshal publishes
 	}
 	return readOnlyMetadata[key] || strings.HasPrefix(key, MetadataHeaderPrefix)

@@ -11,23 +11,23 @@ import (
 
 // Defaults applied to a zero Config field.
 const (
-	// DefaultFailureRatio is the trip ratio when neither ConsecutiveFailures nor
+	// defaultFailureRatio is the trip ratio when neither ConsecutiveFailures nor
 	// FailureRatio is set.
-	DefaultFailureRatio = 0.5
-	// DefaultMinRequests is the minimum number of completed calls in the window before the
+	defaultFailureRatio = 0.5
+	// defaultMinRequests is the minimum number of completed calls in the window before the
 	// failure ratio is considered.
-	DefaultMinRequests = 20
-	// DefaultInterval is the rolling window over which calls are counted in the closed state.
-	DefaultInterval = 60 * time.Second
-	// DefaultOpenTimeout is how long the breaker stays open before it lets probes through.
-	DefaultOpenTimeout = 30 * time.Second
-	// DefaultHalfOpenProbes is how many calls are let through in the half-open state.
-	DefaultHalfOpenProbes = 1
-	// MaxDefaultSpread caps the default Spread (a tenth of OpenTimeout).
-	MaxDefaultSpread = time.Second
-	// DefaultName names the breaker of a message whose context carries no handler name
+	defaultMinRequests = 20
+	// defaultInterval is the rolling window over which calls are counted in the closed state.
+	defaultInterval = 60 * time.Second
+	// defaultOpenTimeout is how long the breaker stays open before it lets probes through.
+	defaultOpenTimeout = 30 * time.Second
+	// defaultHalfOpenProbes is how many calls are let through in the half-open state.
+	defaultHalfOpenProbes = 1
+	// maxDefaultSpread caps the default Spread (a tenth of OpenTimeout).
+	maxDefaultSpread = time.Second
+	// defaultName names the breaker of a message whose context carries no handler name
 	// when Config.Name is empty (a handler called outside a Watermill router).
-	DefaultName = "default"
+	defaultName = "default"
 )
 
 // windowBuckets is how many buckets the rolling window is cut into: the window slides in
@@ -35,8 +35,8 @@ const (
 const windowBuckets = 10
 
 // Config configures a Registry and every Breaker it hands out. The zero value is usable:
-// it trips when at least DefaultMinRequests calls completed in the window and
-// DefaultFailureRatio of them failed, and stays open for DefaultOpenTimeout.
+// it trips when at least 20 calls completed in the window and
+// half of them failed, and stays open for 30s.
 //
 // Whatever the trip, a message counts as a failure once per window: its retries and
 // redeliveries failing again are left out of the counts, so one poison message, however
@@ -44,7 +44,7 @@ const windowBuckets = 10
 type Config struct {
 	// Name is the dependency name Registry.Middleware and Registry.NewMiddleware("") use.
 	// Empty means the handler's name, read from each message's context
-	// (message.HandlerNameFromCtx), or DefaultName when the context has none.
+	// (message.HandlerNameFromCtx), or "default" when the context has none.
 	Name string
 
 	// ConsecutiveFailures trips the breaker after this many consecutive failures in the
@@ -54,30 +54,30 @@ type Config struct {
 
 	// FailureRatio, in (0, 1], trips the breaker when failures/(failures+successes) over
 	// the window reaches it and at least MinRequests calls have completed in the window.
-	// Zero means DefaultFailureRatio when ConsecutiveFailures is zero too, and no ratio
+	// Zero means 0.5 when ConsecutiveFailures is zero too, and no ratio
 	// trip when ConsecutiveFailures is set.
 	FailureRatio float64
 
 	// MinRequests is the number of completed calls in the window below which FailureRatio
-	// is not considered. Zero means DefaultMinRequests. Ignored without a ratio trip.
+	// is not considered. Zero means 20. Ignored without a ratio trip.
 	MinRequests int
 
 	// Interval is the rolling window over which the closed state counts calls (for both
-	// trips: failures older than the window no longer count). Zero means DefaultInterval.
+	// trips: failures older than the window no longer count). Zero means 1m.
 	Interval time.Duration
 
 	// OpenTimeout is how long the breaker stays open before it lets HalfOpenProbes calls
-	// through. Zero means DefaultOpenTimeout.
+	// through. Zero means 30s.
 	OpenTimeout time.Duration
 
 	// HalfOpenProbes is how many calls the half-open breaker lets through; the breaker
 	// closes when all of them succeed and re-opens as soon as one fails. Zero means
-	// DefaultHalfOpenProbes.
+	// 1.
 	HalfOpenProbes int
 
 	// Spread is the upper bound of a random delay added to each deferral, so messages
 	// deferred by an open breaker do not all come back at the same instant. Zero means a
-	// tenth of OpenTimeout, at most MaxDefaultSpread; a negative value means no spread.
+	// tenth of OpenTimeout, at most 1s; a negative value means no spread.
 	Spread time.Duration
 
 	// Fallback, when set, is called instead of deferring a message the breaker rejects;
@@ -122,23 +122,23 @@ func (c *Config) Validate() error {
 // setDefaults replaces zero fields by their documented defaults.
 func (c *Config) setDefaults() {
 	if c.ConsecutiveFailures == 0 && c.FailureRatio == 0 {
-		c.FailureRatio = DefaultFailureRatio
+		c.FailureRatio = defaultFailureRatio
 	}
 	if c.FailureRatio > 0 && c.MinRequests == 0 {
-		c.MinRequests = DefaultMinRequests
+		c.MinRequests = defaultMinRequests
 	}
 	if c.Interval == 0 {
-		c.Interval = DefaultInterval
+		c.Interval = defaultInterval
 	}
 	if c.OpenTimeout == 0 {
-		c.OpenTimeout = DefaultOpenTimeout
+		c.OpenTimeout = defaultOpenTimeout
 	}
 	if c.HalfOpenProbes == 0 {
-		c.HalfOpenProbes = DefaultHalfOpenProbes
+		c.HalfOpenProbes = defaultHalfOpenProbes
 	}
 	switch {
 	case c.Spread == 0:
-		c.Spread = min(c.OpenTimeout/10, MaxDefaultSpread)
+		c.Spread = min(c.OpenTimeout/10, maxDefaultSpread)
 	case c.Spread < 0:
 		c.Spread = 0
 	}

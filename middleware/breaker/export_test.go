@@ -5,3 +5,11 @@ func WithDefaults(c Config) Config {
 	c.setDefaults()
 	return c
 }
+
+const DefaultFailureRatio = defaultFailureRatio
+const DefaultMinRequests = defaultMinRequests
+const DefaultInterval = defaultInterval
+const DefaultOpenTimeout = defaultOpenTimeout
+const DefaultHalfOpenProbes = defaultHalfOpenProbes
+const MaxDefaultSpread = maxDefaultSpread
+const DefaultName = defaultName

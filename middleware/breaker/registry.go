@@ -26,10 +26,10 @@ func New(cfg Config) (*Registry, error) {
 }
 
 // Breaker returns the breaker of the named dependency, creating it closed on first use.
-// An empty name means DefaultName.
+// An empty name means "default".
 func (r *Registry) Breaker(name string) *Breaker {
 	if name == "" {
-		name = DefaultName
+		name = defaultName
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -45,7 +45,7 @@ func (r *Registry) Breaker(name string) *Breaker {
 // yet is StateClosed.
 func (r *Registry) State(name string) State {
 	if name == "" {
-		name = DefaultName
+		name = defaultName
 	}
 	r.mu.Lock()
 	b, ok := r.breakers[name]
@@ -74,7 +74,7 @@ func (r *Registry) States() map[string]State {
 
 // Middleware guards h with the breaker named by Config.Name or, when that is empty, the
 // breaker named after the handler consuming each message (message.HandlerNameFromCtx;
-// DefaultName when the context has none): r.AddMiddleware(reg.Middleware) in a plain
+// "default" when the context has none): r.AddMiddleware(reg.Middleware) in a plain
 // Watermill router.
 func (r *Registry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return r.NewMiddleware("")(h)

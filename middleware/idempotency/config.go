@@ -10,19 +10,19 @@ import (
 
 // Defaults applied to a zero Config field.
 const (
-	// DefaultTTL is how long a completed key is remembered.
-	DefaultTTL = 24 * time.Hour
-	// DefaultMaxKeys is the capacity of the store: at about 40 bytes a key, some 40 MB.
-	DefaultMaxKeys = 1_000_000
-	// DefaultLease is how long an attempt holds its key before another may take it.
-	DefaultLease = 2 * time.Minute
-	// DefaultInFlightDeferral is how long a duplicate of a key in flight is deferred.
-	DefaultInFlightDeferral = time.Second
+	// defaultTTL is how long a completed key is remembered.
+	defaultTTL = 24 * time.Hour
+	// defaultMaxKeys is the capacity of the store: at about 40 bytes a key, some 40 MB.
+	defaultMaxKeys = 1_000_000
+	// defaultLease is how long an attempt holds its key before another may take it.
+	defaultLease = 2 * time.Minute
+	// defaultInFlightDeferral is how long a duplicate of a key in flight is deferred.
+	defaultInFlightDeferral = time.Second
 )
 
-// MaxMaxKeys is the largest accepted Config.MaxKeys; far beyond what fits in memory anyway,
+// maxMaxKeys is the largest accepted Config.MaxKeys; far beyond what fits in memory anyway,
 // it keeps the store's internal 32-bit positions unambiguous.
-const MaxMaxKeys = 1 << 30
+const maxMaxKeys = 1 << 30
 
 // minLease and minTTL keep expiry meaningful at the store's nanosecond resolution, where the
 // lowest bit of a timestamp carries the record's state.
@@ -50,24 +50,24 @@ type Config struct {
 	KeyFunc func(*message.Message) (string, error)
 
 	// TTL is how long a completed key is remembered, so the window in which a duplicate is
-	// recognized. Zero: DefaultTTL (24h).
+	// recognized. Zero: 24h.
 	TTL time.Duration
 
 	// MaxKeys bounds the keys held (completed and in flight). When it is reached, the
 	// oldest key is forgotten first, even inside its TTL. The bound is split evenly over
 	// the store's shards (up to 64) and each evicts its own oldest, so eviction starts a
 	// little before MaxKeys keys are held (at 1,000,000 random keys, after about 99.7%).
-	// Zero: DefaultMaxKeys (1,000,000).
+	// Zero: 1,000,000.
 	MaxKeys int
 
 	// Lease is how long an attempt holds its key. If the holder dies (the process is
 	// killed, a handler hangs), the key can be taken by another attempt once the lease has
 	// run out. It must exceed the handler timeout, otherwise a slow but live attempt loses
-	// its key and a duplicate may run beside it. Zero: DefaultLease (2m).
+	// its key and a duplicate may run beside it. Zero: 2m.
 	Lease time.Duration
 
 	// InFlightDeferral is how long a duplicate of a key in flight is deferred broker-side,
-	// or the rest of the holder's lease if that is shorter. Zero: DefaultInFlightDeferral (1s).
+	// or the rest of the holder's lease if that is shorter. Zero: 1s.
 	InFlightDeferral time.Duration
 
 	// SnapshotPath, when set, is a file the completed keys are written to on Close
@@ -91,16 +91,16 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.TTL == 0 {
-		c.TTL = DefaultTTL
+		c.TTL = defaultTTL
 	}
 	if c.MaxKeys == 0 {
-		c.MaxKeys = DefaultMaxKeys
+		c.MaxKeys = defaultMaxKeys
 	}
 	if c.Lease == 0 {
-		c.Lease = DefaultLease
+		c.Lease = defaultLease
 	}
 	if c.InFlightDeferral == 0 {
-		c.InFlightDeferral = DefaultInFlightDeferral
+		c.InFlightDeferral = defaultInFlightDeferral
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -118,8 +118,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: TTL %s is above %s", ErrInvalidConfig, c.TTL, maxDuration)
 	case c.MaxKeys < 1:
 		return fmt.Errorf("%w: MaxKeys %d is below 1", ErrInvalidConfig, c.MaxKeys)
-	case c.MaxKeys > MaxMaxKeys:
-		return fmt.Errorf("%w: MaxKeys %d is above %d", ErrInvalidConfig, c.MaxKeys, MaxMaxKeys)
+	case c.MaxKeys > maxMaxKeys:
+		return fmt.Errorf("%w: MaxKeys %d is above %d", ErrInvalidConfig, c.MaxKeys, maxMaxKeys)
 	case c.Lease < minLease:
 		return fmt.Errorf("%w: Lease %s is below %s", ErrInvalidConfig, c.Lease, minLease)
 	case c.Lease > maxDuration:

@@ -31,7 +31,7 @@ type fifoChunk [fifoChunkLen]record
 // fifo is a queue of records in insertion order, addressed by sequence numbers that stay
 // valid while a record is queued. Sequence numbers are uint32 and wrap; since chunks are
 // aligned to multiples of fifoChunkLen, which divides 2^32, the arithmetic stays exact as
-// long as fewer than 2^32-fifoChunkLen records are queued (MaxMaxKeys is far below).
+// long as fewer than 2^32-fifoChunkLen records are queued (the MaxKeys limit, 2^30, is far below).
 type fifo struct {
 	chunks []*fifoChunk
 	head   uint32 // sequence number of the oldest record

@@ -2,9 +2,9 @@ package idempotency
 
 import "github.com/sluice-go/sluice"
 
-// ErrorTypeKey is the error type of a key function's failure whose error names no type of
+// errorTypeKey is the error type of a key function's failure whose error names no type of
 // its own.
-const ErrorTypeKey = "idempotency_key"
+const errorTypeKey = "idempotency_key"
 
 // KeyError is the error of a message whose key function failed. Its text starts with the
 // key function's error, so a payload that does not decode reads as a decode failure in the
@@ -28,10 +28,10 @@ func (e *KeyError) Unwrap() error { return e.Err }
 func (e *KeyError) Is(target error) bool { return target == ErrKey }
 
 // ErrorType is the key function's error type (a decode failure stays "decode"), or
-// ErrorTypeKey when that error says nothing about itself.
+// "idempotency_key" when that error says nothing about itself.
 func (e *KeyError) ErrorType() string {
 	if t := sluice.ErrorType(e.Err); t != sluice.ErrorTypeGeneric {
 		return t
 	}
-	return ErrorTypeKey
+	return errorTypeKey
 }

@@ -63,7 +63,7 @@ type Guard struct {
 // New returns a Guard with a new Store configured by cfg; with cfg.SnapshotPath set, the
 // snapshot is loaded now if the file exists, and written by Close.
 func New(cfg Config) (*Guard, error) {
-	st, err := NewStore(cfg)
+	st, err := newStore(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +173,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 		ctx := msg.Context()
 		lease, status, remaining := g.store.begin(scopedDigest(message.HandlerNameFromCtx(ctx), source, key))
 		switch status {
-		case Done:
+		case keyDone:
 			if g.cfg.OnDuplicate != nil {
 				g.cfg.OnDuplicate(msg, key)
 			}
@@ -185,7 +185,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 				Attempt: sluice.RetryCount(msg.Metadata) + 1,
 			})
 			return nil, nil
-		case InFlight:
+		case keyInFlight:
 			d := min(g.cfg.InFlightDeferral, remaining)
 			if span := trace.SpanFromContext(ctx); span.IsRecording() {
 				span.AddEvent(EventInFlight, trace.WithAttributes(

@@ -20,34 +20,34 @@ func sumBytes(b []byte) digest {
 	return digest(s[:16])
 }
 
-// Status is what Begin found for a key.
-type Status uint8
+// keyStatus is what Begin found for a key.
+type keyStatus uint8
 
 const (
-	// Acquired means the caller now holds the key and must end its Lease with Complete
+	// keyAcquired means the caller now holds the key and must end its Lease with Complete
 	// or Release.
-	Acquired Status = iota + 1
-	// Done means the key completed within its TTL: the message is a duplicate.
-	Done
-	// InFlight means another holder's lease on the key is still running.
-	InFlight
+	keyAcquired keyStatus = iota + 1
+	// keyDone means the key completed within its TTL: the message is a duplicate.
+	keyDone
+	// keyInFlight means another holder's lease on the key is still running.
+	keyInFlight
 )
 
 // String returns the status name.
-func (s Status) String() string {
+func (s keyStatus) String() string {
 	switch s {
-	case Acquired:
+	case keyAcquired:
 		return "acquired"
-	case Done:
+	case keyDone:
 		return "done"
-	case InFlight:
+	case keyInFlight:
 		return "in_flight"
 	default:
 		return fmt.Sprintf("status(%d)", uint8(s))
 	}
 }
 
-// Lease is a holder's claim on a key, returned by Begin with Acquired. Its zero value is no
+// Lease is a holder's claim on a key, returned by Begin with keyAcquired. Its zero value is no
 // claim: Complete and Release ignore it.
 type Lease struct {
 	key digest
@@ -72,9 +72,9 @@ type Store struct {
 	closeErr  error
 }
 
-// NewStore returns an empty store configured by cfg (KeyFunc, InFlightDeferral and
+// newStore returns an empty store configured by cfg (KeyFunc, InFlightDeferral and
 // OnDuplicate are not used by the store), with cfg.SnapshotPath loaded if that file exists.
-func NewStore(cfg Config) (*Store, error) {
+func newStore(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -109,17 +109,17 @@ func (s *Store) shardOf(d digest) *shard {
 	return &s.shards[binary.LittleEndian.Uint64(d[:8])&s.mask]
 }
 
-// Begin claims key. With Acquired, the caller holds key until it calls Complete or
-// Release with the returned Lease, or the lease runs out. With Done, key completed within
-// its TTL. With InFlight, another holder has it; the duration is what is left of that lease.
-func (s *Store) Begin(key string) (Lease, Status, time.Duration) {
+// Begin claims key. With keyAcquired, the caller holds key until it calls Complete or
+// Release with the returned Lease, or the lease runs out. With keyDone, key completed within
+// its TTL. With keyInFlight, another holder has it; the duration is what is left of that lease.
+func (s *Store) Begin(key string) (Lease, keyStatus, time.Duration) {
 	// A plain []byte(key) allocates for keys over 32 bytes (a UUID is 36); a larger stack
 	// buffer does not for usual key sizes.
 	var buf [128]byte
 	return s.begin(sumBytes(append(buf[:0], key...)))
 }
 
-func (s *Store) begin(d digest) (Lease, Status, time.Duration) {
+func (s *Store) begin(d digest) (Lease, keyStatus, time.Duration) {
 	now := s.now().UnixNano()
 	sh := s.shardOf(d)
 	sh.mu.Lock()
@@ -130,10 +130,10 @@ func (s *Store) begin(d digest) (Lease, Status, time.Duration) {
 		switch {
 		case r.live(now) && r.done():
 			sh.st.hits++
-			return Lease{}, Done, 0
+			return Lease{}, keyDone, 0
 		case r.live(now):
 			sh.st.inFlight++
-			return Lease{}, InFlight, time.Duration(r.until() - now)
+			return Lease{}, keyInFlight, time.Duration(r.until() - now)
 		case r.done():
 			sh.st.expired++
 		default:
@@ -145,7 +145,7 @@ func (s *Store) begin(d digest) (Lease, Status, time.Duration) {
 	token := sh.nextToken(now + s.lease)
 	sh.insert(record{key: d, exp: token}, now)
 	sh.st.acquired++
-	return Lease{key: d, token: token}, Acquired, 0
+	return Lease{key: d, token: token}, keyAcquired, 0
 }
 
 // Complete marks the leased key done for the TTL from now. It does so even if the lease ran

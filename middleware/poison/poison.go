@@ -9,7 +9,7 @@
 // AMQP properties, and adds (metadata keys of package sluice):
 //
 //	x-error-type, x-error-class, x-error-message (truncated to MaxErrorMessageBytes),
-//	x-error-stack (a recovered panic's stack, truncated to MaxStackBytes),
+//	x-error-stack (a recovered panic's stack, truncated to 16 KiB),
 //	x-original-queue, x-handler, x-retry-count, x-retry-history (this failure included),
 //	x-first-failure-time, x-last-failure-time, x-failed-at, x-failed-host, x-failed-pid.
 //
@@ -38,8 +38,8 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// MaxStackBytes is the size a panic's stack is truncated to in the record.
-const MaxStackBytes = 16 << 10
+// maxStackBytes is the size a panic's stack is truncated to in the record.
+const maxStackBytes = 16 << 10
 
 // ErrNoDeadLetterer is returned by New without a DeadLetterer.
 var ErrNoDeadLetterer = errors.New("poison: Config.DeadLetterer is required")
@@ -143,7 +143,7 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	md.Set(sluice.HeaderErrorClass, sluice.ClassOf(err).String())
 	md.Set(sluice.HeaderErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
 	if stack, ok := sluice.PanicStack(err); ok {
-		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, MaxStackBytes))
+		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, maxStackBytes))
 	} else {
 		delete(md, sluice.HeaderErrorStack)
 	}

@@ -47,15 +47,15 @@ func (f AdaptiveFunc) Adjust(load Load, plan Adjustment) Adjustment { return f(l
 
 // Thresholds and effects of DefaultAdaptive's zero fields.
 const (
-	// DefaultElevatedPressure is the pressure from which retries are trimmed.
-	DefaultElevatedPressure = 0.3
-	// DefaultHighPressure is the pressure from which retries are cut hard (the retry
+	// defaultElevatedPressure is the pressure from which retries are trimmed.
+	defaultElevatedPressure = 0.3
+	// defaultHighPressure is the pressure from which retries are cut hard (the retry
 	// guide's 0.7 load threshold).
-	DefaultHighPressure = 0.7
-	// DefaultBacklogHigh is the backlog that alone counts as full pressure.
-	DefaultBacklogHigh = 10000
-	// DefaultMinAttempts is how few attempts the failure ratio needs to count.
-	DefaultMinAttempts = 10
+	defaultHighPressure = 0.7
+	// defaultBacklogHigh is the backlog that alone counts as full pressure.
+	defaultBacklogHigh = 10000
+	// defaultMinAttempts is how few attempts the failure ratio needs to count.
+	defaultMinAttempts = 10
 )
 
 // DefaultAdaptive is the default adaptive policy. It computes a pressure in [0, 1]: the
@@ -72,16 +72,16 @@ const (
 // uses the numbers above.
 type DefaultAdaptive struct {
 	// Elevated is the pressure from which retries are trimmed. Zero means
-	// DefaultElevatedPressure.
+	// 0.3.
 	Elevated float64
 	// High is the pressure from which retries are cut hard. Zero means
-	// DefaultHighPressure.
+	// 0.7.
 	High float64
 	// BacklogHigh is the backlog that counts as full pressure. Zero means
-	// DefaultBacklogHigh.
+	// 10000.
 	BacklogHigh int
 	// MinAttempts is the number of attempts below which the failure ratio is ignored.
-	// Zero means DefaultMinAttempts.
+	// Zero means 10.
 	MinAttempts int64
 }
 
@@ -89,11 +89,11 @@ type DefaultAdaptive struct {
 func (p DefaultAdaptive) Pressure(load Load) float64 {
 	minAttempts := p.MinAttempts
 	if minAttempts == 0 {
-		minAttempts = DefaultMinAttempts
+		minAttempts = defaultMinAttempts
 	}
 	backlogHigh := p.BacklogHigh
 	if backlogHigh == 0 {
-		backlogHigh = DefaultBacklogHigh
+		backlogHigh = defaultBacklogHigh
 	}
 	var pressure float64
 	if load.Attempts >= minAttempts {
@@ -109,10 +109,10 @@ func (p DefaultAdaptive) Pressure(load Load) float64 {
 func (p DefaultAdaptive) Adjust(load Load, plan Adjustment) Adjustment {
 	elevated, high := p.Elevated, p.High
 	if elevated == 0 {
-		elevated = DefaultElevatedPressure
+		elevated = defaultElevatedPressure
 	}
 	if high == 0 {
-		high = DefaultHighPressure
+		high = defaultHighPressure
 	}
 	switch pressure := p.Pressure(load); {
 	case pressure >= high:

@@ -15,15 +15,15 @@ import (
 
 // Defaults of OverloadConfig's zero fields.
 const (
-	// DefaultBudgetRatio lets retries add a fifth of the first attempts, the ratio of gRPC's
+	// defaultBudgetRatio lets retries add a fifth of the first attempts, the ratio of gRPC's
 	// retry throttling and Finagle's retry budget.
-	DefaultBudgetRatio = 0.2
-	// DefaultBudgetWindow is the sliding window of the budget and of the failure ratio.
-	DefaultBudgetWindow = 10 * time.Second
-	// DefaultMinRetriesPerSecond lets a dependency with little traffic still retry.
-	DefaultMinRetriesPerSecond = 1.0
-	// DefaultConcurrencyDelay is how long a retry refused by MaxConcurrentRetries waits.
-	DefaultConcurrencyDelay = time.Second
+	defaultBudgetRatio = 0.2
+	// defaultBudgetWindow is the sliding window of the budget and of the failure ratio.
+	defaultBudgetWindow = 10 * time.Second
+	// defaultMinRetriesPerSecond lets a dependency with little traffic still retry.
+	defaultMinRetriesPerSecond = 1.0
+	// defaultConcurrencyDelay is how long a retry refused by MaxConcurrentRetries waits.
+	defaultConcurrencyDelay = time.Second
 	// backlogRefresh is how old a backlog reading may be before it is read again.
 	backlogRefresh = time.Second
 )
@@ -47,17 +47,17 @@ const (
 )
 
 // OverloadConfig configures an Overload. Its zero value gives a retry budget of
-// DefaultBudgetRatio over DefaultBudgetWindow, no concurrency limit and no adaptive policy.
+// 0.2 over 10s, no concurrency limit and no adaptive policy.
 type OverloadConfig struct {
 	// BudgetRatio is the fraction of a dependency's first attempts that retries scheduled
 	// soon may add over Window: 0.2 allows 20 retries for 100 first attempts. Zero means
-	// DefaultBudgetRatio; negative means no budget.
+	// 0.2; negative means no budget.
 	BudgetRatio float64
 	// Window is the sliding window over which first attempts, retries and failures are
-	// counted. Zero means DefaultBudgetWindow.
+	// counted. Zero means 10s.
 	Window time.Duration
 	// MinRetriesPerSecond is a floor of the budget (times Window) so a dependency with
-	// little traffic can still retry. Zero means DefaultMinRetriesPerSecond; negative none.
+	// little traffic can still retry. Zero means 1; negative none.
 	MinRetriesPerSecond float64
 	// ExhaustedToDLQ sends a message whose retry the budget refuses to the dead-letter
 	// queue (error type retry_budget_exhausted). False means it is retried after the
@@ -68,7 +68,7 @@ type OverloadConfig struct {
 	// without using an attempt. Zero means no limit.
 	MaxConcurrentRetries int
 	// ConcurrencyDelay is the deferral of a retry refused by MaxConcurrentRetries. Zero
-	// means DefaultConcurrencyDelay.
+	// means 1s.
 	ConcurrencyDelay time.Duration
 	// Policy adapts a message's retries to its dependency's load (see AdaptivePolicy and
 	// DefaultAdaptive). Nil means none: the step's own MaxRetries and backoff.
@@ -118,18 +118,18 @@ func (c *OverloadConfig) Validate() error {
 
 func (c *OverloadConfig) setDefaults() {
 	if c.BudgetRatio == 0 {
-		c.BudgetRatio = DefaultBudgetRatio
+		c.BudgetRatio = defaultBudgetRatio
 	}
 	if c.Window == 0 {
-		c.Window = DefaultBudgetWindow
+		c.Window = defaultBudgetWindow
 	}
 	if c.MinRetriesPerSecond == 0 {
-		c.MinRetriesPerSecond = DefaultMinRetriesPerSecond
+		c.MinRetriesPerSecond = defaultMinRetriesPerSecond
 	} else if c.MinRetriesPerSecond < 0 {
 		c.MinRetriesPerSecond = 0
 	}
 	if c.ConcurrencyDelay == 0 {
-		c.ConcurrencyDelay = DefaultConcurrencyDelay
+		c.ConcurrencyDelay = defaultConcurrencyDelay
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

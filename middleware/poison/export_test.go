@@ -1,0 +1,4 @@
+package poison
+
+// Aliases for the package's external tests.
+const MaxStackBytes = maxStackBytes
