@@ -28,6 +28,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -492,11 +493,11 @@ func hostileIdentityCases(s *hostileStack) []hostileCase {
 		{
 			name: "invalid traceparent", why: "an invalid trace context starts a new trace; it is no error",
 			pub: amqp091.Publishing{MessageId: "hostile-traceparent", Headers: amqp091.Table{
-				sluice.HeaderTraceParent: "00-zzzzzzzz-not-a-trace-99", sluice.HeaderTraceState: "===,,,\x00"},
+				headers.TraceParent: "00-zzzzzzzz-not-a-trace-99", headers.TraceState: "===,,,\x00"},
 				Body: hostileBody("hostile-traceparent", "tok_visa")},
 			paymentID: "hostile-traceparent", want: toEvent, deliveries: 1,
 			check: func(t *testing.T, res hostileResult) {
-				tp, _ := res.eventD.Headers[sluice.HeaderTraceParent].(string)
+				tp, _ := res.eventD.Headers[headers.TraceParent].(string)
 				assert.Regexp(t, regexp.MustCompile(traceparentRE), tp, "the event carries a valid trace context")
 				var found bool
 				for _, s := range spans.Ended() {
@@ -664,7 +665,7 @@ func (o *hostileOutcomes) check(t *testing.T, c hostileCase) {
 		res.dlq, res.dlqMsg = got.dlq, got.dlqMsg
 		assert.Equal(t, c.errorType, res.dlqMsg.Metadata.Get(sluice.HeaderErrorType), "error type")
 		assert.Equal(t, o.s.queue, res.dlqMsg.Metadata.Get(sluice.HeaderOriginalQueue))
-		assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(sluice.HeaderHandler))
+		assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(headers.Handler))
 	case refusedByBroker:
 		assert.Empty(t, res.deliveries, "never delivered")
 	case absorbed:

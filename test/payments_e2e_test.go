@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/paymentdemo"
 	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -223,11 +224,11 @@ func TestPaymentsEndToEnd(t *testing.T) {
 				assert.Equal(t, tc.errType, rec[sluice.HeaderErrorType])
 				assert.Equal(t, tc.retries, rec[sluice.HeaderRetryCount])
 				assert.Equal(t, queue, rec[sluice.HeaderOriginalQueue])
-				assert.Equal(t, "payments", rec[sluice.HeaderHandler])
+				assert.Equal(t, "payments", rec[headers.Handler])
 				assert.NotEmpty(t, rec[sluice.HeaderErrorMessage])
-				assert.NotEmpty(t, rec[sluice.HeaderFailedHost])
-				assert.NotEmpty(t, rec[sluice.HeaderFailedPID])
-				for _, k := range []string{sluice.HeaderFirstFailureTime, sluice.HeaderLastFailureTime, sluice.HeaderFailedAt} {
+				assert.NotEmpty(t, rec[headers.FailedHost])
+				assert.NotEmpty(t, rec[headers.FailedPID])
+				for _, k := range []string{headers.FirstFailureTime, headers.LastFailureTime, headers.FailedAt} {
 					_, err := time.Parse(time.RFC3339Nano, rec[k])
 					assert.NoError(t, err, "%s = %q", k, rec[k])
 				}

@@ -1,4 +1,4 @@
-// Package example_payment is the example a new sluice user reads first: a payment handler,
+// Package example_payment is the example a new sluice user reads first: a payment handler and
 // the simulated card gateway it charges. The project's end-to-end and chaos tests drive it,
 // so its behaviour is a contract.
 //

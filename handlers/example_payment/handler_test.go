@@ -15,6 +15,7 @@ import (
 
 	sluice "github.com/sluice-go/sluice"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -211,7 +212,7 @@ func TestHandler_UsesMessageContext(t *testing.T) {
 func TestHandler_OutputsAreNewMessages(t *testing.T) {
 	h := ep.NewHandler(ep.NewGateway())
 	in := newMessage(t, requestBody(t, "pay_1", "tok_visa"), 1)
-	in.Metadata.Set(sluice.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	in.Metadata.Set(headers.TraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	out1, err := h.Handle(in)
 	require.NoError(t, err)
 	in2 := newMessage(t, requestBody(t, "pay_2", "tok_visa"), 1)
@@ -222,7 +223,7 @@ func TestHandler_OutputsAreNewMessages(t *testing.T) {
 	require.Len(t, out2, 1)
 	assert.NotEqual(t, in.UUID, out1[0].UUID)
 	assert.NotEqual(t, out1[0].UUID, out2[0].UUID)
-	assert.Empty(t, out1[0].Metadata.Get(sluice.HeaderTraceParent), "trace context is the stack's job")
+	assert.Empty(t, out1[0].Metadata.Get(headers.TraceParent), "trace context is the stack's job")
 }
 
 // The demo finds its own run's events by the correlation id of its requests.
