@@ -7,16 +7,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Metadata keys that travel with a message across retries and into the dead-letter queue.
+// Metadata keys that travel with a message across retries and into the dead-letter queue,
+// those a handler or a reader of the dead-letter queue uses (the rest of sluice's headers,
+// timestamps, trace context and the host part of the failure record, are internal).
 // sluice writes them; a producer may send them too, and every reader treats what it finds
 // as untrusted input (see RetryCount).
 const (
 	// HeaderRetryCount is how many retries the message has had: attempt = count + 1.
 	HeaderRetryCount = "x-retry-count"
-	// HeaderFirstFailureTime is the RFC 3339 time of the first failed attempt.
-	HeaderFirstFailureTime = "x-first-failure-time"
-	// HeaderLastFailureTime is the RFC 3339 time of the latest failed attempt.
-	HeaderLastFailureTime = "x-last-failure-time"
 	// HeaderLastError is the type of the latest error (see ErrorType).
 	HeaderLastError = "x-last-error"
 	// HeaderLastErrorMessage is the latest error's text (see ErrorMessage: a panic is its
@@ -27,10 +25,6 @@ const (
 	// HeaderRetryHistory is a JSON array of the last five failed attempts, each message cut
 	// to 128 bytes.
 	HeaderRetryHistory = "x-retry-history"
-	// HeaderDeferCount is how many times the message was deferred (attempts not used).
-	HeaderDeferCount = "x-defer-count"
-	// HeaderFirstDeferTime is the RFC 3339 time of the first deferral.
-	HeaderFirstDeferTime = "x-first-defer-time"
 	// HeaderIdempotencyKey, when a producer sets it, is the key the idempotency step uses.
 	HeaderIdempotencyKey = "idempotency-key"
 	// Failure record of a dead-lettered message (see package poison). x-error-type is
@@ -39,16 +33,6 @@ const (
 	HeaderErrorType    = "x-error-type"
 	HeaderErrorMessage = "x-error-message"
 	HeaderErrorStack   = "x-error-stack"
-	HeaderHandler      = "x-handler"
-	HeaderFailedAt     = "x-failed-at"
-	HeaderFailedHost   = "x-failed-host"
-	HeaderFailedPID    = "x-failed-pid"
-	HeaderErrorClass   = "x-error-class"
-	// HeaderReplayCount counts replays from the dead-letter queue.
-	HeaderReplayCount = "x-replay-count"
-	// HeaderTraceParent and HeaderTraceState carry W3C trace context.
-	HeaderTraceParent = "traceparent"
-	HeaderTraceState  = "tracestate"
 )
 
 // MaxRetryCountHeader is the largest x-retry-count a reader accepts as a number; any

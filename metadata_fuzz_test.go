@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 // The metadata readers take headers from any producer. These fuzz targets check the rules
@@ -184,7 +185,7 @@ func FuzzTime(f *testing.F) {
 	} {
 		f.Add(seed.raw, seed.now)
 	}
-	const key = sluice.HeaderFirstFailureTime
+	const key = headers.FirstFailureTime
 	f.Fuzz(func(t *testing.T, raw string, nowSec int64) {
 		now := time.Unix(nowSec, 0)
 		got, ok := failure.Time(message.Metadata{key: raw}, key, now)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/report"
 )
 
@@ -61,7 +62,7 @@ func TestRetryCount(t *testing.T) {
 
 func TestTime(t *testing.T) {
 	now := time.Date(2025, 3, 14, 15, 9, 26, 0, time.UTC)
-	const key = sluice.HeaderFirstFailureTime
+	const key = headers.FirstFailureTime
 	tests := []struct {
 		name   string
 		raw    string

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -85,8 +86,8 @@ func (fx *fixture) deadLetter(t *testing.T, f failure) {
 	require.NoError(t, err)
 	msg := message.NewMessage(f.id, []byte(`{"id":"`+f.id+`"}`))
 	msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(f.retries))
-	msg.Metadata.Set(sluice.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-	msg.Metadata.Set(sluice.HeaderTraceState, "vendor=1")
+	msg.Metadata.Set(headers.TraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	msg.Metadata.Set(headers.TraceState, "vendor=1")
 	msg.Metadata.Set(amqp.MetadataContentType, "application/json")
 	msg.Metadata.Set(amqp.MetadataCorrelationID, "corr-"+f.id)
 	msg.Metadata.Set("tenant", "acme")
@@ -94,7 +95,7 @@ func (fx *fixture) deadLetter(t *testing.T, f failure) {
 		msg.Metadata.Set(k, v)
 	}
 	rec := p.Record(msg, fx.queue, f.err)
-	rec.Metadata.Set(sluice.HeaderHandler, "payments")
+	rec.Metadata.Set(headers.Handler, "payments")
 	pub, err := amqp.Marshaler{}.Marshal(rec)
 	require.NoError(t, err)
 	fx.rabbit.Publish(fx.dlq, pub)

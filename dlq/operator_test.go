@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/dlqfill"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -161,10 +162,10 @@ func TestOperationsByGroup(t *testing.T) {
 				got := fx.take(t, fx.queue)
 				assert.Equal(t, idsOf("gateway"), deliveryIDs(got))
 				for _, d := range got {
-					assert.Equal(t, "1", d.Headers[sluice.HeaderReplayCount])
+					assert.Equal(t, "1", d.Headers[headers.ReplayCount])
 					assert.Nil(t, d.Headers[sluice.HeaderErrorType], "failure record removed")
 					assert.Nil(t, d.Headers[sluice.HeaderRetryCount], "retry state reset")
-					assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", d.Headers[sluice.HeaderTraceParent])
+					assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", d.Headers[headers.TraceParent])
 				}
 				assert.Equal(t, left("gateway"), fx.peek(t, fx.dlq))
 				require.NotEmpty(t, progress)

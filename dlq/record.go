@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-go/sluice"
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 // Record is one dead-lettered message as an operator sees it: its failure record (the
@@ -143,15 +144,15 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		ID:            MessageID(d),
 		Position:      pos,
 		OriginalQueue: originalQueue(d, md.Get(sluice.HeaderOriginalQueue)),
-		Handler:       md.Get(sluice.HeaderHandler),
+		Handler:       md.Get(headers.Handler),
 		ErrorType:     md.Get(sluice.HeaderErrorType),
-		ErrorClass:    md.Get(sluice.HeaderErrorClass),
+		ErrorClass:    md.Get(headers.ErrorClass),
 		ErrorMessage:  md.Get(sluice.HeaderErrorMessage),
 		ErrorStack:    md.Get(sluice.HeaderErrorStack),
 		Retries:       sluice.RetryCount(md),
-		Replays:       replayCount(md.Get(sluice.HeaderReplayCount)),
-		FailedHost:    md.Get(sluice.HeaderFailedHost),
-		FailedPID:     md.Get(sluice.HeaderFailedPID),
+		Replays:       replayCount(md.Get(headers.ReplayCount)),
+		FailedHost:    md.Get(headers.FailedHost),
+		FailedPID:     md.Get(headers.FailedPID),
 		History:       failure.History(md),
 		Headers:       make(map[string]string, len(md)),
 		Properties: Properties{
@@ -194,7 +195,7 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 			r.Headers[name] = v
 		}
 	}
-	if t, ok := failure.Time(md, sluice.HeaderFailedAt, now); ok {
+	if t, ok := failure.Time(md, headers.FailedAt, now); ok {
 		r.FailedAt = t
 	} else if !d.Timestamp.IsZero() {
 		r.FailedAt = d.Timestamp
@@ -202,7 +203,7 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 	if !r.FailedAt.IsZero() {
 		r.Age, r.HasAge = max(now.Sub(r.FailedAt), 0), true
 	}
-	if t, ok := failure.Time(md, sluice.HeaderFirstFailureTime, now); ok {
+	if t, ok := failure.Time(md, headers.FirstFailureTime, now); ok {
 		r.FirstFailureAt = t
 	}
 	return r
@@ -257,11 +258,11 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 		ID:            MessageID(d),
 		Position:      pos,
 		OriginalQueue: originalQueue(d, h(sluice.HeaderOriginalQueue)),
-		Handler:       h(sluice.HeaderHandler),
+		Handler:       h(headers.Handler),
 		ErrorType:     h(sluice.HeaderErrorType),
 		ErrorMessage:  h(sluice.HeaderErrorMessage),
 		ErrorStack:    h(sluice.HeaderErrorStack),
-		Replays:       replayCount(h(sluice.HeaderReplayCount)),
+		Replays:       replayCount(h(headers.ReplayCount)),
 		Payload:       d.Body,
 	}
 	if r.OriginalQueue == "" {
@@ -281,7 +282,7 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 	}
 	r.Fingerprint = Fingerprint(r.ErrorType, r.ErrorMessage, r.ErrorStack)
 	r.GroupID = GroupID(r.Handler, r.ErrorType, r.Fingerprint)
-	if t, err := time.Parse(time.RFC3339Nano, h(sluice.HeaderFailedAt)); err == nil && !t.After(now.Add(time.Minute)) {
+	if t, err := time.Parse(time.RFC3339Nano, h(headers.FailedAt)); err == nil && !t.After(now.Add(time.Minute)) {
 		r.FailedAt = t
 	} else if !d.Timestamp.IsZero() {
 		r.FailedAt = d.Timestamp
@@ -295,9 +296,9 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 // plainHeaders reports whether the failure-record headers selectionRecord reads are all
 // strings (as sluice writes them) or absent; anything else takes NewRecord's full decoding.
 func plainHeaders(t amqp.Table) bool {
-	for _, k := range []string{sluice.HeaderOriginalQueue, sluice.HeaderHandler, sluice.HeaderErrorType,
-		sluice.HeaderErrorMessage, sluice.HeaderErrorStack, sluice.HeaderReplayCount, sluice.HeaderLastError,
-		sluice.HeaderLastErrorMessage, sluice.HeaderFailedAt, "x-first-death-reason"} {
+	for _, k := range []string{sluice.HeaderOriginalQueue, headers.Handler, sluice.HeaderErrorType,
+		sluice.HeaderErrorMessage, sluice.HeaderErrorStack, headers.ReplayCount, sluice.HeaderLastError,
+		sluice.HeaderLastErrorMessage, headers.FailedAt, "x-first-death-reason"} {
 		if v, ok := t[k]; ok {
 			if _, isString := v.(string); !isString {
 				return false

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 func TestNewRecord(t *testing.T) {
@@ -35,7 +36,7 @@ func TestNewRecord(t *testing.T) {
 				amqp.UUIDHeader:               "wm-id",
 				sluice.HeaderErrorType:        "invalid_amount",
 				sluice.HeaderErrorMessage:     "amount must be positive",
-				sluice.HeaderFailedAt:         now.Add(-90 * time.Second).Format(time.RFC3339Nano),
+				headers.FailedAt:              now.Add(-90 * time.Second).Format(time.RFC3339Nano),
 				sluice.HeaderOriginalQueue:    "orders",
 				sluice.HeaderLastError:        "older",
 				sluice.HeaderLastErrorMessage: "older message",
@@ -61,7 +62,7 @@ func TestNewRecord(t *testing.T) {
 		{
 			name: "a failure time in the future is not trusted",
 			d: amqp091.Delivery{MessageId: "m", Headers: amqp091.Table{
-				sluice.HeaderFailedAt: now.Add(time.Hour).Format(time.RFC3339Nano),
+				headers.FailedAt: now.Add(time.Hour).Format(time.RFC3339Nano),
 			}},
 			wantID: "m", wantNoAge: true, wantQueue: "q",
 		},
@@ -103,7 +104,7 @@ func TestRecordJSON(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := dlq.NewRecord(amqp091.Delivery{MessageId: "m", Body: tc.body, Headers: amqp091.Table{
-				sluice.HeaderFailedAt: now.Add(-time.Minute).Format(time.RFC3339Nano), "n": int32(5),
+				headers.FailedAt: now.Add(-time.Minute).Format(time.RFC3339Nano), "n": int32(5),
 			}}, "q", 1, now)
 			b, err := json.Marshal(r)
 			require.NoError(t, err)
@@ -158,18 +159,18 @@ func TestReplayPublishing(t *testing.T) {
 	ts := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	d := amqp091.Delivery{
 		Headers: amqp091.Table{
-			amqp.UUIDHeader:               "wm-1",
-			sluice.HeaderRetryCount:       "3",
-			sluice.HeaderFirstFailureTime: "t", sluice.HeaderLastFailureTime: "t",
+			amqp.UUIDHeader:          "wm-1",
+			sluice.HeaderRetryCount:  "3",
+			headers.FirstFailureTime: "t", headers.LastFailureTime: "t",
 			sluice.HeaderLastError: "e", sluice.HeaderLastErrorMessage: "m", sluice.HeaderRetryHistory: "[]",
-			sluice.HeaderDeferCount: "2", sluice.HeaderFirstDeferTime: "t",
+			headers.DeferCount: "2", headers.FirstDeferTime: "t",
 			sluice.HeaderErrorType: "e", sluice.HeaderErrorMessage: "m", sluice.HeaderErrorStack: "s",
-			sluice.HeaderErrorClass: "permanent", sluice.HeaderHandler: "h", sluice.HeaderFailedAt: "t",
-			sluice.HeaderFailedHost: "host", sluice.HeaderFailedPID: "1",
-			sluice.HeaderReplayCount:   "1",
+			headers.ErrorClass: "permanent", headers.Handler: "h", headers.FailedAt: "t",
+			headers.FailedHost: "host", headers.FailedPID: "1",
+			headers.ReplayCount:        "1",
 			sluice.HeaderOriginalQueue: "orders",
-			sluice.HeaderTraceParent:   "00-abc-def-01",
-			sluice.HeaderTraceState:    "v=1",
+			headers.TraceParent:        "00-abc-def-01",
+			headers.TraceState:         "v=1",
 			"x-death":                  []any{amqp091.Table{"count": int64(1)}},
 			"x-first-death-reason":     "rejected",
 			"tenant":                   "acme",
@@ -182,10 +183,10 @@ func TestReplayPublishing(t *testing.T) {
 	pub := dlq.ReplayPublishing(d, 2)
 	assert.Equal(t, amqp091.Table{
 		amqp.UUIDHeader:            "wm-1",
-		sluice.HeaderReplayCount:   "2",
+		headers.ReplayCount:        "2",
 		sluice.HeaderOriginalQueue: "orders",
-		sluice.HeaderTraceParent:   "00-abc-def-01",
-		sluice.HeaderTraceState:    "v=1",
+		headers.TraceParent:        "00-abc-def-01",
+		headers.TraceState:         "v=1",
 		"tenant":                   "acme",
 		"priority-score":           int32(7),
 	}, pub.Headers)

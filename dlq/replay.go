@@ -9,7 +9,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/headers"
 )
 
@@ -101,15 +100,15 @@ func ResetHeader(key string) bool {
 // like sluice's other counters). Expiration and user-id are not carried, as in
 // broker/amqp.Marshaler.
 func ReplayPublishing(d amqp.Delivery, replayCount int) amqp.Publishing {
-	headers := make(amqp.Table, len(d.Headers)+1)
+	hdrs := make(amqp.Table, len(d.Headers)+1)
 	for k, v := range d.Headers {
-		if !ResetHeader(k) && !strings.EqualFold(k, sluice.HeaderReplayCount) {
-			headers[k] = v
+		if !ResetHeader(k) && !strings.EqualFold(k, headers.ReplayCount) {
+			hdrs[k] = v
 		}
 	}
-	headers[sluice.HeaderReplayCount] = strconv.Itoa(replayCount)
+	hdrs[headers.ReplayCount] = strconv.Itoa(replayCount)
 	pub := originalPublishing(d)
-	pub.Headers = headers
+	pub.Headers = hdrs
 	return pub
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 func TestReplay(t *testing.T) {
@@ -35,7 +36,7 @@ func TestReplay(t *testing.T) {
 					old := time.Now().Add(-2 * time.Hour)
 					fx.deadLetter(t, failure{id: "m-1", err: invalidAmount(), failed: old})
 					fx.deadLetter(t, failure{id: "m-2", err: gatewayDown(), retries: 1})
-					fx.deadLetter(t, failure{id: "m-3", err: invalidAmount(), md: map[string]string{sluice.HeaderReplayCount: "1"}})
+					fx.deadLetter(t, failure{id: "m-3", err: invalidAmount(), md: map[string]string{headers.ReplayCount: "1"}})
 					fx.deadLetter(t, failure{id: "m-4", err: gatewayDown(), retries: 1})
 					fx.deadLetter(t, failure{id: "m-5", err: invalidAmount(), failed: old})
 					fx.waitCount(t, fx.dlq, 5)
@@ -69,9 +70,9 @@ func assertReplayed(t *testing.T, d amqp091.Delivery) {
 	t.Helper()
 	id := idOf(d)
 	for _, k := range []string{
-		sluice.HeaderRetryCount, sluice.HeaderRetryHistory, sluice.HeaderFirstFailureTime, sluice.HeaderLastFailureTime,
+		sluice.HeaderRetryCount, sluice.HeaderRetryHistory, headers.FirstFailureTime, headers.LastFailureTime,
 		sluice.HeaderLastError, sluice.HeaderLastErrorMessage, sluice.HeaderErrorType, sluice.HeaderErrorMessage,
-		sluice.HeaderErrorClass, sluice.HeaderHandler, sluice.HeaderFailedAt, sluice.HeaderFailedHost, sluice.HeaderFailedPID,
+		headers.ErrorClass, headers.Handler, headers.FailedAt, headers.FailedHost, headers.FailedPID,
 	} {
 		assert.NotContains(t, d.Headers, k, "message %s", id)
 	}
@@ -79,9 +80,9 @@ func assertReplayed(t *testing.T, d amqp091.Delivery) {
 	if id == "m-3" {
 		wantReplays = "2"
 	}
-	assert.Equal(t, wantReplays, d.Headers[sluice.HeaderReplayCount], "message %s", id)
-	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", d.Headers[sluice.HeaderTraceParent])
-	assert.Equal(t, "vendor=1", d.Headers[sluice.HeaderTraceState])
+	assert.Equal(t, wantReplays, d.Headers[headers.ReplayCount], "message %s", id)
+	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", d.Headers[headers.TraceParent])
+	assert.Equal(t, "vendor=1", d.Headers[headers.TraceState])
 	assert.Equal(t, "acme", d.Headers["tenant"])
 	assert.Equal(t, id, d.MessageId)
 	assert.Equal(t, `{"id":"`+id+`"}`, string(d.Body))

@@ -10,7 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -72,7 +72,7 @@ func NewUnroutedEvent(d amqp.Delivery, pos int) UnroutedEvent {
 }
 
 func replayCountOf(h amqp.Table) int {
-	switch v := h[sluice.HeaderReplayCount].(type) {
+	switch v := h[headers.ReplayCount].(type) {
 	case string:
 		return replayCount(v)
 	case int32:
@@ -250,7 +250,7 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 				pub.Headers[k] = v
 			}
 		}
-		pub.Headers[sluice.HeaderReplayCount] = strconv.Itoa(ev.Replays + 1)
+		pub.Headers[headers.ReplayCount] = strconv.Itoa(ev.Replays + 1)
 		if err := ch.Publish(ev.Exchange, ev.RoutingKey, true, false, pub); err != nil {
 			return res, fmt.Errorf("publish event %q to exchange %q: %w", ev.ID, ev.Exchange, err)
 		}

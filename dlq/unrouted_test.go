@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -110,7 +110,7 @@ func TestUnroutedListAndReplay(t *testing.T) {
 	d, ok := fx.rabbit.Get(queue)
 	require.True(t, ok)
 	assert.Equal(t, "order.paid", d.RoutingKey)
-	assert.Equal(t, "2", d.Headers[sluice.HeaderReplayCount])
+	assert.Equal(t, "2", d.Headers[headers.ReplayCount])
 	assert.Equal(t, "acme", d.Headers["tenant"])
 	left := fx.list(t)
 	require.Len(t, left, 1)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -218,7 +219,7 @@ func runBatchScenario(t *testing.T, url string, batch bool) (*scenarioLedger, ma
 		}
 		id, err := strconv.Atoi(string(d.Body))
 		require.NoError(t, err)
-		class, _ := d.Headers[sluice.HeaderErrorClass].(string)
+		class, _ := d.Headers[headers.ErrorClass].(string)
 		dead[id] = class
 	}
 	return ledger, dead

@@ -26,6 +26,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/benchenv"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -543,7 +544,7 @@ func benchFailureRecord(b *testing.B, queue string) message.Metadata {
 	}
 	fail := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("fails once") }
 	steptest.Run(b, r.Middleware, fail, steptest.Message{Queue: queue, Handler: "bench", Payload: benchenv.Payload})
-	if copied.Get(sluice.HeaderRetryHistory) == "" || copied.Get(sluice.HeaderTraceParent) == "" {
+	if copied.Get(sluice.HeaderRetryHistory) == "" || copied.Get(headers.TraceParent) == "" {
 		b.Fatalf("benchFailureRecord: the retry step handed off no record: %v", copied)
 	}
 	return copied

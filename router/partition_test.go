@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -140,7 +141,7 @@ func TestPartitionedRetryAndDeadLetterStayOnThePartition(t *testing.T) {
 	require.Eventually(t, func() bool { return b.Len(topology.DLQ("q")) == 1 }, 5*time.Second, 10*time.Millisecond, "dead letter in the shared DLQ q.dlq")
 	dead := b.Peek(topology.DLQ("q"))[0]
 	assert.Equal(t, queues["poison"][0], dead.Metadata.Get(sluice.HeaderOriginalQueue), "the record names the partition, where a replay must go")
-	assert.Equal(t, router.PartitionHandlerName("work", atoi(t, strings.TrimPrefix(queues["poison"][0], "q.p"))), dead.Metadata.Get(sluice.HeaderHandler))
+	assert.Equal(t, router.PartitionHandlerName("work", atoi(t, strings.TrimPrefix(queues["poison"][0], "q.p"))), dead.Metadata.Get(headers.Handler))
 }
 
 func TestWithPartitionsRegistration(t *testing.T) {

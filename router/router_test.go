@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -106,7 +107,7 @@ type recorder struct {
 func (r *recorder) record(msg *message.Message) int {
 	d := delivery{
 		retryCount: msg.Metadata.Get(sluice.HeaderRetryCount),
-		deferCount: msg.Metadata.Get(sluice.HeaderDeferCount),
+		deferCount: msg.Metadata.Get(headers.DeferCount),
 		lastError:  msg.Metadata.Get(sluice.HeaderLastErrorMessage),
 	}
 	if dl, ok := msg.Context().Deadline(); ok {
@@ -262,7 +263,7 @@ func TestOrder_HandlerPanicIsRetriedThenDeadLettered(t *testing.T) {
 	assert.Equal(t, "m-panic", dead.UUID)
 	assert.Equal(t, "panic", dead.Metadata.Get(sluice.HeaderErrorType))
 	assert.Contains(t, dead.Metadata.Get(sluice.HeaderErrorStack), "router_test.explodingCharge", "the record's stack is the handler's")
-	assert.Equal(t, "charge", dead.Metadata.Get(sluice.HeaderHandler))
+	assert.Equal(t, "charge", dead.Metadata.Get(headers.Handler))
 	assert.Equal(t, "2", dead.Metadata.Get(sluice.HeaderRetryCount))
 	var types []string
 	for _, e := range failure.History(dead.Metadata) {

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
@@ -164,7 +165,7 @@ func TestWrapDelayer_Parent(t *testing.T) {
 			msg := message.NewMessage("id", nil)
 			msg.SetContext(msgCtx)
 			if tt.header {
-				msg.Metadata.Set(sluice.HeaderTraceParent, traceparent(headerSC))
+				msg.Metadata.Set(headers.TraceParent, traceparent(headerSC))
 			}
 
 			require.NoError(t, e.in.WrapDelayer(failingDelayer{}).Delay(ctx, "q", time.Second, msg))
@@ -172,7 +173,7 @@ func TestWrapDelayer_Parent(t *testing.T) {
 			d := e.ended(t, "send sluice.delay")
 			want := map[string]trace.SpanContext{"ctx": ctxSC, "msg": msgSC, "header": headerSC}[tt.wantParent]
 			assert.Equal(t, want.SpanID(), d.Parent().SpanID())
-			assert.Equal(t, traceparent(d.SpanContext()), msg.Metadata.Get(sluice.HeaderTraceParent))
+			assert.Equal(t, traceparent(d.SpanContext()), msg.Metadata.Get(headers.TraceParent))
 		})
 	}
 }
@@ -196,7 +197,7 @@ type recordingDeadLetterer struct {
 }
 
 func (d *recordingDeadLetterer) DeadLetter(_ context.Context, queue string, msg *message.Message) error {
-	d.queue, d.header = queue, msg.Metadata.Get(sluice.HeaderTraceParent)
+	d.queue, d.header = queue, msg.Metadata.Get(headers.TraceParent)
 	return d.err
 }
 

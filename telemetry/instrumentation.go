@@ -14,7 +14,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -262,8 +262,8 @@ func (in *Instrumentation) inject(ctx context.Context, msg *message.Message) {
 	if msg.Metadata == nil {
 		msg.Metadata = make(message.Metadata)
 	}
-	delete(msg.Metadata, sluice.HeaderTraceParent)
-	delete(msg.Metadata, sluice.HeaderTraceState)
+	delete(msg.Metadata, headers.TraceParent)
+	delete(msg.Metadata, headers.TraceState)
 	in.propagator().Inject(ctx, metadataCarrier(msg.Metadata))
 }
 

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/report"
 )
@@ -68,14 +69,14 @@ func TestMiddleware_InvalidTraceContextStartsTrace(t *testing.T) {
 		headers map[string]string
 	}{
 		{name: "no trace headers"},
-		{name: "garbage traceparent", headers: map[string]string{sluice.HeaderTraceParent: "garbage"}},
+		{name: "garbage traceparent", headers: map[string]string{headers.TraceParent: "garbage"}},
 		{name: "all-zero trace id", headers: map[string]string{
-			sluice.HeaderTraceParent: "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}},
+			headers.TraceParent: "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}},
 		{name: "forbidden version ff", headers: map[string]string{
-			sluice.HeaderTraceParent: "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
-		{name: "tracestate without traceparent", headers: map[string]string{sluice.HeaderTraceState: "k=v"}},
+			headers.TraceParent: "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
+		{name: "tracestate without traceparent", headers: map[string]string{headers.TraceState: "k=v"}},
 		{name: "oversized traceparent", headers: map[string]string{
-			sluice.HeaderTraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" + string(make([]byte, 4096))}},
+			headers.TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" + string(make([]byte, 4096))}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -24,8 +24,8 @@ func TestWrapPublisher_InjectsTraceContext(t *testing.T) {
 	msg := message.NewMessage("id-1", []byte("hello"))
 	msg.SetContext(ctx)
 	// A copy of a consumed message carries the old trace's headers; both must be replaced.
-	msg.Metadata.Set(sluice.HeaderTraceParent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-	msg.Metadata.Set(sluice.HeaderTraceState, "old=state")
+	msg.Metadata.Set(headers.TraceParent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	msg.Metadata.Set(headers.TraceState, "old=state")
 
 	require.NoError(t, pub.Publish("payments", msg))
 	caller.End()
@@ -34,8 +34,8 @@ func TestWrapPublisher_InjectsTraceContext(t *testing.T) {
 	assert.Equal(t, trace.SpanKindProducer, send.SpanKind())
 	assert.Equal(t, caller.SpanContext().SpanID(), send.Parent().SpanID(), "send span is a child of the caller's")
 	assert.Equal(t, caller.SpanContext().TraceID(), send.SpanContext().TraceID())
-	assert.Equal(t, traceparent(send.SpanContext()), msg.Metadata.Get(sluice.HeaderTraceParent))
-	assert.NotContains(t, msg.Metadata, sluice.HeaderTraceState, "stale tracestate removed")
+	assert.Equal(t, traceparent(send.SpanContext()), msg.Metadata.Get(headers.TraceParent))
+	assert.NotContains(t, msg.Metadata, headers.TraceState, "stale tracestate removed")
 	assert.Equal(t, codes.Unset, send.Status().Code)
 
 	a := attrs(send)
@@ -69,7 +69,7 @@ func TestWrapPublisher_Parent(t *testing.T) {
 			e := newEnv(t)
 			msg := message.NewMessage("id", nil)
 			if tt.header != "" {
-				msg.Metadata.Set(sluice.HeaderTraceParent, tt.header)
+				msg.Metadata.Set(headers.TraceParent, tt.header)
 			}
 			require.NoError(t, e.in.WrapPublisher(&fakePublisher{}).Publish("q", msg))
 
@@ -83,7 +83,7 @@ func TestWrapPublisher_Parent(t *testing.T) {
 			if tt.wantTraceID != "" {
 				assert.Equal(t, tt.wantTraceID, send.SpanContext().TraceID().String())
 			}
-			assert.Equal(t, traceparent(send.SpanContext()), msg.Metadata.Get(sluice.HeaderTraceParent))
+			assert.Equal(t, traceparent(send.SpanContext()), msg.Metadata.Get(headers.TraceParent))
 		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -129,7 +130,7 @@ func (s *dlqService) fill(t *testing.T, e *env, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
 		m := message.NewMessage(id, []byte(`{"payment":"`+id+`"}`))
-		m.Metadata.Set(sluice.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+		m.Metadata.Set(headers.TraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 		e.publish(t, s.queue, m)
 	}
 	require.Eventually(t, func() bool {
@@ -370,10 +371,10 @@ func (c *dlqCLI) testReplay(t *testing.T) {
 			for _, id := range st.processed {
 				assert.Equal(t, 1, counts[id], "%s processed once", id)
 				md := svc.metadata(id)
-				assert.Equal(t, "1", md.Get(sluice.HeaderReplayCount), "%s x-replay-count", id)
+				assert.Equal(t, "1", md.Get(headers.ReplayCount), "%s x-replay-count", id)
 				assert.Empty(t, md.Get(sluice.HeaderRetryCount), "%s retry count reset", id)
 				assert.Empty(t, md.Get(sluice.HeaderErrorType), "%s failure record removed", id)
-				assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", md.Get(sluice.HeaderTraceParent), "%s trace kept", id)
+				assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", md.Get(headers.TraceParent), "%s trace kept", id)
 			}
 		})
 	}

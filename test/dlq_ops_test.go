@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/dlqfill"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -184,7 +185,7 @@ func TestDLQCLIOperations(t *testing.T) {
 	replayed := peekQueue(t, e.rabbit, queue)
 	require.Len(t, replayed, 10)
 	for _, d := range replayed {
-		assert.Equal(t, "1", d.Headers[sluice.HeaderReplayCount])
+		assert.Equal(t, "1", d.Headers[headers.ReplayCount])
 		assert.Nil(t, d.Headers[sluice.HeaderErrorType], "failure record removed")
 	}
 }

@@ -28,6 +28,8 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -307,7 +309,7 @@ func hostileBodyCases() []hostileCase {
 		{
 			name: "wrong content type, refused payment", why: "dead-lettered like any refusal; the record keeps the producer's properties",
 			pub: amqp091.Publishing{MessageId: "hostile-text", ContentType: "text/plain", ContentEncoding: "rot13", CorrelationId: "corr-7",
-				AppId: "legacy", Priority: 3, Body: hostileBody("hostile-text", ep.TokenInsufficientFunds)},
+				AppId: "legacy", Priority: 3, Body: hostileBody("hostile-text", paymentsim.TokenInsufficientFunds)},
 			want: toDLQ, deliveries: 1, errorType: ep.ErrorTypeInsufficientFunds,
 			check: func(t *testing.T, res hostileResult) {
 				assert.Equal(t, "text/plain", res.dlq.ContentType)
@@ -333,7 +335,7 @@ func hostileHeaderCases() []hostileCase {
 		},
 		{
 			name: "every AMQP header type, dead-lettered", why: "the DLQ copy carries each header with the AMQP type the producer gave it",
-			pub:  amqp091.Publishing{MessageId: "hostile-types-dlq", Headers: everyHeaderType(), Body: hostileBody("hostile-types-dlq", ep.TokenInsufficientFunds)},
+			pub:  amqp091.Publishing{MessageId: "hostile-types-dlq", Headers: everyHeaderType(), Body: hostileBody("hostile-types-dlq", paymentsim.TokenInsufficientFunds)},
 			want: toDLQ, deliveries: 1, errorType: ep.ErrorTypeInsufficientFunds,
 			check: func(t *testing.T, res hostileResult) {
 				for k, sent := range everyHeaderType() {
@@ -354,7 +356,7 @@ func hostileHeaderCases() []hostileCase {
 		{
 			name: "headers named like property keys, retried", why: "a producer's header called content-type (or amqp-*) stays that header on every retry copy and in the DLQ; the properties stay properties",
 			pub: amqp091.Publishing{MessageId: "hostile-named-like-props", ContentType: "application/json", Headers: propertyNamedHeaders(),
-				Body: hostileBody("hostile-named-like-props", ep.TokenTimeout)},
+				Body: hostileBody("hostile-named-like-props", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				for k, sent := range propertyNamedHeaders() {
@@ -369,7 +371,7 @@ func hostileHeaderCases() []hostileCase {
 		{
 			name: "x-retry-count -1 (string)", why: "a negative count reads as 0: the message gets all its retries, then the DLQ",
 			pub: amqp091.Publishing{MessageId: "hostile-count-neg", Headers: amqp091.Table{sluice.HeaderRetryCount: "-1"},
-				Body: hostileBody("hostile-count-neg", ep.TokenTimeout)},
+				Body: hostileBody("hostile-count-neg", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				assert.Equal(t, "2", res.dlq.Headers[sluice.HeaderRetryCount])
@@ -378,7 +380,7 @@ func hostileHeaderCases() []hostileCase {
 		{
 			name: "x-retry-count -1 (int64)", why: "as the string; the count keeps the producer's AMQP type on every copy",
 			pub: amqp091.Publishing{MessageId: "hostile-count-neg-int", Headers: amqp091.Table{sluice.HeaderRetryCount: int64(-1)},
-				Body: hostileBody("hostile-count-neg-int", ep.TokenTimeout)},
+				Body: hostileBody("hostile-count-neg-int", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				assert.Equal(t, int64(2), res.dlq.Headers[sluice.HeaderRetryCount])
@@ -387,7 +389,7 @@ func hostileHeaderCases() []hostileCase {
 		{
 			name: `x-retry-count "abc"`, why: "unparseable reads as 0: all retries, then the DLQ",
 			pub: amqp091.Publishing{MessageId: "hostile-count-abc", Headers: amqp091.Table{sluice.HeaderRetryCount: "abc"},
-				Body: hostileBody("hostile-count-abc", ep.TokenTimeout)},
+				Body: hostileBody("hostile-count-abc", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				assert.Equal(t, "2", res.dlq.Headers[sluice.HeaderRetryCount])
@@ -396,7 +398,7 @@ func hostileHeaderCases() []hostileCase {
 		{
 			name: "x-retry-count 10^12 (string), failing", why: "a huge count reads as MaxRetryCountHeader: exhausted, DLQ after one attempt",
 			pub: amqp091.Publishing{MessageId: "hostile-count-huge", Headers: amqp091.Table{sluice.HeaderRetryCount: "1000000000000"},
-				Body: hostileBody("hostile-count-huge", ep.TokenTimeout)},
+				Body: hostileBody("hostile-count-huge", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				assert.Equal(t, "1000000", res.dlq.Headers[sluice.HeaderRetryCount])
@@ -406,7 +408,7 @@ func hostileHeaderCases() []hostileCase {
 		{
 			name: "x-retry-count 10^12 (int64), failing", why: "as the string; the record's count stays an int64",
 			pub: amqp091.Publishing{MessageId: "hostile-count-huge-int", Headers: amqp091.Table{sluice.HeaderRetryCount: int64(1e12)},
-				Body: hostileBody("hostile-count-huge-int", ep.TokenTimeout)},
+				Body: hostileBody("hostile-count-huge-int", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				assert.Equal(t, int64(sluice.MaxRetryCountHeader), res.dlq.Headers[sluice.HeaderRetryCount])
@@ -455,7 +457,7 @@ func hostileLimitCases(t *testing.T) []hostileCase {
 		{
 			name: "100 KiB forged x-retry-history", why: "History keeps the last 5 entries, truncated: every copy's history stays bounded",
 			pub: amqp091.Publishing{MessageId: "hostile-history-forged", Headers: amqp091.Table{sluice.HeaderRetryHistory: string(forgedHistory)},
-				Body: hostileBody("hostile-history-forged", ep.TokenTimeout)},
+				Body: hostileBody("hostile-history-forged", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				h := res.dlqMsg.Metadata.Get(sluice.HeaderRetryHistory)
@@ -473,7 +475,7 @@ func hostileLimitCases(t *testing.T) []hostileCase {
 			name: "headers just under frame_max, failing", why: "accepted on the way in; the retry and DLQ copies, which add sluice's " +
 				"headers, would exceed frame_max, so the marshaler leaves the producer's largest header out and names it in x-dropped-headers",
 			pub: amqp091.Publishing{MessageId: "hostile-near-frame-max", Headers: amqp091.Table{"x-producer-padding": strings.Repeat("p", nearFrameMaxPadding)},
-				Body: hostileBody("hostile-near-frame-max", ep.TokenTimeout)},
+				Body: hostileBody("hostile-near-frame-max", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				assert.NotContains(t, res.dlq.Headers, "x-producer-padding")
@@ -491,11 +493,11 @@ func hostileIdentityCases(s *hostileStack) []hostileCase {
 		{
 			name: "invalid traceparent", why: "an invalid trace context starts a new trace; it is no error",
 			pub: amqp091.Publishing{MessageId: "hostile-traceparent", Headers: amqp091.Table{
-				sluice.HeaderTraceParent: "00-zzzzzzzz-not-a-trace-99", sluice.HeaderTraceState: "===,,,\x00"},
+				headers.TraceParent: "00-zzzzzzzz-not-a-trace-99", headers.TraceState: "===,,,\x00"},
 				Body: hostileBody("hostile-traceparent", "tok_visa")},
 			paymentID: "hostile-traceparent", want: toEvent, deliveries: 1,
 			check: func(t *testing.T, res hostileResult) {
-				tp, _ := res.eventD.Headers[sluice.HeaderTraceParent].(string)
+				tp, _ := res.eventD.Headers[headers.TraceParent].(string)
 				assert.Regexp(t, regexp.MustCompile(traceparentRE), tp, "the event carries a valid trace context")
 				var found bool
 				for _, s := range spans.Ended() {
@@ -513,7 +515,7 @@ func hostileIdentityCases(s *hostileStack) []hostileCase {
 		},
 		{
 			name: "no message id", why: "the first consume generates an id and the retry copy carries it: the same id on both attempts",
-			pub:       amqp091.Publishing{Body: hostileBody("hostile-no-id", ep.FlakyToken(1))},
+			pub:       amqp091.Publishing{Body: hostileBody("hostile-no-id", paymentsim.FlakyToken(1))},
 			paymentID: "hostile-no-id", want: toEvent, deliveries: 2,
 			check: func(t *testing.T, res hostileResult) {
 				require.Len(t, res.deliveries, 2)
@@ -663,7 +665,7 @@ func (o *hostileOutcomes) check(t *testing.T, c hostileCase) {
 		res.dlq, res.dlqMsg = got.dlq, got.dlqMsg
 		assert.Equal(t, c.errorType, res.dlqMsg.Metadata.Get(sluice.HeaderErrorType), "error type")
 		assert.Equal(t, o.s.queue, res.dlqMsg.Metadata.Get(sluice.HeaderOriginalQueue))
-		assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(sluice.HeaderHandler))
+		assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(headers.Handler))
 	case refusedByBroker:
 		assert.Empty(t, res.deliveries, "never delivered")
 	case absorbed:

@@ -19,6 +19,9 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/paymentdemo"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -93,8 +96,8 @@ func collectEvents(t *testing.T, r *testenv.Rabbit, output string) func() []arri
 	var got []arrived
 	go func() {
 		for d := range deliveries {
-			if d.ContentType != example_payment.ContentTypeJSON {
-				t.Errorf("event content type %q, want %q", d.ContentType, example_payment.ContentTypeJSON)
+			if d.ContentType != paymentsim.ContentTypeJSON {
+				t.Errorf("event content type %q, want %q", d.ContentType, paymentsim.ContentTypeJSON)
 			}
 			var ev example_payment.Succeeded
 			if err := json.Unmarshal(d.Body, &ev); err != nil {
@@ -135,11 +138,11 @@ func TestPaymentsEndToEnd(t *testing.T) {
 	}
 	requests := []request{
 		{"m-visa", paymentBody(id("visa"), "tok_visa")},
-		{"m-insufficient", paymentBody(id("insufficient"), example_payment.TokenInsufficientFunds)},
-		{"m-flaky", paymentBody(id("flaky"), example_payment.FlakyToken(2))},
-		{"m-timeout", paymentBody(id("timeout"), example_payment.TokenTimeout)},
-		{"m-rate", paymentBody(id("rate"), example_payment.TokenRateLimited)},
-		{"m-panic", paymentBody(id("panic"), example_payment.TokenPanic)},
+		{"m-insufficient", paymentBody(id("insufficient"), paymentsim.TokenInsufficientFunds)},
+		{"m-flaky", paymentBody(id("flaky"), paymentsim.FlakyToken(2))},
+		{"m-timeout", paymentBody(id("timeout"), paymentsim.TokenTimeout)},
+		{"m-rate", paymentBody(id("rate"), paymentsim.TokenRateLimited)},
+		{"m-panic", paymentBody(id("panic"), paymentsim.TokenPanic)},
 		{"m-dup-1", paymentBody(id("dup"), "tok_mastercard")},
 		{"m-dup-2", paymentBody(id("dup"), "tok_mastercard")},
 		{"m-malformed", []byte(`{"payment_id": "broken`)},
@@ -205,7 +208,7 @@ func TestPaymentsEndToEnd(t *testing.T) {
 		}{
 			{"m-insufficient", example_payment.ErrorTypeInsufficientFunds, "0", false, "permanent: "},
 			{"m-timeout", example_payment.ErrorTypeGatewayTimeout, "3", false, "retries exhausted after 3 retries: "},
-			{"m-panic", example_payment.ErrorTypePanic, "3", true, "retries exhausted after 3 retries: panic: example_payment: simulated gateway client crash"},
+			{"m-panic", paymentdemo.ErrorTypePanic, "3", true, "retries exhausted after 3 retries: panic: example_payment: simulated gateway client crash"},
 			{"m-malformed", example_payment.ErrorTypeDecode, "0", false, "permanent: decode payment request: "},
 		}
 		require.Len(t, records, len(cases), "DLQ holds exactly the failed requests")
@@ -221,11 +224,11 @@ func TestPaymentsEndToEnd(t *testing.T) {
 				assert.Equal(t, tc.errType, rec[sluice.HeaderErrorType])
 				assert.Equal(t, tc.retries, rec[sluice.HeaderRetryCount])
 				assert.Equal(t, queue, rec[sluice.HeaderOriginalQueue])
-				assert.Equal(t, "payments", rec[sluice.HeaderHandler])
+				assert.Equal(t, "payments", rec[headers.Handler])
 				assert.NotEmpty(t, rec[sluice.HeaderErrorMessage])
-				assert.NotEmpty(t, rec[sluice.HeaderFailedHost])
-				assert.NotEmpty(t, rec[sluice.HeaderFailedPID])
-				for _, k := range []string{sluice.HeaderFirstFailureTime, sluice.HeaderLastFailureTime, sluice.HeaderFailedAt} {
+				assert.NotEmpty(t, rec[headers.FailedHost])
+				assert.NotEmpty(t, rec[headers.FailedPID])
+				for _, k := range []string{headers.FirstFailureTime, headers.LastFailureTime, headers.FailedAt} {
 					_, err := time.Parse(time.RFC3339Nano, rec[k])
 					assert.NoError(t, err, "%s = %q", k, rec[k])
 				}
@@ -329,8 +332,8 @@ func leaveStaleEvents(t *testing.T, r *testenv.Rabbit, output string) {
 	require.NoError(t, b.Close())
 
 	var events []example_payment.Succeeded
-	for _, req := range example_payment.DemoMix(80, 42) {
-		if x := req.ExpectWithin(4); x.Outcome == example_payment.ExpectSucceeded {
+	for _, req := range paymentdemo.Mix(80, 42) {
+		if x := req.ExpectWithin(4); x.Outcome == paymentdemo.ExpectSucceeded {
 			events = append(events, example_payment.Succeeded{PaymentID: req.PaymentID, OrderID: "ord", AmountCents: 1, Currency: "EUR", ChargeID: "ch_stale", Attempts: x.Attempts})
 		}
 	}

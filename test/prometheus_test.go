@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -281,11 +281,11 @@ func (o *observedPayments) run(t *testing.T) {
 	mix := []struct {
 		source string
 		n      int
-	}{{"tok_visa", 10}, {example_payment.TokenInsufficientFunds, 4}, {example_payment.FlakyToken(2), 4}, {example_payment.TokenTimeout, 3}}
+	}{{"tok_visa", 10}, {paymentsim.TokenInsufficientFunds, 4}, {paymentsim.FlakyToken(2), 4}, {paymentsim.TokenTimeout, 3}}
 	for _, m := range mix {
 		for i := 0; i < m.n; i++ {
 			id := testenv.Name("pay")
-			r.Publish(queue, amqp091.Publishing{MessageId: id, ContentType: example_payment.ContentTypeJSON, Body: paymentBody(id, m.source)})
+			r.Publish(queue, amqp091.Publishing{MessageId: id, ContentType: paymentsim.ContentTypeJSON, Body: paymentBody(id, m.source)})
 		}
 	}
 	require.Eventually(t, func() bool {
@@ -294,12 +294,12 @@ func (o *observedPayments) run(t *testing.T) {
 		90*time.Second, 100*time.Millisecond, "the run settles: %d events, %d dead letters", observedSucceeded, observedDeadLetters)
 	// A payment requested again once done is a duplicate: acked without a charge.
 	dup := testenv.Name("pay")
-	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: example_payment.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
+	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: paymentsim.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
 	require.Eventually(t, func() bool { return len(events()) == observedSucceeded+1 }, 30*time.Second, 50*time.Millisecond)
 	// The ack is counted once the attempt is over, idempotency's record included: only
 	// then is the second request a plain duplicate (not one of a payment in flight).
 	o.prom.eventually(t, fmt.Sprintf(`sum(sluice_messages_total{queue=%q,outcome="ack"})`, queue), observedSucceeded+1, 0)
-	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: example_payment.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
+	r.Publish(queue, amqp091.Publishing{MessageId: testenv.Name("dup"), ContentType: paymentsim.ContentTypeJSON, Body: paymentBody(dup, "tok_visa")})
 }
 
 // checkMetrics checks what Prometheus reports against what the run did, in sluice's

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -84,8 +85,8 @@ func TestPaymentsServiceSubscribedToAnExchange(t *testing.T) {
 		require.True(t, ok)
 	}
 	publish("m-visa-"+run, "payment.requested", paymentBody(id("visa"), "tok_visa"))
-	publish("m-flaky-"+run, "payment.requested", paymentBody(id("flaky"), example_payment.FlakyToken(2)))
-	publish("m-declined-"+run, "payment.requested", paymentBody(id("declined"), example_payment.TokenInsufficientFunds))
+	publish("m-flaky-"+run, "payment.requested", paymentBody(id("flaky"), paymentsim.FlakyToken(2)))
+	publish("m-declined-"+run, "payment.requested", paymentBody(id("declined"), paymentsim.TokenInsufficientFunds))
 	publish("m-refund-"+run, "payment.refunded", paymentBody(id("refund"), "tok_visa"))
 
 	want := map[string]int{id("visa"): 1, id("flaky"): 3}

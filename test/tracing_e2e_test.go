@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -243,7 +244,7 @@ func TestTracing_AttemptsOfAMessageAreOneTrace(t *testing.T) {
 			// Published by a traced sluice producer: the trace starts with its send span.
 			msg := message.NewMessage("trace-"+testenv.Name("m"), []byte(`{"amount":1}`))
 			require.NoError(t, ts.inst.WrapPublisher(e.amqp.Publisher()).Publish(queue, msg))
-			traceID := msg.Metadata.Get(sluice.HeaderTraceParent)[3:35]
+			traceID := msg.Metadata.Get(headers.TraceParent)[3:35]
 
 			dlq := topology.DLQ(queue)
 			tr := ts.awaitTrace(t, msg.UUID, func(spans []jaeger.Span) bool {

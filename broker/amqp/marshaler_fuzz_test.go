@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/headers"
 	hdr "github.com/sluice-go/sluice/internal/headers"
 )
 
@@ -58,7 +59,7 @@ var specialKeys = []string{
 	"x-death", "x-first-death-queue", "x-last-death-reason", "x-delivery-count", "x-received-from",
 	amqp.MetadataContentType, amqp.MetadataMessageID, amqp.MetadataPriority, amqp.MetadataTimestamp,
 	amqp.MetadataRoutingKey, amqp.MetadataDeliveryMode,
-	sluice.HeaderRetryCount, sluice.HeaderRetryHistory, sluice.HeaderTraceParent, "",
+	sluice.HeaderRetryCount, sluice.HeaderRetryHistory, headers.TraceParent, "",
 	// Appended, so that the saved corpus keeps naming the keys it was written with.
 	amqp.MetadataExchange, amqp.MetadataType,
 	amqp.MetadataHeaderPrefix + "x", amqp.MetadataHeaderPrefix + amqp.MetadataContentType,

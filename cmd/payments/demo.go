@@ -20,6 +20,8 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/paymentdemo"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
@@ -34,12 +36,12 @@ type tally struct {
 	retrying   map[string]bool   // message ids retried and not yet settled
 	duplicates int
 	settledIDs map[string]bool
-	reqs       []example_payment.DemoRequest
+	reqs       []paymentdemo.Request
 	payments   map[string]bool // this run's payment ids
 	leftovers  int             // events of earlier runs found in the success queue
 }
 
-func newTally(reqs []example_payment.DemoRequest, ids []string) *tally {
+func newTally(reqs []paymentdemo.Request, ids []string) *tally {
 	t := &tally{
 		byID: map[string]int{}, succeeded: map[string]int{}, attempts: map[string]int{},
 		dead: map[string]string{}, retrying: map[string]bool{}, settledIDs: map[string]bool{}, reqs: reqs,
@@ -113,18 +115,18 @@ type expected struct {
 	attempts                    map[string]int // payment id → attempts of its success
 }
 
-func expectations(reqs []example_payment.DemoRequest, maxAttempts int) expected {
+func expectations(reqs []paymentdemo.Request, maxAttempts int) expected {
 	e := expected{deadByType: map[string]int{}, attempts: map[string]int{}}
 	for _, r := range reqs {
 		x := r.ExpectWithin(maxAttempts)
 		switch x.Outcome {
-		case example_payment.ExpectSucceeded:
+		case paymentdemo.ExpectSucceeded:
 			e.succeeded++
 			e.attempts[r.PaymentID] = x.Attempts
-		case example_payment.ExpectDeadLettered:
+		case paymentdemo.ExpectDeadLettered:
 			e.dead++
 			e.deadByType[x.ErrorType]++
-		case example_payment.ExpectDuplicate:
+		case paymentdemo.ExpectDuplicate:
 			e.duplicates++
 		}
 	}
@@ -140,15 +142,15 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *n < example_payment.DemoMixMinimum {
-		fmt.Fprintf(os.Stderr, "payments demo: -n %d is below %d, the smallest mix that covers every token\n", *n, example_payment.DemoMixMinimum)
+	if *n < paymentdemo.MixMinimum {
+		fmt.Fprintf(os.Stderr, "payments demo: -n %d is below %d, the smallest mix that covers every token\n", *n, paymentdemo.MixMinimum)
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if *verbose {
 		logger = newLogger(slog.LevelInfo)
 	}
-	reqs := example_payment.DemoMix(*n, *seed)
+	reqs := paymentdemo.Mix(*n, *seed)
 	// The run id tells this run's messages and events from an earlier run's, even one
 	// with the same seed: it is the requests' correlation id, which the handler copies to
 	// its events, and part of every message id.
@@ -218,7 +220,7 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	defer closePub()
 	for i, r := range reqs {
 		m := message.NewMessage(ids[i], r.Body)
-		m.Metadata.Set(amqp.MetadataContentType, example_payment.ContentTypeJSON)
+		m.Metadata.Set(amqp.MetadataContentType, paymentsim.ContentTypeJSON)
 		middleware.SetCorrelationID(runID, m)
 		if err := publishRequest(ctx, svc.broker, pub, cfg, m); err != nil {
 			fmt.Fprintf(os.Stderr, "\npayments demo: publish request %d: %v\n", i, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -84,6 +85,6 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, "m-3", dead.MessageId)
 	assert.Equal(t, "json.SyntaxError", dead.Headers[sluice.HeaderErrorType])
-	assert.Equal(t, "permanent", dead.Headers[sluice.HeaderErrorClass])
+	assert.Equal(t, "permanent", dead.Headers[headers.ErrorClass])
 	assert.Contains(t, dead.Headers[sluice.HeaderErrorMessage], "permanent: decode payment request: unexpected end of JSON input")
 }

@@ -36,15 +36,3 @@ func ExampleDecode() {
 	// permanent validation
 	// permanent: invalid payment request: field "amount_cents" is "12.99": must be a JSON integer number of cents, not a string
 }
-
-// An end-to-end test publishes each request's Body and checks, per payment ID, that the
-// outcome is the expected one under the stack's retry policy (here 3 attempts).
-func ExampleDemoMix() {
-	count := map[ep.ExpectedOutcome]int{}
-	for _, d := range ep.DemoMix(ep.DemoMixMinimum, 1) {
-		count[d.ExpectWithin(3).Outcome]++
-	}
-	fmt.Println(count)
-	// Output:
-	// map[dead_lettered:17 duplicate:1 succeeded:4]
-}

@@ -3,37 +3,12 @@ package example_payment
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	sluice "github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 )
-
-// Card test tokens the simulated gateway recognises in Request.Source. Any other token is
-// charged successfully on the first attempt.
-const (
-	// TokenInsufficientFunds is declined for insufficient funds on every attempt: a
-	// permanent refusal, dead-lettered without retry.
-	TokenInsufficientFunds = "tok_insufficient_funds"
-	// TokenTimeout times out on every attempt, so the message exhausts its retries.
-	TokenTimeout = "tok_timeout"
-	// TokenRateLimited is refused with a rate limit on the first attempt, with a
-	// Retry-After of RateLimitRetryAfter; the next attempt succeeds.
-	TokenRateLimited = "tok_rate_limited"
-	// TokenPanic makes Charge panic on every attempt, like a crashing client library.
-	TokenPanic = "tok_panic"
-	// TokenFlakyPrefix starts the tokens tok_flaky_1 … tok_flaky_9: the first N attempts
-	// for a payment time out, then it succeeds. See FlakyToken.
-	TokenFlakyPrefix = "tok_flaky_"
-)
-
-// RateLimitRetryAfter is the Retry-After the gateway gives with TokenRateLimited.
-const RateLimitRetryAfter = 2 * time.Second
-
-// MaxFlakyFailures is the largest N of a tok_flaky_N token.
-const MaxFlakyFailures = 9
 
 // Error types of the gateway's refusals, as sluice.ErrorType reports them.
 const (
@@ -41,43 +16,26 @@ const (
 	ErrorTypeInsufficientFunds = "insufficient_funds"
 	// ErrorTypeGatewayTimeout is the type of a gateway timeout.
 	ErrorTypeGatewayTimeout = "gateway_timeout"
-	// ErrorTypeRateLimited is the type of a rate-limit refusal.
-	ErrorTypeRateLimited = "rate_limited"
 )
 
-// FlakyToken returns the token whose first n attempts time out, "tok_flaky_<n>". Only n
-// in 1..MaxFlakyFailures makes a flaky token; the gateway treats any other result as an
-// ordinary token that succeeds at once.
-func FlakyToken(n int) string { return TokenFlakyPrefix + strconv.Itoa(n) }
-
-// flakyFailures returns N of a tok_flaky_N token, or 0 when source is not one. Exactly one
-// digit 1..9 counts, so "tok_flaky_10" and "tok_flaky_01" are ordinary tokens.
-func flakyFailures(source string) int {
-	rest, ok := strings.CutPrefix(source, TokenFlakyPrefix)
-	if !ok || len(rest) != 1 || rest[0] < '1' || rest[0] > '0'+MaxFlakyFailures {
-		return 0
-	}
-	return int(rest[0] - '0')
-}
-
-// InsufficientFundsError is the gateway's decline of TokenInsufficientFunds. Charge returns
+// insufficientFundsError is the gateway's decline of paymentsim.TokenInsufficientFunds. Charge returns
 // it wrapped in sluice.Permanent: retrying a decline only annoys the card holder.
-type InsufficientFundsError struct {
+type insufficientFundsError struct {
 	PaymentID   string
 	AmountCents int64
 	Currency    string
 }
 
 // Error names the payment and the amount declined.
-func (e *InsufficientFundsError) Error() string {
+func (e *insufficientFundsError) Error() string {
 	return fmt.Sprintf("payment %q declined: insufficient funds for %d %s", e.PaymentID, e.AmountCents, e.Currency)
 }
 
 // ErrorType returns ErrorTypeInsufficientFunds.
-func (e *InsufficientFundsError) ErrorType() string { return ErrorTypeInsufficientFunds }
+func (e *insufficientFundsError) ErrorType() string { return ErrorTypeInsufficientFunds }
 
-// GatewayTimeoutError is a gateway timeout: retryable, because the next attempt may pass.
-type GatewayTimeoutError struct {
+// gatewayTimeoutError is a gateway timeout: retryable, because the next attempt may pass.
+type gatewayTimeoutError struct {
 	PaymentID string
 	// Attempt is the gateway's count of attempts for the payment, from 1; 0 when the
 	// attempt never reached the gateway's decision (the caller's context ended first).
@@ -87,7 +45,7 @@ type GatewayTimeoutError struct {
 }
 
 // Error names the payment and the attempt.
-func (e *GatewayTimeoutError) Error() string {
+func (e *gatewayTimeoutError) Error() string {
 	if e.Err != nil {
 		return fmt.Sprintf("charge payment %q: gateway did not answer: %v", e.PaymentID, e.Err)
 	}
@@ -95,25 +53,25 @@ func (e *GatewayTimeoutError) Error() string {
 }
 
 // Unwrap returns the caller's context error, if that is what ended the attempt.
-func (e *GatewayTimeoutError) Unwrap() error { return e.Err }
+func (e *gatewayTimeoutError) Unwrap() error { return e.Err }
 
 // ErrorType returns ErrorTypeGatewayTimeout.
-func (e *GatewayTimeoutError) ErrorType() string { return ErrorTypeGatewayTimeout }
+func (e *gatewayTimeoutError) ErrorType() string { return ErrorTypeGatewayTimeout }
 
-// RateLimitedError is the gateway's rate-limit refusal. Charge returns it wrapped in
+// rateLimitedError is the gateway's rate-limit refusal. Charge returns it wrapped in
 // sluice.RetryAfter(RetryAfter, ...), so the retry step waits exactly that long.
-type RateLimitedError struct {
+type rateLimitedError struct {
 	PaymentID  string
 	RetryAfter time.Duration
 }
 
 // Error names the payment and the wait the gateway asked for.
-func (e *RateLimitedError) Error() string {
+func (e *rateLimitedError) Error() string {
 	return fmt.Sprintf("charge payment %q: rate limited by gateway, retry after %s", e.PaymentID, e.RetryAfter)
 }
 
-// ErrorType returns ErrorTypeRateLimited.
-func (e *RateLimitedError) ErrorType() string { return ErrorTypeRateLimited }
+// ErrorType returns paymentsim.ErrorTypeRateLimited.
+func (e *rateLimitedError) ErrorType() string { return paymentsim.ErrorTypeRateLimited }
 
 // Charge is one successful charge in the gateway's ledger.
 type Charge struct {
@@ -166,20 +124,20 @@ func NewGateway() *Gateway { return &Gateway{} }
 // Charge attempts to charge req and returns the recorded charge. The attempt is counted
 // for req.PaymentID, then the source decides:
 //
-//   - TokenInsufficientFunds: sluice.Permanent(*InsufficientFundsError);
-//   - tok_flaky_N: attempts 1..N return a retryable *GatewayTimeoutError, later ones succeed;
-//   - TokenTimeout: every attempt returns a retryable *GatewayTimeoutError;
-//   - TokenRateLimited: attempt 1 returns sluice.RetryAfter(RateLimitRetryAfter,
-//     *RateLimitedError), later ones succeed;
-//   - TokenPanic: Charge panics, on every attempt;
+//   - paymentsim.TokenInsufficientFunds: sluice.Permanent(*insufficientFundsError);
+//   - tok_flaky_N: attempts 1..N return a retryable *gatewayTimeoutError, later ones succeed;
+//   - paymentsim.TokenTimeout: every attempt returns a retryable *gatewayTimeoutError;
+//   - paymentsim.TokenRateLimited: attempt 1 returns sluice.RetryAfter(paymentsim.RateLimitRetryAfter,
+//     *rateLimitedError), later ones succeed;
+//   - paymentsim.TokenPanic: Charge panics, on every attempt;
 //   - any other token: success.
 //
 // When ctx ends before the gateway decides (before the call, or during Latency), Charge
-// returns a retryable *GatewayTimeoutError wrapping ctx.Err() and counts no attempt: the
+// returns a retryable *gatewayTimeoutError wrapping ctx.Err() and counts no attempt: the
 // request never reached the gateway's decision.
 func (g *Gateway) Charge(ctx context.Context, req Request) (Charge, error) {
 	if err := g.wait(ctx); err != nil {
-		return Charge{}, &GatewayTimeoutError{PaymentID: req.PaymentID, Err: err}
+		return Charge{}, &gatewayTimeoutError{PaymentID: req.PaymentID, Err: err}
 	}
 
 	g.mu.Lock()
@@ -201,19 +159,19 @@ func (g *Gateway) Charge(ctx context.Context, req Request) (Charge, error) {
 
 	var err error
 	switch source := req.Source; {
-	case source == TokenPanic:
+	case source == paymentsim.TokenPanic:
 		// Unlock first: the panic must not leave the gateway locked for the next attempt.
 		g.mu.Unlock()
 		panic(fmt.Sprintf("example_payment: simulated gateway client crash charging payment %q (source %s, attempt %d)",
 			req.PaymentID, source, attempt))
-	case source == TokenInsufficientFunds:
-		err = sluice.Permanent(&InsufficientFundsError{PaymentID: req.PaymentID, AmountCents: req.AmountCents, Currency: req.Currency})
-	case source == TokenTimeout:
-		err = &GatewayTimeoutError{PaymentID: req.PaymentID, Attempt: attempt}
-	case source == TokenRateLimited && attempt == 1:
-		err = sluice.RetryAfter(RateLimitRetryAfter, &RateLimitedError{PaymentID: req.PaymentID, RetryAfter: RateLimitRetryAfter})
-	case attempt <= flakyFailures(source):
-		err = &GatewayTimeoutError{PaymentID: req.PaymentID, Attempt: attempt}
+	case source == paymentsim.TokenInsufficientFunds:
+		err = sluice.Permanent(&insufficientFundsError{PaymentID: req.PaymentID, AmountCents: req.AmountCents, Currency: req.Currency})
+	case source == paymentsim.TokenTimeout:
+		err = &gatewayTimeoutError{PaymentID: req.PaymentID, Attempt: attempt}
+	case source == paymentsim.TokenRateLimited && attempt == 1:
+		err = sluice.RetryAfter(paymentsim.RateLimitRetryAfter, &rateLimitedError{PaymentID: req.PaymentID, RetryAfter: paymentsim.RateLimitRetryAfter})
+	case attempt <= paymentsim.FlakyFailures(source):
+		err = &gatewayTimeoutError{PaymentID: req.PaymentID, Attempt: attempt}
 	}
 	if err != nil {
 		g.mu.Unlock()

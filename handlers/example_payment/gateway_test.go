@@ -13,6 +13,7 @@ import (
 
 	sluice "github.com/sluice-go/sluice"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 )
 
 func request(paymentID, source string) ep.Request {
@@ -29,7 +30,7 @@ var (
 	ok          = step{}
 	timeout     = step{errType: ep.ErrorTypeGatewayTimeout, class: sluice.ClassRetryable}
 	declined    = step{errType: ep.ErrorTypeInsufficientFunds, class: sluice.ClassPermanent}
-	rateLimited = step{errType: ep.ErrorTypeRateLimited, class: sluice.ClassRetryable}
+	rateLimited = step{errType: paymentsim.ErrorTypeRateLimited, class: sluice.ClassRetryable}
 )
 
 func TestGateway_ChargeByToken(t *testing.T) {
@@ -39,13 +40,13 @@ func TestGateway_ChargeByToken(t *testing.T) {
 	}{
 		{source: "tok_visa", steps: []step{ok, ok}},
 		{source: "tok_mastercard", steps: []step{ok}},
-		{source: ep.TokenInsufficientFunds, steps: []step{declined, declined, declined}},
-		{source: ep.TokenTimeout, steps: []step{timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout}},
-		{source: ep.TokenRateLimited, steps: []step{rateLimited, ok, ok}},
-		{source: ep.FlakyToken(1), steps: []step{timeout, ok, ok}},
-		{source: ep.FlakyToken(2), steps: []step{timeout, timeout, ok}},
-		{source: ep.FlakyToken(5), steps: []step{timeout, timeout, timeout, timeout, timeout, ok}},
-		{source: ep.FlakyToken(9), steps: []step{timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, ok}},
+		{source: paymentsim.TokenInsufficientFunds, steps: []step{declined, declined, declined}},
+		{source: paymentsim.TokenTimeout, steps: []step{timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout}},
+		{source: paymentsim.TokenRateLimited, steps: []step{rateLimited, ok, ok}},
+		{source: paymentsim.FlakyToken(1), steps: []step{timeout, ok, ok}},
+		{source: paymentsim.FlakyToken(2), steps: []step{timeout, timeout, ok}},
+		{source: paymentsim.FlakyToken(5), steps: []step{timeout, timeout, timeout, timeout, timeout, ok}},
+		{source: paymentsim.FlakyToken(9), steps: []step{timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, timeout, ok}},
 		// Only one digit 1..9 makes a flaky token; anything else is an ordinary token.
 		{source: "tok_flaky_0", steps: []step{ok}},
 		{source: "tok_flaky_10", steps: []step{ok}},
@@ -89,7 +90,7 @@ func TestGateway_ChargeByToken(t *testing.T) {
 
 func TestGateway_RateLimitedRetryAfter(t *testing.T) {
 	g := ep.NewGateway()
-	_, err := g.Charge(context.Background(), request("pay_rl", ep.TokenRateLimited))
+	_, err := g.Charge(context.Background(), request("pay_rl", paymentsim.TokenRateLimited))
 	require.Error(t, err)
 
 	var ra *sluice.RetryAfterError
@@ -103,7 +104,7 @@ func TestGateway_RateLimitedRetryAfter(t *testing.T) {
 
 func TestGateway_InsufficientFundsError(t *testing.T) {
 	g := ep.NewGateway()
-	_, err := g.Charge(context.Background(), request("pay_nsf", ep.TokenInsufficientFunds))
+	_, err := g.Charge(context.Background(), request("pay_nsf", paymentsim.TokenInsufficientFunds))
 	var nsf *ep.InsufficientFundsError
 	require.ErrorAs(t, err, &nsf)
 	assert.Equal(t, ep.InsufficientFundsError{PaymentID: "pay_nsf", AmountCents: 1299, Currency: "EUR"}, *nsf)
@@ -112,7 +113,7 @@ func TestGateway_InsufficientFundsError(t *testing.T) {
 
 func TestGateway_PanicToken(t *testing.T) {
 	g := ep.NewGateway()
-	req := request("pay_p", ep.TokenPanic)
+	req := request("pay_p", paymentsim.TokenPanic)
 	for attempt := 1; attempt <= 3; attempt++ {
 		assert.PanicsWithValue(t,
 			fmt.Sprintf(`example_payment: simulated gateway client crash charging payment "pay_p" (source tok_panic, attempt %d)`, attempt),
@@ -128,12 +129,12 @@ func TestGateway_PanicToken(t *testing.T) {
 
 func TestGateway_AttemptsArePerPayment(t *testing.T) {
 	g := ep.NewGateway()
-	_, err := g.Charge(context.Background(), request("pay_a", ep.FlakyToken(1)))
+	_, err := g.Charge(context.Background(), request("pay_a", paymentsim.FlakyToken(1)))
 	require.Error(t, err)
 	// Another payment with the same token starts its own count.
-	_, err = g.Charge(context.Background(), request("pay_b", ep.FlakyToken(1)))
+	_, err = g.Charge(context.Background(), request("pay_b", paymentsim.FlakyToken(1)))
 	require.Error(t, err)
-	_, err = g.Charge(context.Background(), request("pay_a", ep.FlakyToken(1)))
+	_, err = g.Charge(context.Background(), request("pay_a", paymentsim.FlakyToken(1)))
 	require.NoError(t, err)
 	assert.Equal(t, 2, g.Attempts("pay_a"))
 	assert.Equal(t, 1, g.Attempts("pay_b"))
@@ -226,7 +227,7 @@ func TestGateway_Concurrent(t *testing.T) {
 				defer wg.Done()
 				source := "tok_visa"
 				if p%2 == 1 {
-					source = ep.FlakyToken(2)
+					source = paymentsim.FlakyToken(2)
 				}
 				_, err := g.Charge(context.Background(), request(fmt.Sprintf("pay_%d", p), source))
 				errs <- err
@@ -257,7 +258,7 @@ func TestGateway_Concurrent(t *testing.T) {
 }
 
 func TestFlakyToken(t *testing.T) {
-	assert.Equal(t, "tok_flaky_3", ep.FlakyToken(3))
+	assert.Equal(t, "tok_flaky_3", paymentsim.FlakyToken(3))
 }
 
 func TestGateway_LedgerLimitBoundsMemory(t *testing.T) {

@@ -8,8 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	sluice "github.com/sluice-go/sluice"
-
-	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 )
 
 // The queues of the example.
@@ -18,12 +17,7 @@ const (
 	QueueRequested = "payments.requested"
 	// QueueSucceeded is the queue the handler's Succeeded events are published to.
 	QueueSucceeded = "payments.succeeded"
-	// QueueDLQ is QueueRequested's dead-letter queue (the stack names it queue + ".dlq").
-	QueueDLQ = QueueRequested + topology.DeadLetterSuffix
 )
-
-// ContentTypeJSON is the content-type metadata of the events the handler publishes.
-const ContentTypeJSON = "application/json"
 
 // metadataContentType is the metadata key of the content type.
 const metadataContentType = "content-type"
@@ -66,7 +60,7 @@ func (h *Handler) Gateway() *Gateway { return h.gateway }
 //
 // Its errors are the failure vocabulary of package sluice: a request that does not decode
 // or validate is sluice.Permanent (see Decode); a gateway refusal is returned as the
-// gateway classified it (see Gateway.Charge). With TokenPanic the handler panics, and the
+// gateway classified it (see Gateway.Charge). With paymentsim.TokenPanic the handler panics, and the
 // stack's recoverer turns that into an error like any other.
 func (h *Handler) Handle(msg *message.Message) ([]*message.Message, error) {
 	req, err := Decode(msg.Payload)
@@ -90,7 +84,7 @@ func (h *Handler) Handle(msg *message.Message) ([]*message.Message, error) {
 		return nil, fmt.Errorf("encode succeeded event for payment %q: %w", req.PaymentID, err)
 	}
 	out := message.NewMessage(watermill.NewUUID(), payload)
-	out.Metadata.Set(metadataContentType, ContentTypeJSON)
+	out.Metadata.Set(metadataContentType, paymentsim.ContentTypeJSON)
 	// The event belongs to the request's conversation, as Watermill's CorrelationID
 	// middleware would say: whoever sent the request can find its events (the demo does).
 	if id := middleware.MessageCorrelationID(msg); id != "" {

@@ -15,6 +15,9 @@ import (
 
 	sluice "github.com/sluice-go/sluice"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/paymentsim"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Handle must be usable as a plain watermill handler.
@@ -43,7 +46,7 @@ func succeeded(t *testing.T, out []*message.Message) ep.Succeeded {
 	t.Helper()
 	require.Len(t, out, 1)
 	assert.NotEmpty(t, out[0].UUID)
-	assert.Equal(t, ep.ContentTypeJSON, out[0].Metadata.Get("content-type"))
+	assert.Equal(t, paymentsim.ContentTypeJSON, out[0].Metadata.Get("content-type"))
 	var ev ep.Succeeded
 	require.NoError(t, json.Unmarshal(out[0].Payload, &ev))
 	return ev
@@ -56,15 +59,15 @@ func TestHandler_HandleByToken(t *testing.T) {
 		steps []string
 	}{
 		{source: "tok_visa", steps: []string{""}},
-		{source: ep.TokenInsufficientFunds, steps: []string{ep.ErrorTypeInsufficientFunds}},
-		{source: ep.FlakyToken(1), steps: []string{ep.ErrorTypeGatewayTimeout, ""}},
-		{source: ep.FlakyToken(3), steps: []string{ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ""}},
-		{source: ep.FlakyToken(9), steps: []string{
+		{source: paymentsim.TokenInsufficientFunds, steps: []string{ep.ErrorTypeInsufficientFunds}},
+		{source: paymentsim.FlakyToken(1), steps: []string{ep.ErrorTypeGatewayTimeout, ""}},
+		{source: paymentsim.FlakyToken(3), steps: []string{ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ""}},
+		{source: paymentsim.FlakyToken(9), steps: []string{
 			ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout,
 			ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout,
 			ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ""}},
-		{source: ep.TokenTimeout, steps: []string{ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout}},
-		{source: ep.TokenRateLimited, steps: []string{ep.ErrorTypeRateLimited, ""}},
+		{source: paymentsim.TokenTimeout, steps: []string{ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout, ep.ErrorTypeGatewayTimeout}},
+		{source: paymentsim.TokenRateLimited, steps: []string{paymentsim.ErrorTypeRateLimited, ""}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.source, func(t *testing.T) {
@@ -137,7 +140,7 @@ func TestHandler_AttemptsFollowHeaderNotGateway(t *testing.T) {
 	// attempt the stack says this is, which is what a trace and a failure record show.
 	g := ep.NewGateway()
 	h := ep.NewHandler(g)
-	body := requestBody(t, "pay_1", ep.FlakyToken(1))
+	body := requestBody(t, "pay_1", paymentsim.FlakyToken(1))
 	_, err := h.Handle(newMessage(t, body, 1))
 	require.Error(t, err)
 	out, err := h.Handle(newMessage(t, body, 5))
@@ -148,19 +151,19 @@ func TestHandler_AttemptsFollowHeaderNotGateway(t *testing.T) {
 
 func TestHandler_RateLimitedReturnsRetryAfter2s(t *testing.T) {
 	h := ep.NewHandler(ep.NewGateway())
-	_, err := h.Handle(newMessage(t, requestBody(t, "pay_rl", ep.TokenRateLimited), 1))
+	_, err := h.Handle(newMessage(t, requestBody(t, "pay_rl", paymentsim.TokenRateLimited), 1))
 	require.Error(t, err)
 	assert.True(t, sluice.IsRetryable(err))
 	var ra *sluice.RetryAfterError
 	require.ErrorAs(t, err, &ra)
 	assert.Equal(t, 2*time.Second, ra.After)
-	assert.Equal(t, ep.ErrorTypeRateLimited, sluice.ErrorType(err))
+	assert.Equal(t, paymentsim.ErrorTypeRateLimited, sluice.ErrorType(err))
 }
 
 func TestHandler_PanicTokenPanicsEveryAttempt(t *testing.T) {
 	g := ep.NewGateway()
 	h := ep.NewHandler(g)
-	body := requestBody(t, "pay_p", ep.TokenPanic)
+	body := requestBody(t, "pay_p", paymentsim.TokenPanic)
 	for attempt := 1; attempt <= 3; attempt++ {
 		assert.PanicsWithValue(t,
 			`example_payment: simulated gateway client crash charging payment "pay_p" (source tok_panic, attempt `+strconv.Itoa(attempt)+`)`,
@@ -209,7 +212,7 @@ func TestHandler_UsesMessageContext(t *testing.T) {
 func TestHandler_OutputsAreNewMessages(t *testing.T) {
 	h := ep.NewHandler(ep.NewGateway())
 	in := newMessage(t, requestBody(t, "pay_1", "tok_visa"), 1)
-	in.Metadata.Set(sluice.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	in.Metadata.Set(headers.TraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	out1, err := h.Handle(in)
 	require.NoError(t, err)
 	in2 := newMessage(t, requestBody(t, "pay_2", "tok_visa"), 1)
@@ -220,7 +223,7 @@ func TestHandler_OutputsAreNewMessages(t *testing.T) {
 	require.Len(t, out2, 1)
 	assert.NotEqual(t, in.UUID, out1[0].UUID)
 	assert.NotEqual(t, out1[0].UUID, out2[0].UUID)
-	assert.Empty(t, out1[0].Metadata.Get(sluice.HeaderTraceParent), "trace context is the stack's job")
+	assert.Empty(t, out1[0].Metadata.Get(headers.TraceParent), "trace context is the stack's job")
 }
 
 // The demo finds its own run's events by the correlation id of its requests.
@@ -278,5 +281,5 @@ func TestKeyFunc(t *testing.T) {
 func TestQueueNames(t *testing.T) {
 	assert.Equal(t, "payments.requested", ep.QueueRequested)
 	assert.Equal(t, "payments.succeeded", ep.QueueSucceeded)
-	assert.Equal(t, "payments.requested.dlq", ep.QueueDLQ)
+	assert.Equal(t, "payments.requested.dlq", topology.DLQ(ep.QueueRequested))
 }

@@ -10,6 +10,7 @@ import (
 
 	sluice "github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 )
 
 // Error types of the requests this handler refuses, as sluice.ErrorType reports them.
@@ -24,15 +25,6 @@ const (
 // maxValueInError bounds how much of an offending value an error message quotes, so that a
 // huge field cannot make a huge error (and failure record).
 const maxValueInError = 64
-
-// The JSON names of the request's fields, in the order Decode and Validate check them.
-const (
-	fieldPaymentID   = "payment_id"
-	fieldOrderID     = "order_id"
-	fieldAmountCents = "amount_cents"
-	fieldCurrency    = "currency"
-	fieldSource      = "source"
-)
 
 // Request is a payment request, the body of a message on QueueRequested:
 //
@@ -55,25 +47,25 @@ type Request struct {
 	Source string `json:"source"`
 }
 
-// DecodeError reports a body that is not a JSON object. Decode returns it wrapped in
+// decodeError reports a body that is not a JSON object. Decode returns it wrapped in
 // sluice.Permanent: no retry can fix the bytes of a message.
-type DecodeError struct {
+type decodeError struct {
 	// Err is what the JSON decoder reported.
 	Err error
 }
 
 // Error says why the body could not be decoded.
-func (e *DecodeError) Error() string { return "decode payment request: " + e.Err.Error() }
+func (e *decodeError) Error() string { return "decode payment request: " + e.Err.Error() }
 
 // Unwrap returns the decoder's error.
-func (e *DecodeError) Unwrap() error { return e.Err }
+func (e *decodeError) Unwrap() error { return e.Err }
 
 // ErrorType returns ErrorTypeDecode.
-func (e *DecodeError) ErrorType() string { return ErrorTypeDecode }
+func (e *decodeError) ErrorType() string { return ErrorTypeDecode }
 
-// ValidationError reports the first field of a request that is missing or invalid. Decode
+// validationError reports the first field of a request that is missing or invalid. Decode
 // and Request.Validate return it wrapped in sluice.Permanent.
-type ValidationError struct {
+type validationError struct {
 	// Field is the JSON name of the field, for example "currency".
 	Field string
 	// Value is the offending value as the producer sent it: a quoted string, or the raw
@@ -85,7 +77,7 @@ type ValidationError struct {
 }
 
 // Error names the field, the value and the problem.
-func (e *ValidationError) Error() string {
+func (e *validationError) Error() string {
 	if e.Value == "" {
 		return fmt.Sprintf("invalid payment request: field %q %s", e.Field, e.Problem)
 	}
@@ -93,18 +85,18 @@ func (e *ValidationError) Error() string {
 }
 
 // ErrorType returns ErrorTypeValidation.
-func (e *ValidationError) ErrorType() string { return ErrorTypeValidation }
+func (e *validationError) ErrorType() string { return ErrorTypeValidation }
 
 func invalid(field, value, problem string) error {
-	return sluice.Permanent(&ValidationError{Field: field, Value: value, Problem: problem})
+	return sluice.Permanent(&validationError{Field: field, Value: value, Problem: problem})
 }
 
 // quote renders a string value for an error message, bounded.
 func quote(s string) string { return strconv.Quote(failure.Truncate(s, maxValueInError)) }
 
 // Decode parses and validates a payment request. Any error it returns is permanent
-// (sluice.Permanent) and carries a *DecodeError when body is not a JSON object, or a
-// *ValidationError naming the first bad field and its value.
+// (sluice.Permanent) and carries a *decodeError when body is not a JSON object, or a
+// *validationError naming the first bad field and its value.
 //
 // Field names match exactly (JSON is case-sensitive here, unlike encoding/json's default),
 // a null field counts as missing, and when a name appears twice the last one wins.
@@ -115,27 +107,27 @@ func Decode(body []byte) (Request, error) {
 		if errors.As(err, &te) {
 			err = fmt.Errorf("body is a JSON %s, want an object", te.Value)
 		}
-		return Request{}, sluice.Permanent(&DecodeError{Err: err})
+		return Request{}, sluice.Permanent(&decodeError{Err: err})
 	}
 	if fields == nil {
-		return Request{}, sluice.Permanent(&DecodeError{Err: errors.New("body is JSON null, want an object")})
+		return Request{}, sluice.Permanent(&decodeError{Err: errors.New("body is JSON null, want an object")})
 	}
 
 	var r Request
 	var err error
-	if r.PaymentID, err = stringField(fields, fieldPaymentID); err != nil {
+	if r.PaymentID, err = stringField(fields, paymentsim.FieldPaymentID); err != nil {
 		return Request{}, err
 	}
-	if r.OrderID, err = stringField(fields, fieldOrderID); err != nil {
+	if r.OrderID, err = stringField(fields, paymentsim.FieldOrderID); err != nil {
 		return Request{}, err
 	}
 	if r.AmountCents, err = amountField(fields); err != nil {
 		return Request{}, err
 	}
-	if r.Currency, err = stringField(fields, fieldCurrency); err != nil {
+	if r.Currency, err = stringField(fields, paymentsim.FieldCurrency); err != nil {
 		return Request{}, err
 	}
-	if r.Source, err = stringField(fields, fieldSource); err != nil {
+	if r.Source, err = stringField(fields, paymentsim.FieldSource); err != nil {
 		return Request{}, err
 	}
 	if err := r.Validate(); err != nil {
@@ -166,48 +158,48 @@ func stringField(fields map[string]json.RawMessage, name string) (string, error)
 }
 
 func amountField(fields map[string]json.RawMessage) (int64, error) {
-	raw := present(fields, fieldAmountCents)
+	raw := present(fields, paymentsim.FieldAmountCents)
 	if raw == nil {
-		return 0, invalid(fieldAmountCents, "", "is missing")
+		return 0, invalid(paymentsim.FieldAmountCents, "", "is missing")
 	}
 	shown := failure.Truncate(string(raw), maxValueInError)
 	switch raw[0] {
 	case '"':
-		return 0, invalid(fieldAmountCents, shown, "must be a JSON integer number of cents, not a string")
+		return 0, invalid(paymentsim.FieldAmountCents, shown, "must be a JSON integer number of cents, not a string")
 	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
 	default:
-		return 0, invalid(fieldAmountCents, shown, "must be a JSON integer number of cents")
+		return 0, invalid(paymentsim.FieldAmountCents, shown, "must be a JSON integer number of cents")
 	}
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil {
 		if errors.Is(err, strconv.ErrRange) {
-			return 0, invalid(fieldAmountCents, shown, "is out of range")
+			return 0, invalid(paymentsim.FieldAmountCents, shown, "is out of range")
 		}
 		// A valid JSON number that ParseInt rejects has a fraction or an exponent.
-		return 0, invalid(fieldAmountCents, shown, "must be an integer number of cents, without fraction or exponent")
+		return 0, invalid(paymentsim.FieldAmountCents, shown, "must be an integer number of cents, without fraction or exponent")
 	}
 	return n, nil
 }
 
 // Validate checks the values of a request, in field order, and returns the first problem
-// as a permanent *ValidationError. An identifier is invalid when it is empty or only
+// as a permanent *validationError. An identifier is invalid when it is empty or only
 // white space. Validate cannot tell a missing field from an empty one; Decode can, and
 // says "is missing".
 func (r Request) Validate() error {
 	if strings.TrimSpace(r.PaymentID) == "" {
-		return invalid(fieldPaymentID, quote(r.PaymentID), "must not be empty")
+		return invalid(paymentsim.FieldPaymentID, quote(r.PaymentID), "must not be empty")
 	}
 	if strings.TrimSpace(r.OrderID) == "" {
-		return invalid(fieldOrderID, quote(r.OrderID), "must not be empty")
+		return invalid(paymentsim.FieldOrderID, quote(r.OrderID), "must not be empty")
 	}
 	if r.AmountCents <= 0 {
-		return invalid(fieldAmountCents, strconv.FormatInt(r.AmountCents, 10), "must be positive")
+		return invalid(paymentsim.FieldAmountCents, strconv.FormatInt(r.AmountCents, 10), "must be positive")
 	}
 	if !isCurrencyCode(r.Currency) {
-		return invalid(fieldCurrency, quote(r.Currency), "must be three capital letters A-Z, like \"EUR\"")
+		return invalid(paymentsim.FieldCurrency, quote(r.Currency), "must be three capital letters A-Z, like \"EUR\"")
 	}
 	if strings.TrimSpace(r.Source) == "" {
-		return invalid(fieldSource, quote(r.Source), "must not be empty")
+		return invalid(paymentsim.FieldSource, quote(r.Source), "must not be empty")
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
@@ -69,14 +70,14 @@ func (r *Recorder) Publishing(tb testing.TB, f Failure) amqp091.Publishing {
 	}
 	msg := message.NewMessage(f.ID, payload)
 	msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(f.Retries))
-	msg.Metadata.Set(sluice.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	msg.Metadata.Set(headers.TraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	for k, v := range f.Metadata {
 		msg.Metadata.Set(k, v)
 	}
 	rec := r.p.Record(msg, r.queue, f.Err)
-	rec.Metadata.Set(sluice.HeaderHandler, f.Handler)
+	rec.Metadata.Set(headers.Handler, f.Handler)
 	if !f.At.IsZero() {
-		rec.Metadata.Set(sluice.HeaderFailedAt, failure.FormatTime(f.At))
+		rec.Metadata.Set(headers.FailedAt, failure.FormatTime(f.At))
 	}
 	for k, v := range f.Override {
 		rec.Metadata.Set(k, v)

@@ -17,13 +17,13 @@ import (
 // RetryState are the headers the retry step writes on every hand-off.
 var RetryState = []string{
 	sluice.HeaderRetryCount,
-	sluice.HeaderFirstFailureTime,
-	sluice.HeaderLastFailureTime,
+	FirstFailureTime,
+	LastFailureTime,
 	sluice.HeaderLastError,
 	sluice.HeaderLastErrorMessage,
 	sluice.HeaderRetryHistory,
-	sluice.HeaderDeferCount,
-	sluice.HeaderFirstDeferTime,
+	DeferCount,
+	FirstDeferTime,
 }
 
 // FailureRecord are the headers the poison step adds to a dead-letter copy.
@@ -31,20 +31,20 @@ var FailureRecord = []string{
 	sluice.HeaderErrorType,
 	sluice.HeaderErrorMessage,
 	sluice.HeaderErrorStack,
-	sluice.HeaderErrorClass,
-	sluice.HeaderHandler,
-	sluice.HeaderFailedAt,
-	sluice.HeaderFailedHost,
-	sluice.HeaderFailedPID,
+	ErrorClass,
+	Handler,
+	FailedAt,
+	FailedHost,
+	FailedPID,
 }
 
 // Carried are sluice's headers that travel with a message and survive a replay.
 var Carried = []string{
 	sluice.HeaderOriginalQueue,
 	sluice.HeaderIdempotencyKey,
-	sluice.HeaderReplayCount,
-	sluice.HeaderTraceParent,
-	sluice.HeaderTraceState,
+	ReplayCount,
+	TraceParent,
+	TraceState,
 }
 
 // Set returns the union of lists and extra as a set.
@@ -96,11 +96,11 @@ func StampFailure(md, prev message.Metadata, f Failure) {
 	errType := sluice.ErrorType(f.Err)
 	md.Set(sluice.HeaderRetryCount, strconv.Itoa(f.RetryCount))
 	if !f.First.IsZero() {
-		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(f.First))
-	} else if _, ok := failure.Time(prev, sluice.HeaderFirstFailureTime, f.Now); !ok {
-		md.Set(sluice.HeaderFirstFailureTime, failure.FormatTime(f.Now))
+		md.Set(FirstFailureTime, failure.FormatTime(f.First))
+	} else if _, ok := failure.Time(prev, FirstFailureTime, f.Now); !ok {
+		md.Set(FirstFailureTime, failure.FormatTime(f.Now))
 	}
-	md.Set(sluice.HeaderLastFailureTime, failure.FormatTime(f.Now))
+	md.Set(LastFailureTime, failure.FormatTime(f.Now))
 	md.Set(sluice.HeaderLastError, errType)
 	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(f.Err), failure.MaxErrorMessageBytes))
 	if md.Get(sluice.HeaderOriginalQueue) == "" {

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
@@ -104,7 +105,7 @@ func TestLive_RetriedMessageIsOneTrace(t *testing.T) {
 	defer cancel()
 	require.NoError(t, p.Shutdown(ctx), "spans flushed to %s", endpoint)
 
-	traceID := first.Metadata.Get(sluice.HeaderTraceParent)[3:35]
+	traceID := first.Metadata.Get(headers.TraceParent)[3:35]
 	var tr jaeger.Trace
 	require.Eventually(t, func() bool {
 		tr, err = c.GetTrace(context.Background(), traceID)

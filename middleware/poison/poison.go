@@ -140,17 +140,17 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	retries := sluice.RetryCount(msg.Metadata)
 	errType := sluice.ErrorType(err)
 	md.Set(sluice.HeaderErrorType, errType)
-	md.Set(sluice.HeaderErrorClass, sluice.ClassOf(err).String())
+	md.Set(headers.ErrorClass, sluice.ClassOf(err).String())
 	md.Set(sluice.HeaderErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
 	if stack, ok := sluice.PanicStack(err); ok {
 		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, maxStackBytes))
 	} else {
 		delete(md, sluice.HeaderErrorStack)
 	}
-	md.Set(sluice.HeaderHandler, message.HandlerNameFromCtx(msg.Context()))
+	md.Set(headers.Handler, message.HandlerNameFromCtx(msg.Context()))
 	headers.StampFailure(md, msg.Metadata, headers.Failure{Queue: queue, RetryCount: retries, Attempt: retries + 1, Now: now, Err: err})
-	md.Set(sluice.HeaderFailedAt, failure.FormatTime(now))
-	md.Set(sluice.HeaderFailedHost, p.cfg.Host)
-	md.Set(sluice.HeaderFailedPID, p.pid)
+	md.Set(headers.FailedAt, failure.FormatTime(now))
+	md.Set(headers.FailedHost, p.cfg.Host)
+	md.Set(headers.FailedPID, p.pid)
 	return rec
 }

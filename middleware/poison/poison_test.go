@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -161,9 +162,9 @@ func TestNew(t *testing.T) {
 	hostname, herr := os.Hostname()
 	require.NoError(t, herr)
 	rec := p.Record(message.NewMessage("id", nil), queueName, errDeclined)
-	assert.Equal(t, hostname, rec.Metadata.Get(sluice.HeaderFailedHost), "an empty Host means os.Hostname()")
-	failedAt, ok := failure.Time(rec.Metadata, sluice.HeaderFailedAt, time.Now())
-	require.True(t, ok, "x-failed-at %q", rec.Metadata.Get(sluice.HeaderFailedAt))
+	assert.Equal(t, hostname, rec.Metadata.Get(headers.FailedHost), "an empty Host means os.Hostname()")
+	failedAt, ok := failure.Time(rec.Metadata, headers.FailedAt, time.Now())
+	require.True(t, ok, "x-failed-at %q", rec.Metadata.Get(headers.FailedAt))
 	assert.WithinDuration(t, time.Now(), failedAt, time.Minute, "a nil Now means time.Now")
 }
 
@@ -191,10 +192,10 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 		{
 			name: "exhausted after retries keeps what the retries recorded",
 			md: message.Metadata{
-				sluice.HeaderRetryCount:       "3",
-				sluice.HeaderFirstFailureTime: failure.FormatTime(earlier),
-				sluice.HeaderOriginalQueue:    "payments.p2",
-				sluice.HeaderRetryHistory:     earlierHistory(3),
+				sluice.HeaderRetryCount:    "3",
+				headers.FirstFailureTime:   failure.FormatTime(earlier),
+				sluice.HeaderOriginalQueue: "payments.p2",
+				sluice.HeaderRetryHistory:  earlierHistory(3),
 			},
 			err:      fmt.Errorf("retries exhausted after 3 retries: %w", &declinedErr{msg: "gateway 503"}),
 			wantType: "card_declined", wantClass: "retryable", wantMsg: "retries exhausted after 3 retries: gateway 503",
@@ -209,7 +210,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 		},
 		{
 			name:     "garbage counts and times are normalized",
-			md:       message.Metadata{sluice.HeaderRetryCount: "lots", sluice.HeaderFirstFailureTime: "yesterday"},
+			md:       message.Metadata{sluice.HeaderRetryCount: "lots", headers.FirstFailureTime: "yesterday"},
 			err:      sluice.Permanent(errDeclined),
 			wantType: "error", wantClass: "permanent", wantMsg: "permanent: card declined",
 			wantCount: "0", wantFirst: now, wantOrigin: queueName, wantHistory: []int{1},
@@ -226,7 +227,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p, dl, events := newStep(t, nil)
 			tt.md["tenant"] = "t-1"
-			tt.md[sluice.HeaderTraceParent] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+			tt.md[headers.TraceParent] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 			res := run(t, p.Middleware, failing(tt.err), tt.md)
 
 			require.NoError(t, res.err, "a confirmed dead letter acks the original")
@@ -243,18 +244,18 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 
 			md := rec.Metadata
 			assert.Equal(t, tt.wantType, md.Get(sluice.HeaderErrorType))
-			assert.Equal(t, tt.wantClass, md.Get(sluice.HeaderErrorClass))
+			assert.Equal(t, tt.wantClass, md.Get(headers.ErrorClass))
 			assert.Equal(t, tt.wantMsg, md.Get(sluice.HeaderErrorMessage))
 			assert.LessOrEqual(t, len(md.Get(sluice.HeaderErrorMessage)), failure.MaxErrorMessageBytes)
 			assert.NotContains(t, md, sluice.HeaderErrorStack, "no stack for an error that is not a panic")
 			assert.Equal(t, tt.wantOrigin, md.Get(sluice.HeaderOriginalQueue))
-			assert.Equal(t, handlerName, md.Get(sluice.HeaderHandler))
+			assert.Equal(t, handlerName, md.Get(headers.Handler))
 			assert.Equal(t, tt.wantCount, md.Get(sluice.HeaderRetryCount))
-			assert.Equal(t, failure.FormatTime(tt.wantFirst), md.Get(sluice.HeaderFirstFailureTime))
-			assert.Equal(t, failure.FormatTime(now), md.Get(sluice.HeaderLastFailureTime))
-			assert.Equal(t, failure.FormatTime(now), md.Get(sluice.HeaderFailedAt))
-			assert.Equal(t, host, md.Get(sluice.HeaderFailedHost))
-			assert.Equal(t, strconv.Itoa(os.Getpid()), md.Get(sluice.HeaderFailedPID))
+			assert.Equal(t, failure.FormatTime(tt.wantFirst), md.Get(headers.FirstFailureTime))
+			assert.Equal(t, failure.FormatTime(now), md.Get(headers.LastFailureTime))
+			assert.Equal(t, failure.FormatTime(now), md.Get(headers.FailedAt))
+			assert.Equal(t, host, md.Get(headers.FailedHost))
+			assert.Equal(t, strconv.Itoa(os.Getpid()), md.Get(headers.FailedPID))
 			history := failure.History(md)
 			assert.Equal(t, tt.wantHistory, attempts(history))
 			if assert.NotEmpty(t, history) {
@@ -264,7 +265,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 				assert.Equal(t, failure.Truncate(tt.err.Error(), failure.MaxHistoryMessageBytes), last.Message)
 			}
 			assert.Equal(t, "t-1", md.Get("tenant"), "other metadata is kept")
-			assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", md.Get(sluice.HeaderTraceParent))
+			assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", md.Get(headers.TraceParent))
 
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 

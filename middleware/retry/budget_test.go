@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -201,7 +202,7 @@ func TestOverload_ConcurrentRetriesLimited(t *testing.T) {
 	assert.EqualValues(t, 5, most.Load())
 	for _, call := range d.Calls() {
 		assert.Equal(t, 3*time.Second, call.d)
-		assert.Equal(t, "1", call.msg.Metadata.Get(sluice.HeaderDeferCount), "deferred, no attempt used")
+		assert.Equal(t, "1", call.msg.Metadata.Get(headers.DeferCount), "deferred, no attempt used")
 		assert.Equal(t, "1", call.msg.Metadata.Get(sluice.HeaderRetryCount))
 	}
 }

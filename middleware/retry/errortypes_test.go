@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 // A message deferred past MaxTotalAge is dead-lettered as "deferral_expired", not as its
@@ -17,7 +18,7 @@ func TestMiddleware_DeferralExpiredHasItsOwnType(t *testing.T) {
 	cfg := testPolicy()
 	cfg.MaxTotalAge = time.Minute
 	r, _, _ := newStep(t, cfg, nil)
-	md := map[string]string{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-time.Hour))}
+	md := map[string]string{headers.FirstDeferTime: failure.FormatTime(now.Add(-time.Hour))}
 	res := run(t, r.Middleware, failing(sluice.Defer(time.Second, errBoom)), md)
 	require.Error(t, res.err)
 	assert.True(t, sluice.IsPermanent(res.err))

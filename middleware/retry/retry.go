@@ -220,7 +220,7 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, r.deferMessage(hctx, msg, queue, now, attempt, err)
 		}
 
-		first, ok := failure.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now)
+		first, ok := failure.Time(msg.Metadata, headers.FirstFailureTime, now)
 		if !ok {
 			first = now
 		}
@@ -263,11 +263,11 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue string, now time.Time, attempt int, err error) error {
 	var de *sluice.DeferError
 	errors.As(err, &de)
-	since, ok := failure.Time(msg.Metadata, sluice.HeaderFirstDeferTime, now)
+	since, ok := failure.Time(msg.Metadata, headers.FirstDeferTime, now)
 	if !ok {
 		since = now
 	}
-	if first, ok := failure.Time(msg.Metadata, sluice.HeaderFirstFailureTime, now); ok && first.Before(since) {
+	if first, ok := failure.Time(msg.Metadata, headers.FirstFailureTime, now); ok && first.Before(since) {
 		since = first
 	}
 	if age := now.Sub(since); age > r.cfg.MaxTotalAge {
@@ -277,11 +277,11 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	delay := min(max(de.After, 0), r.cfg.MaxRetryAfter)
 	deferred := msg.CopyWithContext()
 	md := deferred.Metadata
-	defers, _ := strconv.Atoi(msg.Metadata.Get(sluice.HeaderDeferCount))
+	defers, _ := strconv.Atoi(msg.Metadata.Get(headers.DeferCount))
 	// The header is untrusted: a huge value must not wrap around to a negative count.
-	md.Set(sluice.HeaderDeferCount, strconv.Itoa(min(max(defers, 0), sluice.MaxRetryCountHeader)+1))
-	if _, ok := failure.Time(msg.Metadata, sluice.HeaderFirstDeferTime, now); !ok {
-		md.Set(sluice.HeaderFirstDeferTime, failure.FormatTime(now))
+	md.Set(headers.DeferCount, strconv.Itoa(min(max(defers, 0), sluice.MaxRetryCountHeader)+1))
+	if _, ok := failure.Time(msg.Metadata, headers.FirstDeferTime, now); !ok {
+		md.Set(headers.FirstDeferTime, failure.FormatTime(now))
 	}
 	if md.Get(sluice.HeaderOriginalQueue) == "" {
 		md.Set(sluice.HeaderOriginalQueue, queue)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -324,23 +325,23 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 		{
 			name: "third failure keeps first failure time and original queue",
 			md: message.Metadata{
-				sluice.HeaderRetryCount:       "2",
-				sluice.HeaderFirstFailureTime: failure.FormatTime(earlier),
-				sluice.HeaderOriginalQueue:    "orders.p3",
-				sluice.HeaderRetryHistory:     historyOf(2),
+				sluice.HeaderRetryCount:    "2",
+				headers.FirstFailureTime:   failure.FormatTime(earlier),
+				sluice.HeaderOriginalQueue: "orders.p3",
+				sluice.HeaderRetryHistory:  historyOf(2),
 			},
 			wantCount: "3", wantDelay: 400 * time.Millisecond, wantFirst: earlier,
 			wantOrigin: "orders.p3", wantHistory: []int{1, 2, 3}, wantAttempt: 3,
 		},
 		{
 			name:      "garbage first failure time is replaced",
-			md:        message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: "yesterday"},
+			md:        message.Metadata{sluice.HeaderRetryCount: "1", headers.FirstFailureTime: "yesterday"},
 			wantCount: "2", wantDelay: 200 * time.Millisecond, wantFirst: now,
 			wantOrigin: queueName, wantHistory: []int{2}, wantAttempt: 2,
 		},
 		{
 			name:      "future first failure time is replaced",
-			md:        message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(time.Hour))},
+			md:        message.Metadata{sluice.HeaderRetryCount: "1", headers.FirstFailureTime: failure.FormatTime(now.Add(time.Hour))},
 			wantCount: "2", wantDelay: 200 * time.Millisecond, wantFirst: now,
 			wantOrigin: queueName, wantHistory: []int{2}, wantAttempt: 2,
 		},
@@ -384,10 +385,10 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 		},
 		{
 			name:      "other metadata travels with the copy",
-			md:        message.Metadata{"tenant": "t-9", sluice.HeaderTraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+			md:        message.Metadata{"tenant": "t-9", headers.TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 			wantCount: "1", wantDelay: 100 * time.Millisecond, wantFirst: now,
 			wantOrigin: queueName, wantHistory: []int{1}, wantAttempt: 1,
-			wantCopyMore: message.Metadata{"tenant": "t-9", sluice.HeaderTraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+			wantCopyMore: message.Metadata{"tenant": "t-9", headers.TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 		},
 	}
 	for _, tt := range tests {
@@ -415,8 +416,8 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			assert.Equal(t, []byte(`{"order":"o-1"}`), []byte(c.Payload))
 			md := c.Metadata
 			assert.Equal(t, tt.wantCount, md.Get(sluice.HeaderRetryCount))
-			assert.Equal(t, failure.FormatTime(tt.wantFirst), md.Get(sluice.HeaderFirstFailureTime))
-			assert.Equal(t, failure.FormatTime(now), md.Get(sluice.HeaderLastFailureTime))
+			assert.Equal(t, failure.FormatTime(tt.wantFirst), md.Get(headers.FirstFailureTime))
+			assert.Equal(t, failure.FormatTime(now), md.Get(headers.LastFailureTime))
 			assert.Equal(t, "gateway_timeout", md.Get(sluice.HeaderLastError))
 			assert.Equal(t, "charge order: gateway did not answer", md.Get(sluice.HeaderLastErrorMessage))
 			assert.Equal(t, tt.wantOrigin, md.Get(sluice.HeaderOriginalQueue))
@@ -605,23 +606,23 @@ func TestMiddleware_Exhausted(t *testing.T) {
 		{name: "RetryAfter does not add retries", cfg: func(c *retry.Config) { c.MaxRetries = 2 }, md: message.Metadata{sluice.HeaderRetryCount: "2"}, err: sluice.RetryAfter(time.Second, errBoom), wantExhausted: true, wantRetries: 2},
 		{
 			name:          "older than MaxTotalAge",
-			md:            message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour))},
+			md:            message.Metadata{sluice.HeaderRetryCount: "1", headers.FirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour))},
 			wantExhausted: true, wantRetries: 1, wantAge: 25 * time.Hour,
 		},
 		{
 			name: "exactly MaxTotalAge old",
-			md:   message.Metadata{sluice.HeaderRetryCount: "1", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-24 * time.Hour))},
+			md:   message.Metadata{sluice.HeaderRetryCount: "1", headers.FirstFailureTime: failure.FormatTime(now.Add(-24 * time.Hour))},
 		},
 		{
 			name:          "older than a custom MaxTotalAge",
 			cfg:           func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:            message.Metadata{sluice.HeaderRetryCount: "2", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-61 * time.Minute))},
+			md:            message.Metadata{sluice.HeaderRetryCount: "2", headers.FirstFailureTime: failure.FormatTime(now.Add(-61 * time.Minute))},
 			wantExhausted: true, wantRetries: 2, wantAge: 61 * time.Minute,
 		},
 		{
 			name: "garbage first failure time does not age the message",
 			cfg:  func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:   message.Metadata{sluice.HeaderRetryCount: "2", sluice.HeaderFirstFailureTime: "1970-01-01"},
+			md:   message.Metadata{sluice.HeaderRetryCount: "2", headers.FirstFailureTime: "1970-01-01"},
 		},
 	}
 	for _, tt := range tests {
@@ -676,27 +677,27 @@ func TestMiddleware_Defer(t *testing.T) {
 		},
 		{
 			name: "after two retries the count is unchanged",
-			md:   message.Metadata{sluice.HeaderRetryCount: "2", sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-time.Minute))},
+			md:   message.Metadata{sluice.HeaderRetryCount: "2", headers.FirstFailureTime: failure.FormatTime(now.Add(-time.Minute))},
 			err:  sluice.Defer(time.Second, reason), wantDelay: time.Second, wantDeferCount: "1", wantFirstDefer: now, wantAttempt: 3,
 		},
 		{
 			name: "a later deferral keeps the first deferral time",
-			md:   message.Metadata{sluice.HeaderDeferCount: "3", sluice.HeaderFirstDeferTime: failure.FormatTime(firstDefer)},
+			md:   message.Metadata{headers.DeferCount: "3", headers.FirstDeferTime: failure.FormatTime(firstDefer)},
 			err:  sluice.Defer(time.Second, reason), wantDelay: time.Second, wantDeferCount: "4", wantFirstDefer: firstDefer, wantAttempt: 1,
 		},
 		{
 			name: "garbage defer count restarts",
-			md:   message.Metadata{sluice.HeaderDeferCount: "many"},
+			md:   message.Metadata{headers.DeferCount: "many"},
 			err:  sluice.Defer(time.Second, reason), wantDelay: time.Second, wantDeferCount: "1", wantFirstDefer: now, wantAttempt: 1,
 		},
 		{
 			name: "negative defer count restarts",
-			md:   message.Metadata{sluice.HeaderDeferCount: "-7"},
+			md:   message.Metadata{headers.DeferCount: "-7"},
 			err:  sluice.Defer(time.Second, reason), wantDelay: time.Second, wantDeferCount: "1", wantFirstDefer: now, wantAttempt: 1,
 		},
 		{
 			name: "garbage first deferral time is replaced",
-			md:   message.Metadata{sluice.HeaderDeferCount: "1", sluice.HeaderFirstDeferTime: "soon"},
+			md:   message.Metadata{headers.DeferCount: "1", headers.FirstDeferTime: "soon"},
 			err:  sluice.Defer(time.Second, reason), wantDelay: time.Second, wantDeferCount: "2", wantFirstDefer: now, wantAttempt: 1,
 		},
 		{
@@ -729,9 +730,9 @@ func TestMiddleware_Defer(t *testing.T) {
 			md := call.msg.Metadata
 			assert.Equal(t, res.msg.Metadata.Get(sluice.HeaderRetryCount), md.Get(sluice.HeaderRetryCount), "a deferral uses no attempt")
 			assert.Equal(t, res.msg.Metadata.Get(sluice.HeaderRetryHistory), md.Get(sluice.HeaderRetryHistory), "a deferral is not a failure")
-			assert.Equal(t, res.msg.Metadata.Get(sluice.HeaderFirstFailureTime), md.Get(sluice.HeaderFirstFailureTime))
-			assert.Equal(t, tt.wantDeferCount, md.Get(sluice.HeaderDeferCount))
-			assert.Equal(t, failure.FormatTime(tt.wantFirstDefer), md.Get(sluice.HeaderFirstDeferTime))
+			assert.Equal(t, res.msg.Metadata.Get(headers.FirstFailureTime), md.Get(headers.FirstFailureTime))
+			assert.Equal(t, tt.wantDeferCount, md.Get(headers.DeferCount))
+			assert.Equal(t, failure.FormatTime(tt.wantFirstDefer), md.Get(headers.FirstDeferTime))
 			assert.Equal(t, queueName, md.Get(sluice.HeaderOriginalQueue))
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 
@@ -746,10 +747,10 @@ func TestMiddleware_Defer(t *testing.T) {
 // A huge x-defer-count from a producer must not wrap around to a negative count.
 func TestMiddleware_DeferCountDoesNotOverflow(t *testing.T) {
 	r, d, _ := newStep(t, testPolicy(), nil)
-	res := run(t, r.Middleware, failing(sluice.Defer(time.Second, nil)), message.Metadata{sluice.HeaderDeferCount: strconv.Itoa(int(^uint(0) >> 1))})
+	res := run(t, r.Middleware, failing(sluice.Defer(time.Second, nil)), message.Metadata{headers.DeferCount: strconv.Itoa(int(^uint(0) >> 1))})
 	require.NoError(t, res.err)
 	require.Len(t, d.Calls(), 1)
-	n, err := strconv.Atoi(d.Calls()[0].msg.Metadata.Get(sluice.HeaderDeferCount))
+	n, err := strconv.Atoi(d.Calls()[0].msg.Metadata.Get(headers.DeferCount))
 	require.NoError(t, err)
 	assert.Positive(t, n)
 }
@@ -762,23 +763,23 @@ func TestMiddleware_DeferExpires(t *testing.T) {
 		md          message.Metadata
 		wantExpired bool
 	}{
-		{name: "deferred for longer than MaxTotalAge", md: message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-25 * time.Hour))}, wantExpired: true},
-		{name: "deferred for exactly MaxTotalAge", md: message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-24 * time.Hour))}},
+		{name: "deferred for longer than MaxTotalAge", md: message.Metadata{headers.FirstDeferTime: failure.FormatTime(now.Add(-25 * time.Hour))}, wantExpired: true},
+		{name: "deferred for exactly MaxTotalAge", md: message.Metadata{headers.FirstDeferTime: failure.FormatTime(now.Add(-24 * time.Hour))}},
 		{
 			name:        "first failure older than MaxTotalAge",
-			md:          message.Metadata{sluice.HeaderFirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour)), sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-time.Minute))},
+			md:          message.Metadata{headers.FirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour)), headers.FirstDeferTime: failure.FormatTime(now.Add(-time.Minute))},
 			wantExpired: true,
 		},
 		{
 			name:        "custom MaxTotalAge",
 			cfg:         func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:          message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(-2 * time.Hour))},
+			md:          message.Metadata{headers.FirstDeferTime: failure.FormatTime(now.Add(-2 * time.Hour))},
 			wantExpired: true,
 		},
 		{
 			name: "a future first deferral time does not expire it",
 			cfg:  func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:   message.Metadata{sluice.HeaderFirstDeferTime: failure.FormatTime(now.Add(48 * time.Hour))},
+			md:   message.Metadata{headers.FirstDeferTime: failure.FormatTime(now.Add(48 * time.Hour))},
 		},
 	}
 	for _, tt := range tests {

@@ -29,6 +29,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/paymentdemo"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -44,8 +45,10 @@ const (
 	publishRate = 125
 	queue       = example_payment.QueueRequested
 	output      = example_payment.QueueSucceeded
-	dlq         = example_payment.QueueDLQ
 )
+
+// dlq is the payments queue's dead-letter queue.
+var dlq = topology.DLQ(queue)
 
 // service is the payments binary, restartable.
 type service struct {
@@ -188,7 +191,7 @@ func TestChaos(t *testing.T) {
 	obs := &client{url: node.URL()}
 	require.Eventually(t, func() bool { return obs.count(queue) >= 0 && obs.count(output) >= 0 }, 60*time.Second, 100*time.Millisecond, "service declared its queues")
 
-	mix := example_payment.DemoMix(requests, 20261129)
+	mix := paymentdemo.Mix(requests, 20261129)
 	ids := make([]string, len(mix))
 	for i := range mix {
 		ids[i] = fmt.Sprintf("chaos-%05d", i)
@@ -283,7 +286,7 @@ type chaosRun struct {
 
 // produce publishes mix in the background; the channel gets the producer's error or nil.
 // The producer paces 5,000 requests over about 40 seconds, so faults land mid-flow.
-func (c *chaosRun) produce(mix []example_payment.DemoRequest, ids []string) <-chan error {
+func (c *chaosRun) produce(mix []paymentdemo.Request, ids []string) <-chan error {
 	ctx, node, published := c.ctx, c.node, &c.published
 	pubDone := make(chan error, 1)
 	go func() {
@@ -437,35 +440,35 @@ func (c *chaosRun) drain() (map[string]int, map[string]string) {
 
 // accountFor accounts for every request of mix against the outcomes, failing t for each
 // that is lost or wrong.
-func accountFor(t *testing.T, mix []example_payment.DemoRequest, ids []string, events map[string]int, dead map[string]string) (lost, wrong, shifted, duplicateRequests, doubles int) {
+func accountFor(t *testing.T, mix []paymentdemo.Request, ids []string, events map[string]int, dead map[string]string) (lost, wrong, shifted, duplicateRequests, doubles int) {
 	succeededPayments := map[string]bool{}
 	for i, r := range mix {
 		exp := r.ExpectWithin(maxRetries + 1)
 		switch exp.Outcome {
-		case example_payment.ExpectDuplicate:
+		case paymentdemo.ExpectDuplicate:
 			duplicateRequests++
 			continue
-		case example_payment.ExpectSucceeded:
+		case paymentdemo.ExpectSucceeded:
 			succeededPayments[r.PaymentID] = true
 			if events[r.PaymentID] > 0 {
 				continue
 			}
 			// A kill resets the simulated gateway's attempt counter, so a flaky payment
 			// in flight then may need more attempts than its retries allow.
-			if r.Kind == example_payment.KindFlaky && dead[ids[i]] == example_payment.ErrorTypeGatewayTimeout {
+			if r.Kind == paymentdemo.KindFlaky && dead[ids[i]] == example_payment.ErrorTypeGatewayTimeout {
 				shifted++
 				continue
 			}
 			lost++
 			t.Errorf("request %s (%s, payment %s) expected to succeed: no event, DLQ %q", ids[i], r.Kind, r.PaymentID, dead[ids[i]])
-		case example_payment.ExpectDeadLettered:
+		case paymentdemo.ExpectDeadLettered:
 			typ, ok := dead[ids[i]]
 			// A flaky payment counts its failures in the simulated gateway's memory: a
 			// redelivered copy (its ack lost with a connection) and its retry copy both
 			// advance that count, so one copy can succeed within its retries, while the
 			// other may still run out of them and be dead-lettered too. Either way it is
 			// accounted for.
-			if r.Kind == example_payment.KindFlaky && events[r.PaymentID] > 0 {
+			if r.Kind == paymentdemo.KindFlaky && events[r.PaymentID] > 0 {
 				shifted++
 				succeededPayments[r.PaymentID] = true
 				if ok && typ != exp.ErrorType {

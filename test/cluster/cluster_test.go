@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -262,7 +263,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 	var seen []attempt
 	require.NoError(t, s.Handle("work", n.queue, func(msg *message.Message) error {
 		key := string(msg.Payload)
-		replayed := msg.Metadata.Get(sluice.HeaderReplayCount) != ""
+		replayed := msg.Metadata.Get(headers.ReplayCount) != ""
 		mu.Lock()
 		seen = append(seen, attempt{key: key, queue: message.SubscribeTopicFromCtx(msg.Context()), replayed: replayed})
 		mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -89,7 +90,7 @@ func (fx *fixture) deadLetter(t *testing.T, id, payload string, err error, md ma
 // publishRecord puts rec, a failure record, into the DLQ.
 func (fx *fixture) publishRecord(t *testing.T, rec *message.Message) {
 	t.Helper()
-	rec.Metadata.Set(sluice.HeaderHandler, "payments")
+	rec.Metadata.Set(headers.Handler, "payments")
 	pub, err := amqp.Marshaler{}.Marshal(rec)
 	require.NoError(t, err)
 	fx.rabbit.Publish(topology.DLQ(fx.queue), pub)

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/waterfall"
 )
@@ -51,7 +51,7 @@ func (s *Server) timeline(ctx context.Context, rec dlq.Record) Timeline {
 		return Timeline{Missing: fmt.Sprintf("No timeline: Jaeger's query API at %s cannot be reached (%s).", base, s.mask(err.Error()))}
 	}
 	var traces []jaeger.Trace
-	if id := traceIDOf(rec.Headers[sluice.HeaderTraceParent]); id != "" {
+	if id := traceIDOf(rec.Headers[headers.TraceParent]); id != "" {
 		t, err := c.GetTrace(ctx, id)
 		switch {
 		case err == nil:

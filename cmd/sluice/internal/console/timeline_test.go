@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -113,7 +114,7 @@ func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, fail
 	require.NoError(t, p.Shutdown(ctx))
 	require.NotNil(t, keep.msg)
 	fx.publishRecord(t, keep.msg)
-	return first.Metadata.Get(sluice.HeaderTraceParent)[3:35]
+	return first.Metadata.Get(headers.TraceParent)[3:35]
 }
 
 // TestTimelineFromJaeger exports to the real Jaeger the spans of a message that is

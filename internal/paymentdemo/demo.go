@@ -1,29 +1,35 @@
-package example_payment
+// Package paymentdemo generates the demo traffic of handlers/example_payment: a deterministic
+// mix of payment requests covering every card token, duplicates and malformed bodies, each
+// with the outcome the full stack must reach. cmd/payments and the end-to-end tests use it.
+package paymentdemo
 
 import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+
+	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/paymentsim"
 )
 
 // ErrorTypePanic is the error type the expectations assume the stack's recoverer records
-// for a handler panic (TokenPanic).
+// for a handler panic (paymentsim.TokenPanic).
 const ErrorTypePanic = "panic"
 
-// DemoMaxAttempts is the retry policy (attempts including the first) that DemoRequest.Expect
+// MaxAttempts is the retry policy (attempts including the first) that Request.Expect
 // assumes: the fewest attempts under which every tok_flaky_N token still succeeds. For any
-// other policy use DemoRequest.ExpectWithin.
-const DemoMaxAttempts = MaxFlakyFailures + 1
+// other policy use Request.ExpectWithin.
+const MaxAttempts = paymentsim.MaxFlakyFailures + 1
 
 // ExpectedOutcome is where a demo request ends up when it runs through the full stack.
 type ExpectedOutcome string
 
 // The expected outcomes.
 const (
-	// ExpectSucceeded: one Succeeded event on QueueSucceeded and one charge.
+	// ExpectSucceeded: one Succeeded event on example_payment.QueueSucceeded and one charge.
 	ExpectSucceeded ExpectedOutcome = "succeeded"
-	// ExpectDeadLettered: the message lands on QueueDLQ; no event, no charge.
+	// ExpectDeadLettered: the message lands on example_payment.QueueRequested's dead-letter queue; no event, no charge.
 	ExpectDeadLettered ExpectedOutcome = "dead_lettered"
 	// ExpectDuplicate: a second copy of a payment already requested; the idempotency step
 	// acknowledges it without calling the handler, so no second event and no second charge.
@@ -42,53 +48,53 @@ type Expectation struct {
 	ErrorType string
 }
 
-// DemoKind is what a demo request exercises.
-type DemoKind string
+// Kind is what a demo request exercises.
+type Kind string
 
 // The demo kinds. Each one is a source token or a way a request can be malformed.
 const (
 	// KindSuccess uses an ordinary token (tok_visa, tok_mastercard, tok_amex).
-	KindSuccess DemoKind = "success"
-	// KindInsufficientFunds uses TokenInsufficientFunds.
-	KindInsufficientFunds DemoKind = "insufficient_funds"
+	KindSuccess Kind = "success"
+	// KindInsufficientFunds uses paymentsim.TokenInsufficientFunds.
+	KindInsufficientFunds Kind = "insufficient_funds"
 	// KindFlaky uses a tok_flaky_N token.
-	KindFlaky DemoKind = "flaky"
-	// KindTimeout uses TokenTimeout.
-	KindTimeout DemoKind = "timeout"
-	// KindRateLimited uses TokenRateLimited.
-	KindRateLimited DemoKind = "rate_limited"
-	// KindPanic uses TokenPanic.
-	KindPanic DemoKind = "panic"
+	KindFlaky Kind = "flaky"
+	// KindTimeout uses paymentsim.TokenTimeout.
+	KindTimeout Kind = "timeout"
+	// KindRateLimited uses paymentsim.TokenRateLimited.
+	KindRateLimited Kind = "rate_limited"
+	// KindPanic uses paymentsim.TokenPanic.
+	KindPanic Kind = "panic"
 	// KindDuplicate repeats, byte for byte, an earlier KindSuccess request of the mix.
-	KindDuplicate DemoKind = "duplicate"
+	KindDuplicate Kind = "duplicate"
 	// KindMalformedJSON is a body cut in the middle: not JSON.
-	KindMalformedJSON DemoKind = "malformed_json"
+	KindMalformedJSON Kind = "malformed_json"
 	// KindMissingField lacks one required field (never payment_id).
-	KindMissingField DemoKind = "missing_field"
+	KindMissingField Kind = "missing_field"
 	// KindEmptyField has order_id or source "".
-	KindEmptyField DemoKind = "empty_field"
+	KindEmptyField Kind = "empty_field"
 	// KindNonPositiveAmount has amount_cents 0 or negative.
-	KindNonPositiveAmount DemoKind = "non_positive_amount"
+	KindNonPositiveAmount Kind = "non_positive_amount"
 	// KindBadCurrency has a currency that is not three capital letters.
-	KindBadCurrency DemoKind = "bad_currency"
+	KindBadCurrency Kind = "bad_currency"
 	// KindAmountString has amount_cents as a JSON string.
-	KindAmountString DemoKind = "amount_string"
+	KindAmountString Kind = "amount_string"
 	// KindAmountFloat has amount_cents with a fraction.
-	KindAmountFloat DemoKind = "amount_float"
+	KindAmountFloat Kind = "amount_float"
 )
 
-// DemoRequest is one message of a demo mix with the outcome it must reach.
-type DemoRequest struct {
-	Kind DemoKind
+// Request is one message of a demo mix with the outcome it must reach.
+type Request struct {
+	Kind Kind
 	// PaymentID is the payment_id in Body. For KindMalformedJSON it is the ID the body
-	// was cut from, which neither the handler nor KeyFunc can read.
+	// was cut from, which neither the handler nor example_payment.KeyFunc can read.
 	PaymentID string
 	// Source is the card token in Body; empty when Body has none that decodes.
 	Source string
-	// Body is the message payload to publish to QueueRequested.
+	// Body is the message payload to publish to example_payment.QueueRequested.
 	Body []byte
-	// Expect is the expected outcome when the retry policy allows DemoMaxAttempts attempts
-	// and the stack runs the idempotency step with KeyFunc.
+	// Expect is the expected outcome when the retry policy allows MaxAttempts attempts
+	// and the stack runs the idempotency step with example_payment.KeyFunc.
 	Expect Expectation
 }
 
@@ -96,27 +102,27 @@ type DemoRequest struct {
 // attempts (including the first; values below 1 count as 1). A flaky or rate-limited
 // payment that needs more attempts is dead-lettered on the last one with the error of
 // that attempt; tok_timeout and tok_panic are dead-lettered on the last attempt.
-func (d DemoRequest) ExpectWithin(maxAttempts int) Expectation {
+func (d Request) ExpectWithin(maxAttempts int) Expectation {
 	maxAttempts = max(maxAttempts, 1)
 	switch d.Kind {
 	case KindDuplicate:
 		return Expectation{Outcome: ExpectDuplicate}
 	case KindMalformedJSON:
-		return deadLettered(1, ErrorTypeDecode)
+		return deadLettered(1, example_payment.ErrorTypeDecode)
 	case KindMissingField, KindEmptyField, KindNonPositiveAmount, KindBadCurrency, KindAmountString, KindAmountFloat:
-		return deadLettered(1, ErrorTypeValidation)
+		return deadLettered(1, example_payment.ErrorTypeValidation)
 	}
 	switch {
-	case d.Source == TokenInsufficientFunds:
-		return deadLettered(1, ErrorTypeInsufficientFunds)
-	case d.Source == TokenTimeout:
-		return deadLettered(maxAttempts, ErrorTypeGatewayTimeout)
-	case d.Source == TokenPanic:
+	case d.Source == paymentsim.TokenInsufficientFunds:
+		return deadLettered(1, example_payment.ErrorTypeInsufficientFunds)
+	case d.Source == paymentsim.TokenTimeout:
+		return deadLettered(maxAttempts, example_payment.ErrorTypeGatewayTimeout)
+	case d.Source == paymentsim.TokenPanic:
 		return deadLettered(maxAttempts, ErrorTypePanic)
-	case d.Source == TokenRateLimited:
-		return succeedsOn(2, maxAttempts, ErrorTypeRateLimited)
+	case d.Source == paymentsim.TokenRateLimited:
+		return succeedsOn(2, maxAttempts, paymentsim.ErrorTypeRateLimited)
 	default:
-		return succeedsOn(flakyFailures(d.Source)+1, maxAttempts, ErrorTypeGatewayTimeout)
+		return succeedsOn(paymentsim.FlakyFailures(d.Source)+1, maxAttempts, example_payment.ErrorTypeGatewayTimeout)
 	}
 }
 
@@ -133,9 +139,9 @@ func succeedsOn(n, maxAttempts int, failType string) Expectation {
 }
 
 // demoKindWeight is how often each kind appears in the part of a mix beyond its first
-// DemoMixMinimum requests: mostly successes, as in a real payment stream.
+// MixMinimum requests: mostly successes, as in a real payment stream.
 var demoKindWeight = []struct {
-	kind   DemoKind
+	kind   Kind
 	weight int
 }{
 	{KindSuccess, 55},
@@ -157,7 +163,7 @@ var demoKindWeight = []struct {
 // demoCover lists the requests that make a mix cover every kind and every token; a flaky
 // entry is the N of its token.
 type demoSlot struct {
-	kind  DemoKind
+	kind  Kind
 	flaky int
 }
 
@@ -169,16 +175,16 @@ func demoCover() []demoSlot {
 		{kind: KindNonPositiveAmount}, {kind: KindBadCurrency}, {kind: KindAmountString},
 		{kind: KindAmountFloat},
 	}
-	for n := 1; n <= MaxFlakyFailures; n++ {
+	for n := 1; n <= paymentsim.MaxFlakyFailures; n++ {
 		slots = append(slots, demoSlot{kind: KindFlaky, flaky: n})
 	}
 	return slots
 }
 
-// DemoMixMinimum is the smallest n for which DemoMix covers every kind and every token
+// MixMinimum is the smallest n for which Mix covers every kind and every token
 // (each tok_flaky_N included): one request for each of the 13 kinds other than KindFlaky,
 // and one per flaky token.
-const DemoMixMinimum = 13 + MaxFlakyFailures
+const MixMinimum = 13 + paymentsim.MaxFlakyFailures
 
 var (
 	demoSuccessTokens = []string{"tok_visa", "tok_mastercard", "tok_amex"}
@@ -186,8 +192,8 @@ var (
 	demoBadCurrencies = []string{"eur", "EURO", "US", "E1R", "€UR"}
 )
 
-// DemoMix returns n demo requests, the same for the same n and seed (within one Go
-// release): for n >= DemoMixMinimum, at least one of every DemoKind and every token, then
+// Mix returns n demo requests, the same for the same n and seed (within one Go
+// release): for n >= MixMinimum, at least one of every Kind and every token, then
 // a weighted random mix, all in a shuffled order. Payment IDs are unique except for
 // KindDuplicate, which repeats an earlier KindSuccess request (each at most once) and
 // always comes after it; only first-attempt successes are repeated, so the duplicate's
@@ -196,7 +202,7 @@ var (
 //
 // Under concurrency either copy of a duplicated payment may be the one that runs:
 // assert per payment ID (one event, ChargeCount 1), not per copy.
-func DemoMix(n int, seed int64) []DemoRequest {
+func Mix(n int, seed int64) []Request {
 	if n <= 0 {
 		return nil
 	}
@@ -214,7 +220,7 @@ func DemoMix(n int, seed int64) []DemoRequest {
 	ensureSuccessBeforeDuplicate(slots)
 
 	tag := strconv.FormatUint(uint64(seed), 36)
-	out := make([]DemoRequest, 0, n)
+	out := make([]Request, 0, n)
 	var unrepeated []int // indexes in out of KindSuccess requests not yet duplicated
 	for i, s := range slots {
 		if s.kind == KindDuplicate {
@@ -222,8 +228,8 @@ func DemoMix(n int, seed int64) []DemoRequest {
 				k := rng.IntN(len(unrepeated))
 				orig := out[unrepeated[k]]
 				unrepeated = append(unrepeated[:k], unrepeated[k+1:]...)
-				d := DemoRequest{Kind: KindDuplicate, PaymentID: orig.PaymentID, Source: orig.Source, Body: orig.Body}
-				d.Expect = d.ExpectWithin(DemoMaxAttempts)
+				d := Request{Kind: KindDuplicate, PaymentID: orig.PaymentID, Source: orig.Source, Body: orig.Body}
+				d.Expect = d.ExpectWithin(MaxAttempts)
 				out = append(out, d)
 				continue
 			}
@@ -231,7 +237,7 @@ func DemoMix(n int, seed int64) []DemoRequest {
 			s = demoSlot{kind: KindSuccess}
 		}
 		d := newDemoRequest(rng, s, fmt.Sprintf("pay_%s_%05d", tag, i), fmt.Sprintf("ord_%s_%05d", tag, i))
-		d.Expect = d.ExpectWithin(DemoMaxAttempts)
+		d.Expect = d.ExpectWithin(MaxAttempts)
 		if d.Kind == KindSuccess {
 			unrepeated = append(unrepeated, len(out))
 		}
@@ -249,7 +255,7 @@ func randomSlot(rng *rand.Rand) demoSlot {
 	for _, w := range demoKindWeight {
 		if r < w.weight {
 			if w.kind == KindFlaky {
-				return demoSlot{kind: KindFlaky, flaky: 1 + rng.IntN(MaxFlakyFailures)}
+				return demoSlot{kind: KindFlaky, flaky: 1 + rng.IntN(paymentsim.MaxFlakyFailures)}
 			}
 			return demoSlot{kind: w.kind}
 		}
@@ -275,8 +281,8 @@ func ensureSuccessBeforeDuplicate(slots []demoSlot) {
 	}
 }
 
-func newDemoRequest(rng *rand.Rand, s demoSlot, paymentID, orderID string) DemoRequest {
-	req := Request{
+func newDemoRequest(rng *rand.Rand, s demoSlot, paymentID, orderID string) Request {
+	req := example_payment.Request{
 		PaymentID:   paymentID,
 		OrderID:     orderID,
 		AmountCents: 100 + rng.Int64N(99_900),
@@ -285,40 +291,40 @@ func newDemoRequest(rng *rand.Rand, s demoSlot, paymentID, orderID string) DemoR
 	}
 	switch s.kind {
 	case KindInsufficientFunds:
-		req.Source = TokenInsufficientFunds
+		req.Source = paymentsim.TokenInsufficientFunds
 	case KindFlaky:
-		req.Source = FlakyToken(s.flaky)
+		req.Source = paymentsim.FlakyToken(s.flaky)
 	case KindTimeout:
-		req.Source = TokenTimeout
+		req.Source = paymentsim.TokenTimeout
 	case KindRateLimited:
-		req.Source = TokenRateLimited
+		req.Source = paymentsim.TokenRateLimited
 	case KindPanic:
-		req.Source = TokenPanic
+		req.Source = paymentsim.TokenPanic
 	}
-	d := DemoRequest{Kind: s.kind, PaymentID: paymentID, Source: req.Source}
+	d := Request{Kind: s.kind, PaymentID: paymentID, Source: req.Source}
 
 	// Malformed requests are built as field maps, so a field can be absent or mistyped.
 	fields := map[string]any{
-		fieldPaymentID:   req.PaymentID,
-		fieldOrderID:     req.OrderID,
-		fieldAmountCents: req.AmountCents,
-		fieldCurrency:    req.Currency,
-		fieldSource:      req.Source,
+		paymentsim.FieldPaymentID:   req.PaymentID,
+		paymentsim.FieldOrderID:     req.OrderID,
+		paymentsim.FieldAmountCents: req.AmountCents,
+		paymentsim.FieldCurrency:    req.Currency,
+		paymentsim.FieldSource:      req.Source,
 	}
 	switch s.kind {
 	case KindMissingField:
-		missing := []string{fieldOrderID, fieldAmountCents, fieldCurrency, fieldSource}[rng.IntN(4)]
+		missing := []string{paymentsim.FieldOrderID, paymentsim.FieldAmountCents, paymentsim.FieldCurrency, paymentsim.FieldSource}[rng.IntN(4)]
 		delete(fields, missing)
 	case KindEmptyField:
-		fields[[]string{fieldOrderID, fieldSource}[rng.IntN(2)]] = ""
+		fields[[]string{paymentsim.FieldOrderID, paymentsim.FieldSource}[rng.IntN(2)]] = ""
 	case KindNonPositiveAmount:
-		fields[fieldAmountCents] = -rng.Int64N(1000) // 0 included
+		fields[paymentsim.FieldAmountCents] = -rng.Int64N(1000) // 0 included
 	case KindBadCurrency:
-		fields[fieldCurrency] = demoBadCurrencies[rng.IntN(len(demoBadCurrencies))]
+		fields[paymentsim.FieldCurrency] = demoBadCurrencies[rng.IntN(len(demoBadCurrencies))]
 	case KindAmountString:
-		fields[fieldAmountCents] = strconv.FormatInt(req.AmountCents, 10)
+		fields[paymentsim.FieldAmountCents] = strconv.FormatInt(req.AmountCents, 10)
 	case KindAmountFloat:
-		fields[fieldAmountCents] = float64(req.AmountCents) + 0.5
+		fields[paymentsim.FieldAmountCents] = float64(req.AmountCents) + 0.5
 	}
 	body, err := json.Marshal(fields)
 	if err != nil {
@@ -327,7 +333,7 @@ func newDemoRequest(rng *rand.Rand, s demoSlot, paymentID, orderID string) DemoR
 	if s.kind == KindMalformedJSON {
 		body = body[:len(body)/2]
 	}
-	if src, ok := fields[fieldSource]; !ok || src == "" || s.kind == KindMalformedJSON {
+	if src, ok := fields[paymentsim.FieldSource]; !ok || src == "" || s.kind == KindMalformedJSON {
 		d.Source = "" // no token the handler could read
 	}
 	d.Body = body

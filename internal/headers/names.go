@@ -1,0 +1,26 @@
+package headers
+
+// Header names sluice writes that are its own bookkeeping rather than what a handler reads;
+// moved from package sluice (their Header-prefixed names there). Values unchanged.
+const (
+	// FirstFailureTime is the RFC 3339 time of the first failed attempt.
+	FirstFailureTime = "x-first-failure-time"
+	// LastFailureTime is the RFC 3339 time of the latest failed attempt.
+	LastFailureTime = "x-last-failure-time"
+	// DeferCount is how many times the message was deferred (attempts not used).
+	DeferCount = "x-defer-count"
+	// FirstDeferTime is the RFC 3339 time of the first deferral.
+	FirstDeferTime = "x-first-defer-time"
+	// Handler, FailedAt, FailedHost, FailedPID and ErrorClass are the failure record's
+	// "where and how" fields (see package poison), beside sluice.HeaderErrorType & co.
+	Handler    = "x-handler"
+	FailedAt   = "x-failed-at"
+	FailedHost = "x-failed-host"
+	FailedPID  = "x-failed-pid"
+	ErrorClass = "x-error-class"
+	// ReplayCount counts replays from the dead-letter queue.
+	ReplayCount = "x-replay-count"
+	// TraceParent and TraceState carry W3C trace context.
+	TraceParent = "traceparent"
+	TraceState  = "tracestate"
+)
