@@ -23,16 +23,6 @@ const (
 	QueueKindUnrouted = "unrouted"
 )
 
-// UnroutedQueue holds the events no queue was bound to (docs/DESIGN.md: the alternate exchange
-// of sluice's exchanges).
-const UnroutedQueue = topology.UnroutedQueue
-
-// ArchiveSuffix is appended to a dead-letter queue's name to name its archive.
-const ArchiveSuffix = topology.ArchiveSuffix
-
-// ArchiveName returns the archive of queue's dead-letter queue: Q.dlq.archive.
-func ArchiveName(queue string) string { return topology.Archive(queue) }
-
 // Errors of WatchDepth.
 var (
 	// ErrQueueAbsent is what a DepthSource returns for a queue that does not exist. The
@@ -43,16 +33,16 @@ var (
 	// ErrNoDepthQueues is returned by DepthConfig.Validate without queues to watch.
 	ErrNoDepthQueues = errors.New("telemetry: depth watcher needs queues")
 	// ErrDepthInterval is returned by DepthConfig.Validate for an interval below
-	// MinDepthInterval.
+	// minDepthInterval.
 	ErrDepthInterval = errors.New("telemetry: depth interval too short")
 )
 
 // DefaultDepthInterval is how often a DepthWatcher reads the broker by default.
 const DefaultDepthInterval = 15 * time.Second
 
-// MinDepthInterval is the shortest interval allowed: every read is a round trip to the
+// minDepthInterval is the shortest interval allowed: every read is a round trip to the
 // broker (one channel per queue over AMQP, one HTTP request over the management API).
-const MinDepthInterval = 500 * time.Millisecond
+const minDepthInterval = 500 * time.Millisecond
 
 // QueueDepth is what a DepthSource reads of one queue.
 type QueueDepth struct {
@@ -83,16 +73,16 @@ type DepthQueue struct {
 }
 
 // DepthQueuesFor returns what an operator watches of consumed queues: each queue, its
-// dead-letter queue and its archive, and UnroutedQueue.
+// dead-letter queue and its archive, and topology.UnroutedQueue.
 func DepthQueuesFor(queues ...string) []DepthQueue {
 	out := make([]DepthQueue, 0, 3*len(queues)+1)
 	for _, q := range queues {
 		out = append(out,
 			DepthQueue{Name: q, Kind: QueueKindConsumed},
-			DepthQueue{Name: q + DeadLetterSuffix, Kind: QueueKindDLQ},
-			DepthQueue{Name: ArchiveName(q), Kind: QueueKindArchive})
+			DepthQueue{Name: q + topology.DeadLetterSuffix, Kind: QueueKindDLQ},
+			DepthQueue{Name: topology.Archive(q), Kind: QueueKindArchive})
 	}
-	return append(out, DepthQueue{Name: UnroutedQueue, Kind: QueueKindUnrouted})
+	return append(out, DepthQueue{Name: topology.UnroutedQueue, Kind: QueueKindUnrouted})
 }
 
 // DepthConfig configures WatchDepth.
@@ -102,7 +92,7 @@ type DepthConfig struct {
 	// Queues are the queues to watch. Required.
 	Queues []DepthQueue
 	// Interval is how often the broker is read, whatever the scrape rate: scrapes read
-	// the last values. Zero means DefaultDepthInterval; below MinDepthInterval is an
+	// the last values. Zero means DefaultDepthInterval; below minDepthInterval is an
 	// error.
 	Interval time.Duration
 	// Logger receives a line when a queue goes missing or cannot be read, and when it is
@@ -121,8 +111,8 @@ func (c *DepthConfig) Validate() error {
 	if c.Interval == 0 {
 		c.Interval = DefaultDepthInterval
 	}
-	if c.Interval < MinDepthInterval {
-		return fmt.Errorf("%w: %s (minimum %s)", ErrDepthInterval, c.Interval, MinDepthInterval)
+	if c.Interval < minDepthInterval {
+		return fmt.Errorf("%w: %s (minimum %s)", ErrDepthInterval, c.Interval, minDepthInterval)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -6,9 +6,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// DefaultErrorTypeLimit is how many distinct error.type values the metrics of one
+// defaultErrorTypeLimit is how many distinct error.type values the metrics of one
 // Instrumentation carry before the rest are recorded as ErrorTypeOther.
-const DefaultErrorTypeLimit = 32
+const defaultErrorTypeLimit = 32
 
 // ErrorTypeOther is the error.type of a metric point whose error type came after the
 // limit: the semantic conventions' fallback value.
@@ -28,7 +28,7 @@ type errorTypes struct {
 
 func newErrorTypes(limit int) *errorTypes {
 	if limit <= 0 {
-		limit = DefaultErrorTypeLimit
+		limit = defaultErrorTypeLimit
 	}
 	return &errorTypes{limit: limit, seen: make(map[string]struct{}, limit)}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // LogLimit bounds the info lines an Instrumentation writes for retries and dead letters:
@@ -123,7 +124,7 @@ func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep re
 		msg = "message handed to the broker for a retry"
 		attrs = append(attrs, slog.Duration("delay", rep.Delay))
 	} else {
-		attrs = append(attrs, slog.String("dlq", queue+DeadLetterSuffix))
+		attrs = append(attrs, slog.String("dlq", queue+topology.DeadLetterSuffix))
 	}
 	l.logger.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Delayer hands a message to the broker to be delivered to queue after d. It has the
@@ -57,13 +58,13 @@ func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, 
 		*buf = (*buf)[:0]
 		attrPool.Put(buf)
 	}()
-	attrs := append(d.in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeSend, "send", DelayDestination, msg),
+	attrs := append(d.in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeSend, "send", topology.DelayDestination, msg),
 		otelnames.AttrQueue.String(queue),
 		otelnames.AttrRetryDelayMS.Int64(delay.Milliseconds()),
 		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
 	*buf = attrs // a longer slice, if the appends outgrew it, goes back to the pool
-	return d.in.handOff(ctx, spanName("send", DelayDestination), DelayDestination, msg, attrs, func(ctx context.Context) error {
+	return d.in.handOff(ctx, spanName("send", topology.DelayDestination), topology.DelayDestination, msg, attrs, func(ctx context.Context) error {
 		return d.next.Delay(ctx, queue, delay, msg)
 	})
 }
@@ -75,7 +76,7 @@ type deadLetterer struct {
 
 // DeadLetter traces the hand-off of msg to queue's dead-letter queue.
 func (d *deadLetterer) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
-	dlq := queue + DeadLetterSuffix
+	dlq := queue + topology.DeadLetterSuffix
 	attrs := append(d.in.messageAttrs(semconv.MessagingOperationTypeSend, "send", dlq, msg),
 		otelnames.AttrQueue.String(queue),
 		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),

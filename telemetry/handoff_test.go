@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -113,7 +114,7 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 	for i, d := range delays {
 		a := attrs(d)
 		assert.Equal(t, trace.SpanKindProducer, d.SpanKind())
-		assert.Equal(t, telemetry.DelayDestination, a[semconv.MessagingDestinationNameKey].AsString())
+		assert.Equal(t, topology.DelayDestination, a[semconv.MessagingDestinationNameKey].AsString())
 		assert.Equal(t, "send", a[semconv.MessagingOperationTypeKey].AsString())
 		assert.Equal(t, queue, a[otelnames.AttrQueue].AsString())
 		assert.Equal(t, int64(250), a[otelnames.AttrRetryDelayMS].AsInt64())

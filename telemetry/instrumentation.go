@@ -16,18 +16,10 @@ import (
 
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // scopeName is the instrumentation scope of sluice's tracer and meter.
 const scopeName = "github.com/sluice-go/sluice/telemetry"
-
-// DelayDestination is the destination name of a retry or deferral hand-off: the broker's
-// delay infrastructure, whatever queue the message returns to afterwards.
-const DelayDestination = topology.DelayDestination
-
-// DeadLetterSuffix is appended to a queue's name to name its dead-letter queue.
-const DeadLetterSuffix = topology.DeadLetterSuffix
 
 // durationBuckets are the semantic conventions' recommended boundaries for durations in
 // seconds; the SDK's defaults are meant for milliseconds and would put every attempt
@@ -80,7 +72,7 @@ func WithRoutingKey(fn func(destination string, msg *message.Message) string) Op
 }
 
 // WithErrorTypeLimit caps how many distinct error.type values the metrics carry; later
-// types are recorded as ErrorTypeOther ("_OTHER"). Zero means DefaultErrorTypeLimit (32).
+// types are recorded as ErrorTypeOther ("_OTHER"). Zero means defaultErrorTypeLimit (32).
 // Spans and logs always carry the real type.
 func WithErrorTypeLimit(n int) Option {
 	return func(o *options) { o.errLimit = n }

@@ -270,7 +270,7 @@ func TestWatchDepth_PollsAtItsIntervalAndLogsChangesOnce(t *testing.T) {
 	var log syncLog
 	src := &fakeSource{depths: map[string]telemetry.QueueDepth{}}
 	w, err := e.in.WatchDepth(telemetry.DepthConfig{Source: src, Queues: telemetry.DepthQueuesFor("q")[:1],
-		Interval: telemetry.MinDepthInterval, Logger: log.logger()})
+		Interval: 500 * time.Millisecond, Logger: log.logger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, w.Close()) })
 	waitRounds(t, w, 3) // three reads of a missing queue

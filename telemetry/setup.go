@@ -26,9 +26,9 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// DefaultServiceName is service.name when neither OTEL_SERVICE_NAME nor
+// defaultServiceName is service.name when neither OTEL_SERVICE_NAME nor
 // Config.ServiceName says otherwise.
-const DefaultServiceName = "sluice"
+const defaultServiceName = "sluice"
 
 // The values TracesExporter reports.
 const (
@@ -46,7 +46,7 @@ const (
 // (OTEL_RESOURCE_ATTRIBUTES) and service.name (OTEL_SERVICE_NAME).
 type Config struct {
 	// ServiceName is service.name unless OTEL_SERVICE_NAME is set. Empty means
-	// DefaultServiceName.
+	// defaultServiceName.
 	ServiceName string
 	// ServiceVersion is service.version. Empty leaves it out.
 	ServiceVersion string
@@ -152,7 +152,7 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
 	name := cfg.ServiceName
 	if name == "" {
-		name = DefaultServiceName
+		name = defaultServiceName
 	}
 	attrs := []resource.Option{resource.WithAttributes(semconv.ServiceName(name))}
 	if cfg.ServiceVersion != "" {

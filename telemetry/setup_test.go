@@ -197,7 +197,7 @@ func TestSetup_ShutdownFlushesToOTLPHTTP(t *testing.T) {
 	}{
 		{name: "service name from config", cfgService: "payments", wantService: "payments"},
 		{name: "OTEL_SERVICE_NAME wins", envService: "from-env", cfgService: "payments", wantService: "from-env"},
-		{name: "default service name", wantService: telemetry.DefaultServiceName},
+		{name: "default service name", wantService: "sluice"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // row is one line of the table.
@@ -141,7 +141,7 @@ func (d *drawing) spanRow(tree string, s jaeger.Span) row {
 		}
 	} else {
 		switch {
-		case s.TagString("messaging.destination.name") == telemetry.DelayDestination:
+		case s.TagString("messaging.destination.name") == topology.DelayDestination:
 			if delay := delayOf(s); delay != "" {
 				detail = append(detail, "delay "+delay)
 			}
@@ -170,7 +170,7 @@ func (d *drawing) waitRow(tree string, parent, consumer jaeger.Span, wait time.D
 	r := row{offset: from, duration: wait, showDur: true, from: from, to: from + wait, fill: barWait}
 	where := parent.TagString("messaging.destination.name")
 	switch {
-	case where == telemetry.DelayDestination:
+	case where == topology.DelayDestination:
 		r.name = tree + "waiting in the delay"
 		if delay := delayOf(parent); delay != "" {
 			r.detail = "asked " + delay

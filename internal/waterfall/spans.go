@@ -8,7 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // isSluiceAttempt reports whether s is the consumer span of a delivery attempt that
@@ -20,7 +20,7 @@ func isSluiceAttempt(s jaeger.Span) bool {
 
 // isDeadLetter reports whether s is a hand-off to a dead-letter queue.
 func isDeadLetter(s jaeger.Span) bool {
-	return s.Kind() == "producer" && strings.HasSuffix(s.TagString("messaging.destination.name"), telemetry.DeadLetterSuffix)
+	return s.Kind() == "producer" && strings.HasSuffix(s.TagString("messaging.destination.name"), topology.DeadLetterSuffix)
 }
 
 func messageOf(s jaeger.Span) string { return s.TagString("messaging.message.id") }
