@@ -147,10 +147,13 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		res, err := dlq.NewReplayer(e.rabbit.Conn).Replay(ctx, qa, dlq.Selector{IDs: []string{"paid-1"}})
+		op := dlq.NewOperator(e.rabbit.Conn)
+		var replayed []dlq.Moved
+		op.OnMoved = func(m dlq.Moved) { replayed = append(replayed, m) }
+		_, err := op.Replay(ctx, qa, dlq.Selector{IDs: []string{"paid-1"}}, dlq.Options{})
 		require.NoError(t, err)
-		require.Len(t, res.Replayed, 1)
-		require.Equal(t, qa, res.Replayed[0].Destination)
+		require.Len(t, replayed, 1)
+		require.Equal(t, qa, replayed[0].Destination)
 		wantBilling["paid-1"] = 2
 		settle(t, func() bool { return assert.ObjectsAreEqual(wantBilling, got.of("billing")) }, "the replay reaches billing")
 		assert.Equal(t, wantBilling, got.of("billing"))
