@@ -3,11 +3,10 @@ package dlq
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice/internal/mask"
+	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -15,80 +14,23 @@ import (
 var (
 	// ErrQueueNotFound means the DLQ Q.dlq does not exist: Q does not use sluice's
 	// topology, or the name is wrong.
-	ErrQueueNotFound = errors.New("queue not found")
+	ErrQueueNotFound = dlqwire.ErrQueueNotFound
 	// ErrMessageNotFound means no message in the DLQ has the id asked for.
-	ErrMessageNotFound = errors.New("message not found")
+	ErrMessageNotFound = dlqwire.ErrMessageNotFound
 	// ErrDestinationNotFound means a message's original queue does not exist, so it was
 	// not replayed and stays in the DLQ.
-	ErrDestinationNotFound = errors.New("destination queue not found")
+	ErrDestinationNotFound = dlqwire.ErrDestinationNotFound
 	// ErrNoSelector is returned by Replay when the Selector selects nothing explicitly.
-	ErrNoSelector = errors.New("no selector: give ids, an error type, an age or All")
-	// ErrNoConnection is returned when an Inspector or Replayer has no connection.
+	ErrNoSelector = dlqwire.ErrNoSelector
+	// ErrNoConnection is returned when an Inspector or replayer has no connection.
 	ErrNoConnection = errors.New("dlq: no RabbitMQ connection")
 )
 
-// DLQName returns the dead-letter queue of queue (broker/amqp's naming).
-func DLQName(queue string) string { return topology.DLQ(queue) }
+// dlqName returns the dead-letter queue of queue (broker/amqp's naming).
+func dlqName(queue string) string { return topology.DLQ(queue) }
 
-// ArchiveName returns the archive of queue's dead letters (broker/amqp's naming).
-func ArchiveName(queue string) string { return topology.Archive(queue) }
-
-// DialTimeout bounds the TCP and AMQP handshake of Dial.
-const DialTimeout = 10 * time.Second
-
-// Dial connects to the first reachable of urls. Errors name the URL with its password
-// masked (internal/mask.URL) and never contain the password.
-func Dial(urls ...string) (*amqp.Connection, error) {
-	if len(urls) == 0 {
-		return nil, errors.New("dlq: no RabbitMQ URL given")
-	}
-	var errs []error
-	for _, u := range urls {
-		cfg := amqp.Config{
-			Dial:       amqp.DefaultDial(DialTimeout),
-			Heartbeat:  10 * time.Second,
-			Properties: amqp.Table{"connection_name": "sluice dlq"},
-		}
-		conn, err := amqp.DialConfig(u, cfg)
-		if err == nil {
-			return conn, nil
-		}
-		errs = append(errs, MaskError(fmt.Errorf("connect to RabbitMQ at %s: %w", mask.URL(u), err), urls...))
-	}
-	return nil, errors.Join(errs...)
-}
-
-// MaskError returns err with every password of urls, and every URL, masked in its text.
-// An error whose text holds no secret is returned as it is, so errors.Is still works; a
-// masked one keeps the sentinel errors of this package it wrapped.
-func MaskError(err error, urls ...string) error {
-	if err == nil {
-		return nil
-	}
-	text := err.Error()
-	masked := mask.Text(text, urls...)
-	if masked == text {
-		return err
-	}
-	return &maskedError{text: masked, err: err}
-}
-
-// maskedError is an error whose text had a secret removed. It unwraps only to the
-// sentinels of this package, never to the original (whose text holds the secret).
-type maskedError struct {
-	text string
-	err  error
-}
-
-func (e *maskedError) Error() string { return e.text }
-
-func (e *maskedError) Is(target error) bool {
-	switch target {
-	case ErrQueueNotFound, ErrMessageNotFound, ErrDestinationNotFound, ErrNoSelector:
-		return errors.Is(e.err, target)
-	}
-	return false
-}
+// archiveName returns the archive of queue's dead letters (broker/amqp's naming).
+func archiveName(queue string) string { return topology.Archive(queue) }
 
 // isNotFound reports whether err is RabbitMQ's 404 NOT_FOUND channel error.
 func isNotFound(err error) bool {
@@ -110,9 +52,9 @@ const (
 // Name returns the name of queue's source queue.
 func (s Source) Name(queue string) string {
 	if s == FromArchive {
-		return ArchiveName(queue)
+		return archiveName(queue)
 	}
-	return DLQName(queue)
+	return dlqName(queue)
 }
 
 // String returns "dlq" or "archive".

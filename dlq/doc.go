@@ -16,7 +16,7 @@
 //
 // A dead letter's group is its handler, error type and a fingerprint of where it failed:
 // a panic's top stack frames, else its error message with numbers, ids, UUIDs and hex
-// stripped (see Fingerprint). Groups are what an operator replays, archives or purges
+// stripped (see fingerprint.go). Groups are what an operator replays, archives or purges
 // (Selector.Group). Records of older sluice versions (a panic's stack inside
 // x-error-message) and newer ones (the value only, the stack in x-error-stack) group alike.
 //
@@ -120,7 +120,7 @@
 // # The archive
 //
 // Archive creates Q.dlq.archive when it does not exist, durable, with x-message-ttl
-// Options.Retention (DefaultRetention, 14 days, counted from the archiving), classic
+// Options.Retention (14 days by default, counted from the archiving), classic
 // unless Options.ArchiveType says quorum. An archive that exists is used as it is; a
 // RabbitMQ policy with message-ttl on it overrides the argument when it is lower.
 // Inspector.From and Options.From read, replay and purge the archive like a DLQ.

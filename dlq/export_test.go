@@ -1,8 +1,36 @@
 package dlq
 
+import "github.com/sluice-go/sluice/internal/dlqwire"
+
 // SkipDestinationCheck lets r publish to a missing queue, so that the publish is returned
 // at commit and the restore path runs.
-func SkipDestinationCheck(r *Replayer) { r.skipDestinationCheck = true }
+func SkipDestinationCheck(r *replayer) { r.skipDestinationCheck = true }
 
 // SelectionRecord is selectionRecord, for comparing it with NewRecord.
 var SelectionRecord = selectionRecord
+
+// The package's unexported helpers, under the names the external tests use.
+var (
+	Fingerprint      = cachedFingerprint
+	GroupID          = groupID
+	NormalizeMessage = normalizeMessage
+	NewRecord        = newRecord
+	NewReplayer      = newReplayer
+	NewUnroutedEvent = newUnroutedEvent
+	Purge            = purgeQueue
+	ReplayPublishing = replayPublishing
+	MaskError        = dlqwire.MaskError
+)
+
+// Unexported types and constants, under the names the external tests use.
+type (
+	Replayer     = replayer
+	ReplayResult = replayResult
+	Replayed     = Moved
+)
+
+const (
+	DefaultRetention = dlqwire.DefaultRetention
+	HeaderArchivedAt = headerArchivedAt
+	UnroutedQueue    = unroutedQueue
+)

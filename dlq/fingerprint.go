@@ -43,15 +43,15 @@ var (
 // panicPrefix is how Watermill's RecoveredPanicError starts its text.
 const panicPrefix = "panic occurred:"
 
-// GroupID returns the id of the group of handler, errorType and fingerprint.
-func GroupID(handler, errorType, fingerprint string) string {
+// groupID returns the id of the group of handler, errorType and fingerprint.
+func groupID(handler, errorType, fingerprint string) string {
 	sum := sha256.Sum256([]byte(handler + "\x00" + errorType + "\x00" + fingerprint))
 	return hex.EncodeToString(sum[:6])
 }
 
-// Fingerprint returns where a failure happened (see the comment at the top of this file):
+// cachedFingerprint returns where a failure happened (see the comment at the top of this file):
 // the top stack frames for a panic, else the normalized error message.
-func Fingerprint(errorType, message, stack string) string {
+func cachedFingerprint(errorType, message, stack string) string {
 	key := fingerprintKey{errorType, message, stack}
 	if fp, ok := fingerprints.get(key); ok {
 		return fp
@@ -82,12 +82,12 @@ func fingerprint(errorType, message, stack string) string {
 			}
 		}
 	}
-	return NormalizeMessage(message)
+	return normalizeMessage(message)
 }
 
-// NormalizeMessage returns the first line of msg with UUIDs, hexadecimal numbers and words
+// normalizeMessage returns the first line of msg with UUIDs, hexadecimal numbers and words
 // holding a digit replaced by "#", spaces collapsed, cut to 200 bytes.
-func NormalizeMessage(msg string) string {
+func normalizeMessage(msg string) string {
 	if i := strings.IndexAny(msg, "\r\n"); i >= 0 {
 		msg = msg[:i]
 	}

@@ -8,9 +8,9 @@ import (
 )
 
 // Group is a failure group: the dead letters of one handler that failed with the same
-// error type at the same place (see Fingerprint).
+// error type at the same place (see fingerprint.go).
 type Group struct {
-	// ID identifies the group on every read (see GroupID); Selector.Group takes it.
+	// ID identifies the group on every read (see groupID); Selector.Group takes it.
 	ID        string `json:"id"`
 	Handler   string `json:"handler"`
 	ErrorType string `json:"error_type"`

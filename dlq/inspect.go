@@ -17,7 +17,7 @@ type Inspector struct {
 	Now func() time.Time
 	// From is the queue read: Q.dlq (the zero value) or Q.dlq.archive.
 	From Source
-	// Window is how many messages a read has in flight. Zero means DefaultWindow.
+	// Window is how many messages a read has in flight. Zero means 2,000.
 	Window int
 	// Progress, when set, is called as a read goes (see Progress).
 	Progress func(Progress)
@@ -77,11 +77,11 @@ type Stats struct {
 	// Oldest is the largest age among them (zero when none has a known age).
 	Oldest time.Duration `json:"-"`
 	// ByErrorType counts them by error type, most frequent first.
-	ByErrorType []TypeStats `json:"by_error_type"`
+	ByErrorType []typeStats `json:"by_error_type"`
 }
 
-// TypeStats counts the messages of one error type.
-type TypeStats struct {
+// typeStats counts the messages of one error type.
+type typeStats struct {
 	ErrorType string `json:"error_type"`
 	Count     int    `json:"count"`
 	// Oldest is the largest age among them.
@@ -98,8 +98,8 @@ func (s Stats) MarshalJSON() ([]byte, error) {
 }
 
 // MarshalJSON writes Oldest as oldest_age_seconds.
-func (t TypeStats) MarshalJSON() ([]byte, error) {
-	type plain TypeStats
+func (t typeStats) MarshalJSON() ([]byte, error) {
+	type plain typeStats
 	return json.Marshal(struct {
 		plain
 		OldestAgeSeconds float64 `json:"oldest_age_seconds"`
@@ -109,13 +109,13 @@ func (t TypeStats) MarshalJSON() ([]byte, error) {
 // Stats reads every message of queue's DLQ and counts them by error type. A message
 // without an error type counts under "".
 func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
-	s := Stats{Queue: queue, DLQ: i.From.Name(queue), ByErrorType: []TypeStats{}}
-	byType := map[string]*TypeStats{}
+	s := Stats{Queue: queue, DLQ: i.From.Name(queue), ByErrorType: []typeStats{}}
+	byType := map[string]*typeStats{}
 	_, err := i.scanWith(ctx, queue, selectionRecord, func(r Record) bool {
 		s.Total++
 		ts := byType[r.ErrorType]
 		if ts == nil {
-			ts = &TypeStats{ErrorType: r.ErrorType}
+			ts = &typeStats{ErrorType: r.ErrorType}
 			byType[r.ErrorType] = ts
 		}
 		ts.Count++
@@ -161,7 +161,7 @@ func (i *Inspector) Messages(ctx context.Context, queue string, sel Selector, vi
 // back all of them, in order, keeps the order. Closing the channel gives every message
 // back. It returns the number of ready messages the queue had at the start.
 func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) bool) (int, error) {
-	return i.scanWith(ctx, queue, NewRecord, visit)
+	return i.scanWith(ctx, queue, newRecord, visit)
 }
 
 // scanWith is scan with records made by decode (NewRecord, or selectionRecord for the

@@ -8,12 +8,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
 )
 
-// HeaderArchivedAt is the time a message was archived (RFC 3339), set on its copy in
+// headerArchivedAt is the time a message was archived (RFC 3339), set on its copy in
 // Q.dlq.archive; a replay removes it.
-const HeaderArchivedAt = "x-archived-at"
+const headerArchivedAt = "x-archived-at"
 
 // item is a message read by an operation, waiting for its batch's transaction: a selected
 // one (moved to its destination) or, with keep, one the selector skipped (published
@@ -58,14 +59,14 @@ func (m *mover) moved(rec Record) Moved {
 // publishing is what a move publishes for d.
 func (m *mover) publishing(it item) amqp.Publishing {
 	if m.op == opReplay {
-		return ReplayPublishing(it.d, it.moved.ReplayCount)
+		return replayPublishing(it.d, it.moved.ReplayCount)
 	}
 	pub := originalPublishing(it.d)
 	pub.Headers = make(amqp.Table, len(it.d.Headers)+1)
 	for k, v := range it.d.Headers {
 		pub.Headers[k] = v
 	}
-	pub.Headers[HeaderArchivedAt] = failure.FormatTime(m.now)
+	pub.Headers[headerArchivedAt] = failure.FormatTime(m.now)
 	return pub
 }
 
@@ -173,7 +174,7 @@ func (m *mover) kept(it item) item {
 
 // findReturned returns the index in sent of the message ret returns, or -1.
 func findReturned(sent []item, taken map[int]amqp.Return, ret amqp.Return) int {
-	id := MessageID(amqp.Delivery{Headers: ret.Headers, MessageId: ret.MessageId, Body: ret.Body})
+	id := dlqwire.MessageID(amqp.Delivery{Headers: ret.Headers, MessageId: ret.MessageId, Body: ret.Body})
 	for i, it := range sent {
 		if _, ok := taken[i]; !ok && it.moved.ID == id && it.moved.Destination == ret.RoutingKey {
 			return i
@@ -228,7 +229,7 @@ func (m *mover) checkDestination(queue string) error {
 	return nil
 }
 
-// ensureArchive declares Q.dlq.archive when it does not exist (see DefaultRetention).
+// ensureArchive declares Q.dlq.archive when it does not exist (see dlqwire.DefaultRetention).
 func (m *mover) ensureArchive(opts Options) error {
 	err := m.checkDestination(m.to)
 	if err == nil || !isDestinationMissing(err) {
@@ -236,7 +237,7 @@ func (m *mover) ensureArchive(opts Options) error {
 	}
 	retention := opts.Retention
 	if retention <= 0 {
-		retention = DefaultRetention
+		retention = dlqwire.DefaultRetention
 	}
 	qt := sluiceamqp.QueueType(opts.ArchiveType)
 	if qt == "" {

@@ -14,14 +14,8 @@ import (
 // changed.
 var ErrNothingSelected = errors.New("no message matches the selector")
 
-// DefaultBatchSize is how many messages an Operator moves in one transaction.
-const DefaultBatchSize = 500
-
-// DefaultRetention is how long Q.dlq.archive keeps an archived message when Archive
-// creates it: x-message-ttl of 14 days, counted from the archiving. An archive that exists
-// is used as it is; a RabbitMQ policy with message-ttl on it overrides the argument when
-// it is lower (RabbitMQ applies the lower of the two).
-const DefaultRetention = 14 * 24 * time.Hour
+// defaultBatchSize is how many messages an Operator moves in one transaction.
+const defaultBatchSize = 500
 
 // Operator replays, archives and purges dead letters in bulk, in batches, each batch one
 // AMQP transaction (see the package doc: a process killed at any point neither loses nor
@@ -30,10 +24,10 @@ type Operator struct {
 	conn *amqp.Connection
 	// Now is the clock ages are measured against. Nil means time.Now.
 	Now func() time.Time
-	// BatchSize is how many messages one transaction moves. Zero means DefaultBatchSize.
+	// BatchSize is how many messages one transaction moves. Zero means 500.
 	BatchSize int
 	// Window is how many messages a run has in flight from RabbitMQ. Zero means
-	// DefaultWindow; it is raised to twice BatchSize when lower.
+	// 2,000; it is raised to twice BatchSize when lower.
 	Window int
 	// Progress, when set, is called as the operation goes (see Progress).
 	Progress func(Progress)
@@ -54,7 +48,7 @@ type Operator struct {
 func NewOperator(conn *amqp.Connection) *Operator { return &Operator{conn: conn} }
 
 // Options are the settings of one operation. The zero value reads Q.dlq, sends replays to
-// each message's original queue and creates the archive with DefaultRetention.
+// each message's original queue and creates the archive with a retention of 14 days.
 type Options struct {
 	// From is the queue the messages are taken from: Q.dlq or Q.dlq.archive.
 	From Source
@@ -62,7 +56,7 @@ type Options struct {
 	// (x-original-queue), for example a fixed handler's new queue. The queue must exist.
 	To string
 	// Retention, for Archive, is the archive's x-message-ttl when Archive creates it.
-	// Zero means DefaultRetention.
+	// Zero means 14 days (internal/dlqwire.DefaultRetention).
 	Retention time.Duration
 	// ArchiveType, for Archive, is the archive's queue type when Archive creates it
 	// ("classic" or "quorum"). Empty means classic.
@@ -194,7 +188,7 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 	defer m.closeProbe()
 	switch {
 	case op == opArchive:
-		m.to = ArchiveName(queue)
+		m.to = archiveName(queue)
 		if !opts.DryRun {
 			if err := m.ensureArchive(opts); err != nil {
 				return res, err
@@ -208,11 +202,11 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 	res.Destination = m.to
 	batchSize := o.BatchSize
 	if batchSize <= 0 {
-		batchSize = DefaultBatchSize
+		batchSize = defaultBatchSize
 	}
 	window := max(o.Window, 2*batchSize)
 	if o.Window == 0 {
-		window = max(DefaultWindow, 2*batchSize)
+		window = max(defaultWindow, 2*batchSize)
 	}
 	setup := func(c *amqp.Channel) error {
 		if opts.DryRun {

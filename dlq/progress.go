@@ -3,7 +3,7 @@ package dlq
 import "time"
 
 // Progress says how far a long operation is. A Progress callback receives it at most every
-// ProgressInterval while the operation runs, and once more at its end with Done set.
+// progressInterval while the operation runs, and once more at its end with Done set.
 type Progress struct {
 	// Op is "read" (List, Show, Stats, Groups, a dry run), "replay", "archive" or "purge".
 	Op string `json:"op"`
@@ -23,10 +23,10 @@ type Progress struct {
 	Done bool `json:"done"`
 }
 
-// ProgressInterval is the least time between two Progress reports of one operation.
-const ProgressInterval = 200 * time.Millisecond
+// progressInterval is the least time between two Progress reports of one operation.
+const progressInterval = 200 * time.Millisecond
 
-// progressor calls fn with the state of one operation, at most every ProgressInterval.
+// progressor calls fn with the state of one operation, at most every progressInterval.
 type progressor struct {
 	fn    func(Progress)
 	p     Progress
@@ -59,7 +59,7 @@ func (p *progressor) report(done bool) {
 		return
 	}
 	now := time.Now()
-	if !done && now.Sub(p.last) < ProgressInterval {
+	if !done && now.Sub(p.last) < progressInterval {
 		return
 	}
 	p.last = now

@@ -9,8 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// DefaultWindow is how many messages a read has in flight from RabbitMQ.
-const DefaultWindow = 2000
+// defaultWindow is how many messages a read has in flight from RabbitMQ.
+const defaultWindow = 2000
 
 // idleCheck is how long a read waits for a delivery before it asks RabbitMQ whether the
 // queue still has ready messages (another client may have taken them); after idleChecks
@@ -79,7 +79,7 @@ func newReader(conn *amqp.Connection, ch *amqp.Channel, queue string, total, win
 		settle = operationSettle
 	}
 	if window <= 0 {
-		window = DefaultWindow
+		window = defaultWindow
 	}
 	window = min(window, 65535) // basic.qos's prefetch count is 16 bits
 	reserve = min(reserve, window/2)

@@ -1,19 +1,16 @@
 package dlq
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice"
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 )
@@ -29,10 +26,10 @@ type Record struct {
 	OriginalQueue string `json:"original_queue"`
 	// Handler is the Watermill handler that failed (x-handler).
 	Handler string `json:"handler,omitempty"`
-	// GroupID is the message's failure group (see Group and Fingerprint).
+	// GroupID is the message's failure group (see Group and fingerprint.go).
 	GroupID string `json:"group_id"`
 	// Fingerprint says where the message failed: a panic's top stack frames, else its
-	// normalized error message (see Fingerprint).
+	// normalized error message (see fingerprint.go).
 	Fingerprint string `json:"fingerprint"`
 	// ErrorType is x-error-type, else x-last-error, else "rabbitmq.<reason>" for a message
 	// RabbitMQ dead-lettered itself (x-first-death-reason), else empty.
@@ -63,13 +60,13 @@ type Record struct {
 	// record included; Watermill's id header is in ID.
 	Headers map[string]string `json:"headers"`
 	// Properties are the AMQP basic properties.
-	Properties Properties `json:"properties"`
+	Properties properties `json:"properties"`
 	// Payload is the body, byte for byte.
 	Payload []byte `json:"-"`
 }
 
-// Properties are a message's AMQP basic properties.
-type Properties struct {
+// properties are a message's AMQP basic properties.
+type properties struct {
 	ContentType     string    `json:"content_type,omitempty"`
 	ContentEncoding string    `json:"content_encoding,omitempty"`
 	DeliveryMode    uint8     `json:"delivery_mode,omitempty"`
@@ -108,40 +105,19 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	if !r.FirstFailureAt.IsZero() {
 		out.FirstFailureAt = &r.FirstFailureAt
 	}
-	out.Payload, out.PayloadEncoding = PayloadText(r.Payload)
+	out.Payload, out.PayloadEncoding = dlqwire.PayloadText(r.Payload)
 	return json.Marshal(out)
 }
 
-// PayloadText returns payload as text and its encoding: the bytes themselves ("utf-8")
-// when they are valid UTF-8, else base64 ("base64").
-func PayloadText(payload []byte) (text, encoding string) {
-	if utf8.Valid(payload) {
-		return string(payload), "utf-8"
-	}
-	return base64.StdEncoding.EncodeToString(payload), "base64"
-}
-
-// MessageID returns the id of a delivery as Record.ID defines it.
-func MessageID(d amqp.Delivery) string {
-	if v, ok := d.Headers[sluiceamqp.UUIDHeader].(string); ok && v != "" {
-		return v
-	}
-	if d.MessageId != "" {
-		return d.MessageId
-	}
-	sum := sha256.Sum256(d.Body)
-	return "sha256:" + hex.EncodeToString(sum[:8])
-}
-
-// NewRecord reads the record of a delivery from queue's DLQ at position pos, with ages
+// newRecord reads the record of a delivery from queue's DLQ at position pos, with ages
 // measured against now.
-func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
+func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 	// The marshaler's text form of headers is the one the rest of sluice reads, so the
 	// record shows what a handler would see.
 	msg, _ := sluiceamqp.Marshaler{}.Unmarshal(d) // never fails
 	md := msg.Metadata
 	r := Record{
-		ID:            MessageID(d),
+		ID:            dlqwire.MessageID(d),
 		Position:      pos,
 		OriginalQueue: originalQueue(d, md.Get(sluice.HeaderOriginalQueue)),
 		Handler:       md.Get(headers.Handler),
@@ -155,7 +131,7 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		FailedPID:     md.Get(headers.FailedPID),
 		History:       failure.History(md),
 		Headers:       make(map[string]string, len(md)),
-		Properties: Properties{
+		Properties: properties{
 			ContentType:     d.ContentType,
 			ContentEncoding: d.ContentEncoding,
 			DeliveryMode:    d.DeliveryMode,
@@ -187,8 +163,8 @@ func NewRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 			r.ErrorMessage = "dead-lettered by RabbitMQ (" + reason + ") from queue " + md.Get("x-first-death-queue")
 		}
 	}
-	r.Fingerprint = Fingerprint(r.ErrorType, r.ErrorMessage, r.ErrorStack)
-	r.GroupID = GroupID(r.Handler, r.ErrorType, r.Fingerprint)
+	r.Fingerprint = cachedFingerprint(r.ErrorType, r.ErrorMessage, r.ErrorStack)
+	r.GroupID = groupID(r.Handler, r.ErrorType, r.Fingerprint)
 	for k, v := range md {
 		// Properties and delivery facts are in Properties; a header is shown by its name.
 		if name, ok := sluiceamqp.HeaderName(k); ok {
@@ -252,10 +228,10 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 		return v
 	}
 	if !plainHeaders(d.Headers) {
-		return NewRecord(d, queue, pos, now)
+		return newRecord(d, queue, pos, now)
 	}
 	r := Record{
-		ID:            MessageID(d),
+		ID:            dlqwire.MessageID(d),
 		Position:      pos,
 		OriginalQueue: originalQueue(d, h(sluice.HeaderOriginalQueue)),
 		Handler:       h(headers.Handler),
@@ -280,8 +256,8 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 			r.ErrorMessage = "dead-lettered by RabbitMQ (" + reason + ") from queue " + h("x-first-death-queue")
 		}
 	}
-	r.Fingerprint = Fingerprint(r.ErrorType, r.ErrorMessage, r.ErrorStack)
-	r.GroupID = GroupID(r.Handler, r.ErrorType, r.Fingerprint)
+	r.Fingerprint = cachedFingerprint(r.ErrorType, r.ErrorMessage, r.ErrorStack)
+	r.GroupID = groupID(r.Handler, r.ErrorType, r.Fingerprint)
 	if t, err := time.Parse(time.RFC3339Nano, h(headers.FailedAt)); err == nil && !t.After(now.Add(time.Minute)) {
 		r.FailedAt = t
 	} else if !d.Timestamp.IsZero() {

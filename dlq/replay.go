@@ -12,36 +12,33 @@ import (
 	"github.com/sluice-go/sluice/internal/headers"
 )
 
-// Replayer is the replay of one Selector back to each message's original queue, with the
+// replayer is the replay of one Selector back to each message's original queue, with the
 // moved messages listed in its result: the API of the first sluice CLI, kept for its
 // callers. Operator is the general form (archive, purge, To, progress).
-type Replayer struct {
+type replayer struct {
 	conn *amqp.Connection
 	// Now is the clock ages are measured against. Nil means time.Now.
 	Now func() time.Time
 	// OnReplay, when set, is called for each message once its batch committed.
-	OnReplay func(Replayed)
+	OnReplay func(Moved)
 	// Pace is Operator.Pace.
 	Pace time.Duration
 
 	skipDestinationCheck bool
 }
 
-// NewReplayer returns a Replayer on conn. The caller owns conn.
-func NewReplayer(conn *amqp.Connection) *Replayer { return &Replayer{conn: conn} }
+// newReplayer returns a replayer on conn. The caller owns conn.
+func newReplayer(conn *amqp.Connection) *replayer { return &replayer{conn: conn} }
 
-// Replayed is one message a replay moved (or, in a dry run, would move).
-type Replayed = Moved
-
-// ReplayResult says what a replay did.
-type ReplayResult struct {
+// replayResult says what a replay did.
+type replayResult struct {
 	Queue  string `json:"queue"`
 	DLQ    string `json:"dlq"`
 	DryRun bool   `json:"dry_run"`
 	// Scanned is how many DLQ messages were read.
 	Scanned int `json:"scanned"`
 	// Replayed are the messages moved, in DLQ order.
-	Replayed []Replayed `json:"replayed"`
+	Replayed []Moved `json:"replayed"`
 	// Failed are selected messages left in the DLQ because their replay failed.
 	Failed []Failure `json:"failed,omitempty"`
 	// MissingIDs are ids of the Selector found nowhere in the DLQ.
@@ -50,17 +47,17 @@ type ReplayResult struct {
 
 // Replay is Operator.Replay with the moved messages listed. A selector that matches
 // nothing is not an error here (the result is empty).
-func (r *Replayer) Replay(ctx context.Context, queue string, sel Selector) (ReplayResult, error) {
+func (r *replayer) Replay(ctx context.Context, queue string, sel Selector) (replayResult, error) {
 	return r.run(ctx, queue, sel, false)
 }
 
 // DryRun returns what Replay would move now, changing nothing.
-func (r *Replayer) DryRun(ctx context.Context, queue string, sel Selector) (ReplayResult, error) {
+func (r *replayer) DryRun(ctx context.Context, queue string, sel Selector) (replayResult, error) {
 	return r.run(ctx, queue, sel, true)
 }
 
-func (r *Replayer) run(ctx context.Context, queue string, sel Selector, dry bool) (ReplayResult, error) {
-	res := ReplayResult{Queue: queue, DLQ: DLQName(queue), DryRun: dry, Replayed: []Replayed{}}
+func (r *replayer) run(ctx context.Context, queue string, sel Selector, dry bool) (replayResult, error) {
+	res := replayResult{Queue: queue, DLQ: dlqName(queue), DryRun: dry, Replayed: []Moved{}}
 	o := &Operator{conn: r.conn, Now: r.Now, Pace: r.Pace, skipDestinationCheck: r.skipDestinationCheck}
 	o.OnMoved = func(m Moved) {
 		res.Replayed = append(res.Replayed, m)
@@ -87,22 +84,22 @@ func quoteAll(ids []string) string {
 // resetOnReplay are the headers a replay removes: the retry state and the failure record,
 // so the message starts over with a full set of retries. x-original-queue stays (it names
 // the queue the message goes back to).
-var resetOnReplay = headers.Set([][]string{headers.RetryState, headers.FailureRecord}, HeaderArchivedAt)
+var resetOnReplay = headers.Set([][]string{headers.RetryState, headers.FailureRecord}, headerArchivedAt)
 
-// ResetHeader reports whether a replay removes header key: the retry and failure-record
+// resetHeader reports whether a replay removes header key: the retry and failure-record
 // headers and the headers RabbitMQ owns (x-death, ...).
-func ResetHeader(key string) bool {
+func resetHeader(key string) bool {
 	return resetOnReplay[key] || headers.BrokerOwned(key)
 }
 
-// ReplayPublishing returns the publishing that replays d: its body, properties and headers,
+// replayPublishing returns the publishing that replays d: its body, properties and headers,
 // less the ones ResetHeader names, with x-replay-count set to replayCount (as a string,
 // like sluice's other counters). Expiration and user-id are not carried, as in
 // broker/amqp.Marshaler.
-func ReplayPublishing(d amqp.Delivery, replayCount int) amqp.Publishing {
+func replayPublishing(d amqp.Delivery, replayCount int) amqp.Publishing {
 	hdrs := make(amqp.Table, len(d.Headers)+1)
 	for k, v := range d.Headers {
-		if !ResetHeader(k) && !strings.EqualFold(k, headers.ReplayCount) {
+		if !resetHeader(k) && !strings.EqualFold(k, headers.ReplayCount) {
 			hdrs[k] = v
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -20,17 +21,17 @@ import (
 // alternate exchange routes). ListUnrouted reads that queue the way Inspector reads a
 // DLQ, never consuming it; ReplayUnrouted publishes selected events again to their
 // exchange with their routing key, each in its own transaction with the removal of its
-// copy, as Replayer does (see the package documentation). The queue is shared by every
+// copy, as replayer does (see the package documentation). The queue is shared by every
 // service of the vhost: select by exchange.
 
-// UnroutedQueue is the queue that keeps events no queue was bound for.
-const UnroutedQueue = topology.UnroutedQueue
+// unroutedQueue is the queue that keeps events no queue was bound for.
+const unroutedQueue = topology.UnroutedQueue
 
 // Headers a restored event carries: an event put back into sluice.unrouted by hand (after
 // its replay was returned) no longer has its exchange and routing key as delivery fields.
 const (
-	HeaderUnroutedExchange   = "x-unrouted-exchange"
-	HeaderUnroutedRoutingKey = "x-unrouted-routing-key"
+	headerUnroutedExchange   = "x-unrouted-exchange"
+	headerUnroutedRoutingKey = "x-unrouted-routing-key"
 )
 
 // ErrNoExchange means an event's exchange does not exist (any more); the event stays.
@@ -56,18 +57,18 @@ type UnroutedEvent struct {
 	Encoding string     `json:"payload_encoding"`
 }
 
-// NewUnroutedEvent describes delivery d, read at position pos of sluice.unrouted.
-func NewUnroutedEvent(d amqp.Delivery, pos int) UnroutedEvent {
-	ev := UnroutedEvent{Position: pos, ID: MessageID(d), Exchange: d.Exchange, RoutingKey: d.RoutingKey, Published: d.Timestamp, Headers: d.Headers}
-	if x, ok := d.Headers[HeaderUnroutedExchange].(string); ok && (d.Exchange == "" || d.Exchange == topology.UnroutedExchange) {
+// newUnroutedEvent describes delivery d, read at position pos of sluice.unrouted.
+func newUnroutedEvent(d amqp.Delivery, pos int) UnroutedEvent {
+	ev := UnroutedEvent{Position: pos, ID: dlqwire.MessageID(d), Exchange: d.Exchange, RoutingKey: d.RoutingKey, Published: d.Timestamp, Headers: d.Headers}
+	if x, ok := d.Headers[headerUnroutedExchange].(string); ok && (d.Exchange == "" || d.Exchange == topology.UnroutedExchange) {
 		ev.Exchange = x
-		ev.RoutingKey, _ = d.Headers[HeaderUnroutedRoutingKey].(string)
+		ev.RoutingKey, _ = d.Headers[headerUnroutedRoutingKey].(string)
 	}
 	if ev.Headers == nil {
 		ev.Headers = amqp.Table{}
 	}
 	ev.Replays = replayCountOf(d.Headers)
-	ev.Payload, ev.Encoding = PayloadText(d.Body)
+	ev.Payload, ev.Encoding = dlqwire.PayloadText(d.Body)
 	return ev
 }
 
@@ -125,14 +126,14 @@ func ListUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSelect
 		if err := ctx.Err(); err != nil {
 			return l, err
 		}
-		d, ok, err := ch.Get(UnroutedQueue, false)
+		d, ok, err := ch.Get(unroutedQueue, false)
 		if err != nil {
-			return l, fmt.Errorf("read %q: %w", UnroutedQueue, err)
+			return l, fmt.Errorf("read %q: %w", unroutedQueue, err)
 		}
 		if !ok {
 			break
 		}
-		if ev := NewUnroutedEvent(d, n+1); sel.Match(ev) && (limit <= 0 || len(l.Events) < limit) {
+		if ev := newUnroutedEvent(d, n+1); sel.Match(ev) && (limit <= 0 || len(l.Events) < limit) {
 			l.Events = append(l.Events, ev)
 		}
 	}
@@ -147,13 +148,13 @@ func openUnrouted(conn *amqp.Connection) (*amqp.Channel, int, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("open channel: %w", err)
 	}
-	q, err := ch.QueueDeclarePassive(UnroutedQueue, true, false, false, false, nil)
+	q, err := ch.QueueDeclarePassive(unroutedQueue, true, false, false, false, nil)
 	if err != nil {
 		_ = ch.Close()
 		if isNotFound(err) {
-			return nil, 0, fmt.Errorf("queue %q (declared with sluice's first exchange): %w", UnroutedQueue, ErrQueueNotFound)
+			return nil, 0, fmt.Errorf("queue %q (declared with sluice's first exchange): %w", unroutedQueue, ErrQueueNotFound)
 		}
-		return nil, 0, fmt.Errorf("check queue %q: %w", UnroutedQueue, err)
+		return nil, 0, fmt.Errorf("check queue %q: %w", unroutedQueue, err)
 	}
 	return ch, q.Messages, nil
 }
@@ -186,7 +187,7 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 	var returns <-chan amqp.Return
 	if !dry {
 		if err := ch.Tx(); err != nil {
-			return res, fmt.Errorf("start transaction on %q: %w", UnroutedQueue, err)
+			return res, fmt.Errorf("start transaction on %q: %w", unroutedQueue, err)
 		}
 		returns = ch.NotifyReturn(make(chan amqp.Return, 4))
 	}
@@ -214,17 +215,17 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 	}
 	for res.Scanned < total {
 		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("replay from %q interrupted after %d of %d events: %w", UnroutedQueue, res.Scanned, total, err)
+			return res, fmt.Errorf("replay from %q interrupted after %d of %d events: %w", unroutedQueue, res.Scanned, total, err)
 		}
-		d, ok, err := ch.Get(UnroutedQueue, false)
+		d, ok, err := ch.Get(unroutedQueue, false)
 		if err != nil {
-			return res, fmt.Errorf("read %q: %w", UnroutedQueue, err)
+			return res, fmt.Errorf("read %q: %w", unroutedQueue, err)
 		}
 		if !ok {
 			break
 		}
 		res.Scanned++
-		ev := NewUnroutedEvent(d, res.Scanned)
+		ev := newUnroutedEvent(d, res.Scanned)
 		if !sel.Match(ev) {
 			continue
 		}
@@ -246,7 +247,7 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 		pub := originalPublishing(d)
 		pub.Headers = amqp.Table{}
 		for k, v := range d.Headers {
-			if k != HeaderUnroutedExchange && k != HeaderUnroutedRoutingKey {
+			if k != headerUnroutedExchange && k != headerUnroutedRoutingKey {
 				pub.Headers[k] = v
 			}
 		}
@@ -255,7 +256,7 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 			return res, fmt.Errorf("publish event %q to exchange %q: %w", ev.ID, ev.Exchange, err)
 		}
 		if err := ch.Ack(d.DeliveryTag, false); err != nil {
-			return res, fmt.Errorf("acknowledge event %q in %q: %w", ev.ID, UnroutedQueue, err)
+			return res, fmt.Errorf("acknowledge event %q in %q: %w", ev.ID, unroutedQueue, err)
 		}
 		if err := ch.TxCommit(); err != nil {
 			return res, fmt.Errorf("commit replay of event %q to exchange %q: %w", ev.ID, ev.Exchange, err)
@@ -269,7 +270,7 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 			}
 			res.Failed = append(res.Failed, Failure{ID: ev.ID, Destination: ev.Exchange,
 				Err: fmt.Errorf("event %q: exchange %q routes key %q nowhere and has no alternate exchange (%d %s); put back into %q",
-					ev.ID, ev.Exchange, ev.RoutingKey, ret.ReplyCode, ret.ReplyText, UnroutedQueue)})
+					ev.ID, ev.Exchange, ev.RoutingKey, ret.ReplyCode, ret.ReplyText, unroutedQueue)})
 			continue
 		default:
 		}
@@ -278,7 +279,7 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 	}
 	if len(res.Failed) > 0 {
 		return res, fmt.Errorf("%d of %d selected events not replayed, still in %q; first: %w",
-			len(res.Failed), len(res.Failed)+len(res.Replayed), UnroutedQueue, res.Failed[0].Err)
+			len(res.Failed), len(res.Failed)+len(res.Replayed), unroutedQueue, res.Failed[0].Err)
 	}
 	return res, nil
 }
@@ -291,12 +292,12 @@ func restoreUnrouted(ch *amqp.Channel, d amqp.Delivery, ev UnroutedEvent, return
 	for k, v := range d.Headers {
 		pub.Headers[k] = v
 	}
-	pub.Headers[HeaderUnroutedExchange] = ev.Exchange
-	pub.Headers[HeaderUnroutedRoutingKey] = ev.RoutingKey
+	pub.Headers[headerUnroutedExchange] = ev.Exchange
+	pub.Headers[headerUnroutedRoutingKey] = ev.RoutingKey
 	fail := func(err error) error {
-		return fmt.Errorf("event %q was returned by exchange %q and putting it back into %q failed (payload %q): %w", ev.ID, ev.Exchange, UnroutedQueue, d.Body, err)
+		return fmt.Errorf("event %q was returned by exchange %q and putting it back into %q failed (payload %q): %w", ev.ID, ev.Exchange, unroutedQueue, d.Body, err)
 	}
-	if err := ch.Publish("", UnroutedQueue, true, false, pub); err != nil {
+	if err := ch.Publish("", unroutedQueue, true, false, pub); err != nil {
 		return fail(err)
 	}
 	if err := ch.TxCommit(); err != nil {

@@ -14,9 +14,9 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 )
 
-// ErrNotConnected is returned by a Cluster's publisher while the cluster's first
+// errClusterNotConnected is returned by a Cluster's publisher while the cluster's first
 // connection has not been made.
-var ErrNotConnected = errors.New("failover: cluster not connected yet")
+var errClusterNotConnected = errors.New("failover: cluster not connected yet")
 
 // ClusterConfig configures Dial. Only AMQP is needed.
 type ClusterConfig struct {
@@ -140,8 +140,8 @@ func (c *Cluster) Connected() bool {
 }
 
 // Publisher returns a confirmed publisher to the cluster: the broker's once connected,
-// ErrNotConnected before.
-func (c *Cluster) Publisher() *ClusterPublisher { return &ClusterPublisher{c: c} }
+// before, an error saying the cluster is not connected yet (errClusterNotConnected).
+func (c *Cluster) Publisher() message.Publisher { return &clusterPublisher{c: c} }
 
 // Close stops connecting (waiting for an attempt under way, at most ConnectTimeout) and
 // closes the broker if it was connected.
@@ -157,33 +157,33 @@ func (c *Cluster) Close() error {
 	return err
 }
 
-// ClusterPublisher publishes to a Cluster. Close does nothing: the Cluster owns the
+// clusterPublisher publishes to a Cluster. Close does nothing: the Cluster owns the
 // connection.
-type ClusterPublisher struct{ c *Cluster }
+type clusterPublisher struct{ c *Cluster }
 
 // Publish publishes messages to the queue topic names and waits for their confirms, as
 // the broker's amqp.Publisher.Publish does (the first message's deadline, else
 // amqp.Config.PublishTimeout).
-func (p *ClusterPublisher) Publish(topic string, messages ...*message.Message) error {
+func (p *clusterPublisher) Publish(topic string, messages ...*message.Message) error {
 	b := p.c.Broker()
 	if b == nil {
-		return fmt.Errorf("publish %d message(s) to %q: %w", len(messages), topic, ErrNotConnected)
+		return fmt.Errorf("publish %d message(s) to %q: %w", len(messages), topic, errClusterNotConnected)
 	}
 	return b.Publisher().Publish(topic, messages...)
 }
 
 // PublishContext publishes messages to the queue topic names within ctx, confirmed.
-func (p *ClusterPublisher) PublishContext(ctx context.Context, topic string, messages ...*message.Message) error {
+func (p *clusterPublisher) PublishContext(ctx context.Context, topic string, messages ...*message.Message) error {
 	b := p.c.Broker()
 	if b == nil {
-		return fmt.Errorf("publish %d message(s) to %q: %w", len(messages), topic, ErrNotConnected)
+		return fmt.Errorf("publish %d message(s) to %q: %w", len(messages), topic, errClusterNotConnected)
 	}
 	return b.Publisher().PublishTo(ctx, "", topic, messages...)
 }
 
 // Connected reports whether the cluster is connected now (failover.Config.PrimaryUp uses
 // it when the publisher is a primary).
-func (p *ClusterPublisher) Connected() bool { return p.c.Connected() }
+func (p *clusterPublisher) Connected() bool { return p.c.Connected() }
 
 // Close does nothing.
-func (p *ClusterPublisher) Close() error { return nil }
+func (p *clusterPublisher) Close() error { return nil }

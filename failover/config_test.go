@@ -86,7 +86,8 @@ func TestDial_UnreachableClusterIsNotConnectedAndCloses(t *testing.T) {
 	})
 	require.NoError(t, err)
 	pub := c.Publisher()
-	require.False(t, pub.Connected())
+	// failover.Publisher reads this method (Config.PrimaryUp) from the publisher it is given.
+	require.False(t, pub.(interface{ Connected() bool }).Connected())
 	err = pub.Publish("q", message.NewMessage("m", nil))
 	require.ErrorIs(t, err, failover.ErrNotConnected)
 	require.Nil(t, c.Broker())

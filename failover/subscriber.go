@@ -9,21 +9,22 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Subscriber consumes a topic from several clusters at once (the primary's and the
+// subscriber consumes a topic from several clusters at once (the primary's and the
 // secondary's subscribers), so that messages published to the secondary during a failover
 // are processed too. Each message is acked or nacked on the cluster it came from.
-type Subscriber struct {
+type subscriber struct {
 	subs []message.Subscriber
 }
 
-// NewSubscriber returns a subscriber over subs. Close closes them all.
-func NewSubscriber(subs ...message.Subscriber) *Subscriber {
-	return &Subscriber{subs: subs}
+// NewSubscriber returns a subscriber that consumes from all of subs at once (see
+// subscriber), for the primary and the secondary cluster. Close closes them all.
+func NewSubscriber(subs ...message.Subscriber) message.Subscriber {
+	return &subscriber{subs: subs}
 }
 
 // Subscribe subscribes to topic on every cluster and merges the messages into one
 // channel, closed once every cluster's channel is closed.
-func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	ins := make([]<-chan *message.Message, 0, len(s.subs))
 	for i, sub := range s.subs {
 		in, err := sub.Subscribe(ctx, topic)
@@ -57,7 +58,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 }
 
 // Close closes every cluster's subscriber.
-func (s *Subscriber) Close() error {
+func (s *subscriber) Close() error {
 	var errs []error
 	for _, sub := range s.subs {
 		errs = append(errs, sub.Close())

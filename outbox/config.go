@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/outboxstore"
+
 	"github.com/sluice-go/sluice/broker/amqp"
 )
 
@@ -13,16 +15,16 @@ import (
 var (
 	// ErrFull means the outbox holds Config.MaxMessages messages or Config.MaxBytes bytes
 	// already: the message was neither confirmed by the broker nor kept.
-	ErrFull = errors.New("outbox: full")
+	ErrFull = outboxstore.ErrFull
 	// ErrClosed is returned by a closed publisher.
-	ErrClosed = errors.New("outbox: closed")
+	ErrClosed = outboxstore.ErrClosed
 	// ErrNoDir is returned when Config.Dir is empty.
 	ErrNoDir = errors.New("outbox: no directory configured")
 )
 
 // Config configures a Publisher. Only Dir is required.
 type Config struct {
-	// Dir is the directory of the outbox file (FileName), created if missing. One
+	// Dir is the directory of the outbox file (sluice-outbox.db), created if missing. One
 	// producer process per directory: a second one waits for the file lock, then fails.
 	Dir string
 	// DirectTimeout is how long a publish waits for the broker's confirm before it keeps

@@ -4,23 +4,25 @@ import (
 	"context"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/outboxstore"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluice-go/sluice/broker/amqp"
 )
 
-// ContextPublisher is a publisher whose publish a context bounds and cancels. The outbox
+// contextPublisher is a publisher whose publish a context bounds and cancels. The outbox
 // uses it, when the wrapped publisher has it, so that its deadlines apply and Close does
 // not wait for a publish to time out. *amqp.Publisher is used through PublishTo.
-type ContextPublisher interface {
+type contextPublisher interface {
 	PublishContext(ctx context.Context, topic string, messages ...*message.Message) error
 }
 
 // publishContext publishes through pub within ctx, the best way pub allows.
 func publishContext(ctx context.Context, pub message.Publisher, topic string, messages []*message.Message) error {
 	switch p := pub.(type) {
-	case ContextPublisher:
+	case contextPublisher:
 		return p.PublishContext(ctx, topic, messages...)
 	case *amqp.Publisher:
 		return p.PublishTo(ctx, "", topic, messages...)
@@ -95,7 +97,7 @@ func (p *Publisher) forward() {
 
 // forwardEntries publishes entries in order, one run of a topic at a time, and removes
 // each run once confirmed.
-func (p *Publisher) forwardEntries(ctx context.Context, entries []Entry) error {
+func (p *Publisher) forwardEntries(ctx context.Context, entries []outboxstore.Entry) error {
 	for len(entries) > 0 {
 		n := 1
 		for n < len(entries) && entries[n].Topic == entries[0].Topic {
@@ -120,7 +122,7 @@ func (p *Publisher) forwardEntries(ctx context.Context, entries []Entry) error {
 	return nil
 }
 
-func (p *Publisher) forwardOneByOne(ctx context.Context, run []Entry) error {
+func (p *Publisher) forwardOneByOne(ctx context.Context, run []outboxstore.Entry) error {
 	for i := range run {
 		err := p.publishRun(ctx, run[i:i+1])
 		reason := ""
@@ -139,7 +141,7 @@ func (p *Publisher) forwardOneByOne(ctx context.Context, run []Entry) error {
 	return nil
 }
 
-func (p *Publisher) publishRun(ctx context.Context, run []Entry) error {
+func (p *Publisher) publishRun(ctx context.Context, run []outboxstore.Entry) error {
 	msgs := make([]*message.Message, len(run))
 	for i, e := range run {
 		msgs[i] = e.Message()
@@ -150,7 +152,7 @@ func (p *Publisher) publishRun(ctx context.Context, run []Entry) error {
 }
 
 // removed takes confirmed entries (reason empty) or rejected ones out of the outbox.
-func (p *Publisher) removed(run []Entry, reason string) error {
+func (p *Publisher) removed(run []outboxstore.Entry, reason string) error {
 	seqs := make([]uint64, len(run))
 	for i, e := range run {
 		seqs[i] = e.Seq

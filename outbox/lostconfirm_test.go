@@ -30,7 +30,9 @@ type lostConfirms struct {
 var errConfirmLost = errors.New("test: confirm lost")
 
 func (l *lostConfirms) PublishContext(ctx context.Context, topic string, messages ...*message.Message) error {
-	if err := l.pub.(outbox.ContextPublisher).PublishContext(ctx, topic, messages...); err != nil {
+	if err := l.pub.(interface {
+		PublishContext(context.Context, string, ...*message.Message) error
+	}).PublishContext(ctx, topic, messages...); err != nil {
 		return err
 	}
 	if l.n.Add(1)%l.every == 0 {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/outboxstore"
+
 	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
@@ -272,9 +274,9 @@ func TestProducerProcess(t *testing.T) {
 // requireEmptyOutbox opens the outbox file in dir again and checks that nothing is left.
 func requireEmptyOutbox(t testing.TB, dir string) {
 	t.Helper()
-	_, err := os.Stat(filepath.Join(dir, outbox.FileName))
+	_, err := os.Stat(filepath.Join(dir, outboxstore.FileName))
 	require.NoError(t, err, "outbox file")
-	s, err := outbox.OpenStore(dir, 1, 1)
+	s, err := outboxstore.OpenStore(dir, 1, 1)
 	require.NoError(t, err)
 	defer s.Close()
 	n, bytes := s.Len()

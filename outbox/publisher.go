@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/sluice-go/sluice/internal/outboxstore"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -26,7 +28,7 @@ import (
 type Publisher struct {
 	pub   message.Publisher
 	cfg   Config
-	store *Store
+	store *outboxstore.Store
 
 	mu     sync.Mutex
 	queued int // entries in the store or being written to it
@@ -65,7 +67,7 @@ func New(pub message.Publisher, cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	store, err := OpenStore(cfg.Dir, cfg.MaxMessages, cfg.MaxBytes)
+	store, err := outboxstore.OpenStore(cfg.Dir, cfg.MaxMessages, cfg.MaxBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -128,9 +130,9 @@ func (p *Publisher) publishDirect(topic string, messages []*message.Message) err
 }
 
 func (p *Publisher) keep(topic string, messages []*message.Message) error {
-	entries := make([]Entry, len(messages))
+	entries := make([]outboxstore.Entry, len(messages))
 	for i, m := range messages {
-		entries[i] = newEntry(topic, m)
+		entries[i] = outboxstore.NewEntry(topic, m)
 	}
 	if err := p.store.Append(entries); err != nil {
 		p.mu.Lock()
@@ -155,8 +157,9 @@ func (p *Publisher) Stats() Stats {
 	}
 }
 
-// Store returns the outbox file the publisher writes (for its Rejected entries).
-func (p *Publisher) Store() *Store { return p.store }
+// Store returns the outbox file the publisher writes, for its rejected entries
+// (Store().Rejected(), each with the reason it was set aside).
+func (p *Publisher) Store() *outboxstore.Store { return p.store }
 
 // Close stops the forwarder and closes the outbox file; what is still in it is forwarded
 // by the next publisher opened on the same directory. It does not close the wrapped

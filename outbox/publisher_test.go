@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/outboxstore"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -54,9 +56,9 @@ func TestPublisher_ForwardsLeftEntriesFirstAndSetsAsideUnroutable(t *testing.T) 
 	b := connect(t, rabbit.URL, queue)
 	dir := t.TempDir()
 
-	s, err := outbox.OpenStore(dir, 100, 1<<20)
+	s, err := outboxstore.OpenStore(dir, 100, 1<<20)
 	require.NoError(t, err)
-	left := []outbox.Entry{
+	left := []outboxstore.Entry{
 		{Topic: queue, UUID: "p0-000000", Payload: []byte("0")},
 		{Topic: queue, UUID: "p0-000001", Payload: []byte("1")},
 		{Topic: queue + ".nobody", UUID: "lost", Payload: []byte("x")},

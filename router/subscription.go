@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/binding"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 )
@@ -291,13 +290,13 @@ func (a amqpBroker) DeclareSubscription(ctx context.Context, queue string, bindi
 }
 
 func (m memoryBroker) DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error {
-	return m.Broker.DeclareExchange(ctx, exchange, memory.ExchangeKind(kind), adopt)
+	return m.Broker.DeclareExchange(ctx, exchange, binding.Kind(kind), adopt)
 }
 
 func (m memoryBroker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
-	bs := make([]memory.Binding, len(bindings))
+	bs := make([]binding.Binding, len(bindings))
 	for i, b := range bindings {
-		bs[i] = memory.Binding{Exchange: b.Exchange, Kind: memory.ExchangeKind(b.Kind), Keys: b.Keys, Headers: b.Headers, MatchAny: b.MatchAny}
+		bs[i] = binding.Binding{Exchange: b.Exchange, Kind: binding.Kind(b.Kind), Keys: b.Keys, Headers: b.Headers, MatchAny: b.MatchAny}
 	}
 	return m.Broker.DeclareSubscription(ctx, queue, bs, adopt)
 }

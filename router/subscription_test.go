@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/binding"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -111,7 +113,7 @@ func TestSubscriptionAndExchangeOutputOnTheEmbeddedBroker(t *testing.T) {
 		router.WithOutputExchange(router.Output{Exchange: "checks", Kind: router.Topic, RoutingKey: "check.passed"}),
 	))
 	runSubscribed(t, s)
-	require.NoError(t, mem.DeclareSubscription(ctx, "audit", []memory.Binding{{Exchange: "checks", Keys: []string{"check.passed"}}}, false))
+	require.NoError(t, mem.DeclareSubscription(ctx, "audit", []binding.Binding{{Exchange: "checks", Keys: []string{"check.passed"}}}, false))
 
 	require.NoError(t, mem.PublishToExchange(ctx, "orders", "order.created", message.NewMessage("o1", []byte("x"))))
 	require.NoError(t, mem.PublishToExchange(ctx, "orders", "order.paid", message.NewMessage("o2", []byte("x"))))
@@ -119,11 +121,11 @@ func TestSubscriptionAndExchangeOutputOnTheEmbeddedBroker(t *testing.T) {
 
 	audit := mem.Peek("audit")[0]
 	require.Equal(t, "ok-o1", audit.UUID)
-	require.Equal(t, "check.passed", audit.Metadata.Get(memory.MetadataRoutingKey))
+	require.Equal(t, "check.passed", audit.Metadata.Get(binding.MetadataRoutingKey))
 	require.Empty(t, audit.Metadata.Get(router.RoutingKeyMetadata))
 	unrouted := map[string]string{}
 	for _, m := range mem.Peek(topology.UnroutedQueue) {
-		unrouted[m.UUID] = m.Metadata.Get(memory.MetadataExchange) + " " + m.Metadata.Get(memory.MetadataRoutingKey)
+		unrouted[m.UUID] = m.Metadata.Get(binding.MetadataExchange) + " " + m.Metadata.Get(binding.MetadataRoutingKey)
 		require.Empty(t, m.Metadata.Get(router.RoutingKeyMetadata))
 	}
 	require.Equal(t, map[string]string{"odd-o1": "checks check.flagged", "o2": "orders order.paid"}, unrouted)

@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/outboxstore"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/outbox"
 )
 
 // The demo's producer publishes through the outbox (PAYMENTS_OUTBOX_DIR) and a failover
@@ -33,9 +34,9 @@ func TestPaymentsDemoThroughTheOutbox(t *testing.T) {
 	require.NoError(t, err, "demo failed:\n%s", out)
 	require.Contains(t, string(out), "every request settled as the contract says")
 
-	_, err = os.Stat(filepath.Join(dir, outbox.FileName))
+	_, err = os.Stat(filepath.Join(dir, outboxstore.FileName))
 	require.NoError(t, err, "the producer opened its outbox")
-	s, err := outbox.OpenStore(dir, 1, 1)
+	s, err := outboxstore.OpenStore(dir, 1, 1)
 	require.NoError(t, err)
 	defer s.Close()
 	n, _ := s.Len()

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/dlqwire"
+
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -130,12 +132,12 @@ func dropUnrouted(t *testing.T, r *testenv.Rabbit, id string) {
 	require.NoError(t, err)
 	defer ch.Close()
 	for {
-		d, ok, err := ch.Get(dlq.UnroutedQueue, false)
+		d, ok, err := ch.Get(topology.UnroutedQueue, false)
 		require.NoError(t, err)
 		if !ok {
 			return
 		}
-		if dlq.MessageID(d) == id {
+		if dlqwire.MessageID(d) == id {
 			require.NoError(t, d.Ack(false))
 		}
 	}

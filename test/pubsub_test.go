@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/binding"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
@@ -14,7 +16,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -146,10 +147,13 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		res, err := dlq.NewReplayer(e.rabbit.Conn).Replay(ctx, qa, dlq.Selector{IDs: []string{"paid-1"}})
+		op := dlq.NewOperator(e.rabbit.Conn)
+		var replayed []dlq.Moved
+		op.OnMoved = func(m dlq.Moved) { replayed = append(replayed, m) }
+		_, err := op.Replay(ctx, qa, dlq.Selector{IDs: []string{"paid-1"}}, dlq.Options{})
 		require.NoError(t, err)
-		require.Len(t, res.Replayed, 1)
-		require.Equal(t, qa, res.Replayed[0].Destination)
+		require.Len(t, replayed, 1)
+		require.Equal(t, qa, replayed[0].Destination)
 		wantBilling["paid-1"] = 2
 		settle(t, func() bool { return assert.ObjectsAreEqual(wantBilling, got.of("billing")) }, "the replay reaches billing")
 		assert.Equal(t, wantBilling, got.of("billing"))
@@ -164,8 +168,8 @@ func (e *env) unroutedOf(t *testing.T, exchange string) []dlq.UnroutedEvent {
 	if e.rabbit == nil {
 		var out []dlq.UnroutedEvent
 		for _, m := range e.mem.Peek(topology.UnroutedQueue) {
-			if m.Metadata.Get(memory.MetadataExchange) == exchange {
-				out = append(out, dlq.UnroutedEvent{ID: m.UUID, Exchange: exchange, RoutingKey: m.Metadata.Get(memory.MetadataRoutingKey), Payload: string(m.Payload)})
+			if m.Metadata.Get(binding.MetadataExchange) == exchange {
+				out = append(out, dlq.UnroutedEvent{ID: m.UUID, Exchange: exchange, RoutingKey: m.Metadata.Get(binding.MetadataRoutingKey), Payload: string(m.Payload)})
 			}
 		}
 		return out
@@ -232,7 +236,7 @@ func TestOutputsNobodyIsBoundForAreKeptAndReplayed(t *testing.T) {
 		if e.rabbit != nil {
 			require.NoError(t, e.amqp.DeclareSubscription(ctx, sub, []amqp.Binding{{Exchange: exchange, Keys: []string{"payment.*"}}}, false))
 		} else {
-			require.NoError(t, e.mem.DeclareSubscription(ctx, sub, []memory.Binding{{Exchange: exchange, Keys: []string{"payment.*"}}}, false))
+			require.NoError(t, e.mem.DeclareSubscription(ctx, sub, []binding.Binding{{Exchange: exchange, Keys: []string{"payment.*"}}}, false))
 		}
 		require.Equal(t, 2, e.replayUnrouted(t, exchange))
 		require.Eventually(t, func() bool { return e.count(t, sub) == 2 }, 30*time.Second, 50*time.Millisecond)

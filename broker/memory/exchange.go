@@ -16,29 +16,8 @@ import (
 
 // Publish/subscribe, as on RabbitMQ (see broker/amqp): a subscriber's queue is bound to
 // exchanges, and what an exchange cannot route goes to the queue sluice.unrouted, keeping
-// its exchange and routing key in metadata.
-const (
-	// MetadataExchange and MetadataRoutingKey say which exchange and routing key a message
-	// was published with; they are the keys sluice's RabbitMQ marshaler uses.
-	MetadataExchange   = "amqp-exchange"
-	MetadataRoutingKey = "amqp-routing-key"
-)
-
-// ExchangeKind is an exchange type: how an exchange matches routing keys to bindings (the
-// same as RabbitMQ's; internal/binding holds the rules both brokers share).
-type ExchangeKind = binding.Kind
-
-// Exchange kinds, as in AMQP.
-const (
-	// ExchangeTopic matches dot-separated words; * is one word, # zero or more.
-	ExchangeTopic = binding.Topic
-	// ExchangeDirect matches the routing key exactly.
-	ExchangeDirect = binding.Direct
-	// ExchangeFanout routes every message to every bound queue.
-	ExchangeFanout = binding.Fanout
-	// ExchangeHeaders matches metadata values.
-	ExchangeHeaders = binding.Headers
-)
+// its exchange and routing key in metadata (internal/binding.MetadataExchange and
+// MetadataRoutingKey, the keys broker/amqp uses too).
 
 // Exchange errors.
 var (
@@ -50,10 +29,6 @@ var (
 	ErrBinding = binding.ErrInvalid
 )
 
-// Binding binds a queue to an exchange; the fields and Validate's rules are RabbitMQ's
-// (internal/binding), so both brokers accept the same bindings.
-type Binding = binding.Binding
-
 // exchanges is the broker's set of exchanges. The zero value is empty.
 type exchanges struct {
 	mu  sync.Mutex
@@ -61,7 +36,7 @@ type exchanges struct {
 }
 
 type exchange struct {
-	kind     ExchangeKind
+	kind     binding.Kind
 	bindings []bound
 }
 
@@ -75,7 +50,7 @@ type bound struct {
 // DeclareExchange declares the exchange name of kind (zero: topic). Declaring it again with
 // the same kind is harmless; with another kind it is ErrInequivalent, unless adopt, which
 // uses the exchange as it is.
-func (b *Broker) DeclareExchange(_ context.Context, name string, kind ExchangeKind, adopt bool) error {
+func (b *Broker) DeclareExchange(_ context.Context, name string, kind binding.Kind, adopt bool) error {
 	if b.closed() {
 		return ErrClosed
 	}
@@ -83,10 +58,10 @@ func (b *Broker) DeclareExchange(_ context.Context, name string, kind ExchangeKi
 		return fmt.Errorf("%w: empty exchange name", ErrBinding)
 	}
 	if kind == "" {
-		kind = ExchangeTopic
+		kind = binding.Topic
 	}
 	switch kind {
-	case ExchangeTopic, ExchangeDirect, ExchangeFanout, ExchangeHeaders:
+	case binding.Topic, binding.Direct, binding.Fanout, binding.Headers:
 	default:
 		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, name, kind)
 	}
@@ -108,7 +83,7 @@ func (b *Broker) DeclareExchange(_ context.Context, name string, kind ExchangeKi
 // DeclareSubscription declares queue (as DeclareQueue), each binding's exchange and the
 // bindings. Retries and deferrals of the queue's messages come back to the queue itself,
 // never through an exchange.
-func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
+func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings []binding.Binding, adopt bool) error {
 	for i := range bindings {
 		if err := bindings[i].Validate(); err != nil {
 			return fmt.Errorf("subscription of queue %q: %w", queue, err)
@@ -132,9 +107,9 @@ func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings
 			e.bindings = append(e.bindings, nb)
 		}
 		switch bd.Kind {
-		case ExchangeFanout:
+		case binding.Fanout:
 			add(bound{queue: queue})
-		case ExchangeHeaders:
+		case binding.Headers:
 			add(bound{queue: queue, headers: bd.Headers, matchAny: bd.MatchAny})
 		default:
 			for _, k := range bd.Keys {
@@ -161,7 +136,7 @@ func sameHeaders(a, b map[string]string) bool {
 // PublishToExchange routes copies of messages to every queue bound to exchange whose
 // binding matches routingKey (or, on a headers exchange, the message's metadata), each
 // queue once. A message no binding matches goes to topology.UnroutedQueue. Every copy carries its
-// exchange and routing key in MetadataExchange and MetadataRoutingKey.
+// exchange and routing key in binding.MetadataExchange and binding.MetadataRoutingKey.
 func (b *Broker) PublishToExchange(_ context.Context, exchangeName, routingKey string, messages ...*message.Message) error {
 	if b.closed() {
 		return ErrClosed
@@ -176,8 +151,8 @@ func (b *Broker) PublishToExchange(_ context.Context, exchangeName, routingKey s
 		}
 		for _, q := range queues {
 			c := copyMessage(m)
-			c.Metadata.Set(MetadataExchange, exchangeName)
-			c.Metadata.Set(MetadataRoutingKey, routingKey)
+			c.Metadata.Set(binding.MetadataExchange, exchangeName)
+			c.Metadata.Set(binding.MetadataRoutingKey, routingKey)
 			b.queue(q).push(c, false)
 		}
 	}
@@ -200,13 +175,13 @@ func (b *Broker) route(name, key string, md message.Metadata) ([]string, error) 
 	return queues, nil
 }
 
-func (bd bound) matches(kind ExchangeKind, key string, md message.Metadata) bool {
+func (bd bound) matches(kind binding.Kind, key string, md message.Metadata) bool {
 	switch kind {
-	case ExchangeFanout:
+	case binding.Fanout:
 		return true
-	case ExchangeDirect:
+	case binding.Direct:
 		return bd.key == key
-	case ExchangeHeaders:
+	case binding.Headers:
 		n := 0
 		for k, v := range bd.headers {
 			if got, ok := md[k]; ok && got == v {
@@ -218,13 +193,13 @@ func (bd bound) matches(kind ExchangeKind, key string, md message.Metadata) bool
 		}
 		return n == len(bd.headers)
 	default:
-		return TopicMatch(bd.key, key)
+		return topicMatch(bd.key, key)
 	}
 }
 
-// TopicMatch reports whether a topic exchange's binding key matches routingKey: words are
+// topicMatch reports whether a topic exchange's binding key matches routingKey: words are
 // separated by dots, * stands for exactly one word and # for zero or more.
-func TopicMatch(bindingKey, routingKey string) bool {
+func topicMatch(bindingKey, routingKey string) bool {
 	return topicWords(strings.Split(bindingKey, "."), strings.Split(routingKey, "."))
 }
 
@@ -260,7 +235,7 @@ func (b *Broker) ReplayUnrouted(ctx context.Context, exchangeName string) (int, 
 	q.mu.Lock()
 	var take, keep []*message.Message
 	for _, m := range q.ready {
-		if exchangeName == "" || m.Metadata.Get(MetadataExchange) == exchangeName {
+		if exchangeName == "" || m.Metadata.Get(binding.MetadataExchange) == exchangeName {
 			take = append(take, m)
 		} else {
 			keep = append(keep, m)
@@ -269,7 +244,7 @@ func (b *Broker) ReplayUnrouted(ctx context.Context, exchangeName string) (int, 
 	q.ready = keep
 	q.mu.Unlock()
 	for i, m := range take {
-		if err := b.PublishToExchange(ctx, m.Metadata.Get(MetadataExchange), m.Metadata.Get(MetadataRoutingKey), m); err != nil {
+		if err := b.PublishToExchange(ctx, m.Metadata.Get(binding.MetadataExchange), m.Metadata.Get(binding.MetadataRoutingKey), m); err != nil {
 			for _, back := range take[i:] {
 				q.push(back, false)
 			}

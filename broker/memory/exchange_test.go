@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/binding"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -44,25 +46,25 @@ func TestExchangeRouting(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name    string
-		binding memory.Binding
+		binding binding.Binding
 		key     string
 		meta    map[string]string
 		routed  bool
 	}{
-		{name: "topic match", binding: memory.Binding{Exchange: "x", Keys: []string{"order.*"}}, key: "order.created", routed: true},
-		{name: "topic miss", binding: memory.Binding{Exchange: "x", Keys: []string{"order.*"}}, key: "invoice.paid"},
-		{name: "direct match", binding: memory.Binding{Exchange: "x", Kind: memory.ExchangeDirect, Keys: []string{"a", "b"}}, key: "b", routed: true},
-		{name: "direct miss", binding: memory.Binding{Exchange: "x", Kind: memory.ExchangeDirect, Keys: []string{"a"}}, key: "a.b"},
-		{name: "fanout", binding: memory.Binding{Exchange: "x", Kind: memory.ExchangeFanout}, key: "whatever", routed: true},
-		{name: "headers all", binding: memory.Binding{Exchange: "x", Kind: memory.ExchangeHeaders, Headers: map[string]string{"region": "eu", "tier": "gold"}}, meta: map[string]string{"region": "eu", "tier": "gold"}, routed: true},
-		{name: "headers all, one differs", binding: memory.Binding{Exchange: "x", Kind: memory.ExchangeHeaders, Headers: map[string]string{"region": "eu", "tier": "gold"}}, meta: map[string]string{"region": "eu", "tier": "free"}},
-		{name: "headers any", binding: memory.Binding{Exchange: "x", Kind: memory.ExchangeHeaders, MatchAny: true, Headers: map[string]string{"region": "eu", "tier": "gold"}}, meta: map[string]string{"region": "eu"}, routed: true},
+		{name: "topic match", binding: binding.Binding{Exchange: "x", Keys: []string{"order.*"}}, key: "order.created", routed: true},
+		{name: "topic miss", binding: binding.Binding{Exchange: "x", Keys: []string{"order.*"}}, key: "invoice.paid"},
+		{name: "direct match", binding: binding.Binding{Exchange: "x", Kind: binding.Direct, Keys: []string{"a", "b"}}, key: "b", routed: true},
+		{name: "direct miss", binding: binding.Binding{Exchange: "x", Kind: binding.Direct, Keys: []string{"a"}}, key: "a.b"},
+		{name: "fanout", binding: binding.Binding{Exchange: "x", Kind: binding.Fanout}, key: "whatever", routed: true},
+		{name: "headers all", binding: binding.Binding{Exchange: "x", Kind: binding.Headers, Headers: map[string]string{"region": "eu", "tier": "gold"}}, meta: map[string]string{"region": "eu", "tier": "gold"}, routed: true},
+		{name: "headers all, one differs", binding: binding.Binding{Exchange: "x", Kind: binding.Headers, Headers: map[string]string{"region": "eu", "tier": "gold"}}, meta: map[string]string{"region": "eu", "tier": "free"}},
+		{name: "headers any", binding: binding.Binding{Exchange: "x", Kind: binding.Headers, MatchAny: true, Headers: map[string]string{"region": "eu", "tier": "gold"}}, meta: map[string]string{"region": "eu"}, routed: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			b := memory.New(memory.Config{})
 			defer b.Close()
-			require.NoError(t, b.DeclareSubscription(ctx, "q", []memory.Binding{tc.binding}, false))
+			require.NoError(t, b.DeclareSubscription(ctx, "q", []binding.Binding{tc.binding}, false))
 			m := message.NewMessage("m1", []byte("p"))
 			for k, v := range tc.meta {
 				m.Metadata.Set(k, v)
@@ -75,8 +77,8 @@ func TestExchangeRouting(t *testing.T) {
 			}
 			got := b.Peek("q")
 			require.Len(t, got, 1)
-			require.Equal(t, "x", got[0].Metadata.Get(memory.MetadataExchange))
-			require.Equal(t, tc.key, got[0].Metadata.Get(memory.MetadataRoutingKey))
+			require.Equal(t, "x", got[0].Metadata.Get(binding.MetadataExchange))
+			require.Equal(t, tc.key, got[0].Metadata.Get(binding.MetadataRoutingKey))
 			require.Equal(t, 0, b.Len(topology.UnroutedQueue))
 		})
 	}
@@ -88,8 +90,8 @@ func TestSubscribersAndUnroutedReplay(t *testing.T) {
 	ctx := context.Background()
 	b := memory.New(memory.Config{})
 	defer b.Close()
-	require.NoError(t, b.DeclareSubscription(ctx, "billing", []memory.Binding{{Exchange: "orders", Keys: []string{"order.*", "order.created"}}}, false))
-	require.NoError(t, b.DeclareSubscription(ctx, "shipping", []memory.Binding{{Exchange: "orders", Keys: []string{"order.paid"}}}, false))
+	require.NoError(t, b.DeclareSubscription(ctx, "billing", []binding.Binding{{Exchange: "orders", Keys: []string{"order.*", "order.created"}}}, false))
+	require.NoError(t, b.DeclareSubscription(ctx, "shipping", []binding.Binding{{Exchange: "orders", Keys: []string{"order.paid"}}}, false))
 	for _, k := range []string{"order.created", "order.paid", "invoice.sent"} {
 		require.NoError(t, b.PublishToExchange(ctx, "orders", k, message.NewMessage(k, nil)))
 	}
@@ -102,7 +104,7 @@ func TestSubscribersAndUnroutedReplay(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Equal(t, 1, b.Len(topology.UnroutedQueue), "still nobody bound: back in %s", topology.UnroutedQueue)
 
-	require.NoError(t, b.DeclareSubscription(ctx, "invoices", []memory.Binding{{Exchange: "orders", Keys: []string{"invoice.#"}}}, false))
+	require.NoError(t, b.DeclareSubscription(ctx, "invoices", []binding.Binding{{Exchange: "orders", Keys: []string{"invoice.#"}}}, false))
 	n, err = b.ReplayUnrouted(ctx, "orders")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
@@ -111,8 +113,8 @@ func TestSubscribersAndUnroutedReplay(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, "invoice.sent", got[0].UUID)
 
-	require.ErrorIs(t, b.DeclareExchange(ctx, "orders", memory.ExchangeFanout, false), memory.ErrInequivalent)
-	require.NoError(t, b.DeclareExchange(ctx, "orders", memory.ExchangeFanout, true), "adopt uses it as it is")
+	require.ErrorIs(t, b.DeclareExchange(ctx, "orders", binding.Fanout, false), memory.ErrInequivalent)
+	require.NoError(t, b.DeclareExchange(ctx, "orders", binding.Fanout, true), "adopt uses it as it is")
 	require.ErrorIs(t, b.PublishToExchange(ctx, "nowhere", "k", message.NewMessage("x", nil)), memory.ErrNoExchange)
 }
 
@@ -123,7 +125,7 @@ func TestDelayStaysWithTheSubscriber(t *testing.T) {
 	b := memory.New(memory.Config{})
 	defer b.Close()
 	for _, q := range []string{"a", "b"} {
-		require.NoError(t, b.DeclareSubscription(ctx, q, []memory.Binding{{Exchange: "ev", Kind: memory.ExchangeFanout}}, false))
+		require.NoError(t, b.DeclareSubscription(ctx, q, []binding.Binding{{Exchange: "ev", Kind: binding.Fanout}}, false))
 	}
 	require.NoError(t, b.PublishToExchange(ctx, "ev", "", message.NewMessage("m", nil)))
 	require.NoError(t, b.Delay(ctx, "a", time.Millisecond, b.Peek("a")[0]))

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/binding"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
@@ -105,7 +107,7 @@ func groupsOfSharedBroker(cfg memory.Config) tests.ConsumerGroupPubSubConstructo
 type groupPublisher struct{ b *memory.Broker }
 
 func (p groupPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if err := p.b.DeclareExchange(context.Background(), topic, memory.ExchangeFanout, false); err != nil {
+	if err := p.b.DeclareExchange(context.Background(), topic, binding.Fanout, false); err != nil {
 		return err
 	}
 	return p.b.PublishToExchange(context.Background(), topic, "", msgs...)
@@ -121,7 +123,7 @@ type groupSubscriber struct {
 
 func (s *groupSubscriber) SubscribeInitialize(topic string) error {
 	return s.b.DeclareSubscription(context.Background(), topic+"."+s.group,
-		[]memory.Binding{{Exchange: topic, Kind: memory.ExchangeFanout}}, false)
+		[]binding.Binding{{Exchange: topic, Kind: binding.Fanout}}, false)
 }
 
 func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {

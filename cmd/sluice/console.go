@@ -12,9 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/dlqwire"
+
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
-	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/jaeger"
 )
 
@@ -82,9 +83,9 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 		amqpURL = amqp.DefaultURL
 	}
 	urls := strings.Split(amqpURL, ",")
-	conn, err := dlq.Dial(urls...)
+	conn, err := dlqwire.Dial(urls...)
 	if err != nil {
-		return fmt.Errorf("sluice console: %w", dlq.MaskError(err, urls...))
+		return fmt.Errorf("sluice console: %w", dlqwire.MaskError(err, urls...))
 	}
 	defer conn.Close()
 

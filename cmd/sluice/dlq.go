@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 
+	"github.com/sluice-go/sluice/internal/dlqwire"
+
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/broker/amqp"
@@ -119,7 +121,7 @@ func (f *dlqFlags) usageErrorf(format string, args ...any) error {
 
 // connect dials AMQP_URL (a comma-separated list is tried in order).
 func connect(e *env) (*amqp091.Connection, error) {
-	return dlq.Dial(amqp.SplitURLs(e.getenv("AMQP_URL"))...)
+	return dlqwire.Dial(amqp.SplitURLs(e.getenv("AMQP_URL"))...)
 }
 
 // inspect connects and runs read with an inspector on the environment's clock, reading

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/dlqwire"
+
 	"github.com/sluice-go/sluice/dlq"
 )
 
@@ -136,7 +138,7 @@ Archive creates Q.dlq.archive when it does not exist, with x-message-ttl set to
 exists keeps its settings (a RabbitMQ policy with message-ttl overrides the
 argument when lower). Messages move in batches, each one AMQP transaction, as
 replay's do. A selector that matches nothing exits 3.`)
-	retention := f.fs.Duration("retention", dlq.DefaultRetention, "how long the archive keeps a message, when archive creates it")
+	retention := f.fs.Duration("retention", dlqwire.DefaultRetention, "how long the archive keeps a message, when archive creates it")
 	qtype := f.fs.String("archive-type", "classic", "queue `TYPE` of the archive when archive creates it: classic or quorum")
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err

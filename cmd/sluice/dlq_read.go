@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/dlqwire"
+
 	"github.com/sluice-go/sluice/dlq"
 )
 
@@ -256,7 +258,7 @@ func printRecord(w io.Writer, dlqName string, r dlq.Record) {
 	}
 	_ = tw.Flush()
 
-	text, enc := dlq.PayloadText(r.Payload)
+	text, enc := dlqwire.PayloadText(r.Payload)
 	fmt.Fprintf(w, "\nPayload (%d bytes, %s):\n%s\n", len(r.Payload), enc, text)
 }
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/sluice-go/sluice/internal/topology"
+
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 )
@@ -86,7 +88,7 @@ func runUnroutedList(ctx context.Context, e *env, args []string) error {
 		return writeJSON(e, l)
 	}
 	if len(l.Events) == 0 {
-		fmt.Fprintf(e.stdout, "no selected events in %s (%d in all)\n", dlq.UnroutedQueue, l.Total)
+		fmt.Fprintf(e.stdout, "no selected events in %s (%d in all)\n", topology.UnroutedQueue, l.Total)
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -101,7 +103,7 @@ func runUnroutedList(ctx context.Context, e *env, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "\n%d selected of %d events in %s\n", len(l.Events), l.Total, dlq.UnroutedQueue)
+	fmt.Fprintf(e.stdout, "\n%d selected of %d events in %s\n", len(l.Events), l.Total, topology.UnroutedQueue)
 	return nil
 }
 

@@ -23,6 +23,14 @@ const (
 	Headers Kind = "headers"
 )
 
+// MetadataExchange and MetadataRoutingKey are the message metadata keys that say which
+// exchange and routing key a message was published with (or, on a delivery, came from):
+// broker/amqp's marshaler and broker/memory both use them, so handlers read one pair.
+const (
+	MetadataExchange   = "amqp-exchange"
+	MetadataRoutingKey = "amqp-routing-key"
+)
+
 // ErrInvalid means a Binding is incomplete or contradicts its exchange kind.
 var ErrInvalid = errors.New("sluice: invalid binding")
 

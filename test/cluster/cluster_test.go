@@ -330,9 +330,12 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 		}()
 	}, 60*time.Second, 50*time.Millisecond, "retries done and poison dead-lettered")
 
-	res, err := dlq.NewReplayer(conn).Replay(pctx, n.queue, dlq.Selector{All: true})
+	op := dlq.NewOperator(conn)
+	var replayed []dlq.Moved
+	op.OnMoved = func(m dlq.Moved) { replayed = append(replayed, m) }
+	_, err = op.Replay(pctx, n.queue, dlq.Selector{All: true}, dlq.Options{})
 	require.NoError(t, err)
-	require.Len(t, res.Replayed, 4)
+	require.Len(t, replayed, 4)
 	require.Eventually(t, func() bool {
 		for k, as := range byKey() {
 			if strings.HasPrefix(k, "poison") && len(as) < 2 {
@@ -343,7 +346,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 	}, 60*time.Second, 50*time.Millisecond, "replayed messages handled")
 
 	destination := map[string]string{}
-	for _, r := range res.Replayed {
+	for _, r := range replayed {
 		destination[strings.TrimPrefix(r.ID, "m-")] = r.Destination
 	}
 	for k, as := range byKey() {

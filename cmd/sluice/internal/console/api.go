@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/topology"
+
 	"github.com/sluice-go/sluice/dlq"
 )
 
@@ -74,7 +76,7 @@ func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 	if groups == nil {
 		groups = []dlq.Group{}
 	}
-	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "dlq": dlq.DLQName(r.PathValue("queue")), "groups": groups})
+	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "dlq": topology.DLQ(r.PathValue("queue")), "groups": groups})
 }
 
 // groupMessages returns up to maxListed records of group in queue's DLQ (all when group is
@@ -86,7 +88,7 @@ func (s *Server) groupMessages(ctx context.Context, queue, group string) ([]dlq.
 		return len(recs) < maxListed
 	})
 	if err == nil && group != "" && len(recs) == 0 {
-		err = errors.Join(dlq.ErrNothingSelected, errors.New("no message of group "+group+" in "+dlq.DLQName(queue)))
+		err = errors.Join(dlq.ErrNothingSelected, errors.New("no message of group "+group+" in "+topology.DLQ(queue)))
 	}
 	return recs, total, err
 }

@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/sluice-go/sluice/internal/dlqwire"
+	"github.com/sluice-go/sluice/internal/topology"
+
 	"github.com/sluice-go/sluice/dlq"
 )
 
@@ -49,7 +52,7 @@ func (s *Server) queuePage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	queue := r.PathValue("queue")
-	data := map[string]any{"Title": queue, "Queue": queue, "DLQ": dlq.DLQName(queue), "Ops": Ops}
+	data := map[string]any{"Title": queue, "Queue": queue, "DLQ": topology.DLQ(queue), "Ops": Ops}
 	groups, err := dlq.NewInspector(s.cfg.Conn).Groups(ctx, queue)
 	if err != nil {
 		s.pageFail(w, r, err)
@@ -77,7 +80,7 @@ func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
 		s.pageFail(w, r, err)
 		return
 	}
-	payload, encoding := dlq.PayloadText(rec.Payload)
+	payload, encoding := dlqwire.PayloadText(rec.Payload)
 	s.render(w, http.StatusOK, "message", map[string]any{
 		"Title": id, "Queue": queue, "Record": rec, "Payload": payload, "Encoding": encoding,
 		"HeaderKeys": slices.Sorted(maps.Keys(rec.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": Ops,
@@ -118,11 +121,11 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n == 0 {
-		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, dlq.DLQName(queue), dlq.ErrNothingSelected))
+		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, topology.DLQ(queue), dlq.ErrNothingSelected))
 		return
 	}
 	s.render(w, http.StatusOK, "confirm", map[string]any{
-		"Title": "Confirm " + op, "Queue": queue, "DLQ": dlq.DLQName(queue), "Archive": dlq.ArchiveName(queue),
+		"Title": "Confirm " + op, "Queue": queue, "DLQ": topology.DLQ(queue), "Archive": topology.Archive(queue),
 		"Op": op, "ID": r.FormValue("id"), "Group": req.Group, "Count": n,
 	})
 }

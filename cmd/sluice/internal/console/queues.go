@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"slices"
 
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/sluice-go/sluice/internal/topology"
 
-	"github.com/sluice-go/sluice/dlq"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // Which queues use sluice's topology: RabbitMQ's management API lists queues, but it is a
@@ -74,7 +74,7 @@ func depth(conn *amqp.Connection, name string) (ready, consumers int, ok bool, e
 // stats returns queue's counts, or errNotSluice.
 func (s *Server) stats(queue string) (QueueStats, error) {
 	st := QueueStats{Queue: queue}
-	n, _, ok, err := depth(s.cfg.Conn, dlq.DLQName(queue))
+	n, _, ok, err := depth(s.cfg.Conn, topology.DLQ(queue))
 	if err != nil {
 		return st, err
 	}
@@ -85,7 +85,7 @@ func (s *Server) stats(queue string) (QueueStats, error) {
 	if st.Ready, st.Consumers, st.Exists, err = depth(s.cfg.Conn, queue); err != nil {
 		return st, err
 	}
-	if st.Archive, _, _, err = depth(s.cfg.Conn, dlq.ArchiveName(queue)); err != nil {
+	if st.Archive, _, _, err = depth(s.cfg.Conn, topology.Archive(queue)); err != nil {
 		return st, err
 	}
 	return st, nil
@@ -103,7 +103,7 @@ func (s *Server) overview(ctx context.Context) (Overview, error) {
 			// The AMQP counts still work: say why unacked is missing and go on.
 			ov.ManagementError = s.mask(err.Error())
 		}
-		queues = append(queues, sluiceQueues(mgmt, dlq.DLQName)...)
+		queues = append(queues, sluiceQueues(mgmt, topology.DLQ)...)
 	}
 	slices.Sort(queues)
 	for _, q := range slices.Compact(queues) {
@@ -120,7 +120,7 @@ func (s *Server) overview(ctx context.Context) (Overview, error) {
 		}
 		ov.Queues = append(ov.Queues, st)
 	}
-	n, _, ok, err := depth(s.cfg.Conn, dlq.UnroutedQueue)
+	n, _, ok, err := depth(s.cfg.Conn, topology.UnroutedQueue)
 	if err != nil {
 		return ov, err
 	}

@@ -1,4 +1,7 @@
-package outbox
+// Package outboxstore is the file behind package outbox: a bbolt file of pending and
+// rejected entries, bounded in entries and bytes, whose appends are fsynced in batches.
+// outbox re-exports its sentinel errors (ErrFull, ErrClosed).
+package outboxstore
 
 import (
 	"encoding/binary"
@@ -14,8 +17,16 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// FileName is the name of the outbox file in Config.Dir.
+// FileName is the name of the outbox file in outbox.Config.Dir.
 const FileName = "sluice-outbox.db"
+
+// Errors outbox re-exports under the same names.
+var (
+	// ErrFull means the store holds its maximum of entries or bytes already.
+	ErrFull = errors.New("outbox: full")
+	// ErrClosed is returned by a closed store.
+	ErrClosed = errors.New("outbox: closed")
+)
 
 var (
 	bucketPending  = []byte("pending")
@@ -45,7 +56,7 @@ func (e Entry) Message() *message.Message {
 	return m
 }
 
-func newEntry(topic string, m *message.Message) Entry {
+func NewEntry(topic string, m *message.Message) Entry {
 	md := make(map[string]string, len(m.Metadata))
 	for k, v := range m.Metadata {
 		md[k] = v

@@ -1,4 +1,4 @@
-package outbox_test
+package outboxstore_test
 
 import (
 	"encoding/json"
@@ -8,11 +8,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/outbox"
+	"github.com/sluice-go/sluice/internal/outboxstore"
 )
 
-func entry(topic string, i int) outbox.Entry {
-	return outbox.Entry{Topic: topic, UUID: fmt.Sprintf("m%04d", i), Payload: []byte(`{"n":1}`), Metadata: map[string]string{"k": "v"}}
+func entry(topic string, i int) outboxstore.Entry {
+	return outboxstore.Entry{Topic: topic, UUID: fmt.Sprintf("m%04d", i), Payload: []byte(`{"n":1}`), Metadata: map[string]string{"k": "v"}}
 }
 
 // entrySize is the encoded size of entry's entries.
@@ -26,14 +26,14 @@ var entrySize = func() int64 {
 
 func TestStore_KeepsOrderAcrossReopen(t *testing.T) {
 	dir := t.TempDir()
-	s, err := outbox.OpenStore(dir, 1000, 1<<20)
+	s, err := outboxstore.OpenStore(dir, 1000, 1<<20)
 	require.NoError(t, err)
 	for i := 0; i < 10; i++ {
-		require.NoError(t, s.Append([]outbox.Entry{entry("q", i)}))
+		require.NoError(t, s.Append([]outboxstore.Entry{entry("q", i)}))
 	}
 	require.NoError(t, s.Close())
 
-	s, err = outbox.OpenStore(dir, 1000, 1<<20)
+	s, err = outboxstore.OpenStore(dir, 1000, 1<<20)
 	require.NoError(t, err)
 	defer s.Close()
 	n, _ := s.Len()
@@ -72,14 +72,14 @@ func TestStore_Bounded(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := outbox.OpenStore(t.TempDir(), tt.maxEntries, tt.maxBytes)
+			s, err := outboxstore.OpenStore(t.TempDir(), tt.maxEntries, tt.maxBytes)
 			require.NoError(t, err)
 			defer s.Close()
 			accepted := 0
 			for i := 0; i < 10; i++ {
-				err := s.Append([]outbox.Entry{entry("q", i)})
+				err := s.Append([]outboxstore.Entry{entry("q", i)})
 				if err != nil {
-					require.ErrorIs(t, err, outbox.ErrFull)
+					require.ErrorIs(t, err, outboxstore.ErrFull)
 					continue
 				}
 				accepted++
@@ -88,13 +88,13 @@ func TestStore_Bounded(t *testing.T) {
 			got, err := s.Peek(100)
 			require.NoError(t, err)
 			require.NoError(t, s.Remove(got[0].Seq))
-			require.NoError(t, s.Append([]outbox.Entry{entry("q", 99)}), "room again after a removal")
+			require.NoError(t, s.Append([]outboxstore.Entry{entry("q", 99)}), "room again after a removal")
 		})
 	}
 }
 
 func TestStore_ConcurrentAppendsKeepEachCallersOrder(t *testing.T) {
-	s, err := outbox.OpenStore(t.TempDir(), 100000, 1<<30)
+	s, err := outboxstore.OpenStore(t.TempDir(), 100000, 1<<30)
 	require.NoError(t, err)
 	defer s.Close()
 	const callers, each = 8, 50
@@ -104,7 +104,7 @@ func TestStore_ConcurrentAppendsKeepEachCallersOrder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				require.NoError(t, s.Append([]outbox.Entry{entry(fmt.Sprint(c), i)}))
+				require.NoError(t, s.Append([]outboxstore.Entry{entry(fmt.Sprint(c), i)}))
 			}
 		}()
 	}
@@ -122,9 +122,9 @@ func TestStore_ConcurrentAppendsKeepEachCallersOrder(t *testing.T) {
 }
 
 func TestStore_ClosedRefusesAppends(t *testing.T) {
-	s, err := outbox.OpenStore(t.TempDir(), 10, 1<<20)
+	s, err := outboxstore.OpenStore(t.TempDir(), 10, 1<<20)
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
-	require.ErrorIs(t, s.Append([]outbox.Entry{entry("q", 0)}), outbox.ErrClosed)
+	require.ErrorIs(t, s.Append([]outboxstore.Entry{entry("q", 0)}), outboxstore.ErrClosed)
 	require.NoError(t, s.Close())
 }
