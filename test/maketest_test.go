@@ -53,6 +53,7 @@ func TestMakeTestSaysWhatItSkipped(t *testing.T) {
 				"PKGS=./examples/quickstart",
 				"SLUICE_TEST_JAEGER=0", // the shared Jaeger is not this test's to start or stop
 				"SLUICE_TEST_CHAOS=0",
+				"SLUICE_TEST_FAULTS=0", // the fault suite runs once, after this package, in CI
 			)
 			out, err := cmd.CombinedOutput()
 			if tt.wantErr {
