@@ -22,14 +22,9 @@ var ErrPartitions = errors.New("router: partitions must be 1 or more")
 //
 // The stack registers one Watermill handler per partition, named "<name>#<k>" and
 // consuming Q.p<k> with the handler's concurrency and prefetch, and Run declares the
-// partitions through the broker (Broker.DeclarePartitioned). On RabbitMQ each partition
-// is a single-active-consumer queue fed by the consistent-hash exchange Q: producers
-// publish to exchange Q with the idempotency key as routing key (amqp.Broker's
-// PublishPartitioned does that), and every instance consumes every partition, RabbitMQ
-// giving each partition to one of them and moving it to another when that one goes away.
-// Retries and deferrals come back to the partition they left, and the partitions share
-// one dead-letter queue Q.dlq whose records name the partition as x-original-queue, so a
-// replay goes back to it too.
+// partitions through the broker (Broker.DeclarePartitioned). How RabbitMQ routes keys to
+// partitions, and where retries and dead letters of a partition go, is told once, in
+// package broker/amqp's documentation ("Partitioned queues").
 //
 // RabbitMQ (3.10) gives a partition to the consumer that subscribed to it first and moves
 // it only when that consumer goes away. So that instances started together share the
