@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -81,39 +80,7 @@ type Node struct {
 func StartNode(t testing.TB, opts NodeOptions) *Node {
 	t.Helper()
 	server, ctl := nodePrerequisites(t)
-
-	n := &Node{t: t, server: server, ctl: ctl, timeout: opts.StartTimeout}
-	if n.timeout <= 0 {
-		n.timeout = 90 * time.Second
-	}
-	name := opts.Name
-	if name == "" {
-		name = fmt.Sprintf("sluice_%06d", rand.IntN(1e6))
-	}
-	host := opts.Host
-	if host == "" {
-		host = shortHostname()
-	}
-	n.Name = name + "@" + host
-	n.Port = opts.Port
-	if n.Port == 0 {
-		n.Port = FreePort(t)
-	}
-	n.DistPort = opts.DistPort
-	if n.DistPort == 0 {
-		n.DistPort = FreePort(t)
-	}
-
-	dir, err := os.MkdirTemp("", "sluice-node-")
-	if err != nil {
-		t.Fatalf("node %s: make directory: %v", n.Name, err)
-	}
-	n.Dir = dir
-	t.Cleanup(func() {
-		n.Stop()
-		_ = os.RemoveAll(dir)
-	})
-	n.prepare(opts)
+	n := newNode(t, server, ctl, opts)
 	if err := n.Start(); err != nil {
 		t.Fatalf("%v", err)
 	}
