@@ -183,9 +183,45 @@ func BenchmarkDLQ(b *testing.B) {
 			return res.Moved, err
 		}},
 	}
+	// scan is the floor of a selective operation on a FIFO queue: a plain client consuming
+	// and acknowledging (prefetch 2,000, one multiple ack per 500) every message of the same
+	// DLQ, which any selection must read. Its rate counts the c.msgs selected messages, so
+	// it reads beside the operation's.
+	scan := func(b *testing.B, c benchCase) {
+		for range b.N {
+			b.StopTimer()
+			q := topology.DLQ(fill(b, c.total))
+			ch, err := r.Conn.Channel()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := ch.Qos(2000, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			ds, err := ch.Consume(q, "", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for k := 1; k <= c.total; k++ {
+				d := <-ds
+				if k%500 == 0 || k == c.total {
+					if err := d.Ack(true); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.StopTimer()
+			_ = ch.Close()
+		}
+		reportRate(b, c.msgs)
+	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			b.Run("raw", func(b *testing.B) { raw(b, c.msgs) })
+			if c.total > c.msgs {
+				b.Run("raw-scan", func(b *testing.B) { scan(b, c) })
+			}
 			b.Run("sluice", func(b *testing.B) { each(b, c) })
 		})
 	}

@@ -65,7 +65,8 @@
 //
 //	for each batch: check the destination queue exists (passive declare, on a second
 //	                channel); publish (mandatory) every selected message of the batch to its
-//	                destination and every skipped one, unchanged, to the source's tail;
+//	                destination and every skipped one, unchanged, to the source's tail
+//	                (not mandatory: the source exists);
 //	                basic.ack every source copy; tx.commit
 //
 // A run goes through exactly the messages the source held when it started (its ready
