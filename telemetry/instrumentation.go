@@ -105,6 +105,10 @@ func WithEventLog(logger *slog.Logger, limit LogLimit) Option {
 //   - sluice.queue.depth, sluice.queue.consumers, see WatchDepth;
 //   - sluice.log.dropped (counter; event), see WithEventLog.
 //
+// sluice.messages, sluice.messages.in_flight and messaging.client.consumed.messages are
+// observable instruments, counted per attempt in atomic integers and read when a reader
+// collects (flow.go); their points are those a synchronous counter would have.
+//
 // error.type is capped (WithErrorTypeLimit): the cardinality of every metric is bounded
 // by the stack's queues and handlers.
 type Instrumentation struct {
