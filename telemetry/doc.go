@@ -47,15 +47,15 @@
 //     cannot cost less than that.
 //   - Exemplar filter. The default, trace_based, offers the two histogram measurements of a
 //     sampled attempt to a reservoir (a clock read and a lock each); exemplar.AlwaysOffFilter
-//     (sdkmetric.WithExemplarFilter, or OTEL_METRICS_EXEMPLAR_FILTER=always_off) saves about
-//     5% of a sampled attempt's cost and loses the link from a slow bucket to its trace.
+//     (sdkmetric.WithExemplarFilter, or OTEL_METRICS_EXEMPLAR_FILTER=always_off) saves 5–10%
+//     of a sampled attempt's cost and loses the link from a slow bucket to its trace.
 //   - Span processor. The batch processor (sdktrace.WithBatcher, what Setup uses) wakes its
 //     goroutine for each span; the simple processor (sdktrace.WithSyncer) measured 3.7x
 //     against the batch processor's 5x, but only because the benchmark's exporter discards:
 //     a real exporter then sends every span on the handler's goroutine, a network call per
 //     attempt. Use the batch processor; raise its queue size
 //     (sdktrace.WithMaxQueueSize, OTEL_BSP_MAX_QUEUE_SIZE) if spans are dropped under load.
-//   - Span limits. The consumer span carries nine to twelve attributes and events only on
-//     failures, under the SDK's default limits (128); lowering them saves nothing on the
-//     success path.
+//   - Span limits. The consumer span carries nine to twelve attributes, and events only on
+//     failures and deferrals, under the SDK's default limits (128); lowering them saves
+//     nothing on the success path.
 package telemetry
