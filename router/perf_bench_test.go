@@ -15,9 +15,13 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluice-go/sluice"
@@ -160,40 +164,121 @@ func benchSlowHandler(b *testing.B, c int) {
 // each in turn, so a busy minute on the shared machine slows both alike. x-untraced is
 // traced time over untraced time (the target is at most 2). Sub-benchmarks are the
 // OpenTelemetry SDK as a user may run it, with a batch span processor and an SDK meter
-// provider (default exemplar filter, trace_based):
+// provider (default exemplar filter, trace_based), unless the name says otherwise:
 //   - always: every span sampled (the SDK's default sampler, ParentBased(AlwaysSample));
 //   - ratio10: ParentBased(TraceIDRatioBased(0.1)), one trace in ten;
-//   - metrics: no tracer provider (a no-op tracer), metrics only.
+//   - metrics: no tracer provider (a no-op tracer), metrics only;
+//   - always-noexemplar, ratio10-noexemplar: exemplar.AlwaysOffFilter
+//     (OTEL_METRICS_EXEMPLAR_FILTER=always_off);
+//   - always-simple: a simple span processor (the exporter called on every span's End;
+//     with this discard exporter, no hand-off to the batch processor's goroutine).
+//
+// The sdk-* variants are not sluice's telemetry but the SDK's floor beside the same
+// untraced stack, a step outside it doing only what the SDK must for what sluice emits:
+//   - sdk-span: a bare tracer.Start and span.End, always sampled, batch processor;
+//   - sdk-floor: that span with the consumer span's nine attributes on success (four at start, five
+//     set before End) and the two duration histograms recorded in its context.
 func BenchmarkTracingOverhead(b *testing.B) {
-	variants := []struct {
-		name    string
-		sampler sdktrace.Sampler // nil: no tracer provider
-	}{
-		{"always", sdktrace.ParentBased(sdktrace.AlwaysSample())},
-		{"ratio10", sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))},
-		{"metrics", nil},
+	type variant struct {
+		name       string
+		sampler    sdktrace.Sampler // nil: no tracer provider
+		noExemplar bool
+		simple     bool
+		floor      func(tp *sdktrace.TracerProvider, mp *sdkmetric.MeterProvider) message.HandlerMiddleware // nil: sluice's telemetry
+	}
+	always, ratio10 := sdktrace.ParentBased(sdktrace.AlwaysSample()), sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.1))
+	variants := []variant{
+		{name: "always", sampler: always},
+		{name: "ratio10", sampler: ratio10},
+		{name: "metrics"},
+		{name: "always-noexemplar", sampler: always, noExemplar: true},
+		{name: "ratio10-noexemplar", sampler: ratio10, noExemplar: true},
+		{name: "always-simple", sampler: always, simple: true},
+		{name: "sdk-span", sampler: always, floor: benchSDKSpan},
+		{name: "sdk-floor", sampler: always, floor: benchSDKFloor},
 	}
 	handler := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
-			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			mopts := []sdkmetric.Option{sdkmetric.WithReader(sdkmetric.NewManualReader())}
+			if v.noExemplar {
+				mopts = append(mopts, sdkmetric.WithExemplarFilter(exemplar.AlwaysOffFilter))
+			}
+			mp := sdkmetric.NewMeterProvider(mopts...)
+			b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 			opts := []telemetry.Option{telemetry.WithMeterProvider(mp), telemetry.WithPropagator(propagation.TraceContext{})}
+			var tp *sdktrace.TracerProvider
 			if v.sampler != nil {
-				tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(v.sampler), sdktrace.WithBatcher(benchDiscardExporter{}))
+				processor := sdktrace.WithBatcher(benchDiscardExporter{})
+				if v.simple {
+					processor = sdktrace.WithSyncer(benchDiscardExporter{})
+				}
+				tp = sdktrace.NewTracerProvider(sdktrace.WithSampler(v.sampler), processor)
 				b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 				opts = append(opts, telemetry.WithTracerProvider(tp))
 			} else {
 				opts = append(opts, telemetry.WithTracerProvider(noop.NewTracerProvider()))
 			}
-			b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+			plain := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, false).ComposeForBenchmark("bench", handler)
+			if v.floor != nil {
+				other := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, false).ComposeForBenchmark("bench", handler)
+				benchInterleaved(b, v.floor(tp, mp)(other), plain)
+				return
+			}
 			in, err := telemetry.New(opts...)
 			if err != nil {
 				b.Fatal(err)
 			}
-			plain := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, false).ComposeForBenchmark("bench", handler)
 			traced := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{Telemetry: in}, false).ComposeForBenchmark("bench", handler)
 			benchInterleaved(b, traced, plain)
 		})
+	}
+}
+
+// benchSDKSpan is a step that starts and ends a bare consumer span around each attempt.
+func benchSDKSpan(tp *sdktrace.TracerProvider, _ *sdkmetric.MeterProvider) message.HandlerMiddleware {
+	tracer := tp.Tracer("bench")
+	kind := trace.WithSpanKind(trace.SpanKindConsumer)
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			ctx, span := tracer.Start(msg.Context(), "process bench", kind)
+			msg.SetContext(ctx)
+			outs, err := h(msg)
+			span.End()
+			return outs, err
+		}
+	}
+}
+
+// benchSDKFloor is a step that emits what sluice's telemetry emits per successful attempt,
+// each part as cheaply as the SDK's API allows: one consumer span with its nine
+// attributes (four at start, five set before End), two duration histograms recorded with precomputed attribute sets in the
+// span's context. No propagation, counters or reporter: the SDK's part alone.
+func benchSDKFloor(tp *sdktrace.TracerProvider, mp *sdkmetric.MeterProvider) message.HandlerMiddleware {
+	tracer, meter := tp.Tracer("bench"), mp.Meter("bench")
+	h1, _ := meter.Float64Histogram("bench.handler.duration", metric.WithUnit("s"))
+	h2, _ := meter.Float64Histogram("bench.process.duration", metric.WithUnit("s"))
+	set1 := metric.WithAttributeSet(attribute.NewSet(attribute.String("queue", "q"), attribute.String("handler", "bench"), attribute.String("outcome", "ack")))
+	set2 := metric.WithAttributeSet(attribute.NewSet(attribute.String("messaging.system", "rabbitmq"), attribute.String("messaging.operation.name", "process")))
+	rec1, rec2 := []metric.RecordOption{set1}, []metric.RecordOption{set2}
+	start := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+		attribute.String("messaging.system", "rabbitmq"), attribute.String("messaging.operation.type", "process"),
+		attribute.String("messaging.operation.name", "process"), attribute.String("messaging.destination.name", "q"))}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			t0 := time.Now()
+			ctx, span := tracer.Start(msg.Context(), "process q", start...)
+			msg.SetContext(ctx)
+			outs, err := h(msg)
+			span.SetAttributes(attribute.Int("messaging.message.body.size", len(msg.Payload)),
+				attribute.String("messaging.message.id", msg.UUID), attribute.Int("sluice.attempt", 1),
+				attribute.String("sluice.handler", "bench"), attribute.String("sluice.outcome", "ack"))
+			span.End()
+			d := time.Since(t0).Seconds()
+			h1.Record(ctx, d, rec1...)
+			h2.Record(ctx, d, rec2...)
+			return outs, err
+		}
 	}
 }
 

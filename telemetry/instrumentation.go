@@ -105,6 +105,10 @@ func WithEventLog(logger *slog.Logger, limit LogLimit) Option {
 //   - sluice.queue.depth, sluice.queue.consumers, see WatchDepth;
 //   - sluice.log.dropped (counter; event), see WithEventLog.
 //
+// sluice.messages, sluice.messages.in_flight and messaging.client.consumed.messages are
+// observable instruments, counted per attempt in atomic integers and read when a reader
+// collects (flow.go); their points are those a synchronous counter would have.
+//
 // error.type is capped (WithErrorTypeLimit): the cardinality of every metric is bounded
 // by the stack's queues and handlers.
 type Instrumentation struct {
@@ -114,13 +118,18 @@ type Instrumentation struct {
 	system     attribute.KeyValue
 	routingKey func(string, *message.Message) string
 
-	messages    metric.Int64Counter
 	retries     metric.Int64Counter
 	deadLetters metric.Int64Counter
 	idemHits    metric.Int64Counter
 	duration    metric.Float64Histogram
-	inFlight    metric.Int64UpDownCounter
 	breaker     metric.Int64ObservableGauge
+
+	// The counters of every attempt, observed from the flows (flow.go).
+	consumedObs     metric.Int64ObservableCounter
+	messagesObs     metric.Int64ObservableCounter
+	inFlightObs     metric.Int64ObservableUpDownCounter
+	flows           sync.Map // flowKey -> *flow
+	consumedByQueue sync.Map // queue -> *queueCount
 
 	mm       messagingMetrics // messaging.go
 	errTypes *errorTypes      // errortype.go
@@ -150,7 +159,7 @@ func (in *Instrumentation) metricAttrs(k metricKey) messagingOpts {
 		kvs = append(kvs, otelnames.MetricAttrErrorType.String(k.errType))
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
-	o, _ := in.attrSets.LoadOrStore(k, messagingOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
+	o, _ := in.attrSets.LoadOrStore(k, messagingOpts{set: opt, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
 	return o.(messagingOpts)
 }
 
@@ -181,6 +190,9 @@ func New(opts ...Option) (*Instrumentation, error) {
 	if err := in.createMessagingInstruments(); err != nil {
 		return nil, err
 	}
+	if err := in.createFlowInstruments(); err != nil {
+		return nil, err
+	}
 	if err := in.createEventLog(o.logger, o.logLimit); err != nil {
 		return nil, fmt.Errorf("create counter %s: %w", otelnames.MetricLogDropped, err)
 	}
@@ -200,7 +212,6 @@ func (in *Instrumentation) createInstruments() error {
 		}
 		return c
 	}
-	in.messages = counter(otelnames.MetricMessages, "Delivery attempts by outcome.")
 	in.retries = counter(otelnames.MetricRetries, "Attempts handed off to the broker for a delayed retry.")
 	in.deadLetters = counter(otelnames.MetricDeadLetters, "Messages sent to a dead-letter queue.")
 	in.idemHits = counter(otelnames.MetricIdempotencyHits, "Duplicates acknowledged without calling the handler.")
@@ -212,11 +223,6 @@ func (in *Instrumentation) createInstruments() error {
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...))
 	if err != nil {
 		return fmt.Errorf("create histogram %s: %w", otelnames.MetricHandlerDuration, err)
-	}
-	in.inFlight, err = in.meter.Int64UpDownCounter(otelnames.MetricInFlight,
-		metric.WithDescription("Attempts being processed."), metric.WithUnit("{message}"))
-	if err != nil {
-		return fmt.Errorf("create up-down counter %s: %w", otelnames.MetricInFlight, err)
 	}
 	in.breaker, err = in.meter.Int64ObservableGauge(otelnames.MetricBreakerState,
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))

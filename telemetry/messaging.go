@@ -28,7 +28,6 @@ var retryDelayBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 6
 // messagingMetrics are the convention instruments and the attribute sets they reuse.
 type messagingMetrics struct {
 	processDuration messagingconv.ProcessDuration
-	consumed        messagingconv.ClientConsumedMessages
 	sent            messagingconv.ClientSentMessages
 	opDuration      messagingconv.ClientOperationDuration
 	retryDelay      metric.Float64Histogram
@@ -44,6 +43,7 @@ type messagingKey struct{ op, destination, errType string }
 
 // messagingOpts are one attribute set as counter and histogram options.
 type messagingOpts struct {
+	set metric.MeasurementOption
 	add []metric.AddOption
 	rec []metric.RecordOption
 }
@@ -54,9 +54,6 @@ func (in *Instrumentation) createMessagingInstruments() error {
 	if m.processDuration, err = messagingconv.NewProcessDuration(in.meter,
 		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return fmt.Errorf("create histogram %s: %w", otelnames.MetricProcessDuration, err)
-	}
-	if m.consumed, err = messagingconv.NewClientConsumedMessages(in.meter); err != nil {
-		return fmt.Errorf("create counter %s: %w", otelnames.MetricConsumedMessages, err)
 	}
 	if m.sent, err = messagingconv.NewClientSentMessages(in.meter); err != nil {
 		return fmt.Errorf("create counter %s: %w", otelnames.MetricSentMessages, err)
@@ -88,20 +85,15 @@ func (in *Instrumentation) messagingAttrs(k messagingKey) messagingOpts {
 		kvs = append(kvs, semconv.ErrorTypeKey.String(k.errType))
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
-	o, _ := in.mm.opts.LoadOrStore(k, messagingOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
+	o, _ := in.mm.opts.LoadOrStore(k, messagingOpts{set: opt, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}})
 	return o.(messagingOpts)
 }
 
-// recordConsumed counts one delivery of queue handed to the stack.
-func (in *Instrumentation) recordConsumed(ctx context.Context, queue string) {
-	in.mm.consumed.Inst().Add(ctx, 1, in.messagingAttrs(messagingKey{op: opProcess, destination: queue}).add...)
-}
-
-// recordProcessed records the duration of one attempt on queue; errType is empty when it
+// recordProcessed records the duration in seconds of one attempt on queue; errType is empty when it
 // succeeded (whatever the outcome: a retry hand-off is a failed attempt).
-func (in *Instrumentation) recordProcessed(ctx context.Context, queue string, d time.Duration, errType string) {
+func (in *Instrumentation) recordProcessed(ctx context.Context, queue string, seconds float64, errType string) {
 	opt := in.messagingAttrs(messagingKey{op: opProcess, destination: queue, errType: in.errTypes.label(errType)})
-	in.mm.processDuration.Inst().Record(ctx, d.Seconds(), opt.rec...)
+	in.mm.processDuration.Inst().Record(ctx, seconds, opt.rec...)
 }
 
 // recordSent records one publish of n messages to destination that took d and failed

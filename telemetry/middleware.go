@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -23,9 +24,10 @@ var errPanicked = errors.New("handler panicked")
 
 // noExemplar is the context of the measurements that carry no exemplar: the SDK's default
 // exemplar filter (trace_based) offers every measurement made in a sampled span's context
-// to a reservoir, a clock read and a lock each, six per attempt. Only the two duration
-// histograms (sluice.handler.duration and messaging.process.duration) get the span's
-// context, so a slow attempt still links to its trace; a count needs no example.
+// to a reservoir, a clock read and a lock each. Only the two duration histograms
+// (sluice.handler.duration and messaging.process.duration) get the span's context, so a
+// slow attempt still links to its trace; a count needs no example. (The counters of every
+// attempt are observed, flow.go, and carry none anyway.)
 var noExemplar = context.Background()
 
 // consumerKind and producerKind are built once: an option boxed per call is an
@@ -42,23 +44,33 @@ var (
 //     (and only from them: a span in the subscriber's context is not a parent). An absent
 //     or invalid traceparent starts a new trace; it is not an error;
 //   - starts a consumer span "process <queue>", the queue being
-//     message.SubscribeTopicFromCtx, and puts a *report.Reporter into the context; both are
-//     set on the message with msg.SetContext before h runs, so inner steps see them;
-//   - after h returns, sets the span's attributes from the reported report.Report: the
-//     outcome (when no step reported one, "ack" for a nil error, "nack" otherwise), the
-//     attempt, the retry delay and the handler, and marks the span as failed (error status
-//     and the error recorded) for the outcomes retry, dead_letter and nack or a non-nil
-//     error;
-//   - records the sluice.* metrics.
+//     message.SubscribeTopicFromCtx, with the attributes a sampler may decide on
+//     (messaging.system, messaging.operation.type and .name, messaging.destination.name),
+//     and puts a *report.Reporter into the context; both are set on the message with
+//     msg.SetContext before h runs, so inner steps see them;
+//   - after h returns, if the span is sampled, sets the message's attributes (body size,
+//     message id, routing key, attempt, handler) and those of the reported report.Report:
+//     the outcome (when no step reported one, "ack" for a nil error, "nack" otherwise) and
+//     the retry delay, and marks the span as failed (error status and the error recorded)
+//     for the outcomes retry, dead_letter and nack or a non-nil error;
+//   - records the sluice.* and messaging metrics, sampled or not.
 //
 // Output messages that h returns without a span in their context get the consumer span as
 // parent, so that the publisher decorator continues the trace.
 func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	// last is the flow of the previous attempt: a stack's handler has one queue and one
+	// name, so only its first attempt looks its flow up.
+	var last atomic.Pointer[flow]
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
 		base := msg.Context()
 		queue := message.SubscribeTopicFromCtx(base)
 		handler := message.HandlerNameFromCtx(base)
+		f := last.Load()
+		if f == nil || f.queue != queue || f.handler != handler {
+			f = in.flowFor(queue, handler)
+			last.Store(f)
+		}
 		attempt := sluice.RetryCount(msg.Metadata) + 1
 
 		// A span in base is the subscriber's (from whatever context ran the router), not
@@ -69,31 +81,23 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			parent = trace.ContextWithSpanContext(base, trace.SpanContext{})
 		}
 		parent = in.propagator().Extract(parent, metadataCarrier(msg.Metadata))
-		buf := attrPool.Get().(*[]attribute.KeyValue)
-		attrs := append(in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeProcess, "process", queue, msg),
-			otelnames.AttrAttempt.Int(attempt))
-		if handler != "" {
-			attrs = append(attrs, otelnames.AttrHandler.String(handler))
-		}
-		ctx, span := in.tracer.Start(parent, spanName("process", queue),
-			consumerKind, trace.WithAttributes(attrs...))
-		clear(attrs) // the pool must not keep the message's strings alive
-		*buf = attrs[:0]
-		attrPool.Put(buf)
+		// The span starts with the attributes a sampler may decide on (the conventions'
+		// "at creation" ones, the same for every attempt of the flow); the message's own
+		// go on in finish, and only if the span records: an unsampled attempt builds none.
+		ctx, span := in.tracer.Start(parent, f.spanName, f.startOpts...)
 
 		reporter := new(report.Reporter)
 		ctx = report.WithReporter(ctx, reporter)
 		msg.SetContext(ctx)
 
-		flightAttrs := in.metricAttrs(metricKey{queue: queue, handler: handler})
-		in.recordConsumed(noExemplar, queue)
-		in.inFlight.Add(noExemplar, 1, flightAttrs.add...)
+		f.consumed.n.Add(1)
+		f.inFlight.Add(1)
 		finished := false
 		defer func() {
-			in.inFlight.Add(noExemplar, -1, flightAttrs.add...)
+			f.inFlight.Add(-1)
 			if !finished {
 				// The panic keeps unwinding; the span and metrics must not be lost with it.
-				in.finish(ctx, span, start, queue, handler, msg.UUID, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
+				in.finish(ctx, span, f, start, msg, attempt, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
 			}
 		}()
 
@@ -110,7 +114,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 				rep.Outcome = report.OutcomeNack
 			}
 		}
-		in.finish(ctx, span, start, queue, handler, msg.UUID, rep, err)
+		in.finish(ctx, span, f, start, msg, attempt, rep, err)
 
 		for _, out := range outs {
 			if out != nil && !trace.SpanContextFromContext(out.Context()).IsValid() {
@@ -121,15 +125,21 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 	}
 }
 
-// finish sets the outcome attributes and status on span, ends it, records metrics and
-// logs a retry hand-off or dead letter of message id.
-func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start time.Time,
-	queue, handler, id string, rep report.Report, err error) {
-	// One SetAttributes call: each one copies the span's attributes to make room.
-	var buf [3]attribute.KeyValue
-	attrs := append(buf[:0], otelnames.AttrOutcome.String(string(rep.Outcome)))
-	if rep.Delay > 0 {
-		attrs = append(attrs, otelnames.AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
+// finish sets the message's and the outcome's attributes and the status on span, ends it,
+// records metrics and logs a retry hand-off or dead letter of msg.
+func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow, start time.Time,
+	msg *message.Message, attempt int, rep report.Report, err error) {
+	recording := span.IsRecording()
+	var attrs []attribute.KeyValue
+	var buf *[]attribute.KeyValue
+	if recording {
+		// One SetAttributes call: each one copies the span's attributes to make room.
+		buf = attrPool.Get().(*[]attribute.KeyValue)
+		attrs = in.appendProcessAttrs((*buf)[:0], f, msg, attempt)
+		attrs = append(attrs, otelnames.AttrOutcome.String(string(rep.Outcome)))
+		if rep.Delay > 0 {
+			attrs = append(attrs, otelnames.AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
+		}
 	}
 
 	cause := rep.Err
@@ -144,28 +154,41 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 			// A step reported a failure without saying why; the span must still say failed.
 			cause = errors.New(string(rep.Outcome))
 		}
-		recordError(span, cause)
 		failedType = sluice.ErrorType(cause)
-		attrs = append(attrs, semconv.ErrorTypeKey.String(failedType))
-		span.SetStatus(codes.Error, sluice.ErrorMessage(cause))
+		if recording {
+			recordError(span, cause)
+			attrs = append(attrs, semconv.ErrorTypeKey.String(failedType))
+			span.SetStatus(codes.Error, sluice.ErrorMessage(cause))
+		}
 	case rep.Outcome == report.OutcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
-		if cause != nil {
+		if recording && cause != nil {
 			attrs = append(attrs, otelnames.AttrDeferReason.String(failure.Truncate(cause.Error(), failure.MaxErrorMessageBytes)))
 		}
 	case rep.Outcome == report.OutcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.
-		recordError(span, cause)
-		attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
+		if recording {
+			recordError(span, cause)
+			attrs = append(attrs, semconv.ErrorTypeKey.String(sluice.ErrorType(cause)))
+		}
 	}
-	span.SetAttributes(attrs...)
+	if recording {
+		span.SetAttributes(attrs...) // the span copies them
+		clear(attrs)                 // the pool must not keep the message's strings alive
+		*buf = attrs[:0]
+		attrPool.Put(buf)
+	}
 	span.End()
 
-	elapsed := time.Since(start)
-	withOutcome := in.metricAttrs(metricKey{queue: queue, handler: handler, outcome: string(rep.Outcome)})
-	in.messages.Add(noExemplar, 1, withOutcome.add...)
-	in.duration.Record(ctx, elapsed.Seconds(), withOutcome.rec...)
-	in.recordProcessed(ctx, queue, elapsed, failedType)
+	elapsed := time.Since(start).Seconds()
+	f.count(rep.Outcome)
+	in.duration.Record(ctx, elapsed, in.durationOpts(f, rep.Outcome)...)
+	if failedType == "" {
+		in.mm.processDuration.Inst().Record(ctx, elapsed, f.processed...)
+	} else {
+		in.recordProcessed(ctx, f.queue, elapsed, failedType)
+	}
+	queue, handler, id := f.queue, f.handler, msg.UUID
 	plain := metricKey{queue: queue, handler: handler}
 	switch rep.Outcome {
 	case report.OutcomeRetry:
@@ -178,4 +201,23 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, start ti
 	case report.OutcomeDuplicate:
 		in.idemHits.Add(noExemplar, 1, in.metricAttrs(plain).add...)
 	}
+}
+
+// appendProcessAttrs appends the attributes of a consumer span that are the message's own,
+// those not in f.startOpts.
+func (in *Instrumentation) appendProcessAttrs(attrs []attribute.KeyValue, f *flow, msg *message.Message, attempt int) []attribute.KeyValue {
+	attrs = append(attrs, semconv.MessagingMessageBodySize(len(msg.Payload)))
+	if msg.UUID != "" {
+		attrs = append(attrs, semconv.MessagingMessageID(msg.UUID))
+	}
+	if in.routingKey != nil {
+		if rk := in.routingKey(f.queue, msg); rk != "" {
+			attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(rk))
+		}
+	}
+	attrs = append(attrs, otelnames.AttrAttempt.Int(attempt))
+	if f.handler != "" {
+		attrs = append(attrs, otelnames.AttrHandler.String(f.handler))
+	}
+	return attrs
 }
