@@ -20,7 +20,7 @@ import (
 // keeps a membership (RabbitMQ: amqp.Broker.Join). Each instance announces itself every
 // heartbeat (zero means amqp.DefaultHeartbeatInterval) on the fanout exchange
 // topology.Members(queue) and lists the instances heard within three heartbeats; all
-// compute the same assignment from that list (AssignPartitions) and each consumes only
+// compute the same assignment from that list (assignPartitions) and each consumes only
 // its own partitions. An instance gives a partition up between messages: it cancels its
 // consumer, hands the router what was already delivered or gives it back, waits for the
 // handlers of what it holds, and lets RabbitMQ's single active consumer pass the
@@ -37,14 +37,14 @@ func WithRebalancing(heartbeat time.Duration) HandlerOption {
 	return func(c *handlerConfig) { c.rebalance, c.heartbeat = true, heartbeat }
 }
 
-// AssignPartitions gives each of partitions to one of members, deterministically from the
+// assignPartitions gives each of partitions to one of members, deterministically from the
 // sorted member list, so every instance computes the same. It is rendezvous hashing with
 // bounded loads: partition k goes to the member with the highest hash of (queue, k,
 // member) that has room, each member having room for floor(P/N) partitions, the first
 // P mod N members in sorted order one more; so every member holds floor(P/N) or
 // ceil(P/N), and a member joining or leaving mostly moves the partitions it takes or
 // leaves.
-func AssignPartitions(queue string, partitions int, members []string) map[string][]int {
+func assignPartitions(queue string, partitions int, members []string) map[string][]int {
 	out := make(map[string][]int, len(members))
 	if len(members) == 0 || partitions <= 0 {
 		return out
@@ -127,7 +127,7 @@ func (r *rebalancer) owns(k int) (bool, <-chan struct{}) {
 	m := r.members
 	r.mu.Unlock()
 	changed := m.Changed() // before Members: a change in between is not missed
-	mine := AssignPartitions(r.queue, r.partitions, m.Members())[m.ID()]
+	mine := assignPartitions(r.queue, r.partitions, m.Members())[m.ID()]
 	return slices.Contains(mine, k), changed
 }
 
