@@ -13,12 +13,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/membership"
 )
 
 // WithRebalancing makes the instances of a partitioned handler (WithPartitions) share its
 // partitions fairly and move them when an instance joins or leaves, on a broker that
 // keeps a membership (RabbitMQ: amqp.Broker.Join). Each instance announces itself every
-// heartbeat (zero means amqp.DefaultHeartbeatInterval) on the fanout exchange
+// heartbeat (zero means membership.DefaultInterval) on the fanout exchange
 // topology.Members(queue) and lists the instances heard within three heartbeats; all
 // compute the same assignment from that list (assignPartitions) and each consumes only
 // its own partitions. An instance gives a partition up between messages: it cancels its
@@ -80,7 +81,7 @@ func assignPartitions(queue string, partitions int, members []string) map[string
 
 // memberJoiner is implemented by brokers that keep a membership (amqp.Broker).
 type memberJoiner interface {
-	Join(ctx context.Context, queue string, cfg amqp.MembershipConfig) (*amqp.Membership, error)
+	Join(ctx context.Context, queue string, cfg membership.Config) (*membership.Membership, error)
 }
 
 // rebalancer tells the partition subscribers of one handler which partitions are theirs.
@@ -93,7 +94,7 @@ type rebalancer struct {
 	handover   *keyHandover // nil without an idempotency store
 
 	mu      sync.Mutex
-	members *amqp.Membership
+	members *membership.Membership
 	held    map[int]bool
 	closed  bool
 }
@@ -108,7 +109,7 @@ func (r *rebalancer) join(ctx context.Context) error {
 	if r.closed {
 		return amqp.ErrClosed
 	}
-	cfg := amqp.MembershipConfig{Interval: r.heartbeat}
+	cfg := membership.Config{Interval: r.heartbeat}
 	if r.handover != nil {
 		cfg.OnBroadcast = r.handover.receive
 	}
