@@ -316,7 +316,7 @@ func TestMiddleware_KeyFuncErrorIsPermanent(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			assert.True(t, sluice.IsPermanent(err), "bad input goes to the DLQ: %v", err)
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err), "bad input goes to the DLQ: %v", err)
 			assert.ErrorIs(t, err, idempotency.ErrKey)
 			assert.ErrorIs(t, err, errNoPayment)
 			assert.ErrorContains(t, err, "m-1")
