@@ -18,14 +18,14 @@ import (
 
 // WithRebalancing makes the instances of a partitioned handler (WithPartitions) share its
 // partitions fairly and move them when an instance joins or leaves, on a broker that
-// keeps a membership (RabbitMQ: amqp.Broker.Join). Each instance announces itself every
-// heartbeat (zero means membership.DefaultInterval) on the fanout exchange
-// topology.Members(queue) and lists the instances heard within three heartbeats; all
-// compute the same assignment from that list (assignPartitions) and each consumes only
-// its own partitions. An instance gives a partition up between messages: it cancels its
-// consumer, hands the router what was already delivered or gives it back, waits for the
-// handlers of what it holds, and lets RabbitMQ's single active consumer pass the
-// partition to its new owner, which subscribed as soon as it computed the assignment.
+// keeps a membership ([amqp.Broker.Join], which says how instances hear of each other;
+// heartbeat is its interval, zero meaning 500 ms). All instances compute the same
+// assignment from the member list (rendezvous hashing with bounded loads) and each
+// consumes only its own partitions. An instance gives a partition up between messages: it
+// cancels its consumer, hands the router what was already delivered or gives it back,
+// waits for the handlers of what it holds, and lets the partition pass to its new owner,
+// which subscribed as soon as it computed the assignment (how RabbitMQ passes it: package
+// [amqp], "Partitioned queues").
 //
 // A join is followed within about a heartbeat, a graceful leave (Close) at once, and an
 // instance killed (connection lost, no goodbye) within three heartbeats and one more.

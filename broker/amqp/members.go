@@ -6,9 +6,14 @@ import (
 	"github.com/sluice-go/sluice/internal/membership"
 )
 
-// Join starts announcing this instance among queue's members and listening to the others
-// (see internal/membership, which router's rebalancing uses). It returns once the
-// listening queue is bound, so the first heartbeats are heard.
+// Join starts announcing this instance among queue's members and listening to the others,
+// for router.WithRebalancing: every instance publishes a heartbeat every cfg.Interval to
+// the fanout exchange sluice.members.<queue> and hears everyone's on an exclusive,
+// auto-deleted queue of its own. A member is listed while heard within cfg.Expiry (three
+// intervals by default); one that closes its membership says goodbye and leaves the lists
+// at once. Heartbeats expire in the broker after Expiry, so a slow listener is not misled
+// by old ones. It returns once the listening queue is bound, so the first heartbeats are
+// heard. (The types are in internal/membership: only sluice's router joins.)
 func (b *Broker) Join(ctx context.Context, queue string, cfg membership.Config) (*membership.Membership, error) {
 	return membership.Join(ctx, b.conn.channel, ErrClosed, queue, cfg)
 }

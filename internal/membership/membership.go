@@ -67,12 +67,7 @@ func (c *Config) setDefaults() error {
 }
 
 // Membership is this instance's place among the instances of one partitioned handler,
-// learnt through RabbitMQ alone: every instance publishes a heartbeat every Interval to
-// the fanout exchange topology.Members(queue) and hears everyone's (its own included) on
-// an exclusive, auto-deleted queue of its own. A member is listed while it was heard
-// within Expiry; one that closes its Membership says goodbye and leaves the lists at
-// once. Heartbeats expire in the broker after Expiry, so a slow listener is not misled by
-// old ones.
+// learnt through RabbitMQ alone, as amqp.Broker.Join (its only caller) tells.
 type Membership struct {
 	open   Opener
 	closed error
