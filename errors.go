@@ -168,15 +168,6 @@ func markerClass(err error) (Class, bool) {
 	return 0, false
 }
 
-// IsPermanent reports whether err is in ClassPermanent.
-func IsPermanent(err error) bool { return ClassOf(err) == ClassPermanent }
-
-// IsDiscard reports whether err is in ClassDiscard.
-func IsDiscard(err error) bool { return ClassOf(err) == ClassDiscard }
-
-// IsRetryable reports whether err is in ClassRetryable.
-func IsRetryable(err error) bool { return ClassOf(err) == ClassRetryable }
-
 // TypedError is implemented by errors that name their own type for failure records,
 // metrics and spans (for example "insufficient_funds").
 type TypedError interface {

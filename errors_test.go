@@ -93,9 +93,6 @@ func TestClassOf(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got := sluice.ClassOf(tt.err)
 			assert.Equal(t, tt.want, got, "ClassOf(%v) = %s", tt.err, got)
-			assert.Equal(t, tt.want == sluice.ClassPermanent, sluice.IsPermanent(tt.err), "IsPermanent")
-			assert.Equal(t, tt.want == sluice.ClassDiscard, sluice.IsDiscard(tt.err), "IsDiscard")
-			assert.Equal(t, tt.want == sluice.ClassRetryable, sluice.IsRetryable(tt.err), "IsRetryable")
 		})
 	}
 }

@@ -117,7 +117,7 @@ func TestPermanent_MarkerAppearsOnce(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.True(t, sluice.IsPermanent(tt.err))
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(tt.err))
 			assert.Equal(t, 1, strings.Count(tt.err.Error(), "permanent"), tt.err.Error())
 			assert.Equal(t, "json.SyntaxError", sluice.ErrorType(tt.err))
 		})

@@ -24,9 +24,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/memory"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -170,34 +170,10 @@ func BenchmarkConsume(b *testing.B) {
 //     target is measured against raw.
 func BenchmarkRetryPath(b *testing.B) {
 	url := testenv.AMQPURL(b)
-	errOnce := errors.New("fails once")
 	b.Run("sluice", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		br := benchenv.Broker(b, url)
-		q := benchenv.SluiceQueue(b, r, br, "bench.retry.sluice")
-		benchPrefill(b, r, q, b.N)
-		count := benchCountTo(b.N)
-		// Every first attempt fails, so a breaker with default settings would rightly open
-		// and defer everything; this one is on the path but never trips.
-		reg, err := breaker.New(breaker.Config{ConsecutiveFailures: math.MaxUint32, Logger: benchLogger})
-		if err != nil {
-			b.Fatal(err)
-		}
-		stack := benchStack(b, router.FromAMQP(br), router.Config{
-			Retry: retry.Config{
-				InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: retry.NoJitter,
-			},
-			Breakers: reg,
-		}, true)
-		if err := stack.Handle("bench", q, func(m *message.Message) error {
-			if sluice.RetryCount(m.Metadata) == 0 {
-				return errOnce
-			}
-			count.handled()
-			return nil
-		}, router.WithConcurrency(benchPrefetch), router.WithPrefetch(benchPrefetch)); err != nil {
-			b.Fatal(err)
-		}
+		stack, count := benchRetryLoad(b, r, br, "bench.retry.sluice", b.N, nil)
 		b.ReportAllocs()
 		b.ResetTimer()
 		// Over the whole run, not from the first success: every first attempt is queued
@@ -228,7 +204,7 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 	// A delay of 0 sets no digit, so the cheapest correct route into the cascade is its
 	// lowest level, whose exchange passes the message to the delivery exchange.
 	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 0)
-	key := benchZeroDelayKey(q)
+	key := benchDelayKey(0, q)
 	var rec message.Metadata
 	if record {
 		rec = benchFailureRecord(b, q)
@@ -394,6 +370,42 @@ func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bo
 }
 
 // benchTelemetry is telemetry as a service runs it, minus the network: every span sampled
+// benchRetryLoad returns a stack (not running) whose handler fails each of n messages
+// pre-filled in queue name once (BenchmarkRetryPath's), and its success counter; first,
+// when not nil, counts the failed first attempts.
+func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name string, n int, first *atomic.Int64) (*router.Stack, *benchCounter) {
+	b.Helper()
+	q := benchenv.SluiceQueue(b, r, br, name)
+	benchPrefill(b, r, q, n)
+	count := benchCountTo(n)
+	// Every first attempt fails, so a breaker with default settings would rightly open
+	// and defer everything; this one is on the path but never trips.
+	reg, err := breaker.New(breaker.Config{ConsecutiveFailures: math.MaxUint32, Logger: benchLogger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	stack := benchStack(b, router.FromAMQP(br), router.Config{
+		Retry: retry.Config{
+			InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: retry.NoJitter,
+		},
+		Breakers: reg,
+	}, true)
+	errOnce := errors.New("fails once")
+	if err := stack.Handle("bench", q, func(m *message.Message) error {
+		if sluice.RetryCount(m.Metadata) == 0 {
+			if first != nil {
+				first.Add(1)
+			}
+			return errOnce
+		}
+		count.handled()
+		return nil
+	}, router.WithConcurrency(benchPrefetch), router.WithPrefetch(benchPrefetch)); err != nil {
+		b.Fatal(err)
+	}
+	return stack, count
+}
+
 // and batched, then discarded; metrics recorded by an SDK meter provider.
 func benchTelemetry(b *testing.B) *telemetry.Instrumentation {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(benchDiscardExporter{}))
@@ -550,12 +562,17 @@ func benchFailureRecord(b *testing.B, queue string) message.Metadata {
 	return copied
 }
 
-// benchZeroDelayKey is the delay cascade's routing key for a delay of 0 to queue: every level's
-// digit 0, so the message only passes the levels' exchanges.
-func benchZeroDelayKey(queue string) string {
+// benchDelayKey is the delay cascade's routing key for a delay of units to queue: the
+// units' DelayLevels binary digits, highest level first, then queue. A delay of 0 only
+// passes the levels' exchanges.
+func benchDelayKey(units uint64, queue string) string {
 	key := make([]byte, 0, 2*amqp.DelayLevels+len(queue))
-	for range amqp.DelayLevels {
-		key = append(key, '0', '.')
+	for k := amqp.DelayLevels - 1; k >= 0; k-- {
+		if units&(1<<k) != 0 {
+			key = append(key, '1', '.')
+		} else {
+			key = append(key, '0', '.')
+		}
 	}
 	return string(append(key, queue...))
 }

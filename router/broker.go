@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/memory"
 )
 
 // Broker is what the stack needs from a broker. FromAMQP and FromMemory adapt sluice's two.
@@ -44,7 +44,7 @@ func (a amqpBroker) Subscriber(concurrency, prefetch int) message.Subscriber {
 	return a.Broker.Subscriber(amqp.SubscribeOptions{Concurrency: concurrency, Prefetch: prefetch})
 }
 
-// FromMemory adapts the embedded broker.
+// FromMemory adapts the embedded broker; outside sluice, Embedded builds one.
 func FromMemory(b *memory.Broker) Broker { return memoryBroker{b} }
 
 type memoryBroker struct{ *memory.Broker }
@@ -86,7 +86,7 @@ func ConnectOrEmbedded(ctx context.Context, logger *slog.Logger) (Broker, error)
 	return Embedded(logger), nil
 }
 
-// Embedded returns the embedded in-process broker (package memory): nothing outside the
+// Embedded returns the embedded in-process broker (internal/memory): nothing outside the
 // process can publish to it, and its messages die with the process.
 func Embedded(logger *slog.Logger) Broker {
 	if logger == nil {

@@ -22,15 +22,12 @@ type consumerCounter interface {
 	ConsumerCount(ctx context.Context, queue string) (int, error)
 }
 
-// claimer decides when this instance subscribes to each partition of one queue. RabbitMQ's
-// single active consumer goes to whoever subscribes first, so subscribing to every
-// partition at once would give them all to the first instance to start. The claimer
-// subscribes at once to partitions another instance holds (as a standby, for failover),
-// and takes free ones one per interval, only while it holds no more of them than all the
-// others together (or no one else holds any): instances that start together end up with
-// about equal shares. A partition left free for claimTimeout is taken whatever the shares,
-// so a miscount (two instances claiming the same partition at once, both counting it)
-// cannot leave a partition unconsumed.
+// claimer decides when this instance subscribes to each partition of one queue, by the
+// rule [WithPartitions] states: at once, as a standby, to partitions another instance
+// holds; free ones one per interval while it holds no more than the others together. A
+// partition left free for claimTimeout is taken whatever the shares, so a miscount (two
+// instances claiming the same partition at once, both counting it) cannot leave a
+// partition unconsumed.
 type claimer struct {
 	queue      string
 	partitions int

@@ -25,3 +25,9 @@ func (c *claimer) Start(ctx context.Context) { c.start(ctx) }
 
 // Close stops it.
 func (c *claimer) Close() { c.close() }
+
+// AssignPartitions exposes the rendezvous assignment of partitions to members.
+var AssignPartitions = assignPartitions
+
+// PartitionHandlerName exposes the name of partition k's handler.
+var PartitionHandlerName = partitionHandlerName

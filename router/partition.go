@@ -40,8 +40,8 @@ var ErrPartitions = errors.New("router: partitions must be 1 or more")
 // handler unless WithBreaker says otherwise). Zero means no partitions.
 func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.partitions = p } }
 
-// PartitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
-func PartitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
+// partitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
+func partitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
 
 // PartitionPublisher is what a producer needs to publish to a partitioned queue; the
 // brokers of FromAMQP and FromMemory implement it.
@@ -63,7 +63,7 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 	}
 	names := make([]string, hc.partitions)
 	for k := range names {
-		names[k] = PartitionHandlerName(name, k)
+		names[k] = partitionHandlerName(name, k)
 		if s.names[names[k]] {
 			return fmt.Errorf("%w: %q", ErrDuplicateHandler, names[k])
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/internal/dependency"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/telemetry"
@@ -137,7 +138,7 @@ func (s *Stack) dependencyStep(hc handlerConfig) message.HandlerMiddleware {
 			return h
 		}
 		return func(msg *message.Message) ([]*message.Message, error) {
-			msg.SetContext(retry.WithDependency(msg.Context(), hc.breaker))
+			msg.SetContext(dependency.With(msg.Context(), hc.breaker))
 			return h(msg)
 		}
 	}

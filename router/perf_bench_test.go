@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,14 +23,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/delaybench"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/breaker"
-	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -365,7 +361,7 @@ func benchDelayBusy(b *testing.B, url string, parked int) {
 		benchPark(b, r, br, parked)
 	}
 	var handoffs atomic.Int64
-	stack, _ := benchRetryLoad(b, r, br, busyRetryMessages, &handoffs)
+	stack, _ := benchRetryLoad(b, r, br, "bench.retryload", busyRetryMessages, &handoffs)
 	q := benchenv.SluiceQueue(b, r, br, "bench.delaybusy")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -393,40 +389,6 @@ func benchDelayBusy(b *testing.B, url string, parked int) {
 	}
 }
 
-// benchRetryLoad returns a stack (not running) whose handler fails each of n pre-filled
-// messages once, as BenchmarkRetryPath's, and its success counter; first, when not nil,
-// counts the failed first attempts.
-func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int, first *atomic.Int64) (*router.Stack, *benchCounter) {
-	b.Helper()
-	q := benchenv.SluiceQueue(b, r, br, "bench.retryload")
-	benchPrefill(b, r, q, n)
-	count := benchCountTo(n)
-	reg, err := breaker.New(breaker.Config{ConsecutiveFailures: math.MaxUint32, Logger: benchLogger})
-	if err != nil {
-		b.Fatal(err)
-	}
-	stack := benchStack(b, router.FromAMQP(br), router.Config{
-		Retry: retry.Config{
-			InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: -1,
-		},
-		Breakers: reg,
-	}, true)
-	errOnce := errors.New("fails once")
-	if err := stack.Handle("bench", q, func(m *message.Message) error {
-		if sluice.RetryCount(m.Metadata) == 0 {
-			if first != nil {
-				first.Add(1)
-			}
-			return errOnce
-		}
-		count.handled()
-		return nil
-	}, router.WithConcurrency(benchPrefetch), router.WithPrefetch(benchPrefetch)); err != nil {
-		b.Fatal(err)
-	}
-	return stack, count
-}
-
 // benchPark parks n small messages in the cascade, delayed parkedDelay towards a queue
 // that is deleted when b ends: pipelined raw publishes to the level the delay enters.
 func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
@@ -440,16 +402,7 @@ func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 	if err := ch.Confirm(false); err != nil {
 		b.Fatal(err)
 	}
-	units := uint64(parkedDelay / amqp.DelayResolution)
-	key := make([]byte, 0, 2*amqp.DelayLevels+len(q))
-	for k := amqp.DelayLevels - 1; k >= 0; k-- {
-		if units&(1<<k) != 0 {
-			key = append(key, '1', '.')
-		} else {
-			key = append(key, '0', '.')
-		}
-	}
-	key = append(key, q...)
+	key := benchDelayKey(uint64(parkedDelay/amqp.DelayResolution), q)
 	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 15)
 	body := benchenv.Payload[:64]
 	pending := make(chan *amqp091.DeferredConfirmation, 1024)
@@ -464,7 +417,7 @@ func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 		nacked <- k
 	}()
 	for i := range n {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), exchange, string(key), true, false,
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), exchange, key, true, false,
 			amqp091.Publishing{MessageId: "parked-" + strconv.Itoa(i), DeliveryMode: amqp091.Persistent, Body: body})
 		if err != nil {
 			close(pending)
@@ -489,7 +442,7 @@ func BenchmarkRetryPathParked(b *testing.B) {
 	b.Run("parked", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		br := benchenv.Broker(b, url)
-		stack, count := benchRetryLoad(b, r, br, b.N, nil)
+		stack, count := benchRetryLoad(b, r, br, "bench.retryload", b.N, nil)
 		b.ReportAllocs()
 		b.ResetTimer()
 		benchRun(b, stack, count, benchenv.ReportRate)

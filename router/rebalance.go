@@ -13,18 +13,19 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/membership"
 )
 
 // WithRebalancing makes the instances of a partitioned handler (WithPartitions) share its
 // partitions fairly and move them when an instance joins or leaves, on a broker that
-// keeps a membership (RabbitMQ: amqp.Broker.Join). Each instance announces itself every
-// heartbeat (zero means amqp.DefaultHeartbeatInterval) on the fanout exchange
-// topology.Members(queue) and lists the instances heard within three heartbeats; all
-// compute the same assignment from that list (AssignPartitions) and each consumes only
-// its own partitions. An instance gives a partition up between messages: it cancels its
-// consumer, hands the router what was already delivered or gives it back, waits for the
-// handlers of what it holds, and lets RabbitMQ's single active consumer pass the
-// partition to its new owner, which subscribed as soon as it computed the assignment.
+// keeps a membership ([amqp.Broker.Join], which says how instances hear of each other;
+// heartbeat is its interval, zero meaning 500 ms). All instances compute the same
+// assignment from the member list (rendezvous hashing with bounded loads) and each
+// consumes only its own partitions. An instance gives a partition up between messages: it
+// cancels its consumer, hands the router what was already delivered or gives it back,
+// waits for the handlers of what it holds, and lets the partition pass to its new owner,
+// which subscribed as soon as it computed the assignment (how RabbitMQ passes it: package
+// [amqp], "Partitioned queues").
 //
 // A join is followed within about a heartbeat, a graceful leave (Close) at once, and an
 // instance killed (connection lost, no goodbye) within three heartbeats and one more.
@@ -37,14 +38,14 @@ func WithRebalancing(heartbeat time.Duration) HandlerOption {
 	return func(c *handlerConfig) { c.rebalance, c.heartbeat = true, heartbeat }
 }
 
-// AssignPartitions gives each of partitions to one of members, deterministically from the
+// assignPartitions gives each of partitions to one of members, deterministically from the
 // sorted member list, so every instance computes the same. It is rendezvous hashing with
 // bounded loads: partition k goes to the member with the highest hash of (queue, k,
 // member) that has room, each member having room for floor(P/N) partitions, the first
 // P mod N members in sorted order one more; so every member holds floor(P/N) or
 // ceil(P/N), and a member joining or leaving mostly moves the partitions it takes or
 // leaves.
-func AssignPartitions(queue string, partitions int, members []string) map[string][]int {
+func assignPartitions(queue string, partitions int, members []string) map[string][]int {
 	out := make(map[string][]int, len(members))
 	if len(members) == 0 || partitions <= 0 {
 		return out
@@ -80,7 +81,7 @@ func AssignPartitions(queue string, partitions int, members []string) map[string
 
 // memberJoiner is implemented by brokers that keep a membership (amqp.Broker).
 type memberJoiner interface {
-	Join(ctx context.Context, queue string, cfg amqp.MembershipConfig) (*amqp.Membership, error)
+	Join(ctx context.Context, queue string, cfg membership.Config) (*membership.Membership, error)
 }
 
 // rebalancer tells the partition subscribers of one handler which partitions are theirs.
@@ -93,7 +94,7 @@ type rebalancer struct {
 	handover   *keyHandover // nil without an idempotency store
 
 	mu      sync.Mutex
-	members *amqp.Membership
+	members *membership.Membership
 	held    map[int]bool
 	closed  bool
 }
@@ -108,7 +109,7 @@ func (r *rebalancer) join(ctx context.Context) error {
 	if r.closed {
 		return amqp.ErrClosed
 	}
-	cfg := amqp.MembershipConfig{Interval: r.heartbeat}
+	cfg := membership.Config{Interval: r.heartbeat}
 	if r.handover != nil {
 		cfg.OnBroadcast = r.handover.receive
 	}
@@ -127,7 +128,7 @@ func (r *rebalancer) owns(k int) (bool, <-chan struct{}) {
 	m := r.members
 	r.mu.Unlock()
 	changed := m.Changed() // before Members: a change in between is not missed
-	mine := AssignPartitions(r.queue, r.partitions, m.Members())[m.ID()]
+	mine := assignPartitions(r.queue, r.partitions, m.Members())[m.ID()]
 	return slices.Contains(mine, k), changed
 }
 

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"

@@ -14,7 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/memory"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"

@@ -176,11 +176,11 @@ func everyHeaderType() amqp091.Table {
 // properties, delivery facts and its own bookkeeping.
 func propertyNamedHeaders() amqp091.Table {
 	return amqp091.Table{
-		amqp.MetadataContentType:        "text/csv",
-		amqp.MetadataType:               int32(7),
-		amqp.MetadataRoutingKey:         "forged",
-		amqp.MetadataHeaderTypes:        `{"amqp-type":"int8"}`,
-		amqp.MetadataHeaderPrefix + "x": "y",
+		amqp.MetadataContentType:     "text/csv",
+		amqp.MetadataType:            int32(7),
+		amqp.MetadataRoutingKey:      "forged",
+		amqp.MetadataHeaderTypes:     `{"amqp-type":"int8"}`,
+		headers.MetadataPrefix + "x": "y",
 	}
 }
 
@@ -365,7 +365,7 @@ func hostileHeaderCases() []hostileCase {
 				assert.Equal(t, "application/json", res.dlq.ContentType)
 				assert.Empty(t, res.dlq.Type, "the amqp-type header did not become the type property")
 				assert.Equal(t, "application/json", res.dlqMsg.Metadata.Get(amqp.MetadataContentType))
-				assert.Equal(t, "text/csv", res.dlqMsg.Metadata.Get(amqp.MetadataHeaderPrefix+amqp.MetadataContentType))
+				assert.Equal(t, "text/csv", res.dlqMsg.Metadata.Get(headers.MetadataPrefix+amqp.MetadataContentType))
 			},
 		},
 		{
@@ -479,7 +479,7 @@ func hostileLimitCases(t *testing.T) []hostileCase {
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
 			check: func(t *testing.T, res hostileResult) {
 				assert.NotContains(t, res.dlq.Headers, "x-producer-padding")
-				assert.Equal(t, "x-producer-padding", res.dlq.Headers[amqp.HeaderDroppedHeaders])
+				assert.Equal(t, "x-producer-padding", res.dlq.Headers[headers.Dropped])
 				assert.Equal(t, "2", res.dlq.Headers[sluice.HeaderRetryCount])
 			},
 		},

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/brokerwatch"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -43,7 +44,7 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	src := router.DepthSource(router.FromAMQP(b))
+	src := brokerwatch.DepthSource(router.FromAMQP(b))
 	require.NotNil(t, src)
 
 	require.Eventually(t, func() bool {
@@ -60,7 +61,7 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	_, err = src.QueueDepth(ctx, queue)
 	require.NoError(t, err)
 
-	state := router.ConnectionState(router.FromAMQP(b))
+	state := brokerwatch.ConnectionState(router.FromAMQP(b))
 	require.NotNil(t, state)
 	assert.True(t, state.Connected())
 	assert.Zero(t, state.Reconnects())

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -137,7 +138,7 @@ func TestPublishFitsHeadersToTheNegotiatedFrameMax(t *testing.T) {
 	require.True(t, ok, "the message must be in the queue")
 	assert.NotContains(t, d.Headers, "big")
 	assert.Equal(t, "kept", d.Headers["small"])
-	assert.Equal(t, "big", d.Headers[amqp.HeaderDroppedHeaders])
+	assert.Equal(t, "big", d.Headers[headers.Dropped])
 	assert.Equal(t, "big-1", d.MessageId)
 
 	// The connection is still the one that published: no reconnect, no lost confirm.

@@ -24,14 +24,14 @@ const (
 	frameOverhead = 8
 	// headerFrameFixed is a content header's class, weight, body size and property flags.
 	headerFrameFixed = 14
-	// maxDroppedList bounds HeaderDroppedHeaders.
+	// maxDroppedList bounds headers.Dropped.
 	maxDroppedList = 1024
-	// maxDroppedName bounds one name in HeaderDroppedHeaders.
+	// maxDroppedName bounds one name in headers.Dropped.
 	maxDroppedName = 64
 )
 
 // fit drops the largest headers until pub's content header fits in one frame, and records
-// what was dropped (here or, in previous, by an earlier copy) in HeaderDroppedHeaders.
+// what was dropped (here or, in previous, by an earlier copy) in headers.Dropped.
 func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) {
 	frameMax := m.FrameMax
 	if frameMax <= 0 {
@@ -39,7 +39,7 @@ func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) 
 	}
 	limit := frameMax - frameOverhead
 	// Room for the record of what was dropped, which is itself bounded.
-	reserve := 1 + len(HeaderDroppedHeaders) + fieldSize(strings.Repeat("x", maxDroppedList))
+	reserve := 1 + len(headers.Dropped) + fieldSize(strings.Repeat("x", maxDroppedList))
 	if headerFrameSize(*pub) > limit-reserve {
 		keys := make([]string, 0, len(pub.Headers))
 		for k := range pub.Headers {
@@ -85,11 +85,11 @@ func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) 
 	for _, k := range dropped {
 		names = append(names, failure.Truncate(k, maxDroppedName))
 	}
-	pub.Headers[HeaderDroppedHeaders] = failure.Truncate(strings.Join(names, ","), maxDroppedList)
+	pub.Headers[headers.Dropped] = failure.Truncate(strings.Join(names, ","), maxDroppedList)
 }
 
 // sluiceHeaders are the headers sluice writes; Marshal drops them only after every other.
-var sluiceHeaders = headers.Set([][]string{headers.RetryState, headers.FailureRecord, headers.Carried}, HeaderDroppedHeaders)
+var sluiceHeaders = headers.Set([][]string{headers.RetryState, headers.FailureRecord, headers.Carried}, headers.Dropped)
 
 // headerFrameSize is the payload size of the content header frame amqp091 writes for pub.
 func headerFrameSize(pub amqp.Publishing) int {

@@ -20,18 +20,19 @@ import (
 //   - any other header (integers, booleans, floats, decimals, timestamps, byte arrays,
 //     tables, arrays) becomes metadata in a text form — decimal numbers, "true"/"false",
 //     "value/scale" decimals, RFC 3339 times (Unix seconds for a year outside 0–9999),
-//     base64 bytes, JSON for tables and arrays — and its AMQP type is recorded in
-//     MetadataHeaderTypes, so a republished copy carries the same type again. A value a
-//     step rewrote so that it no longer fits that type is widened (an int8 header set to
-//     "300" goes out as int64) or, when it is not a number at all, sent as a string; so is
+//     base64 bytes, JSON for tables and arrays — and its AMQP type is recorded in the
+//     MetadataHeaderTypes, so a republished copy carries the same type again.
+//     A value a step rewrote so that it no longer fits that type is widened (an int8
+//     header set to "300" goes out as int64) or, when it is not a number at all, sent as a
+//     string; so is
 //     a NaN or infinite float, which RabbitMQ cannot parse (it closes the connection). Inside
 //     tables and arrays only JSON's types survive: nested integers come back as int64,
 //     nested bytes, times and decimals as their text, and invalid UTF-8 as U+FFFD;
 //   - headers RabbitMQ owns (x-death and the like) are readable as metadata but never
 //     republished;
 //   - a header named like one of the property and delivery keys above, or starting with
-//     MetadataHeaderPrefix, is metadata under MetadataHeaderPrefix plus its name, so it
-//     neither turns into a property on the next publish nor is overwritten by one;
+//     "amqp-header:", is metadata under that prefix plus its name, so it neither turns
+//     into a property on the next publish nor is overwritten by one;
 //   - the message id is Watermill's _watermill_message_uuid header when it is a non-empty
 //     string of at most 255 bytes (what fits AMQP's message-id property), else the AMQP
 //     message-id property, else a new UUID (then a redelivery gets another id).
@@ -43,7 +44,7 @@ import (
 // Marshal always returns a publishing RabbitMQ accepts, because one it refuses (a header
 // frame over frame_max, a short string over 255 bytes) closes the publishing connection,
 // and the hand-off would close it again on every redelivery. So it leaves out, and names
-// in HeaderDroppedHeaders: metadata keys longer than 255 bytes, property values longer
+// in x-dropped-headers: metadata keys longer than 255 bytes, property values longer
 // than 255 bytes, and — while the content header would exceed FrameMax — the largest
 // headers, those that sluice itself writes (sluice.Header*) last. A producer can send a
 // message whose headers nearly fill frame_max; this is how its retry and dead-letter
@@ -113,7 +114,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 			}
 			continue
 		}
-		if readOnlyMetadata[k] || hdr.BrokerOwned(k) || k == UUIDHeader || k == HeaderDroppedHeaders {
+		if readOnlyMetadata[k] || hdr.BrokerOwned(k) || k == UUIDHeader || k == hdr.Dropped {
 			continue
 		}
 		name, _ := HeaderName(k) // every key it refuses was handled above
@@ -128,7 +129,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		pub.Timestamp = time.Now().UTC().Truncate(time.Second)
 	}
 	pub.Headers = headers
-	m.fit(&pub, msg.Metadata.Get(HeaderDroppedHeaders), dropped)
+	m.fit(&pub, msg.Metadata.Get(hdr.Dropped), dropped)
 	return pub, nil
 }
 

@@ -55,14 +55,14 @@ func (g *tableGen) str() string {
 
 // specialKeys are names the marshaler reads differently from other headers.
 var specialKeys = []string{
-	amqp.UUIDHeader, amqp.MetadataHeaderTypes, amqp.HeaderDroppedHeaders,
+	amqp.UUIDHeader, amqp.MetadataHeaderTypes, hdr.Dropped,
 	"x-death", "x-first-death-queue", "x-last-death-reason", "x-delivery-count", "x-received-from",
 	amqp.MetadataContentType, amqp.MetadataMessageID, amqp.MetadataPriority, amqp.MetadataTimestamp,
 	amqp.MetadataRoutingKey, amqp.MetadataDeliveryMode,
 	sluice.HeaderRetryCount, sluice.HeaderRetryHistory, headers.TraceParent, "",
 	// Appended, so that the saved corpus keeps naming the keys it was written with.
 	amqp.MetadataExchange, amqp.MetadataType,
-	amqp.MetadataHeaderPrefix + "x", amqp.MetadataHeaderPrefix + amqp.MetadataContentType,
+	hdr.MetadataPrefix + "x", hdr.MetadataPrefix + amqp.MetadataContentType,
 }
 
 func (g *tableGen) key() string {
@@ -184,13 +184,13 @@ func FuzzMarshalerHeaders(f *testing.F) {
 		checkPublishable(t, pub)
 
 		dropped := map[string]bool{}
-		if list, ok := pub.Headers[amqp.HeaderDroppedHeaders].(string); ok {
+		if list, ok := pub.Headers[hdr.Dropped].(string); ok {
 			for _, k := range strings.Split(list, ",") {
 				dropped[k] = true
 			}
 		}
 		for k, in := range headers {
-			if k == amqp.UUIDHeader || k == amqp.HeaderDroppedHeaders || dropped[k] {
+			if k == amqp.UUIDHeader || k == hdr.Dropped || dropped[k] {
 				continue
 			}
 			out, present := pub.Headers[k]

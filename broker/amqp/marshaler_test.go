@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/headers"
 )
 
 // roundTrip consumes d and republishes what came out, as a retry or dead-letter hand-off
@@ -347,7 +348,7 @@ func TestMarshalerKeepsHeadersNamedLikePropertyKeys(t *testing.T) {
 		{
 			name: "content-type header, no property", header: amqp.MetadataContentType, want: "text/csv",
 			d:          amqp091.Delivery{Headers: amqp091.Table{amqp.MetadataContentType: "text/csv"}},
-			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataContentType,
+			wantPubKey: headers.MetadataPrefix + amqp.MetadataContentType,
 			check: func(t *testing.T, pub amqp091.Publishing) {
 				assert.Empty(t, pub.ContentType, "the header did not become the property")
 			},
@@ -356,7 +357,7 @@ func TestMarshalerKeepsHeadersNamedLikePropertyKeys(t *testing.T) {
 			name: "content-type header beside the property", header: amqp.MetadataContentType, want: "text/csv",
 			d:          amqp091.Delivery{ContentType: "application/json", Headers: amqp091.Table{amqp.MetadataContentType: "text/csv"}},
 			metadata:   "application/json",
-			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataContentType,
+			wantPubKey: headers.MetadataPrefix + amqp.MetadataContentType,
 			check: func(t *testing.T, pub amqp091.Publishing) {
 				assert.Equal(t, "application/json", pub.ContentType)
 			},
@@ -365,7 +366,7 @@ func TestMarshalerKeepsHeadersNamedLikePropertyKeys(t *testing.T) {
 			name: "typed header named like the priority", header: amqp.MetadataPriority, want: int32(7),
 			d:          amqp091.Delivery{Priority: 3, Headers: amqp091.Table{amqp.MetadataPriority: int32(7)}},
 			metadata:   "3",
-			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataPriority,
+			wantPubKey: headers.MetadataPrefix + amqp.MetadataPriority,
 			check: func(t *testing.T, pub amqp091.Publishing) {
 				assert.Equal(t, uint8(3), pub.Priority)
 			},
@@ -374,12 +375,12 @@ func TestMarshalerKeepsHeadersNamedLikePropertyKeys(t *testing.T) {
 			name: "header named like a delivery fact", header: amqp.MetadataRoutingKey, want: "forged",
 			d:          amqp091.Delivery{RoutingKey: "rk", Headers: amqp091.Table{amqp.MetadataRoutingKey: "forged"}},
 			metadata:   "rk",
-			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataRoutingKey,
+			wantPubKey: headers.MetadataPrefix + amqp.MetadataRoutingKey,
 		},
 		{
-			name: "header that starts with the prefix", header: amqp.MetadataHeaderPrefix + "x", want: "y",
-			d:          amqp091.Delivery{Headers: amqp091.Table{amqp.MetadataHeaderPrefix + "x": "y"}},
-			wantPubKey: amqp.MetadataHeaderPrefix + amqp.MetadataHeaderPrefix + "x",
+			name: "header that starts with the prefix", header: headers.MetadataPrefix + "x", want: "y",
+			d:          amqp091.Delivery{Headers: amqp091.Table{headers.MetadataPrefix + "x": "y"}},
+			wantPubKey: headers.MetadataPrefix + headers.MetadataPrefix + "x",
 		},
 	}
 	for _, tt := range tests {
@@ -409,10 +410,10 @@ func TestHeaderName(t *testing.T) {
 		{key: amqp.MetadataContentType, ok: false},
 		{key: amqp.MetadataRoutingKey, ok: false},
 		{key: amqp.MetadataHeaderTypes, ok: false},
-		{key: amqp.MetadataHeaderPrefix + amqp.MetadataContentType, name: amqp.MetadataContentType, ok: true},
-		{key: amqp.MetadataHeaderPrefix + amqp.MetadataHeaderPrefix + "x", name: amqp.MetadataHeaderPrefix + "x", ok: true},
+		{key: headers.MetadataPrefix + amqp.MetadataContentType, name: amqp.MetadataContentType, ok: true},
+		{key: headers.MetadataPrefix + headers.MetadataPrefix + "x", name: headers.MetadataPrefix + "x", ok: true},
 		// Not a key Unmarshal makes (x needs no escape): a header of that very name.
-		{key: amqp.MetadataHeaderPrefix + "x", name: amqp.MetadataHeaderPrefix + "x", ok: true},
+		{key: headers.MetadataPrefix + "x", name: headers.MetadataPrefix + "x", ok: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.key, func(t *testing.T) {
@@ -481,7 +482,7 @@ func TestMarshalerLeavesOutWhatAMQPCannotCarry(t *testing.T) {
 			}
 			assert.LessOrEqual(t, encodedHeaderFrame(t, pub), frameMax-8, "content header must fit one frame")
 			assertShortstrs(t, pub)
-			dropped := strings.Split(pub.Headers[amqp.HeaderDroppedHeaders].(string), ",")
+			dropped := strings.Split(pub.Headers[headers.Dropped].(string), ",")
 			assert.ElementsMatch(t, tt.wantDropped, dropped)
 			for _, k := range tt.wantKept {
 				assert.Contains(t, pub.Headers, k)
@@ -491,7 +492,7 @@ func TestMarshalerLeavesOutWhatAMQPCannotCarry(t *testing.T) {
 			// A later copy keeps the record, and adds to it only what it drops itself.
 			again, _ := amqp.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: pub.Headers, MessageId: pub.MessageId})
 			pub2, _ := m.Marshal(again)
-			assert.Equal(t, pub.Headers[amqp.HeaderDroppedHeaders], pub2.Headers[amqp.HeaderDroppedHeaders])
+			assert.Equal(t, pub.Headers[headers.Dropped], pub2.Headers[headers.Dropped])
 		})
 	}
 }

@@ -10,17 +10,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/membership"
 	"github.com/sluice-go/sluice/internal/testenv"
 )
 
 func TestJoin_RefusesBadConfig(t *testing.T) {
 	b := newBroker(t, amqp.Config{})
-	for _, cfg := range []amqp.MembershipConfig{
+	for _, cfg := range []membership.Config{
 		{Interval: -time.Second},
 		{Interval: time.Second, Expiry: time.Second},
 	} {
 		_, err := b.Join(context.Background(), "q", cfg)
-		assert.ErrorIs(t, err, amqp.ErrInvalidMembership, "config %+v", cfg)
+		assert.ErrorIs(t, err, membership.ErrInvalid, "config %+v", cfg)
 	}
 }
 
@@ -30,14 +31,14 @@ func TestJoin_RefusesBadConfig(t *testing.T) {
 func TestMembership_JoinLeaveKill(t *testing.T) {
 	const interval, expiry = 100 * time.Millisecond, 400 * time.Millisecond
 	queue := testenv.Name("test.members")
-	join := func(id string) (*amqp.Broker, *amqp.Membership) {
+	join := func(id string) (*amqp.Broker, *membership.Membership) {
 		b := newBroker(t, amqp.Config{})
-		m, err := b.Join(context.Background(), queue, amqp.MembershipConfig{ID: id, Interval: interval, Expiry: expiry})
+		m, err := b.Join(context.Background(), queue, membership.Config{ID: id, Interval: interval, Expiry: expiry})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.Close() })
 		return b, m
 	}
-	converged := func(want []string, ms ...*amqp.Membership) func() bool {
+	converged := func(want []string, ms ...*membership.Membership) func() bool {
 		return func() bool {
 			for _, m := range ms {
 				if !slices.Equal(m.Members(), want) {

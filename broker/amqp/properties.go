@@ -2,6 +2,10 @@ package amqp
 
 import (
 	"strings"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+
+	hdr "github.com/sluice-go/sluice/internal/headers"
 )
 
 // Metadata keys that carry AMQP properties. The marshaler fills them on consume and turns
@@ -29,18 +33,13 @@ const (
 	// a JSON object from the header's metadata key to type name, so Marshal can restore it.
 	MetadataHeaderTypes = "sluice-header-types"
 
-	// UUIDHeader is Watermill's message id header, kept for interoperability.
-	UUIDHeader = "_watermill_message_uuid"
+	// UUIDHeader is Watermill's message id header (watermill-amqp's), kept for
+	// interoperability.
+	UUIDHeader = wamqp.DefaultMessageUUIDHeaderKey
 
-	// HeaderDroppedHeaders lists, comma-separated, the headers and properties Marshal had
-	// to leave out because AMQP cannot carry them (see Marshaler).
-	HeaderDroppedHeaders = "x-dropped-headers"
-
-	// MetadataHeaderPrefix keeps a producer's header whose name is taken by one of the
-	// metadata keys above (a header called "content-type", say, beside the content-type
-	// property) or itself starts with this prefix: it is metadata MetadataHeaderPrefix+name,
-	// and Marshal publishes that key as the header name again. See HeaderName.
-	MetadataHeaderPrefix = "amqp-header:"
+	// The marshaler's other bookkeeping keys, the prefix of a producer's header whose name
+	// a property key takes and the list of dropped headers, are in internal/headers
+	// (MetadataPrefix, Dropped).
 )
 
 // readOnlyMetadata are filled on consume and never published as headers.
@@ -53,29 +52,29 @@ var readOnlyMetadata = map[string]bool{
 }
 
 // reservedMetadataKey reports whether key has a meaning of its own to the marshaler, so
-// that a header of that name must live in metadata under MetadataHeaderPrefix.
+// that a header of that name must live in metadata under headers.MetadataPrefix.
 func reservedMetadataKey(key string) bool {
 	switch key {
 	case MetadataContentType, metadataContentEncoding, MetadataCorrelationID, metadataReplyTo,
 		MetadataType, metadataAppID, metadataPriority, metadataDeliveryMode, metadataTimestamp:
 		return true // the properties Marshal publishes
 	}
-	return readOnlyMetadata[key] || strings.HasPrefix(key, MetadataHeaderPrefix)
+	return readOnlyMetadata[key] || strings.HasPrefix(key, hdr.MetadataPrefix)
 }
 
 // headerKey is the metadata key Unmarshal gives the header called name.
 func headerKey(name string) string {
 	if reservedMetadataKey(name) {
-		return MetadataHeaderPrefix + name
+		return hdr.MetadataPrefix + name
 	}
 	return name
 }
 
 // HeaderName returns the AMQP header that metadata key stands for: the key itself, or the
-// name a MetadataHeaderPrefix key holds. ok is false for the keys that carry properties
+// name a headers.MetadataPrefix key holds. ok is false for the keys that carry properties
 // and delivery facts (MetadataContentType … MetadataRedelivered, MetadataHeaderTypes).
 func HeaderName(key string) (name string, ok bool) {
-	if rest, found := strings.CutPrefix(key, MetadataHeaderPrefix); found {
+	if rest, found := strings.CutPrefix(key, hdr.MetadataPrefix); found {
 		if reservedMetadataKey(rest) {
 			return rest, true
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/sluice-go/sluice/internal/brokerwatch"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -19,7 +20,7 @@ func observe(cfg config, logger *slog.Logger, b router.Broker, providers *teleme
 	inst *telemetry.Instrumentation) ([]func() error, error) {
 	var closers []func() error
 	health := providers.Health()
-	if state := router.ConnectionState(b); state != nil {
+	if state := brokerwatch.ConnectionState(b); state != nil {
 		reg, err := inst.RegisterConnection(state)
 		if err != nil {
 			return closers, err
@@ -33,7 +34,7 @@ func observe(cfg config, logger *slog.Logger, b router.Broker, providers *teleme
 		})
 	}
 
-	source := router.DepthSource(b)
+	source := brokerwatch.DepthSource(b)
 	if cfg.managementURL != "" {
 		ms, err := telemetry.NewManagementSource(cfg.managementURL, "")
 		if err != nil {

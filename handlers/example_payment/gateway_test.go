@@ -198,7 +198,7 @@ func TestGateway_ContextEnded(t *testing.T) {
 			_, err := g.Charge(ctx, request("pay_ctx", "tok_visa"))
 			require.ErrorIs(t, err, tt.wantErr)
 			assert.Equal(t, ep.ErrorTypeGatewayTimeout, sluice.ErrorType(err))
-			assert.True(t, sluice.IsRetryable(err))
+			assert.Equal(t, sluice.ClassRetryable, sluice.ClassOf(err))
 			var gt *ep.GatewayTimeoutError
 			require.ErrorAs(t, err, &gt)
 			assert.Equal(t, 0, gt.Attempt)

@@ -81,7 +81,7 @@ func TestHandler_HandleByToken(t *testing.T) {
 					require.Error(t, err, "attempt %d", attempt)
 					assert.Nil(t, out)
 					assert.Equal(t, wantErrType, sluice.ErrorType(err), "attempt %d: %v", attempt, err)
-					assert.Equal(t, wantErrType == ep.ErrorTypeInsufficientFunds, sluice.IsPermanent(err), "only a decline is permanent: %v", err)
+					assert.Equal(t, wantErrType == ep.ErrorTypeInsufficientFunds, sluice.ClassOf(err) == sluice.ClassPermanent, "only a decline is permanent: %v", err)
 					continue
 				}
 				require.NoError(t, err, "attempt %d", attempt)
@@ -153,7 +153,7 @@ func TestHandler_RateLimitedReturnsRetryAfter2s(t *testing.T) {
 	h := ep.NewHandler(ep.NewGateway())
 	_, err := h.Handle(newMessage(t, requestBody(t, "pay_rl", paymentsim.TokenRateLimited), 1))
 	require.Error(t, err)
-	assert.True(t, sluice.IsRetryable(err))
+	assert.Equal(t, sluice.ClassRetryable, sluice.ClassOf(err))
 	var ra *sluice.RetryAfterError
 	require.ErrorAs(t, err, &ra)
 	assert.Equal(t, 2*time.Second, ra.After)
@@ -190,7 +190,7 @@ func TestHandler_InvalidRequestIsPermanentAndNotCharged(t *testing.T) {
 			out, err := h.Handle(newMessage(t, []byte(tt.body), 1))
 			require.Error(t, err)
 			assert.Nil(t, out)
-			assert.True(t, sluice.IsPermanent(err))
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err))
 			assert.Equal(t, tt.wantType, sluice.ErrorType(err))
 			assert.Equal(t, 0, g.Attempts("pay_1"))
 			assert.Equal(t, 0, g.TotalCharges())
@@ -206,7 +206,7 @@ func TestHandler_UsesMessageContext(t *testing.T) {
 	msg.SetContext(ctx)
 	_, err := h.Handle(msg)
 	require.ErrorIs(t, err, context.Canceled)
-	assert.True(t, sluice.IsRetryable(err))
+	assert.Equal(t, sluice.ClassRetryable, sluice.ClassOf(err))
 }
 
 func TestHandler_OutputsAreNewMessages(t *testing.T) {
@@ -272,7 +272,7 @@ func TestKeyFunc(t *testing.T) {
 			}
 			require.Error(t, err)
 			assert.Empty(t, key)
-			assert.True(t, sluice.IsPermanent(err))
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err))
 			assert.Equal(t, tt.wantType, sluice.ErrorType(err))
 		})
 	}

@@ -130,7 +130,7 @@ func TestDecode_Invalid(t *testing.T) {
 			got, err := ep.Decode(tt.body)
 			require.Error(t, err)
 			assert.Equal(t, ep.Request{}, got, "a failed Decode returns the zero Request")
-			assert.True(t, sluice.IsPermanent(err), "error %v must be permanent", err)
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err), "error %v must be permanent", err)
 			assert.Equal(t, tt.wantType, sluice.ErrorType(err))
 			if tt.wantField != "" {
 				var ve *ep.ValidationError
@@ -182,7 +182,7 @@ func TestRequest_Validate(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			assert.True(t, sluice.IsPermanent(err))
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err))
 			assert.Equal(t, ep.ErrorTypeValidation, sluice.ErrorType(err))
 			var ve *ep.ValidationError
 			require.ErrorAs(t, err, &ve)
@@ -236,7 +236,7 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := ep.Decode(data)
 		if err != nil {
-			if !sluice.IsPermanent(err) {
+			if sluice.ClassOf(err) != sluice.ClassPermanent {
 				t.Fatalf("Decode(%q) error %v is not permanent", data, err)
 			}
 			if typ := sluice.ErrorType(err); typ != ep.ErrorTypeDecode && typ != ep.ErrorTypeValidation {

@@ -24,3 +24,16 @@ const (
 	TraceParent = "traceparent"
 	TraceState  = "tracestate"
 )
+
+// The marshaler's bookkeeping (package broker/amqp; see its Marshaler): moved from there
+// (MetadataHeaderPrefix, HeaderDroppedHeaders). Values unchanged.
+const (
+	// MetadataPrefix keeps a producer's header whose name is taken by one of the property
+	// metadata keys (a header called "content-type", say, beside the content-type property)
+	// or itself starts with this prefix: it is metadata MetadataPrefix+name, and Marshal
+	// publishes that key as the header name again (see amqp.HeaderName).
+	MetadataPrefix = "amqp-header:"
+	// Dropped lists, comma-separated, the headers and properties Marshal had to leave out
+	// because AMQP cannot carry them.
+	Dropped = "x-dropped-headers"
+)

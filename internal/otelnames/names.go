@@ -142,3 +142,13 @@ const (
 	// MetricAttrReason is why a retry was refused.
 	MetricAttrReason = attribute.Key("reason")
 )
+
+// Span event names of the idempotency step (package middleware/idempotency), on the span
+// found in the message context (the tracing step's consumer span), so its decisions show in
+// traces without that package importing telemetry.
+const (
+	// EventIdempotencyDuplicate: the key was done already; the message is acked unhandled.
+	EventIdempotencyDuplicate = "idempotency.duplicate"
+	// EventIdempotencyInFlight: another delivery of the key is being handled.
+	EventIdempotencyInFlight = "idempotency.in_flight"
+)

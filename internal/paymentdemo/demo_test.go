@@ -183,7 +183,7 @@ func simulate(t *testing.T, h *ep.Handler, reqs []paymentdemo.Request, maxAttemp
 	for i, d := range reqs {
 		key, err := ep.KeyFunc(message.NewMessage(watermill.NewUUID(), d.Body))
 		if err != nil {
-			require.True(t, sluice.IsPermanent(err), "request %d: KeyFunc error %v must be permanent", i, err)
+			require.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err), "request %d: KeyFunc error %v must be permanent", i, err)
 			got[i] = paymentdemo.Expectation{Outcome: paymentdemo.ExpectDeadLettered, Attempts: 1, ErrorType: sluice.ErrorType(err)}
 			continue
 		}
@@ -201,7 +201,7 @@ func simulate(t *testing.T, h *ep.Handler, reqs []paymentdemo.Request, maxAttemp
 				done[key] = true
 				break
 			}
-			if sluice.IsPermanent(err) || attempt >= maxAttempts {
+			if sluice.ClassOf(err) == sluice.ClassPermanent || attempt >= maxAttempts {
 				got[i] = paymentdemo.Expectation{Outcome: paymentdemo.ExpectDeadLettered, Attempts: attempt, ErrorType: sluice.ErrorType(err)}
 				break
 			}

@@ -44,7 +44,7 @@ func TestMiddleware_KeyErrorReadsAsItsCause(t *testing.T) {
 			h := g.NewMiddleware(nil)(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 			_, err := h(message.NewMessage("m-1", []byte("{broken")))
 			require.Error(t, err)
-			assert.True(t, sluice.IsPermanent(err))
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err))
 			assert.ErrorIs(t, err, idempotency.ErrKey)
 			assert.True(t, strings.HasPrefix(err.Error(), tt.wantPrefix), "%q starts with %q", err.Error(), tt.wantPrefix)
 			assert.Contains(t, err.Error(), "m-1")

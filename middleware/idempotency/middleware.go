@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/report"
 )
 
@@ -22,13 +23,6 @@ var ErrInFlight = errors.New("idempotency: key in flight")
 // ErrKey is matched (errors.Is) by the permanent *KeyError returned when the key function
 // fails.
 var ErrKey = errors.New("idempotency: cannot derive key")
-
-// Span event names, on the span found in the message context (the tracing step's consumer
-// span), so idempotency decisions show in traces without this package importing telemetry.
-const (
-	EventDuplicate = "idempotency.duplicate"
-	EventInFlight  = "idempotency.in_flight"
-)
 
 // maxKeyAttr bounds the key recorded on span events.
 const maxKeyAttr = 128
@@ -178,7 +172,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 				g.cfg.OnDuplicate(msg, key)
 			}
 			if span := trace.SpanFromContext(ctx); span.IsRecording() {
-				span.AddEvent(EventDuplicate, trace.WithAttributes(keyAttrs(key, source)...))
+				span.AddEvent(otelnames.EventIdempotencyDuplicate, trace.WithAttributes(keyAttrs(key, source)...))
 			}
 			report.ReportOutcome(ctx, report.Report{
 				Outcome: report.OutcomeDuplicate,
@@ -188,7 +182,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 		case keyInFlight:
 			d := min(g.cfg.InFlightDeferral, remaining)
 			if span := trace.SpanFromContext(ctx); span.IsRecording() {
-				span.AddEvent(EventInFlight, trace.WithAttributes(
+				span.AddEvent(otelnames.EventIdempotencyInFlight, trace.WithAttributes(
 					append(keyAttrs(key, source), attribute.Int64("idempotency.defer_ms", d.Milliseconds()))...))
 			}
 			return nil, sluice.Defer(d, ErrInFlight)

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 )
@@ -135,7 +136,7 @@ func TestMiddleware_DuplicateOfDoneKeyIsAcked(t *testing.T) {
 			require.True(t, ok, "outcome reported")
 			assert.Equal(t, report.Report{Outcome: report.OutcomeDuplicate, Attempt: 3}, got)
 
-			attrs := eventAttrs(t, rec, idempotency.EventDuplicate)
+			attrs := eventAttrs(t, rec, otelnames.EventIdempotencyDuplicate)
 			assert.Equal(t, tt.wantKey, attrs["idempotency.key"].AsString())
 			assert.Equal(t, tt.wantSource, attrs["idempotency.key_source"].AsString())
 		})
@@ -272,7 +273,7 @@ func TestMiddleware_InFlightDuplicateIsDeferred(t *testing.T) {
 			assert.ErrorIs(t, err, idempotency.ErrInFlight)
 			assert.Equal(t, sluice.ClassDefer, sluice.ClassOf(err))
 			assert.Equal(t, int32(1), calls.Load(), "the duplicate did not run")
-			attrs := eventAttrs(t, rec, idempotency.EventInFlight)
+			attrs := eventAttrs(t, rec, otelnames.EventIdempotencyInFlight)
 			assert.Equal(t, tt.wantAfter.Milliseconds(), attrs["idempotency.defer_ms"].AsInt64())
 
 			close(unblock)
@@ -315,7 +316,7 @@ func TestMiddleware_KeyFuncErrorIsPermanent(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			assert.True(t, sluice.IsPermanent(err), "bad input goes to the DLQ: %v", err)
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(err), "bad input goes to the DLQ: %v", err)
 			assert.ErrorIs(t, err, idempotency.ErrKey)
 			assert.ErrorIs(t, err, errNoPayment)
 			assert.ErrorContains(t, err, "m-1")

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	msgdep "github.com/sluice-go/sluice/internal/dependency"
 )
 
 // Defaults of OverloadConfig's zero fields.
@@ -141,8 +143,8 @@ func (c *OverloadConfig) setDefaults() {
 
 // Overload is the retry step's overload protection, kept per dependency: a retry budget,
 // a limit on concurrent retries and an adaptive policy. Put it in Config.Overload; the
-// dependency of a message is the one WithDependency put in its context, else its
-// handler's name, else its queue. It is safe for concurrent use.
+// dependency of a message is its handler's breaker under router (WithBreaker's name),
+// else its handler's name, else its queue. It is safe for concurrent use.
 type Overload struct {
 	cfg OverloadConfig
 
@@ -267,18 +269,11 @@ func (o *Overload) backlog(ctx context.Context, queue string) int {
 	return n
 }
 
-type dependencyKey struct{}
-
-// WithDependency returns ctx naming the dependency whose budget, concurrency limit and
-// load a message's retries count against (the router passes the handler's breaker name).
-func WithDependency(ctx context.Context, name string) context.Context {
-	return context.WithValue(ctx, dependencyKey{}, name)
-}
-
-// dependencyOf names the dependency of an attempt: WithDependency, else the handler, else
-// the queue.
+// dependencyOf names the dependency of an attempt: the one in its context (router puts
+// the handler's breaker name there; see internal/dependency), else the handler, else the
+// queue.
 func dependencyOf(ctx context.Context) string {
-	if name, ok := ctx.Value(dependencyKey{}).(string); ok && name != "" {
+	if name := msgdep.From(ctx); name != "" {
 		return name
 	}
 	if name := message.HandlerNameFromCtx(ctx); name != "" {

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/dependency"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
@@ -65,7 +66,7 @@ func attempt(r *retry.Retry, retries int, h message.HandlerFunc) error {
 	if retries > 0 {
 		msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(retries))
 	}
-	msg.SetContext(retry.WithDependency(context.Background(), "gateway"))
+	msg.SetContext(dependency.With(context.Background(), "gateway"))
 	_, err := r.Middleware(h)(msg)
 	return err
 }
@@ -285,7 +286,7 @@ func TestOverload_AdaptivePolicyReactsToALoadStep(t *testing.T) {
 	gateway := func(h message.HandlerFunc) message.HandlerFunc {
 		inner := r.Middleware(h)
 		return func(msg *message.Message) ([]*message.Message, error) {
-			msg.SetContext(retry.WithDependency(msg.Context(), "gateway"))
+			msg.SetContext(dependency.With(msg.Context(), "gateway"))
 			return inner(msg)
 		}
 	}
@@ -315,7 +316,7 @@ func TestOverload_SpanEvents(t *testing.T) {
 			return plan
 		}),
 	})
-	ctx, span := tp.Tracer("test").Start(retry.WithDependency(context.Background(), "gateway"), "attempt")
+	ctx, span := tp.Tracer("test").Start(dependency.With(context.Background(), "gateway"), "attempt")
 	msg := message.NewMessage("m-1", []byte("x"))
 	msg.SetContext(ctx)
 	_, err := r.Middleware(failing(errBoom))(msg)

@@ -21,6 +21,6 @@ func TestMiddleware_DeferralExpiredHasItsOwnType(t *testing.T) {
 	md := map[string]string{headers.FirstDeferTime: failure.FormatTime(now.Add(-time.Hour))}
 	res := run(t, r.Middleware, failing(sluice.Defer(time.Second, errBoom)), md)
 	require.Error(t, res.err)
-	assert.True(t, sluice.IsPermanent(res.err))
+	assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(res.err))
 	assert.Equal(t, "deferral_expired", sluice.ErrorType(res.err))
 }

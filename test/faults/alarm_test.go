@@ -16,8 +16,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/router"
 )
 
 // Scenario 5 numbers.
@@ -43,16 +41,14 @@ func TestAlarms(t *testing.T) {
 	rabbit := node.Rabbit(t)
 	base := takeBaseline(t, node)
 
-	l := newLedger()
-	queue := testenv.Name("faults.alarm")
+	sc := newScenario(t, "faults.alarm")
+	l, queue := sc.l, sc.queue
 	// The handlers pause from before the backlog is published until the alarm is raised,
 	// so that there is work to do under the alarm however slowly the node raises it.
 	var gate sync.RWMutex
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
-	st := startStack(t, amqp.Config{URLs: []string{node.URL()}},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 2, Prefetch: 4, HandlerTimeout: 3 * time.Minute},
+	rcfg := sc.config(2, 4)
+	rcfg.HandlerTimeout = 3 * time.Minute
+	st := startStack(t, amqp.Config{URLs: []string{node.URL()}}, rcfg,
 		gatedWorkload(l, queue, alarmWork, &gate))
 
 	alarms := []struct {
@@ -133,7 +129,7 @@ func TestAlarms(t *testing.T) {
 	st.close()
 	s := l.check(t, 1)
 	t.Logf("alarms: %d publishes failed with ErrBlocked, %d confirmed, lost %d, duplicates %d", s.Failed, s.Confirmed, s.Lost, s.Duplicates)
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	base.verify(t)
 }
 

@@ -10,12 +10,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/router"
 )
 
 // detectBound is when a blackholed connection must be given up: amqp091 waits three
@@ -30,15 +27,10 @@ func testBlackhole(t *testing.T, node *testenv.Node) {
 	prx := newProxy(t, "127.0.0.1:"+strconv.Itoa(node.Port))
 	base := takeBaseline(t, node)
 
-	l := newLedger()
-	queue := testenv.Name("faults.blackhole")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
+	sc := newScenario(t, "faults.blackhole")
+	l, queue := sc.l, sc.queue
 	// The proxy first, the node itself second: "another node" of the list.
-	st := startStack(t, amqp.Config{URLs: []string{prx.url(), node.URL()}, ReconnectMaxInterval: time.Second},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 4, Prefetch: 16},
-		workload(l, queue, 5*time.Millisecond))
+	st := sc.start(t, amqp.Config{URLs: []string{prx.url(), node.URL()}, ReconnectMaxInterval: time.Second}, 4, 16, 5*time.Millisecond)
 
 	before := make([]string, 200)
 	for i := range before {
@@ -83,7 +75,7 @@ func testBlackhole(t *testing.T, node *testenv.Node) {
 	assert.Zero(t, s.Failed, "failures: %v", l.failures(5))
 	assert.Zero(t, s.Failed, "every publish caught by the blackhole was published again and confirmed")
 	t.Logf("blackhole: %s", fmt.Sprintf("%+v", s))
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	prx.p.Stop()
 	base.verify(t)
 }

@@ -4,7 +4,6 @@ package faults
 
 import (
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -64,13 +62,8 @@ func TestConsumerTimeout(t *testing.T) {
 	rabbit := node.Rabbit(t)
 	base := takeBaseline(t, node)
 
-	var logs testenv.SyncBuffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	l := newLedger()
-	queue := testenv.Name("faults.ctimeout")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
+	sc := newScenario(t, "faults.ctimeout")
+	logs, l, queue := sc.logs, sc.l, sc.queue
 
 	const slowID = "slow-00001"
 	slowStarted := make(chan time.Time, 1)
@@ -104,8 +97,9 @@ func TestConsumerTimeout(t *testing.T) {
 		l.effect(m.UUID)
 		return nil
 	}
-	st := startStack(t, amqp.Config{URLs: []string{node.URL()}, Logger: log},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 4, Prefetch: 8, HandlerTimeout: slowHandlerTimeout},
+	rcfg := sc.config(4, 8)
+	rcfg.HandlerTimeout = slowHandlerTimeout
+	st := startStack(t, amqp.Config{URLs: []string{node.URL()}, Logger: sc.log}, rcfg,
 		func(_ *amqp.Broker, s *router.Stack) {
 			require.NoError(t, s.Handle("faults-"+queue, queue, handler))
 		})
@@ -143,7 +137,7 @@ func TestConsumerTimeout(t *testing.T) {
 		return l.count(func(r *record) bool { return r.effects > 0 }) >= len(before)+len(after)-1
 	}, 60*time.Second, 50*time.Millisecond, "messages are consumed again while the slow handler still runs")
 	resumed := time.Since(resumeFrom)
-	require.Eventually(t, func() bool { return guard.Stats().InFlightHits > 0 }, 30*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return sc.guard.Stats().InFlightHits > 0 }, 30*time.Second, 50*time.Millisecond,
 		"the slow message was redelivered and deferred while its first attempt held the key")
 	select {
 	case <-slowDone:
@@ -163,7 +157,7 @@ func TestConsumerTimeout(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return strings.Contains(logs.String(), "ack failed; RabbitMQ will redeliver")
 	}, 30*time.Second, 50*time.Millisecond, "the late ack's failure is reported")
-	require.Eventually(t, func() bool { return guard.Stats().Hits > 0 }, 30*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return sc.guard.Stats().Hits > 0 }, 30*time.Second, 50*time.Millisecond,
 		"the redelivered slow message is acknowledged as a duplicate")
 	waitSettled(t, l, rabbit, queue, time.Minute)
 	require.Eventually(t, func() bool { return rabbit.Count(queue) == 0 }, 30*time.Second, 100*time.Millisecond, "the queue is empty")
@@ -173,9 +167,9 @@ func TestConsumerTimeout(t *testing.T) {
 	closeTook := time.Since(closeBegin)
 	s := l.check(t, 1)
 	assert.Equal(t, 1, l.m[slowID].effects, "the slow message's side effect happened once")
-	stats := guard.Stats()
+	stats := sc.guard.Stats()
 	t.Logf("consumer timeout: consuming again %s after the channel closed (%d messages); redelivery deferred %d times, acked as duplicate %d times; Close %s; %+v",
 		resumed.Round(time.Millisecond), len(after), stats.InFlightHits, stats.Hits, closeTook.Round(time.Millisecond), s)
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	base.verify(t)
 }

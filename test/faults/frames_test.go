@@ -4,7 +4,6 @@ package faults
 
 import (
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/router"
 )
 
 // cutAfter is where limit_data cuts a connection: tens of frames in, so the cut lands
@@ -32,16 +29,9 @@ func testCutFramesAndSlowClose(t *testing.T, node *testenv.Node) {
 	prx := newProxy(t, "127.0.0.1:"+strconv.Itoa(node.Port))
 	base := takeBaseline(t, node)
 
-	var logs testenv.SyncBuffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	l := newLedger()
-	queue := testenv.Name("faults.frames")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
-	st := startStack(t, amqp.Config{URLs: []string{prx.url()}, Logger: log, ReconnectMaxInterval: time.Second},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 4, Prefetch: 16},
-		workload(l, queue, time.Millisecond))
+	sc := newScenario(t, "faults.frames")
+	logs, l, queue := sc.logs, sc.l, sc.queue
+	st := sc.start(t, amqp.Config{URLs: []string{prx.url()}, Logger: sc.log, ReconnectMaxInterval: time.Second}, 4, 16, time.Millisecond)
 
 	for _, stream := range []string{"upstream", "downstream"} {
 		lost := strings.Count(logs.String(), "connection lost")
@@ -73,7 +63,7 @@ func testCutFramesAndSlowClose(t *testing.T, node *testenv.Node) {
 	s := l.check(t, 1)
 	assert.Zero(t, s.Failed, "every publish cut in a frame was published again: %v", l.failures(5))
 	t.Logf("cut frames: %+v", s)
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	prx.p.Stop()
 	base.verify(t)
 }

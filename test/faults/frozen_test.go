@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -22,8 +21,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/router"
 )
 
 // Scenario 8 numbers.
@@ -121,14 +118,9 @@ func testFrozenConsumer(t *testing.T, node *testenv.Node) {
 	rabbit := node.Rabbit(t)
 	base := takeBaseline(t, node)
 
-	l := newLedger()
-	queue := testenv.Name("faults.frozenc")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
-	st := startStack(t, amqp.Config{URLs: []string{node.URL()}},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 4, Prefetch: frozenPrefetch},
-		workload(l, queue, frozenWork))
+	sc := newScenario(t, "faults.frozenc")
+	l, queue := sc.l, sc.queue
+	st := sc.start(t, amqp.Config{URLs: []string{node.URL()}}, 4, frozenPrefetch, frozenWork)
 	// Publishes go through a broker of their own, which outlives the in-test consumer.
 	pctx, pcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer pcancel()
@@ -199,7 +191,7 @@ func testFrozenConsumer(t *testing.T, node *testenv.Node) {
 	assert.LessOrEqual(t, s.Duplicates, frozenPrefetch, "duplicated side effects only for what the stopped consumer held")
 	t.Logf("frozen consumer: node dropped it %s after SIGSTOP, the queue drained by the other consumer %s after (last handler call); stopped %s; reconnected %s after SIGCONT; %d late acks reported failed; %+v",
 		dropped.Round(time.Millisecond), redelivered.Round(time.Millisecond), stopped.Round(time.Millisecond), reconnected.Round(time.Millisecond), lateAcks, s)
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	require.NoError(t, pub.Close())
 	base.verify(t)
 }
@@ -218,16 +210,9 @@ type publication struct {
 func testFrozenBroker(t *testing.T, node *testenv.Node) {
 	base := takeBaseline(t, node)
 
-	var logs testenv.SyncBuffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	l := newLedger()
-	queue := testenv.Name("faults.frozenb")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
-	st := startStack(t, amqp.Config{URLs: []string{node.URL()}, Logger: log, ReconnectMaxInterval: time.Second},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 4, Prefetch: 16},
-		workload(l, queue, 5*time.Millisecond))
+	sc := newScenario(t, "faults.frozenb")
+	logs, l, queue := sc.logs, sc.l, sc.queue
+	st := sc.start(t, amqp.Config{URLs: []string{node.URL()}, Logger: sc.log, ReconnectMaxInterval: time.Second}, 4, 16, 5*time.Millisecond)
 
 	// Two publishers, one message at a time, from before the freeze to after it.
 	var mu sync.Mutex
@@ -323,7 +308,7 @@ func testFrozenBroker(t *testing.T, node *testenv.Node) {
 	s := l.check(t, 1)
 	t.Logf("frozen broker: %d publishes, %d failed at their deadline (at most %s past it), none confirmed while stopped; first confirm %s after SIGCONT; %+v",
 		total, failedN, worstLate.Round(time.Millisecond), first.Sub(thawed).Round(time.Millisecond), s)
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	// Back to the baseline first with a longer wait than the harness's 30 s: after the
 	// freeze each rabbitmqctl call took seconds here (the connections were gone at once,
 	// yet a 30 s wait once ran out on the slowness of the calls alone).

@@ -33,6 +33,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -326,6 +327,41 @@ func logger() *slog.Logger {
 		level = slog.LevelDebug
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// scenario is what a fault scenario starts from: an info log kept for its assertions (the
+// stack logs there when the scenario passes log in its amqp.Config), the ledger of side
+// effects, its queue, and an idempotency guard, closed when the test ends.
+type scenario struct {
+	logs  *testenv.SyncBuffer
+	log   *slog.Logger
+	l     *ledger
+	queue string
+	guard *idempotency.Guard
+}
+
+// newScenario returns a scenario on a fresh queue named after name.
+func newScenario(t *testing.T, name string) *scenario {
+	t.Helper()
+	sc := &scenario{logs: &testenv.SyncBuffer{}, l: newLedger(), queue: testenv.Name(name)}
+	sc.log = slog.New(slog.NewTextHandler(sc.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	guard, err := idempotency.New(idempotency.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = guard.Close() })
+	sc.guard = guard
+	return sc
+}
+
+// config is the router config of a scenario's stack: the suite's retry policy, the
+// scenario's guard, and concurrency and prefetch.
+func (sc *scenario) config(concurrency, prefetch int) router.Config {
+	return router.Config{Retry: retryConfig(), Idempotency: sc.guard, Concurrency: concurrency, Prefetch: prefetch}
+}
+
+// start runs the scenario's workload (each message takes work) on a stack of cfg.
+func (sc *scenario) start(t *testing.T, cfg amqp.Config, concurrency, prefetch int, work time.Duration) *stack {
+	t.Helper()
+	return startStack(t, cfg, sc.config(concurrency, prefetch), workload(sc.l, sc.queue, work))
 }
 
 // stack is a running sluice stack on one broker.

@@ -14,8 +14,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/router"
 )
 
 // Scenario 1 numbers.
@@ -63,15 +61,10 @@ func testLatency(t *testing.T, node *testenv.Node) {
 		t.Logf("below the issue's bar of 1/3 in this run (ratio %.2f): the machine was busy, or confirms stopped pipelining", ratio)
 	}
 
-	l := newLedger()
-	queue := testenv.Name("faults.latency")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
+	sc := newScenario(t, "faults.latency")
+	l, queue := sc.l, sc.queue
 	begin := time.Now()
-	st := startStack(t, amqp.Config{URLs: []string{prx.url()}},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 8, Prefetch: 64},
-		workload(l, queue, 0))
+	st := sc.start(t, amqp.Config{URLs: []string{prx.url()}}, 8, 64, 0)
 	startup := time.Since(begin)
 	t.Logf("start-up (connect, cascade, DLX, queues, bindings, consume) at %s±%s: %s", latency, latencyJitter, startup.Round(time.Millisecond))
 	require.Less(t, startup, startupBound, "start-up declares the topology in a few round trips")
@@ -117,7 +110,7 @@ func testLatency(t *testing.T, node *testenv.Node) {
 	l.mu.Unlock()
 	t.Logf("retries on an idle queue: %d, each %s late at most (latency %s±%s)", len(idle), worst.Round(time.Millisecond), latency, latencyJitter)
 
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	base.verify(t)
 }
 

@@ -25,8 +25,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/router"
 )
 
 // netTicktime is the cluster's Erlang net_ticktime: a node whose peers went silent is
@@ -228,17 +226,12 @@ func TestPartition(t *testing.T) {
 	baseConns, baseChans := counts(t, a)
 	goroutines := goleak.IgnoreCurrent()
 
-	l := newLedger()
-	queue := testenv.Name("faults.partition")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
+	sc := newScenario(t, "faults.partition")
+	l, queue := sc.l, sc.queue
 	// The minority node first: the stack declares the quorum queue through it, which makes
 	// it the queue's leader (client-local placement), and publishes and consumes through it.
 	urls := []string{m.URL(), a.URL(), c.majority[1].URL()}
-	st := startStack(t, amqp.Config{URLs: urls, QueueType: amqp.QueueQuorum, ReconnectMaxInterval: time.Second},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 4, Prefetch: 16},
-		workload(l, queue, 5*time.Millisecond))
+	st := sc.start(t, amqp.Config{URLs: urls, QueueType: amqp.QueueQuorum, ReconnectMaxInterval: time.Second}, 4, 16, 5*time.Millisecond)
 	leader, members := leaderOf(t, a, queue)
 	require.Equal(t, m.Name, leader, "the consumed queue's leader is on the node that goes to the minority")
 	require.Len(t, members, 3, "the quorum queue has a member on each node")
@@ -358,7 +351,7 @@ func TestPartition(t *testing.T) {
 	healedAt := time.Now()
 	require.Eventually(t, func() bool { return len(runningNodes(t, a)) == 3 }, 90*time.Second, 250*time.Millisecond,
 		"%s runs again in the cluster after the partition heals", m.Name)
-	_, err = m.Ctl("-q", "await_startup", "--timeout", "60")
+	_, err := m.Ctl("-q", "await_startup", "--timeout", "60")
 	require.NoError(t, err, "%s booted again", m.Name)
 	rejoin := time.Since(healedAt)
 
@@ -381,7 +374,7 @@ func TestPartition(t *testing.T) {
 	}
 	t.Logf("partition: %+v; %d stream publishes, slowest %s (publish timeout %s); failures: %v; the minority node rejoined %s after the heal",
 		s, len(stream), slowest.Round(100*time.Millisecond), timeout, l.failures(5), rejoin.Round(100*time.Millisecond))
-	_ = guard.Close()
+	_ = sc.guard.Close()
 
 	if !assert.Eventually(t, func() bool {
 		c, ch := counts(t, a)

@@ -3,7 +3,6 @@
 package faults
 
 import (
-	"log/slog"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -16,8 +15,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/router"
 )
 
 // Scenario 3 numbers.
@@ -36,16 +33,9 @@ func testResets(t *testing.T, node *testenv.Node) {
 	prx := newProxy(t, "127.0.0.1:"+strconv.Itoa(node.Port))
 	base := takeBaseline(t, node)
 
-	var logs testenv.SyncBuffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	l := newLedger()
-	queue := testenv.Name("faults.resets")
-	guard, err := idempotency.New(idempotency.Config{})
-	require.NoError(t, err)
-	defer guard.Close()
-	st := startStack(t, amqp.Config{URLs: []string{prx.url()}, Logger: log, ReconnectMaxInterval: 2 * time.Second},
-		router.Config{Retry: retryConfig(), Idempotency: guard, Concurrency: 8, Prefetch: 32},
-		workload(l, queue, 0))
+	sc := newScenario(t, "faults.resets")
+	logs, l, queue := sc.logs, sc.l, sc.queue
+	st := sc.start(t, amqp.Config{URLs: []string{prx.url()}, Logger: sc.log, ReconnectMaxInterval: 2 * time.Second}, 8, 32, 0)
 
 	stop := make(chan struct{})
 	bursts := make(chan int, 1)
@@ -101,7 +91,7 @@ func testResets(t *testing.T, node *testenv.Node) {
 	if failures >= 3 {
 		assert.Greater(t, len(waits), 1, "reconnect waits are jittered")
 	}
-	_ = guard.Close()
+	_ = sc.guard.Close()
 	prx.p.Stop()
 	base.verify(t)
 }
