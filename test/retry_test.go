@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -192,6 +193,8 @@ func TestFailedHandoffLeavesOriginalUnacked(t *testing.T) {
 	}
 	gaps := c.gaps()
 	last := gaps[len(gaps)-1]
-	assert.Greater(t, last, gaps[0], "redeliveries back off instead of spinning: %v", gaps)
+	// Against the shortest earlier gap, not the first: a busy machine can stretch any one
+	// gap (the first channel reopened after the broker closed it took 1.5 s once).
+	assert.Greater(t, last, slices.Min(gaps[:len(gaps)-1]), "redeliveries back off instead of spinning: %v", gaps)
 	assert.GreaterOrEqual(t, last, 100*time.Millisecond, "redeliveries back off instead of spinning: %v", gaps)
 }
