@@ -226,8 +226,8 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 		b.Fatal(err)
 	}
 	// A delay of 0 sets no digit, so the cheapest correct route into the cascade is its
-	// lowest level, whose exchange passes the message to the delivery exchange.
-	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 0)
+	// lowest digit's exchange, which passes the message to the delivery exchange.
+	exchange := topology.DelayDigit(0)
 	key := benchZeroDelayKey(q)
 	var rec message.Metadata
 	if record {

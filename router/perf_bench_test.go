@@ -254,7 +254,7 @@ func benchInterleaved(b *testing.B, h, ref message.HandlerFunc) {
 // on another queue of the same broker, through the same cascade.
 //   - sluice: that load alone;
 //   - parked: the load, and parkedMessages more messages parked in the cascade
-//     beforehand (64-byte bodies, delayed by parkedDelay, so they sit in one level queue
+//     beforehand (64-byte bodies, delayed by parkedDelay, so they sit in one cascade queue
 //     for the whole measurement and then leave to a queue deleted by then).
 //
 // retry-handoffs/s is the retry path's rate over the measurement: failed first attempts
@@ -268,8 +268,8 @@ func BenchmarkDelayAccuracyBusy(b *testing.B) {
 const (
 	busyRetryMessages = 30_000
 	parkedMessages    = 100_000
-	// parkedDelay is 2^15 cascade units: one level queue holds a parked message, for 5.5
-	// minutes, longer than a measurement.
+	// parkedDelay is 2^15 cascade units, 8·16^3: one cascade queue (sluice.delay.d3.08)
+	// holds a parked message, for 5.5 minutes, longer than a measurement.
 	parkedDelay = (1 << 15) * amqp.DelayResolution
 )
 
@@ -343,7 +343,7 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int, fir
 }
 
 // benchPark parks n small messages in the cascade, delayed parkedDelay towards a queue
-// that is deleted when b ends: pipelined raw publishes to the level the delay enters.
+// that is deleted when b ends: pipelined raw publishes to the digit the delay enters at.
 func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 	b.Helper()
 	q := benchenv.SluiceQueue(b, r, br, "bench.parked")
@@ -365,7 +365,7 @@ func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 		}
 	}
 	key = append(key, q...)
-	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 15)
+	exchange := topology.DelayDigit(15 / 4) // bit 15 is in base-16 digit 3
 	body := benchenv.Payload[:64]
 	pending := make(chan *amqp091.DeferredConfirmation, 1024)
 	nacked := make(chan int)
