@@ -45,7 +45,10 @@ const slowHandlerWait = 2 * time.Millisecond
 //     what the broker and the client allow on this machine, the ceiling sluice is held to;
 //   - watermill: watermill-amqp's subscriber under a plain Watermill router. It hands out
 //     one message at a time per subscription, so the router gets c handlers on the queue,
-//     each with prefetch 2: the same concurrency and total prefetch.
+//     each with prefetch 2: the same concurrency and total prefetch;
+//   - sleep: no broker, c goroutines that only sleep slowHandlerWait b.N times between
+//     them. time.Sleep overshoots (on Linux a 2 ms sleep lasts 2.6–2.9 ms on a busy
+//     machine), so this, not c / slowHandlerWait, is the practical ideal.
 //
 // msgs/s is the drain rate from the first message handled to the last; of-ideal is that
 // rate over the ideal c / slowHandlerWait.
@@ -117,6 +120,25 @@ func benchSlowHandler(b *testing.B, c int) {
 		report(b, count)
 		_ = ch.Close()
 		wg.Wait()
+	})
+	b.Run("sleep", func(b *testing.B) {
+		count := benchCountTo(b.N)
+		var tickets atomic.Int64
+		b.ResetTimer()
+		var wg sync.WaitGroup
+		for range c {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for tickets.Add(1) <= int64(b.N) {
+					time.Sleep(slowHandlerWait)
+					count.handled()
+				}
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		report(b, count)
 	})
 	b.Run("watermill", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
