@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -117,6 +118,37 @@ func TestShortDelayOvertakesLongDelay(t *testing.T) {
 		msg.Ack()
 	case <-ctx.Done():
 		t.Fatal("short-delayed message not delivered")
+	}
+}
+
+// A delay waits in one cascade queue per nonzero base-16 digit and passes the exchanges of
+// the zero ones: delays of every shape (no digit, one, several, zeros between) all arrive.
+func TestDelaysOfEveryDigitShapeArrive(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	b := newBroker(t, amqp.Config{})
+	queue := testenv.Name("test.delay.digits")
+	declare(t, b, r, queue)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	units := []int{0, 1, 15, 16, 17, 0xff, 0x100, 0x101, 0x111}
+	want := map[string]bool{}
+	for _, u := range units {
+		id := fmt.Sprintf("units-%#x", u)
+		want[id] = true
+		require.NoError(t, b.Delay(ctx, queue, time.Duration(u)*amqp.DelayResolution, message.NewMessage(id, []byte(id))))
+	}
+	msgs, err := b.Subscriber(amqp.SubscribeOptions{Concurrency: 4}).Subscribe(ctx, queue)
+	require.NoError(t, err)
+	for len(want) > 0 {
+		select {
+		case msg := <-msgs:
+			assert.True(t, want[msg.UUID], "unexpected or repeated message %q", msg.UUID)
+			delete(want, msg.UUID)
+			msg.Ack()
+		case <-ctx.Done():
+			t.Fatalf("delayed messages not delivered: %v", want)
+		}
 	}
 }
 
