@@ -202,8 +202,8 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 		b.Fatal(err)
 	}
 	// A delay of 0 sets no digit, so the cheapest correct route into the cascade is its
-	// lowest level, whose exchange passes the message to the delivery exchange.
-	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 0)
+	// lowest digit's exchange, which passes the message to the delivery exchange.
+	exchange := topology.DelayDigit(0)
 	key := benchDelayKey(0, q)
 	var rec message.Metadata
 	if record {
@@ -563,8 +563,8 @@ func benchFailureRecord(b *testing.B, queue string) message.Metadata {
 }
 
 // benchDelayKey is the delay cascade's routing key for a delay of units to queue: the
-// units' DelayLevels binary digits, highest level first, then queue. A delay of 0 only
-// passes the levels' exchanges.
+// units' DelayLevels binary digits, highest first, then queue (the key format the base-16
+// cascade's digit exchanges route on). A delay of 0 only passes the digits' exchanges.
 func benchDelayKey(units uint64, queue string) string {
 	key := make([]byte, 0, 2*amqp.DelayLevels+len(queue))
 	for k := amqp.DelayLevels - 1; k >= 0; k-- {

@@ -45,7 +45,10 @@ const slowHandlerWait = 2 * time.Millisecond
 //     what the broker and the client allow on this machine, the ceiling sluice is held to;
 //   - watermill: watermill-amqp's subscriber under a plain Watermill router. It hands out
 //     one message at a time per subscription, so the router gets c handlers on the queue,
-//     each with prefetch 2: the same concurrency and total prefetch.
+//     each with prefetch 2: the same concurrency and total prefetch;
+//   - sleep: no broker, c goroutines that only sleep slowHandlerWait b.N times between
+//     them. time.Sleep overshoots (on Linux a 2 ms sleep lasts 2.6–2.9 ms on a busy
+//     machine), so this, not c / slowHandlerWait, is the practical ideal.
 //
 // msgs/s is the drain rate from the first message handled to the last; of-ideal is that
 // rate over the ideal c / slowHandlerWait.
@@ -117,6 +120,25 @@ func benchSlowHandler(b *testing.B, c int) {
 		report(b, count)
 		_ = ch.Close()
 		wg.Wait()
+	})
+	b.Run("sleep", func(b *testing.B) {
+		count := benchCountTo(b.N)
+		var tickets atomic.Int64
+		b.ResetTimer()
+		var wg sync.WaitGroup
+		for range c {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for tickets.Add(1) <= int64(b.N) {
+					time.Sleep(slowHandlerWait)
+					count.handled()
+				}
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		report(b, count)
 	})
 	b.Run("watermill", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
@@ -335,7 +357,7 @@ func benchInterleaved(b *testing.B, h, ref message.HandlerFunc) {
 // on another queue of the same broker, through the same cascade.
 //   - sluice: that load alone;
 //   - parked: the load, and parkedMessages more messages parked in the cascade
-//     beforehand (64-byte bodies, delayed by parkedDelay, so they sit in one level queue
+//     beforehand (64-byte bodies, delayed by parkedDelay, so they sit in one cascade queue
 //     for the whole measurement and then leave to a queue deleted by then).
 //
 // retry-handoffs/s is the retry path's rate over the measurement: failed first attempts
@@ -349,8 +371,8 @@ func BenchmarkDelayAccuracyBusy(b *testing.B) {
 const (
 	busyRetryMessages = 30_000
 	parkedMessages    = 100_000
-	// parkedDelay is 2^15 cascade units: one level queue holds a parked message, for 5.5
-	// minutes, longer than a measurement.
+	// parkedDelay is 2^15 cascade units, 8·16^3: one cascade queue (sluice.delay.d3.08)
+	// holds a parked message, for 5.5 minutes, longer than a measurement.
 	parkedDelay = (1 << 15) * amqp.DelayResolution
 )
 
@@ -390,7 +412,7 @@ func benchDelayBusy(b *testing.B, url string, parked int) {
 }
 
 // benchPark parks n small messages in the cascade, delayed parkedDelay towards a queue
-// that is deleted when b ends: pipelined raw publishes to the level the delay enters.
+// that is deleted when b ends: pipelined raw publishes to the digit the delay enters at.
 func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 	b.Helper()
 	q := benchenv.SluiceQueue(b, r, br, "bench.parked")
@@ -403,7 +425,7 @@ func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 		b.Fatal(err)
 	}
 	key := benchDelayKey(uint64(parkedDelay/amqp.DelayResolution), q)
-	exchange := fmt.Sprintf("%s%02d", topology.DelayExchangePrefix, 15)
+	exchange := topology.DelayDigit(15 / 4) // bit 15 is in base-16 digit 3
 	body := benchenv.Payload[:64]
 	pending := make(chan *amqp091.DeferredConfirmation, 1024)
 	nacked := make(chan int)

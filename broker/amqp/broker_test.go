@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -118,6 +119,102 @@ func TestShortDelayOvertakesLongDelay(t *testing.T) {
 		msg.Ack()
 	case <-ctx.Done():
 		t.Fatal("short-delayed message not delivered")
+	}
+}
+
+// A delay waits in one cascade queue per nonzero base-16 digit and passes the exchanges of
+// the zero ones: delays of every shape (no digit, one, several, zeros between) all arrive.
+func TestDelaysOfEveryDigitShapeArrive(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	b := newBroker(t, amqp.Config{})
+	queue := testenv.Name("test.delay.digits")
+	declare(t, b, r, queue)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	units := []int{0, 1, 15, 16, 17, 0xff, 0x100, 0x101, 0x111}
+	want := map[string]bool{}
+	for _, u := range units {
+		id := fmt.Sprintf("units-%#x", u)
+		want[id] = true
+		require.NoError(t, b.Delay(ctx, queue, time.Duration(u)*amqp.DelayResolution, message.NewMessage(id, []byte(id))))
+	}
+	msgs, err := b.Subscriber(amqp.SubscribeOptions{Concurrency: 4}).Subscribe(ctx, queue)
+	require.NoError(t, err)
+	for len(want) > 0 {
+		select {
+		case msg := <-msgs:
+			assert.True(t, want[msg.UUID], "unexpected or repeated message %q", msg.UUID)
+			delete(want, msg.UUID)
+			msg.Ack()
+		case <-ctx.Done():
+			t.Fatalf("delayed messages not delivered: %v", want)
+		}
+	}
+}
+
+// Messages parked in the binary cascade of sluice 0.1.0 (sluice.delay.00 … 25, one level a
+// bit) when a vhost is upgraded still reach their queue: that cascade is left in place and
+// dead-letters into the delivery exchange this version binds every queue to.
+func TestDelayParkedInTheBinaryCascadeStillArrives(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	b := newBroker(t, amqp.Config{})
+	queue := testenv.Name("test.delay.upgrade")
+	declareBinaryCascade(t, r, 3)
+	declare(t, b, r, queue)
+
+	// 5 units (50ms): binary 101 waits in levels 2 and 0, passes level 1's exchange.
+	key := strings.Repeat("0.", amqp.DelayLevels-3) + "1.0.1." + queue
+	ch, err := r.Conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	require.NoError(t, ch.Confirm(false))
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), topology.DelayLevel(2), key, true, false,
+		amqp091.Publishing{MessageId: "parked", DeliveryMode: amqp091.Persistent, Body: []byte("0.1.0")})
+	require.NoError(t, err)
+	require.True(t, dc.Wait(), "publish to the binary cascade confirmed")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	msgs, err := b.Subscriber(amqp.SubscribeOptions{}).Subscribe(ctx, queue)
+	require.NoError(t, err)
+	select {
+	case msg := <-msgs:
+		assert.Equal(t, "parked", msg.UUID)
+		msg.Ack()
+	case <-ctx.Done():
+		t.Fatal("message parked in the binary cascade not delivered")
+	}
+}
+
+// declareBinaryCascade declares the lowest levels of sluice 0.1.0's binary cascade as that
+// version did: level k is a topic exchange and a quorum queue with TTL 2^k units that
+// dead-letters to level k-1's exchange (level 0 to the delivery exchange); the exchange
+// sends digit 1 to its queue, digit 0 on. On a vhost that still has them it changes nothing.
+func declareBinaryCascade(t *testing.T, r *testenv.Rabbit, levels int) {
+	t.Helper()
+	ch, err := r.Conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	require.NoError(t, ch.ExchangeDeclare(topology.DelayDeliveryExchange, amqp091.ExchangeTopic, true, false, false, false, nil))
+	for k := 0; k < levels; k++ {
+		name := topology.DelayLevel(k)
+		next := topology.DelayDeliveryExchange
+		if k > 0 {
+			next = topology.DelayLevel(k - 1)
+		}
+		require.NoError(t, ch.ExchangeDeclare(name, amqp091.ExchangeTopic, true, false, false, false, nil))
+		_, err := ch.QueueDeclare(name, true, false, false, false, amqp091.Table{
+			"x-queue-type":           "quorum",
+			"x-message-ttl":          int64(time.Duration(1<<k) * amqp.DelayResolution / time.Millisecond),
+			"x-dead-letter-exchange": next,
+			"x-dead-letter-strategy": "at-least-once",
+			"x-overflow":             "reject-publish",
+		})
+		require.NoError(t, err, "declare %s as sluice 0.1.0 did", name)
+		prefix := strings.Repeat("*.", amqp.DelayLevels-1-k)
+		require.NoError(t, ch.QueueBind(name, prefix+"1.#", name, false, nil))
+		require.NoError(t, ch.ExchangeBind(next, prefix+"0.#", name, false, nil))
 	}
 }
 

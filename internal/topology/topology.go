@@ -61,5 +61,13 @@ func PartitionExchange(queue string) string { return queue }
 // handler announce themselves: sluice.members.Q.
 func Members(queue string) string { return MembersPrefix + queue }
 
-// DelayLevel returns the exchange and queue name of delay cascade level k: sluice.delay.KK.
+// DelayLevel returns the exchange and queue name of level k of the binary delay cascade
+// sluice 0.1.0 declared: sluice.delay.KK. Sluice no longer declares it, but a vhost may
+// still hold messages parked in it; they keep draining through it.
 func DelayLevel(k int) string { return fmt.Sprintf("%s%02d", DelayExchangePrefix, k) }
+
+// DelayDigit returns the exchange of digit j of the delay cascade: sluice.delay.dJ.
+func DelayDigit(j int) string { return fmt.Sprintf("%sd%d", DelayExchangePrefix, j) }
+
+// DelayDigitQueue returns the queue of digit j holding value v: sluice.delay.dJ.VV.
+func DelayDigitQueue(j, v int) string { return fmt.Sprintf("%sd%d.%02d", DelayExchangePrefix, j, v) }

@@ -22,6 +22,8 @@ func TestNames(t *testing.T) {
 		{name: "members", got: topology.Members("payments"), want: "sluice.members.payments"},
 		{name: "delay level", got: topology.DelayLevel(3), want: "sluice.delay.03"},
 		{name: "delay level 25", got: topology.DelayLevel(25), want: "sluice.delay.25"},
+		{name: "delay digit", got: topology.DelayDigit(3), want: "sluice.delay.d3"},
+		{name: "delay digit queue", got: topology.DelayDigitQueue(3, 8), want: "sluice.delay.d3.08"},
 		{name: "delivery exchange", got: topology.DelayDeliveryExchange, want: "sluice.delay.deliver"},
 		{name: "dead-letter exchange", got: topology.DeadLetterExchange, want: "sluice.dlx"},
 		{name: "unrouted", got: topology.UnroutedQueue, want: "sluice.unrouted"},
