@@ -3,8 +3,6 @@ package amqp
 import (
 	"strings"
 
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
-
 	hdr "github.com/sluice-go/sluice/internal/headers"
 )
 
@@ -29,17 +27,10 @@ const (
 	// MetadataRedelivered is "true" when RabbitMQ delivered the message before; read-only.
 	MetadataRedelivered = "amqp-redelivered"
 
-	// MetadataHeaderTypes records the AMQP type of every header that was not a string, as
-	// a JSON object from the header's metadata key to type name, so Marshal can restore it.
-	MetadataHeaderTypes = "sluice-header-types"
-
-	// UUIDHeader is Watermill's message id header (watermill-amqp's), kept for
-	// interoperability.
-	UUIDHeader = wamqp.DefaultMessageUUIDHeaderKey
-
-	// The marshaler's other bookkeeping keys, the prefix of a producer's header whose name
-	// a property key takes and the list of dropped headers, are in internal/headers
-	// (MetadataPrefix, Dropped).
+	// The marshaler's bookkeeping keys, the prefix of a producer's header whose name a
+	// property key takes, the list of dropped headers, the header-type record and
+	// Watermill's message id header, are in internal/headers (MetadataPrefix, Dropped,
+	// HeaderTypes, UUID).
 )
 
 // readOnlyMetadata are filled on consume and never published as headers.
@@ -47,7 +38,7 @@ var readOnlyMetadata = map[string]bool{
 	MetadataRoutingKey:  true,
 	MetadataExchange:    true,
 	MetadataRedelivered: true,
-	MetadataHeaderTypes: true,
+	hdr.HeaderTypes:     true,
 	metadataMessageID:   true,
 }
 
@@ -72,7 +63,7 @@ func headerKey(name string) string {
 
 // HeaderName returns the AMQP header that metadata key stands for: the key itself, or the
 // name a headers.MetadataPrefix key holds. ok is false for the keys that carry properties
-// and delivery facts (MetadataContentType … MetadataRedelivered, MetadataHeaderTypes).
+// and delivery facts (MetadataContentType … MetadataRedelivered, hdr.HeaderTypes).
 func HeaderName(key string) (name string, ok bool) {
 	if rest, found := strings.CutPrefix(key, hdr.MetadataPrefix); found {
 		if reservedMetadataKey(rest) {
