@@ -114,10 +114,10 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 			}
 			continue
 		}
-		if readOnlyMetadata[k] || hdr.BrokerOwned(k) || k == hdr.UUID || k == hdr.Dropped {
+		if hdr.ReadOnly(k) || hdr.BrokerOwned(k) || k == hdr.UUID || k == hdr.Dropped {
 			continue
 		}
-		name, _ := HeaderName(k) // every key it refuses was handled above
+		name, _ := hdr.HeaderName(k) // every key it refuses was handled above
 		if len(name) > maxShortstr {
 			dropped = append(dropped, name)
 			continue

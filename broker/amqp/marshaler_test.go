@@ -417,7 +417,7 @@ func TestHeaderName(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.key, func(t *testing.T) {
-			name, ok := amqp.HeaderName(tt.key)
+			name, ok := headers.HeaderName(tt.key)
 			assert.Equal(t, tt.ok, ok)
 			assert.Equal(t, tt.name, name)
 		})

@@ -34,7 +34,7 @@ const (
 	// MetadataPrefix keeps a producer's header whose name is taken by one of the property
 	// metadata keys (a header called "content-type", say, beside the content-type property)
 	// or itself starts with this prefix: it is metadata MetadataPrefix+name, and Marshal
-	// publishes that key as the header name again (see amqp.HeaderName).
+	// publishes that key as the header name again (see HeaderName).
 	MetadataPrefix = "amqp-header:"
 	// Dropped lists, comma-separated, the headers and properties Marshal had to leave out
 	// because AMQP cannot carry them.
