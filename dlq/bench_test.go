@@ -12,10 +12,10 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/dlqfill"
+	hdr "github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -90,7 +90,7 @@ func BenchmarkDLQ(b *testing.B) {
 			for k, v := range pub.Headers {
 				headers[k] = v
 			}
-			headers[amqp.UUIDHeader] = fmt.Sprintf("m-%06d", i)
+			headers[hdr.UUID] = fmt.Sprintf("m-%06d", i)
 			pub.Headers = headers
 			return pub
 		})

@@ -40,8 +40,8 @@
 // count of ready messages is lower for that time; a read waits, when it ends, until the
 // queue counts them as ready again, so the next operation sees them all. On quorum queues
 // RabbitMQ counts each return as a delivery attempt (x-delivery-count grows by one per
-// read). sluice declares quorum DLQs and archives with x-delivery-limit
-// broker/amqp.NoDeliveryLimit, so no number of reads deletes a dead letter (RabbitMQ 4.x
+// read). sluice declares quorum DLQs and archives with x-delivery-limit 2147483647 (the
+// largest 32-bit value), so no number of reads deletes a dead letter (RabbitMQ 4.x
 // gives quorum queues a default limit of 20; -1, its "unlimited", makes 3.x drop every
 // message at its first return).
 //

@@ -161,7 +161,7 @@ func (fx *fixture) take(t *testing.T, queue string) []amqp091.Delivery {
 }
 
 func idOf(d amqp091.Delivery) string {
-	if v, ok := d.Headers[amqp.UUIDHeader].(string); ok {
+	if v, ok := d.Headers[headers.UUID].(string); ok {
 		return v
 	}
 	return d.MessageId

@@ -10,6 +10,7 @@ import (
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // headerArchivedAt is the time a message was archived (RFC 3339), set on its copy in
@@ -251,7 +252,7 @@ func (m *mover) ensureArchive(opts Options) error {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
-	args := sluiceamqp.DeadLetterQueueArgs(qt, amqp.Table{"x-message-ttl": retention.Milliseconds()})
+	args := amqp.Table(topology.DeadLetterArgs(string(qt), map[string]any{"x-message-ttl": retention.Milliseconds()}))
 	if _, err := ch.QueueDeclare(m.to, true, false, false, false, args); err != nil {
 		return fmt.Errorf("declare archive %q (type %s, retention %s): %w", m.to, qt, retention, err)
 	}

@@ -343,8 +343,8 @@ func TestQuorumDLQReadManyTimes(t *testing.T) {
 			_, err = c.QueueDeclare(fx.dlq, true, false, false, false, args)
 			return err
 		}
-		require.NoError(t, declare(amqp.DeadLetterQueueArgs(amqp.QueueQuorum, nil)))
-		assert.Equal(t, int64(amqp.NoDeliveryLimit), amqp.DeadLetterQueueArgs(amqp.QueueQuorum, nil)["x-delivery-limit"])
+		require.NoError(t, declare(topology.DeadLetterArgs(string(amqp.QueueQuorum), nil)))
+		assert.Equal(t, int64(topology.NoDeliveryLimit), topology.DeadLetterArgs(string(amqp.QueueQuorum), nil)["x-delivery-limit"])
 		assert.Error(t, declare(amqp091.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(20)}), "a limit of 20 is not what it has")
 	})
 }

@@ -167,7 +167,7 @@ func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 	r.GroupID = groupID(r.Handler, r.ErrorType, r.Fingerprint)
 	for k, v := range md {
 		// Properties and delivery facts are in Properties; a header is shown by its name.
-		if name, ok := sluiceamqp.HeaderName(k); ok {
+		if name, ok := headers.HeaderName(k); ok {
 			r.Headers[name] = v
 		}
 	}

@@ -33,7 +33,7 @@ func TestNewRecord(t *testing.T) {
 		{
 			name: "sluice record",
 			d: amqp091.Delivery{MessageId: "amqp-id", Headers: amqp091.Table{
-				amqp.UUIDHeader:               "wm-id",
+				headers.UUID:                  "wm-id",
 				sluice.HeaderErrorType:        "invalid_amount",
 				sluice.HeaderErrorMessage:     "amount must be positive",
 				headers.FailedAt:              now.Add(-90 * time.Second).Format(time.RFC3339Nano),
@@ -115,7 +115,7 @@ func TestRecordJSON(t *testing.T) {
 			assert.InDelta(t, 60, got["age_seconds"], 0.001)
 			assert.Equal(t, "m", got["id"])
 			assert.Equal(t, "5", got["headers"].(map[string]any)["n"], "headers in the marshaler's text form")
-			assert.NotContains(t, got["headers"], amqp.MetadataHeaderTypes)
+			assert.NotContains(t, got["headers"], headers.HeaderTypes)
 		})
 	}
 }
@@ -159,7 +159,7 @@ func TestReplayPublishing(t *testing.T) {
 	ts := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	d := amqp091.Delivery{
 		Headers: amqp091.Table{
-			amqp.UUIDHeader:          "wm-1",
+			headers.UUID:             "wm-1",
 			sluice.HeaderRetryCount:  "3",
 			headers.FirstFailureTime: "t", headers.LastFailureTime: "t",
 			sluice.HeaderLastError: "e", sluice.HeaderLastErrorMessage: "m", sluice.HeaderRetryHistory: "[]",
@@ -182,7 +182,7 @@ func TestReplayPublishing(t *testing.T) {
 	}
 	pub := dlq.ReplayPublishing(d, 2)
 	assert.Equal(t, amqp091.Table{
-		amqp.UUIDHeader:            "wm-1",
+		headers.UUID:               "wm-1",
 		headers.ReplayCount:        "2",
 		sluice.HeaderOriginalQueue: "orders",
 		headers.TraceParent:        "00-abc-def-01",

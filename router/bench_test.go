@@ -516,7 +516,7 @@ func benchPrefill(b *testing.B, r *testenv.Rabbit, queue string, n int) {
 	nacked := benchenv.PublishPipelined(b, ch, queue, n, 1024, func(i int) amqp091.Publishing {
 		id := prefix + strconv.Itoa(i)
 		return amqp091.Publishing{
-			Headers:      amqp091.Table{amqp.UUIDHeader: id},
+			Headers:      amqp091.Table{headers.UUID: id},
 			MessageId:    id,
 			DeliveryMode: amqp091.Persistent,
 			Body:         benchenv.Payload,

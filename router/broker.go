@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-go/sluice/internal/memory"
 )
 
-// Broker is what the stack needs from a broker. FromAMQP and FromMemory adapt sluice's two.
+// Broker is what the stack needs from a broker. FromAMQP and Embedded adapt sluice's two.
 type Broker interface {
 	// Name is the messaging system ("rabbitmq", "memory").
 	Name() string
@@ -44,8 +44,8 @@ func (a amqpBroker) Subscriber(concurrency, prefetch int) message.Subscriber {
 	return a.Broker.Subscriber(amqp.SubscribeOptions{Concurrency: concurrency, Prefetch: prefetch})
 }
 
-// FromMemory adapts the embedded broker; outside sluice, Embedded builds one.
-func FromMemory(b *memory.Broker) Broker { return memoryBroker{b} }
+// fromMemory adapts the embedded broker; Embedded builds one.
+func fromMemory(b *memory.Broker) Broker { return memoryBroker{b} }
 
 type memoryBroker struct{ *memory.Broker }
 
@@ -92,5 +92,5 @@ func Embedded(logger *slog.Logger) Broker {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return FromMemory(memory.New(memory.Config{Logger: logger}))
+	return fromMemory(memory.New(memory.Config{Logger: logger}))
 }

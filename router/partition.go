@@ -44,7 +44,7 @@ func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.par
 func partitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
 
 // PartitionPublisher is what a producer needs to publish to a partitioned queue; the
-// brokers of FromAMQP and FromMemory implement it.
+// brokers of FromAMQP and Embedded implement it.
 type PartitionPublisher interface {
 	// PublishPartitioned publishes messages to queue's partition for key, confirmed.
 	PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error

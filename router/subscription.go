@@ -99,7 +99,7 @@ func WithOutputExchange(out Output) HandlerOption {
 }
 
 // ExchangeBroker is what a broker needs for subscriptions and exchange outputs; the
-// brokers of FromAMQP and FromMemory implement it.
+// brokers of FromAMQP and Embedded implement it.
 type ExchangeBroker interface {
 	// DeclareExchange declares exchange of kind with sluice's alternate exchange, or, with
 	// adopt, uses an existing one as it is.
@@ -302,7 +302,7 @@ func (m memoryBroker) DeclareSubscription(ctx context.Context, queue string, bin
 }
 
 // outputQueueDeclarer declares a queue the stack only publishes to; the brokers of FromAMQP
-// and FromMemory implement it.
+// and Embedded implement it.
 type outputQueueDeclarer interface {
 	DeclareOutputQueue(ctx context.Context, queue string) error
 }

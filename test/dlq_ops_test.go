@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/dlqfill"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -53,7 +52,7 @@ func idCounts(t *testing.T, r *testenv.Rabbit, queue string) map[string]int {
 	t.Helper()
 	out := map[string]int{}
 	for _, d := range peekQueue(t, r, queue) {
-		id, _ := d.Headers[amqp.UUIDHeader].(string)
+		id, _ := d.Headers[headers.UUID].(string)
 		out[id]++
 	}
 	return out
@@ -85,12 +84,12 @@ func fillOps(t *testing.T, e *env, queue string, n int) {
 	}
 	dlqfill.Publish(t, e.rabbit.Conn, topology.DLQ(queue), n, func(i int) amqp091.Publishing {
 		pub := templates[i%4]
-		headers := make(amqp091.Table, len(pub.Headers))
+		h := make(amqp091.Table, len(pub.Headers))
 		for k, v := range pub.Headers {
-			headers[k] = v
+			h[k] = v
 		}
-		headers[amqp.UUIDHeader] = fmt.Sprintf("m-%05d", i)
-		pub.Headers = headers
+		h[headers.UUID] = fmt.Sprintf("m-%05d", i)
+		pub.Headers = h
 		return pub
 	})
 	require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == n }, 30*time.Second, 20*time.Millisecond)
@@ -266,7 +265,7 @@ func TestDLQCLIKilledMidRun(t *testing.T) {
 			assert.Contains(t, res.stdout, fmt.Sprintf("%s %d of %d messages", tc.verb, len(want)-moved, left))
 			var kept []string
 			for _, d := range peekQueue(t, e.rabbit, topology.DLQ(queue)) {
-				kept = append(kept, fmt.Sprint(d.Headers[amqp.UUIDHeader]))
+				kept = append(kept, fmt.Sprint(d.Headers[headers.UUID]))
 			}
 			// A run killed midway leaves the DLQ rotated: the messages it had not reached
 			// (given back at the head) before the ones it had published back to the tail.

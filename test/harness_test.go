@@ -95,9 +95,10 @@ func rabbitEnv(t testing.TB) *env {
 }
 
 func memoryEnv(t testing.TB) *env {
-	b := memory.New(memory.Config{Logger: testLogger()})
+	broker := router.Embedded(testLogger())
+	b := broker.(interface{ Embedded() *memory.Broker }).Embedded()
 	t.Cleanup(func() { _ = b.Close() })
-	return &env{name: "memory", broker: router.FromMemory(b), mem: b}
+	return &env{name: "memory", broker: broker, mem: b}
 }
 
 // onEachBroker runs scenario on RabbitMQ and on the embedded broker.

@@ -179,7 +179,7 @@ func propertyNamedHeaders() amqp091.Table {
 		amqp.MetadataContentType:     "text/csv",
 		amqp.MetadataType:            int32(7),
 		amqp.MetadataRoutingKey:      "forged",
-		amqp.MetadataHeaderTypes:     `{"amqp-type":"int8"}`,
+		headers.HeaderTypes:          `{"amqp-type":"int8"}`,
 		headers.MetadataPrefix + "x": "y",
 	}
 }

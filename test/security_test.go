@@ -31,6 +31,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/mask"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -170,7 +171,7 @@ func TestPasswordNeverInLogsOrErrors(t *testing.T) {
 		cctx, ccancel := context.WithTimeout(context.Background(), 15*time.Second)
 		_, err := amqp.New(cctx, amqp.Config{URLs: []string{u}, Logger: logger})
 		ccancel()
-		if assert.Error(t, err, "connect with %s must fail", amqp.MaskURL(u)) {
+		if assert.Error(t, err, "connect with %s must fail", mask.URL(u)) {
 			errs = append(errs, err.Error())
 		}
 	}
@@ -268,7 +269,7 @@ func TestMaskURLNeverShowsPassword(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := amqp.MaskURL(tt.url)
+			got := mask.URL(tt.url)
 			if tt.secret != "" {
 				assert.NotContains(t, got, tt.secret)
 			}

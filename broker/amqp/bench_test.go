@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/delaybench"
+	hdr "github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -159,7 +160,7 @@ func rawPublish(b *testing.B, prefix string) {
 		// Watermill's uuid header, a timestamp, persistent.
 		id := watermill.NewUUID()
 		return amqp091.Publishing{
-			Headers:      amqp091.Table{amqp.UUIDHeader: id},
+			Headers:      amqp091.Table{hdr.UUID: id},
 			MessageId:    id,
 			Timestamp:    time.Now().UTC().Truncate(time.Second),
 			DeliveryMode: amqp091.Persistent,

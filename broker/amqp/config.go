@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/internal/mask"
 )
 
@@ -24,9 +24,6 @@ const (
 	QueueQuorum QueueType = "quorum"
 )
 
-// DefaultURL is the URL used when Config.URLs is empty and AMQP_URL is unset.
-const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
-
 // defaultAckDelay is Config.AckDelay's zero value: short beside any handler, long enough
 // to gather the acks of a busy queue.
 const defaultAckDelay = time.Millisecond
@@ -34,11 +31,12 @@ const defaultAckDelay = time.Millisecond
 // ErrNoURL is returned when no broker URL is configured.
 var ErrNoURL = errors.New("amqp: no broker URL configured")
 
-// Config configures a Broker. The zero value connects to AMQP_URL (or DefaultURL) with
-// classic queues and a quorum delay cascade.
+// Config configures a Broker. The zero value connects to AMQP_URL (or
+// amqp://guest:guest@127.0.0.1:5672/) with classic queues and a quorum delay cascade.
 type Config struct {
 	// URLs are the nodes to connect to, tried in order and failed over between. Empty means
-	// AMQP_URL, which may itself hold a comma-separated list, else DefaultURL.
+	// AMQP_URL, which may itself hold a comma-separated list, else
+	// amqp://guest:guest@127.0.0.1:5672/.
 	URLs []string
 	// TLS is used for amqps:// URLs. Nil means the system roots with the URL's host name.
 	TLS *tls.Config
@@ -77,7 +75,7 @@ type Config struct {
 
 func (c *Config) setDefaults() error {
 	if len(c.URLs) == 0 {
-		c.URLs = SplitURLs(os.Getenv("AMQP_URL"))
+		c.URLs = amqpurl.Split(os.Getenv("AMQP_URL"))
 	}
 	if len(c.URLs) == 0 {
 		return ErrNoURL
@@ -85,15 +83,15 @@ func (c *Config) setDefaults() error {
 	for _, u := range c.URLs {
 		parsed, err := url.Parse(u)
 		if err != nil {
-			return fmt.Errorf("amqp: invalid broker URL %q", MaskURL(u))
+			return fmt.Errorf("amqp: invalid broker URL %q", maskURL(u))
 		}
 		if parsed.Scheme != "amqp" && parsed.Scheme != "amqps" {
-			return fmt.Errorf("amqp: broker URL %q: scheme must be amqp or amqps", MaskURL(u))
+			return fmt.Errorf("amqp: broker URL %q: scheme must be amqp or amqps", maskURL(u))
 		}
 		// "amqp:user:pass@host" (no "//") parses as an opaque URL without host or user,
 		// which amqp091 would dial as guest@localhost: a typo must not connect elsewhere.
 		if parsed.Opaque != "" {
-			return fmt.Errorf("amqp: broker URL %q: want %s://[user:password@]host[:port]/[vhost]", MaskURL(u), parsed.Scheme)
+			return fmt.Errorf("amqp: broker URL %q: want %s://[user:password@]host[:port]/[vhost]", maskURL(u), parsed.Scheme)
 		}
 	}
 	if c.QueueType == "" {
@@ -137,24 +135,9 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// SplitURLs reads an AMQP_URL value: one URL or a comma-separated list of nodes to fail
-// over between. Empty means DefaultURL.
-func SplitURLs(s string) []string {
-	var urls []string
-	for _, u := range strings.Split(s, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			urls = append(urls, u)
-		}
-	}
-	if len(urls) == 0 {
-		return []string{DefaultURL}
-	}
-	return urls
-}
-
-// MaskURL returns u with its password replaced by "xxxxx", for logs and errors; see
+// maskURL returns u with its password replaced by "xxxxx", for logs and errors; see
 // internal/mask.URL.
-func MaskURL(u string) string { return mask.URL(u) }
+func maskURL(u string) string { return mask.URL(u) }
 
 // maskErr returns err with its text masked by maskText, for errors amqp091-go builds from
 // a URL.

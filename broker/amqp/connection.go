@@ -87,10 +87,10 @@ func (c *connection) dialAny() (*amqp.Connection, error) {
 		conn, err := c.dial(u)
 		if err == nil {
 			c.next = idx
-			c.logger.Info("connected to RabbitMQ", "url", MaskURL(u), "connection", c.name)
+			c.logger.Info("connected to RabbitMQ", "url", maskURL(u), "connection", c.name)
 			return conn, nil
 		}
-		errs = append(errs, fmt.Errorf("connect to %s: %w", MaskURL(u), maskErr(err, c.urls)))
+		errs = append(errs, fmt.Errorf("connect to %s: %w", maskURL(u), maskErr(err, c.urls)))
 	}
 	return nil, errors.Join(errs...)
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// TestQuorumDLQHasNoReachableDeliveryLimit: a quorum DLQ is declared with NoDeliveryLimit,
+// TestQuorumDLQHasNoReachableDeliveryLimit: a quorum DLQ is declared with topology.NoDeliveryLimit,
 // and a quorum DLQ an earlier sluice declared without it is kept as it is.
 func TestQuorumDLQHasNoReachableDeliveryLimit(t *testing.T) {
 	cases := []struct {
@@ -42,7 +42,7 @@ func TestQuorumDLQHasNoReachableDeliveryLimit(t *testing.T) {
 			defer cancel()
 			require.NoError(t, b.DeclareQueue(ctx, queue))
 
-			want := amqp.DeadLetterQueueArgs(amqp.QueueQuorum, nil)
+			want := amqp091.Table(topology.DeadLetterArgs(string(amqp.QueueQuorum), nil))
 			if tc.existing != nil {
 				want = tc.existing
 			}
@@ -50,6 +50,6 @@ func TestQuorumDLQHasNoReachableDeliveryLimit(t *testing.T) {
 			assert.NoError(t, err, "Q.dlq has the arguments %v", want)
 		})
 	}
-	assert.Equal(t, int64(1<<31-1), amqp.DeadLetterQueueArgs(amqp.QueueQuorum, nil)["x-delivery-limit"])
-	assert.NotContains(t, amqp.DeadLetterQueueArgs(amqp.QueueClassic, nil), "x-delivery-limit")
+	assert.Equal(t, int64(1<<31-1), topology.DeadLetterArgs(string(amqp.QueueQuorum), nil)["x-delivery-limit"])
+	assert.NotContains(t, topology.DeadLetterArgs(string(amqp.QueueClassic), nil), "x-delivery-limit")
 }

@@ -43,7 +43,7 @@ func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) 
 	if headerFrameSize(*pub) > limit-reserve {
 		keys := make([]string, 0, len(pub.Headers))
 		for k := range pub.Headers {
-			if k != UUIDHeader {
+			if k != headers.UUID {
 				keys = append(keys, k)
 			}
 		}
@@ -71,8 +71,8 @@ func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) 
 		if size > limit-reserve {
 			// Only the id is left and it alone is too large (a frame_max near the AMQP
 			// minimum): the id still travels as the message-id property when it fits.
-			delete(pub.Headers, UUIDHeader)
-			dropped = append(dropped, UUIDHeader)
+			delete(pub.Headers, headers.UUID)
+			dropped = append(dropped, headers.UUID)
 		}
 	}
 	if len(dropped) == 0 && previous == "" {

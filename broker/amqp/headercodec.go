@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-go/sluice/internal/failure"
 )
 
-// typeKey is a header's name in the header-type record (MetadataHeaderTypes). That record is JSON, which
+// typeKey is a header's name in the header-type record (headers.HeaderTypes). That record is JSON, which
 // cannot hold invalid UTF-8 (it would become U+FFFD and no longer match the header), and
 // a header name is any byte string; such a name is recorded base64-encoded.
 func typeKey(k string) string {

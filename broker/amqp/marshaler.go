@@ -21,7 +21,7 @@ import (
 //     tables, arrays) becomes metadata in a text form — decimal numbers, "true"/"false",
 //     "value/scale" decimals, RFC 3339 times (Unix seconds for a year outside 0–9999),
 //     base64 bytes, JSON for tables and arrays — and its AMQP type is recorded in the
-//     MetadataHeaderTypes, so a republished copy carries the same type again.
+//     hdr.HeaderTypes, so a republished copy carries the same type again.
 //     A value a step rewrote so that it no longer fits that type is widened (an int8
 //     header set to "300" goes out as int64) or, when it is not a number at all, sent as a
 //     string; so is
@@ -58,7 +58,7 @@ type Marshaler struct {
 // out so that RabbitMQ accepts the result.
 func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	types := map[string]string{}
-	if raw := msg.Metadata.Get(MetadataHeaderTypes); raw != "" {
+	if raw := msg.Metadata.Get(hdr.HeaderTypes); raw != "" {
 		_ = json.Unmarshal([]byte(raw), &types) // unreadable types: send strings
 	}
 	headers := make(amqp.Table, len(msg.Metadata)+1)
@@ -114,17 +114,17 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 			}
 			continue
 		}
-		if readOnlyMetadata[k] || hdr.BrokerOwned(k) || k == UUIDHeader || k == hdr.Dropped {
+		if hdr.ReadOnly(k) || hdr.BrokerOwned(k) || k == hdr.UUID || k == hdr.Dropped {
 			continue
 		}
-		name, _ := HeaderName(k) // every key it refuses was handled above
+		name, _ := hdr.HeaderName(k) // every key it refuses was handled above
 		if len(name) > maxShortstr {
 			dropped = append(dropped, name)
 			continue
 		}
 		headers[name] = restoreHeader(v, types[typeKey(k)])
 	}
-	headers[UUIDHeader] = msg.UUID
+	headers[hdr.UUID] = msg.UUID
 	if pub.Timestamp.IsZero() {
 		pub.Timestamp = time.Now().UTC().Truncate(time.Second)
 	}
@@ -140,7 +140,7 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 
 func unmarshal(d amqp.Delivery) *message.Message {
 	id := ""
-	if v, ok := d.Headers[UUIDHeader].(string); ok && v != "" && len(v) <= maxShortstr {
+	if v, ok := d.Headers[hdr.UUID].(string); ok && v != "" && len(v) <= maxShortstr {
 		id = v
 	} else if d.MessageId != "" {
 		id = d.MessageId
@@ -151,7 +151,7 @@ func unmarshal(d amqp.Delivery) *message.Message {
 	md := make(message.Metadata, len(d.Headers)+8)
 	var types map[string]string // only foreign producers send typed headers
 	for name, v := range d.Headers {
-		if name == UUIDHeader {
+		if name == hdr.UUID {
 			continue
 		}
 		k := headerKey(name)
@@ -170,7 +170,7 @@ func unmarshal(d amqp.Delivery) *message.Message {
 	}
 	if len(types) > 0 {
 		b, _ := json.Marshal(types)
-		md[MetadataHeaderTypes] = string(b)
+		md[hdr.HeaderTypes] = string(b)
 	}
 	setIf := func(k, v string) {
 		if v != "" {

@@ -55,7 +55,7 @@ func (g *tableGen) str() string {
 
 // specialKeys are names the marshaler reads differently from other headers.
 var specialKeys = []string{
-	amqp.UUIDHeader, amqp.MetadataHeaderTypes, hdr.Dropped,
+	hdr.UUID, hdr.HeaderTypes, hdr.Dropped,
 	"x-death", "x-first-death-queue", "x-last-death-reason", "x-delivery-count", "x-received-from",
 	amqp.MetadataContentType, amqp.MetadataMessageID, amqp.MetadataPriority, amqp.MetadataTimestamp,
 	amqp.MetadataRoutingKey, amqp.MetadataDeliveryMode,
@@ -190,7 +190,7 @@ func FuzzMarshalerHeaders(f *testing.F) {
 			}
 		}
 		for k, in := range headers {
-			if k == amqp.UUIDHeader || k == hdr.Dropped || dropped[k] {
+			if k == hdr.UUID || k == hdr.Dropped || dropped[k] {
 				continue
 			}
 			out, present := pub.Headers[k]
@@ -207,9 +207,9 @@ func FuzzMarshalerHeaders(f *testing.F) {
 		}
 		checkProperties(t, d, pub)
 		// The type record is the marshaler's own; only a producer's header of that name travels.
-		_, sentRecord := headers[amqp.MetadataHeaderTypes]
+		_, sentRecord := headers[hdr.HeaderTypes]
 		noRecord := func(p amqp091.Publishing) {
-			if _, ok := p.Headers[amqp.MetadataHeaderTypes]; ok && !sentRecord {
+			if _, ok := p.Headers[hdr.HeaderTypes]; ok && !sentRecord {
 				t.Fatal("the header type record was published")
 			}
 		}
@@ -235,7 +235,7 @@ func FuzzMarshalerHeaders(f *testing.F) {
 func checkID(t *testing.T, d amqp091.Delivery, id string) {
 	t.Helper()
 	want := ""
-	if h, ok := d.Headers[amqp.UUIDHeader].(string); ok && h != "" && len(h) <= 255 {
+	if h, ok := d.Headers[hdr.UUID].(string); ok && h != "" && len(h) <= 255 {
 		want = h
 	} else if d.MessageId != "" {
 		want = d.MessageId

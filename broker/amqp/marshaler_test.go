@@ -178,12 +178,12 @@ func TestMarshalerHeadersWithoutRecordedTypeAreStrings(t *testing.T) {
 			msg := message.NewMessage("id-1", nil)
 			msg.Metadata.Set("n", "42")
 			if tt.types != "" {
-				msg.Metadata.Set(amqp.MetadataHeaderTypes, tt.types)
+				msg.Metadata.Set(headers.HeaderTypes, tt.types)
 			}
 			pub, err := amqp.Marshaler{}.Marshal(msg)
 			require.NoError(t, err)
 			assert.Equal(t, "42", pub.Headers["n"])
-			assert.NotContains(t, pub.Headers, amqp.MetadataHeaderTypes, "the type record is never published")
+			assert.NotContains(t, pub.Headers, headers.HeaderTypes, "the type record is never published")
 		})
 	}
 }
@@ -211,7 +211,7 @@ func TestMarshalerBrokerOwnedHeadersAreReadNotRepublished(t *testing.T) {
 		t.Run(tt.key, func(t *testing.T) {
 			msg, pub := roundTrip(t, amqp091.Delivery{Headers: amqp091.Table{tt.key: tt.value, "kept": "yes"}})
 			assert.Equal(t, tt.wantText, msg.Metadata.Get(tt.key), "readable as metadata")
-			assert.NotContains(t, msg.Metadata.Get(amqp.MetadataHeaderTypes), tt.key, "no type recorded for a header never republished")
+			assert.NotContains(t, msg.Metadata.Get(headers.HeaderTypes), tt.key, "no type recorded for a header never republished")
 			assert.NotContains(t, pub.Headers, tt.key, "never republished")
 			assert.Equal(t, "yes", pub.Headers["kept"])
 		})
@@ -226,12 +226,12 @@ func TestMarshalerMessageID(t *testing.T) {
 		want      string // "" means a generated id
 		generated bool
 	}{
-		{name: "Watermill header wins", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{amqp.UUIDHeader: "wm-id"}}, want: "wm-id"},
+		{name: "Watermill header wins", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{headers.UUID: "wm-id"}}, want: "wm-id"},
 		{name: "message-id property", delivery: amqp091.Delivery{MessageId: "prop-id"}, want: "prop-id"},
-		{name: "empty Watermill header falls back", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{amqp.UUIDHeader: ""}}, want: "prop-id"},
-		{name: "non-string Watermill header falls back", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{amqp.UUIDHeader: int64(7)}}, want: "prop-id"},
-		{name: "Watermill header too long for message-id falls back", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{amqp.UUIDHeader: long}}, want: "prop-id"},
-		{name: "Watermill header of 255 bytes is kept", delivery: amqp091.Delivery{Headers: amqp091.Table{amqp.UUIDHeader: long[:255]}}, want: long[:255]},
+		{name: "empty Watermill header falls back", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{headers.UUID: ""}}, want: "prop-id"},
+		{name: "non-string Watermill header falls back", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{headers.UUID: int64(7)}}, want: "prop-id"},
+		{name: "Watermill header too long for message-id falls back", delivery: amqp091.Delivery{MessageId: "prop-id", Headers: amqp091.Table{headers.UUID: long}}, want: "prop-id"},
+		{name: "Watermill header of 255 bytes is kept", delivery: amqp091.Delivery{Headers: amqp091.Table{headers.UUID: long[:255]}}, want: long[:255]},
 		{name: "neither: generated", delivery: amqp091.Delivery{}, generated: true},
 	}
 	for _, tt := range tests {
@@ -245,8 +245,8 @@ func TestMarshalerMessageID(t *testing.T) {
 				assert.Equal(t, tt.want, msg.UUID)
 			}
 			assert.Equal(t, msg.UUID, pub.MessageId, "the id is the published message-id")
-			assert.Equal(t, msg.UUID, pub.Headers[amqp.UUIDHeader], "and Watermill's header")
-			assert.NotContains(t, msg.Metadata, amqp.UUIDHeader, "the id header is not metadata")
+			assert.Equal(t, msg.UUID, pub.Headers[headers.UUID], "and Watermill's header")
+			assert.NotContains(t, msg.Metadata, headers.UUID, "the id header is not metadata")
 		})
 	}
 }
@@ -324,12 +324,12 @@ func TestMarshalerProperties(t *testing.T) {
 // Marshal's typing, and it travels on as the producer's header.
 func TestMarshalerIgnoresForeignHeaderTypesHeader(t *testing.T) {
 	msg, pub := roundTrip(t, amqp091.Delivery{Headers: amqp091.Table{
-		amqp.MetadataHeaderTypes: `{"n":"int8"}`,
-		"n":                      "300",
+		headers.HeaderTypes: `{"n":"int8"}`,
+		"n":                 "300",
 	}})
-	assert.Empty(t, msg.Metadata.Get(amqp.MetadataHeaderTypes))
+	assert.Empty(t, msg.Metadata.Get(headers.HeaderTypes))
 	assert.Equal(t, "300", pub.Headers["n"])
-	assert.Equal(t, `{"n":"int8"}`, pub.Headers[amqp.MetadataHeaderTypes])
+	assert.Equal(t, `{"n":"int8"}`, pub.Headers[headers.HeaderTypes])
 }
 
 // A producer's header may carry the name of a property key (a bridge that copies HTTP
@@ -409,7 +409,7 @@ func TestHeaderName(t *testing.T) {
 		{key: "x-death", name: "x-death", ok: true},
 		{key: amqp.MetadataContentType, ok: false},
 		{key: amqp.MetadataRoutingKey, ok: false},
-		{key: amqp.MetadataHeaderTypes, ok: false},
+		{key: headers.HeaderTypes, ok: false},
 		{key: headers.MetadataPrefix + amqp.MetadataContentType, name: amqp.MetadataContentType, ok: true},
 		{key: headers.MetadataPrefix + headers.MetadataPrefix + "x", name: headers.MetadataPrefix + "x", ok: true},
 		// Not a key Unmarshal makes (x needs no escape): a header of that very name.
@@ -417,7 +417,7 @@ func TestHeaderName(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.key, func(t *testing.T) {
-			name, ok := amqp.HeaderName(tt.key)
+			name, ok := headers.HeaderName(tt.key)
 			assert.Equal(t, tt.ok, ok)
 			assert.Equal(t, tt.name, name)
 		})
@@ -487,7 +487,7 @@ func TestMarshalerLeavesOutWhatAMQPCannotCarry(t *testing.T) {
 			for _, k := range tt.wantKept {
 				assert.Contains(t, pub.Headers, k)
 			}
-			assert.Equal(t, "id-1", pub.Headers[amqp.UUIDHeader], "the id always travels")
+			assert.Equal(t, "id-1", pub.Headers[headers.UUID], "the id always travels")
 
 			// A later copy keeps the record, and adds to it only what it drops itself.
 			again, _ := amqp.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: pub.Headers, MessageId: pub.MessageId})
@@ -502,7 +502,7 @@ func TestMarshalerLongMessageIDStaysInHeader(t *testing.T) {
 	pub, err := amqp.Marshaler{}.Marshal(message.NewMessage(id, nil))
 	require.NoError(t, err)
 	assert.Empty(t, pub.MessageId, "message-id is a short string: at most 255 bytes")
-	assert.Equal(t, id, pub.Headers[amqp.UUIDHeader])
+	assert.Equal(t, id, pub.Headers[headers.UUID])
 }
 
 // encodedHeaderFrame is the content header's payload size as AMQP 0-9-1 encodes pub,

@@ -43,24 +43,6 @@ const (
 // delayDigitWidth is how many bits digit j holds.
 func delayDigitWidth(j int) int { return min(delayDigitBits, DelayLevels-j*delayDigitBits) }
 
-// NoDeliveryLimit is the x-delivery-limit sluice gives the quorum queues that hold dead
-// letters (Q.dlq, Q.dlq.archive). Every read of such a queue returns its messages, and a
-// quorum queue counts each return as a delivery: RabbitMQ 4.x's default limit of 20 would
-// delete a dead letter read 20 times. -1, which 4.x reads as "no limit", makes RabbitMQ 3.x
-// drop every message at its first return (measured on 3.10), so sluice uses the largest
-// 32-bit value instead, which no number of reads reaches, on every version.
-const NoDeliveryLimit = 1<<31 - 1
-
-// DeadLetterQueueArgs returns the arguments of a queue of type qt that holds dead letters:
-// quorum ones get NoDeliveryLimit.
-func DeadLetterQueueArgs(qt QueueType, extra amqp.Table) amqp.Table {
-	args := queueArgs(qt, extra)
-	if qt == QueueQuorum {
-		args["x-delivery-limit"] = int64(NoDeliveryLimit)
-	}
-	return args
-}
-
 // delayEntryExchange is where a delay of units enters the cascade: the exchange of its
 // highest nonzero digit. Every digit above would only pass it on, and each exchange hop
 // costs the broker.
@@ -130,13 +112,13 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
-// declareDLQ declares the dead-letter queue dlq on ch (see DeadLetterQueueArgs). A quorum
+// declareDLQ declares the dead-letter queue dlq on ch (see topology.DeadLetterArgs). A quorum
 // DLQ declared by an earlier sluice without the delivery-limit argument cannot take it
 // (RabbitMQ refuses to change a queue's arguments and closes ch): it is kept as it is, on a
 // new channel, and a warning says how to lift its limit with a policy. It returns the
 // channel to go on with.
 func (b *Broker) declareDLQ(ctx context.Context, ch *amqp.Channel, dlq string) (*amqp.Channel, error) {
-	_, err := ch.QueueDeclare(dlq, true, false, false, false, DeadLetterQueueArgs(b.cfg.QueueType, nil))
+	_, err := ch.QueueDeclare(dlq, true, false, false, false, amqp.Table(topology.DeadLetterArgs(string(b.cfg.QueueType), nil)))
 	if err == nil {
 		return ch, nil
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/failover"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/outbox"
 	"github.com/sluice-go/sluice/router"
 )
@@ -32,7 +33,7 @@ func producerPublisher(ctx context.Context, cfg config, b router.Broker, logger 
 		// Connected in the background: the producer starts, publishing to the primary,
 		// whether or not the secondary can be reached now.
 		second, err := failover.Dial(failover.ClusterConfig{
-			AMQP: amqp.Config{URLs: amqp.SplitURLs(cfg.secondaryURL), Logger: logger, QueueType: amqp.QueueType(cfg.queueType)},
+			AMQP: amqp.Config{URLs: amqpurl.Split(cfg.secondaryURL), Logger: logger, QueueType: amqp.QueueType(cfg.queueType)},
 			OnConnect: func(ctx context.Context, b *amqp.Broker) error {
 				return b.DeclareQueue(ctx, cfg.queue)
 			},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/failover"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -28,7 +29,7 @@ type secondary struct {
 
 func newSecondary(cfg config, logger *slog.Logger, newStack func(router.Broker) (*router.Stack, error)) (*secondary, error) {
 	c, err := failover.Dial(failover.ClusterConfig{AMQP: amqp.Config{
-		URLs: amqp.SplitURLs(cfg.secondaryURL), Logger: logger, QueueType: amqp.QueueType(cfg.queueType),
+		URLs: amqpurl.Split(cfg.secondaryURL), Logger: logger, QueueType: amqp.QueueType(cfg.queueType),
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("secondary cluster: %w", err)

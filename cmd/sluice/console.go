@@ -14,9 +14,10 @@ import (
 
 	"github.com/sluice-go/sluice/internal/dlqwire"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 // defaultConsoleAddr keeps the console on this machine unless told otherwise.
@@ -80,7 +81,7 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 
 	amqpURL := e.getenv("AMQP_URL")
 	if amqpURL == "" {
-		amqpURL = amqp.DefaultURL
+		amqpURL = amqpurl.Default
 	}
 	urls := strings.Split(amqpURL, ",")
 	conn, err := dlqwire.Dial(urls...)
@@ -116,7 +117,7 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 	} else {
 		fmt.Fprintf(e.stdout, "sluice console: http://%s/ is reachable from other machines: every request must carry SLUICE_CONSOLE_TOKEN (Authorization: Bearer <token>, or ?token=<token> once in a browser)\n", ln.Addr())
 	}
-	fmt.Fprintf(e.stdout, "sluice console: RabbitMQ %s, Jaeger %s\n", amqp.MaskURL(strings.TrimSpace(urls[0])), orNone(jaegerURL))
+	fmt.Fprintf(e.stdout, "sluice console: RabbitMQ %s, Jaeger %s\n", mask.URL(strings.TrimSpace(urls[0])), orNone(jaegerURL))
 
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()

@@ -11,8 +11,8 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 )
 
 // dlqCommands are the subcommands of `sluice dlq`.
@@ -66,7 +66,7 @@ func newDLQFlags(e *env, name, synopsis, about string) *dlqFlags {
 			}
 			fmt.Fprintf(w, "  --%s%s\n    \t%s\n", fl.Name, typ, usage)
 		})
-		fmt.Fprintln(w, "\nRabbitMQ is reached at AMQP_URL (default "+amqp.DefaultURL+").")
+		fmt.Fprintln(w, "\nRabbitMQ is reached at AMQP_URL (default "+amqpurl.Default+").")
 		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found (or nothing selected).")
 	}
 	return f
@@ -121,7 +121,7 @@ func (f *dlqFlags) usageErrorf(format string, args ...any) error {
 
 // connect dials AMQP_URL (a comma-separated list is tried in order).
 func connect(e *env) (*amqp091.Connection, error) {
-	return dlqwire.Dial(amqp.SplitURLs(e.getenv("AMQP_URL"))...)
+	return dlqwire.Dial(amqpurl.Split(e.getenv("AMQP_URL"))...)
 }
 
 // inspect connects and runs read with an inspector on the environment's clock, reading

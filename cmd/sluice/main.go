@@ -26,7 +26,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/internal/mask"
 )
 
@@ -103,7 +103,7 @@ func dispatch(ctx context.Context, e *env, prog, about string, cmds []command, a
 			fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 		}
 		fmt.Fprintf(w, "\nRun '%s <command> -h' for a command's flags.\n", prog)
-		fmt.Fprintln(w, "RabbitMQ is reached at AMQP_URL (default "+amqp.DefaultURL+").")
+		fmt.Fprintln(w, "RabbitMQ is reached at AMQP_URL (default "+amqpurl.Default+").")
 		fmt.Fprintln(w, "Jaeger's query API is reached at JAEGER_QUERY_URL (default http://127.0.0.1:16686).")
 		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found (or nothing selected).")
 	}

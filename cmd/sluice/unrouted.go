@@ -10,8 +10,8 @@ import (
 
 	"github.com/sluice-go/sluice/internal/topology"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 )
 
 const unroutedAbout = `Events published to one of sluice's exchanges when no queue was bound for
@@ -46,7 +46,7 @@ func newUnroutedFlags(e *env, name, about string) *unroutedFlags {
 	f.fs.Usage = func() {
 		fmt.Fprintf(f.fs.Output(), "Usage: sluice dlq unrouted %s [flags]\n\n%s\n\nFlags:\n", name, about)
 		f.fs.PrintDefaults()
-		fmt.Fprintln(f.fs.Output(), "\nRabbitMQ is reached at AMQP_URL (default "+amqp.DefaultURL+").")
+		fmt.Fprintln(f.fs.Output(), "\nRabbitMQ is reached at AMQP_URL (default "+amqpurl.Default+").")
 	}
 	return f
 }

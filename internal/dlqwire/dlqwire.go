@@ -14,7 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	hdr "github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/mask"
 )
 
@@ -98,7 +98,7 @@ func PayloadText(payload []byte) (text, encoding string) {
 
 // MessageID returns the id of a delivery as Record.ID defines it.
 func MessageID(d amqp.Delivery) string {
-	if v, ok := d.Headers[sluiceamqp.UUIDHeader].(string); ok && v != "" {
+	if v, ok := d.Headers[hdr.UUID].(string); ok && v != "" {
 		return v
 	}
 	if d.MessageId != "" {

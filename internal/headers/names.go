@@ -1,5 +1,7 @@
 package headers
 
+import wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+
 // Header names sluice writes that are its own bookkeeping rather than what a handler reads;
 // moved from package sluice (their Header-prefixed names there). Values unchanged.
 const (
@@ -26,14 +28,22 @@ const (
 )
 
 // The marshaler's bookkeeping (package broker/amqp; see its Marshaler): moved from there
-// (MetadataHeaderPrefix, HeaderDroppedHeaders). Values unchanged.
+// (MetadataHeaderPrefix, HeaderDroppedHeaders, MetadataHeaderTypes, UUIDHeader), so that
+// all four live here. Values unchanged.
 const (
 	// MetadataPrefix keeps a producer's header whose name is taken by one of the property
 	// metadata keys (a header called "content-type", say, beside the content-type property)
 	// or itself starts with this prefix: it is metadata MetadataPrefix+name, and Marshal
-	// publishes that key as the header name again (see amqp.HeaderName).
+	// publishes that key as the header name again (see HeaderName).
 	MetadataPrefix = "amqp-header:"
 	// Dropped lists, comma-separated, the headers and properties Marshal had to leave out
 	// because AMQP cannot carry them.
 	Dropped = "x-dropped-headers"
+	// HeaderTypes is the metadata key that records the AMQP type of every header that was
+	// not a string, as a JSON object from the header's metadata key to type name, so
+	// Marshal can restore it. It is filled on consume and never published.
+	HeaderTypes = "sluice-header-types"
+	// UUID is Watermill's message id header (watermill-amqp's
+	// DefaultMessageUUIDHeaderKey), kept for interoperability.
+	UUID = wamqp.DefaultMessageUUIDHeaderKey
 )

@@ -67,6 +67,10 @@ func New(cfg Config) *Broker {
 	return b
 }
 
+// Embedded returns b itself: router.Embedded's broker embeds it, so sluice's own tests reach
+// the broker behind a router.Broker through an interface assertion.
+func (b *Broker) Embedded() *Broker { return b }
+
 // Name returns "memory".
 func (b *Broker) Name() string { return "memory" }
 

@@ -71,3 +71,27 @@ func DelayDigit(j int) string { return fmt.Sprintf("%sd%d", DelayExchangePrefix,
 
 // DelayDigitQueue returns the queue of digit j holding value v: sluice.delay.dJ.VV.
 func DelayDigitQueue(j, v int) string { return fmt.Sprintf("%sd%d.%02d", DelayExchangePrefix, j, v) }
+
+// NoDeliveryLimit is the x-delivery-limit sluice gives the quorum queues that hold dead
+// letters (Q.dlq, Q.dlq.archive). Every read of such a queue returns its messages, and a
+// quorum queue counts each return as a delivery: RabbitMQ 4.x's default limit of 20 would
+// delete a dead letter read 20 times. -1, which 4.x reads as "no limit", makes RabbitMQ 3.x
+// drop every message at its first return (measured on 3.10), so sluice uses the largest
+// 32-bit value instead, which no number of reads reaches, on every version. Moved from
+// broker/amqp.
+const NoDeliveryLimit = 1<<31 - 1
+
+// DeadLetterArgs returns the arguments of a queue of type queueType ("classic", "quorum")
+// that holds dead letters, with extra: quorum ones get NoDeliveryLimit. The broker declares
+// Q.dlq with them and package dlq the archives. Moved from broker/amqp
+// (DeadLetterQueueArgs).
+func DeadLetterArgs(queueType string, extra map[string]any) map[string]any {
+	args := map[string]any{"x-queue-type": queueType}
+	for k, v := range extra {
+		args[k] = v
+	}
+	if queueType == "quorum" {
+		args["x-delivery-limit"] = int64(NoDeliveryLimit)
+	}
+	return args
+}

@@ -20,8 +20,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/mask"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -38,7 +38,7 @@ const (
 func dial(t *testing.T, url string) *amqp091.Connection {
 	t.Helper()
 	conn, err := amqp091.Dial(url)
-	require.NoError(t, err, "connect to %s", amqp.MaskURL(url))
+	require.NoError(t, err, "connect to %s", mask.URL(url))
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
 }

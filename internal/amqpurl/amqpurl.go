@@ -1,0 +1,26 @@
+// Package amqpurl reads the broker URLs sluice connects to: the default URL and the
+// AMQP_URL value, one URL or a comma-separated list of nodes. The broker (broker/amqp's
+// Config) and the commands read AMQP_URL the same way through it. Masking a URL's password
+// is internal/mask's.
+package amqpurl
+
+import "strings"
+
+// Default is the URL used when Config.URLs is empty and AMQP_URL is unset (moved from
+// broker/amqp's DefaultURL).
+const Default = "amqp://guest:guest@127.0.0.1:5672/"
+
+// Split reads an AMQP_URL value: one URL or a comma-separated list of nodes to fail over
+// between. Empty means Default. Moved from broker/amqp's SplitURLs.
+func Split(s string) []string {
+	var urls []string
+	for _, u := range strings.Split(s, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		return []string{Default}
+	}
+	return urls
+}
