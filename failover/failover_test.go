@@ -23,7 +23,10 @@ func nodeURL(n *testenv.Node) string { return fmt.Sprintf("amqp://guest:guest@12
 
 func connect(t *testing.T, url, queue string) *amqp.Broker {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Generous: a node that has just started declares the cascade's 93 quorum queues
+	// (1.3-1.6 s on a warm node), and CI runs two test packages at once on two cores; one
+	// run spent more than 30 s here.
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{url}, Logger: quietLogger(), ReconnectMaxInterval: 500 * time.Millisecond})
 	require.NoError(t, err)
