@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
@@ -74,10 +73,7 @@ func (in *Instrumentation) flowFor(queue, handler string) *flow {
 	if f, ok := in.flows.Load(k); ok {
 		return f.(*flow)
 	}
-	startAttrs := []attribute.KeyValue{in.system, semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName("process")}
-	if queue != "" {
-		startAttrs = append(startAttrs, semconv.MessagingDestinationName(queue))
-	}
+	startAttrs := in.appendOperationAttrs(nil, semconv.MessagingOperationTypeProcess, "process", queue)
 	f := &flow{
 		queue:     queue,
 		handler:   handler,

@@ -281,17 +281,24 @@ var attrPool = sync.Pool{New: func() any {
 	return &s
 }}
 
-// appendMessageAttrs appends messageAttrs to attrs.
+// appendMessageAttrs appends messageAttrs to attrs: the operation's, then the message's.
 func (in *Instrumentation) appendMessageAttrs(attrs []attribute.KeyValue, op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
-	attrs = append(attrs,
-		in.system,
-		op,
-		semconv.MessagingOperationName(opName),
-		semconv.MessagingMessageBodySize(len(msg.Payload)),
-	)
+	return in.appendOwnAttrs(in.appendOperationAttrs(attrs, op, opName, destination), destination, msg)
+}
+
+// appendOperationAttrs appends the attributes of an operation on destination, the same for
+// every message of it: those a sampler may decide on.
+func (in *Instrumentation) appendOperationAttrs(attrs []attribute.KeyValue, op attribute.KeyValue, opName, destination string) []attribute.KeyValue {
+	attrs = append(attrs, in.system, op, semconv.MessagingOperationName(opName))
 	if destination != "" {
 		attrs = append(attrs, semconv.MessagingDestinationName(destination))
 	}
+	return attrs
+}
+
+// appendOwnAttrs appends the attributes that are msg's own: body size, id and routing key.
+func (in *Instrumentation) appendOwnAttrs(attrs []attribute.KeyValue, destination string, msg *message.Message) []attribute.KeyValue {
+	attrs = append(attrs, semconv.MessagingMessageBodySize(len(msg.Payload)))
 	if msg.UUID != "" {
 		attrs = append(attrs, semconv.MessagingMessageID(msg.UUID))
 	}

@@ -89,11 +89,14 @@ func (in *Instrumentation) messagingAttrs(k messagingKey) messagingOpts {
 	return o.(messagingOpts)
 }
 
-// recordProcessed records the duration in seconds of one attempt on queue; errType is empty when it
+// recordProcessed records the duration in seconds of one attempt of flow f; errType is empty when it
 // succeeded (whatever the outcome: a retry hand-off is a failed attempt).
-func (in *Instrumentation) recordProcessed(ctx context.Context, queue string, seconds float64, errType string) {
-	opt := in.messagingAttrs(messagingKey{op: opProcess, destination: queue, errType: in.errTypes.label(errType)})
-	in.mm.processDuration.Inst().Record(ctx, seconds, opt.rec...)
+func (in *Instrumentation) recordProcessed(ctx context.Context, f *flow, seconds float64, errType string) {
+	opts := f.processed // the success's set, kept by the flow
+	if errType != "" {
+		opts = in.messagingAttrs(messagingKey{op: opProcess, destination: f.queue, errType: in.errTypes.label(errType)}).rec
+	}
+	in.mm.processDuration.Inst().Record(ctx, seconds, opts...)
 }
 
 // recordSent records one publish of n messages to destination that took d and failed

@@ -183,11 +183,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow,
 	elapsed := time.Since(start).Seconds()
 	f.count(rep.Outcome)
 	in.duration.Record(ctx, elapsed, in.durationOpts(f, rep.Outcome)...)
-	if failedType == "" {
-		in.mm.processDuration.Inst().Record(ctx, elapsed, f.processed...)
-	} else {
-		in.recordProcessed(ctx, f.queue, elapsed, failedType)
-	}
+	in.recordProcessed(ctx, f, elapsed, failedType)
 	queue, handler, id := f.queue, f.handler, msg.UUID
 	plain := metricKey{queue: queue, handler: handler}
 	switch rep.Outcome {
@@ -206,16 +202,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow,
 // appendProcessAttrs appends the attributes of a consumer span that are the message's own,
 // those not in f.startOpts.
 func (in *Instrumentation) appendProcessAttrs(attrs []attribute.KeyValue, f *flow, msg *message.Message, attempt int) []attribute.KeyValue {
-	attrs = append(attrs, semconv.MessagingMessageBodySize(len(msg.Payload)))
-	if msg.UUID != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(msg.UUID))
-	}
-	if in.routingKey != nil {
-		if rk := in.routingKey(f.queue, msg); rk != "" {
-			attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(rk))
-		}
-	}
-	attrs = append(attrs, otelnames.AttrAttempt.Int(attempt))
+	attrs = append(in.appendOwnAttrs(attrs, f.queue, msg), otelnames.AttrAttempt.Int(attempt))
 	if f.handler != "" {
 		attrs = append(attrs, otelnames.AttrHandler.String(f.handler))
 	}

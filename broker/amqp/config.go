@@ -83,15 +83,15 @@ func (c *Config) setDefaults() error {
 	for _, u := range c.URLs {
 		parsed, err := url.Parse(u)
 		if err != nil {
-			return fmt.Errorf("amqp: invalid broker URL %q", maskURL(u))
+			return fmt.Errorf("amqp: invalid broker URL %q", mask.URL(u))
 		}
 		if parsed.Scheme != "amqp" && parsed.Scheme != "amqps" {
-			return fmt.Errorf("amqp: broker URL %q: scheme must be amqp or amqps", maskURL(u))
+			return fmt.Errorf("amqp: broker URL %q: scheme must be amqp or amqps", mask.URL(u))
 		}
 		// "amqp:user:pass@host" (no "//") parses as an opaque URL without host or user,
 		// which amqp091 would dial as guest@localhost: a typo must not connect elsewhere.
 		if parsed.Opaque != "" {
-			return fmt.Errorf("amqp: broker URL %q: want %s://[user:password@]host[:port]/[vhost]", maskURL(u), parsed.Scheme)
+			return fmt.Errorf("amqp: broker URL %q: want %s://[user:password@]host[:port]/[vhost]", mask.URL(u), parsed.Scheme)
 		}
 	}
 	if c.QueueType == "" {
@@ -134,10 +134,6 @@ func (c *Config) setDefaults() error {
 	}
 	return nil
 }
-
-// maskURL returns u with its password replaced by "xxxxx", for logs and errors; see
-// internal/mask.URL.
-func maskURL(u string) string { return mask.URL(u) }
 
 // maskErr returns err with its text masked by maskText, for errors amqp091-go builds from
 // a URL.

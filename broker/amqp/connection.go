@@ -13,6 +13,8 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 // ErrClosed is returned by operations on a closed broker.
@@ -87,10 +89,10 @@ func (c *connection) dialAny() (*amqp.Connection, error) {
 		conn, err := c.dial(u)
 		if err == nil {
 			c.next = idx
-			c.logger.Info("connected to RabbitMQ", "url", maskURL(u), "connection", c.name)
+			c.logger.Info("connected to RabbitMQ", "url", mask.URL(u), "connection", c.name)
 			return conn, nil
 		}
-		errs = append(errs, fmt.Errorf("connect to %s: %w", maskURL(u), maskErr(err, c.urls)))
+		errs = append(errs, fmt.Errorf("connect to %s: %w", mask.URL(u), maskErr(err, c.urls)))
 	}
 	return nil, errors.Join(errs...)
 }

@@ -1,5 +1,7 @@
 package amqp
 
+import hdr "github.com/sluice-go/sluice/internal/headers"
+
 // SetConsistentHashType makes DeclarePartitioned declare exchanges of type t, and returns
 // a function that restores the real type.
 func SetConsistentHashType(t string) (restore func()) {
@@ -11,7 +13,7 @@ func SetConsistentHashType(t string) (restore func()) {
 const AlternateExchangeArg = alternateExchangeArg
 const DefaultFrameMax = defaultFrameMax
 const MaxPartitionKeyBytes = maxPartitionKeyBytes
-const MetadataPriority = metadataPriority
-const MetadataDeliveryMode = metadataDeliveryMode
-const MetadataTimestamp = metadataTimestamp
-const MetadataMessageID = metadataMessageID
+const MetadataPriority = hdr.Priority
+const MetadataDeliveryMode = hdr.DeliveryMode
+const MetadataTimestamp = hdr.Timestamp
+const MetadataMessageID = hdr.MessageID

@@ -83,32 +83,32 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		case MetadataContentType:
 			pub.ContentType = shortstr(k, v)
 			continue
-		case metadataContentEncoding:
+		case hdr.ContentEncoding:
 			pub.ContentEncoding = shortstr(k, v)
 			continue
 		case MetadataCorrelationID:
 			pub.CorrelationId = shortstr(k, v)
 			continue
-		case metadataReplyTo:
+		case hdr.ReplyTo:
 			pub.ReplyTo = shortstr(k, v)
 			continue
 		case MetadataType:
 			pub.Type = shortstr(k, v)
 			continue
-		case metadataAppID:
+		case hdr.AppID:
 			pub.AppId = shortstr(k, v)
 			continue
-		case metadataPriority:
+		case hdr.Priority:
 			if p, err := strconv.ParseUint(v, 10, 8); err == nil {
 				pub.Priority = uint8(p)
 			}
 			continue
-		case metadataDeliveryMode:
+		case hdr.DeliveryMode:
 			if v == "1" {
 				pub.DeliveryMode = amqp.Transient
 			}
 			continue
-		case metadataTimestamp:
+		case hdr.Timestamp:
 			if t, ok := parseTimestamp(v); ok {
 				pub.Timestamp = t
 			}
@@ -178,22 +178,22 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		}
 	}
 	setIf(MetadataContentType, d.ContentType)
-	setIf(metadataContentEncoding, d.ContentEncoding)
+	setIf(hdr.ContentEncoding, d.ContentEncoding)
 	setIf(MetadataCorrelationID, d.CorrelationId)
-	setIf(metadataReplyTo, d.ReplyTo)
+	setIf(hdr.ReplyTo, d.ReplyTo)
 	setIf(MetadataType, d.Type)
-	setIf(metadataAppID, d.AppId)
-	setIf(metadataMessageID, d.MessageId)
+	setIf(hdr.AppID, d.AppId)
+	setIf(hdr.MessageID, d.MessageId)
 	setIf(MetadataRoutingKey, d.RoutingKey)
 	setIf(MetadataExchange, d.Exchange)
 	if d.Priority != 0 {
-		md[metadataPriority] = strconv.Itoa(int(d.Priority))
+		md[hdr.Priority] = strconv.Itoa(int(d.Priority))
 	}
 	if d.DeliveryMode != 0 {
-		md[metadataDeliveryMode] = strconv.Itoa(int(d.DeliveryMode))
+		md[hdr.DeliveryMode] = strconv.Itoa(int(d.DeliveryMode))
 	}
 	if !d.Timestamp.IsZero() {
-		md[metadataTimestamp] = timestampText(d.Timestamp)
+		md[hdr.Timestamp] = timestampText(d.Timestamp)
 	}
 	if d.Redelivered {
 		md[MetadataRedelivered] = "true"

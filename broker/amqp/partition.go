@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice/internal/mask"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -71,7 +72,7 @@ func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partition
 	if err := ch.ExchangeDeclare(exchange, consistentHashType, true, false, false, false, nil); err != nil {
 		var amqpErr *amqp.Error
 		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.CommandInvalid && strings.Contains(amqpErr.Reason, "exchange type") {
-			return fmt.Errorf("declare exchange %q of type %s on %s: %s: %w", exchange, consistentHashType, maskURL(url), amqpErr.Reason, ErrConsistentHashUnavailable)
+			return fmt.Errorf("declare exchange %q of type %s on %s: %s: %w", exchange, consistentHashType, mask.URL(url), amqpErr.Reason, ErrConsistentHashUnavailable)
 		}
 		return fmt.Errorf("declare exchange %q of type %s (an exchange of that name with another type exists?): %w", exchange, consistentHashType, err)
 	}
@@ -169,7 +170,7 @@ func (c *connection) dialSide(ctx context.Context) (*amqp.Connection, string, er
 		if err == nil {
 			return conn, u, nil
 		}
-		errs = append(errs, fmt.Errorf("connect to %s: %w", maskURL(u), maskErr(err, c.urls)))
+		errs = append(errs, fmt.Errorf("connect to %s: %w", mask.URL(u), maskErr(err, c.urls)))
 	}
 	return nil, "", errors.Join(errs...)
 }

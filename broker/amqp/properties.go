@@ -7,16 +7,9 @@ import hdr "github.com/sluice-go/sluice/internal/headers"
 // producer's properties. The content type uses the conventional "content-type" key, so a
 // handler that sets it on its output (as Watermill users do) gets the AMQP property.
 const (
-	MetadataContentType     = hdr.ContentType
-	metadataContentEncoding = hdr.ContentEncoding
-	MetadataCorrelationID   = hdr.CorrelationID
-	metadataReplyTo         = hdr.ReplyTo
-	MetadataType            = hdr.Type
-	metadataAppID           = hdr.AppID
-	metadataPriority        = hdr.Priority
-	metadataDeliveryMode    = hdr.DeliveryMode
-	metadataTimestamp       = hdr.Timestamp
-	metadataMessageID       = hdr.MessageID
+	MetadataContentType   = hdr.ContentType
+	MetadataCorrelationID = hdr.CorrelationID
+	MetadataType          = hdr.Type
 	// MetadataRoutingKey and MetadataExchange say where the delivery came from; read-only.
 	MetadataRoutingKey = hdr.RoutingKey
 	MetadataExchange   = hdr.Exchange
