@@ -6,12 +6,14 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/dlqfill"
@@ -141,6 +143,13 @@ func BenchmarkDLQ(b *testing.B) {
 		reportRate(b, c.msgs)
 	}
 	ctx := context.Background()
+	// gatewayBack sends the gateway_down dead letters (the selected quarter) back to q.
+	gatewayBack := func(q string, d amqp091.Delivery) string {
+		if d.Headers[sluice.HeaderErrorType] == "gateway_down" {
+			return q
+		}
+		return ""
+	}
 	lastGroup := func(*testing.B, string) dlq.Selector {
 		return dlq.Selector{Group: gatewayGroup} // a quarter of the DLQ
 	}
@@ -150,7 +159,7 @@ func BenchmarkDLQ(b *testing.B) {
 	}
 	cases := []benchCase{
 		// The selective case: n by group, a quarter of a DLQ four times larger.
-		{name: fmt.Sprintf("ReplayGroup%dOf%d", n, 4*n), total: 4 * n, msgs: n, prep: lastGroup, run: replay},
+		{name: fmt.Sprintf("ReplayGroup%dOf%d", n, 4*n), total: 4 * n, msgs: n, prep: lastGroup, run: replay, move: gatewayBack},
 		{name: fmt.Sprintf("List%d", n), total: n, msgs: n, read: true, run: func(q string, _ dlq.Selector) (int, error) {
 			k := 0
 			_, err := in.Messages(ctx, q, dlq.Selector{}, func(dlq.Record) bool { k++; return true })
@@ -174,14 +183,14 @@ func BenchmarkDLQ(b *testing.B) {
 		}},
 		{name: fmt.Sprintf("ReplayAll%d", n), total: n, msgs: n, run: func(q string, _ dlq.Selector) (int, error) {
 			return replay(q, dlq.Selector{All: true})
-		}},
+		}, move: func(q string, _ amqp091.Delivery) string { return q }},
 		{name: fmt.Sprintf("ReplayErrorType%dOf%d", n/4, n), total: n, msgs: n / 4, run: func(q string, _ dlq.Selector) (int, error) {
 			return replay(q, dlq.Selector{ErrorType: "gateway_down"})
-		}},
+		}, move: gatewayBack},
 		{name: fmt.Sprintf("ArchiveAll%d", n), total: n, msgs: n, run: func(q string, _ dlq.Selector) (int, error) {
 			res, err := op.Archive(ctx, q, dlq.Selector{All: true}, dlq.Options{})
 			return res.Moved, err
-		}},
+		}, move: func(q string, _ amqp091.Delivery) string { return topology.Archive(q) }},
 	}
 	// scan is the floor of a selective operation on a FIFO queue: a plain client consuming
 	// and acknowledging (prefetch 2,000, one multiple ack per 500) every message of the same
@@ -216,11 +225,73 @@ func BenchmarkDLQ(b *testing.B) {
 		}
 		reportRate(b, c.msgs)
 	}
+	// rawTx is the floor of a crash-safe move: a plain client doing what the operation does
+	// on the wire, with nothing of sluice's (no record parsed, no destination check, no
+	// header rewritten): one tx channel, prefetch 2,000, each message published to where
+	// c.move says (mandatory) or, skipped, back to the DLQ's tail, and acknowledged, a
+	// tx.commit every 500. Its rate counts the c.msgs moved messages.
+	rawTx := func(b *testing.B, c benchCase) {
+		for range b.N {
+			b.StopTimer()
+			q := fill(b, c.total)
+			if strings.HasPrefix(c.name, "Archive") {
+				declareArchive(b, r, q)
+			}
+			src := topology.DLQ(q)
+			ch, err := r.Conn.Channel()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := ch.Qos(2000, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			if err := ch.Tx(); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			ds, err := ch.Consume(src, "", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			moved := 0
+			for k := 1; k <= c.total; k++ {
+				d := <-ds
+				pub := amqp091.Publishing{Headers: d.Headers, ContentType: d.ContentType, DeliveryMode: d.DeliveryMode,
+					MessageId: d.MessageId, Timestamp: d.Timestamp, Body: d.Body}
+				dest, mandatory := c.move(q, d), true
+				if dest == "" {
+					dest, mandatory = src, false
+				} else {
+					moved++
+				}
+				if err := ch.Publish("", dest, mandatory, false, pub); err != nil {
+					b.Fatal(err)
+				}
+				if err := ch.Ack(d.DeliveryTag, false); err != nil {
+					b.Fatal(err)
+				}
+				if k%500 == 0 || k == c.total {
+					if err := ch.TxCommit(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.StopTimer()
+			_ = ch.Close()
+			if moved != c.msgs {
+				b.Fatalf("raw-tx moved %d messages, want %d", moved, c.msgs)
+			}
+		}
+		reportRate(b, c.msgs)
+	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			b.Run("raw", func(b *testing.B) { raw(b, c.msgs) })
 			if c.total > c.msgs {
 				b.Run("raw-scan", func(b *testing.B) { scan(b, c) })
+			}
+			if c.move != nil {
+				b.Run("raw-tx", func(b *testing.B) { rawTx(b, c) })
 			}
 			b.Run("sluice", func(b *testing.B) { each(b, c) })
 		})
@@ -234,6 +305,9 @@ type benchCase struct {
 	total, msgs int
 	// read: the operation leaves the queue as it was, so its queue is filled once.
 	read bool
+	// move, for a replay or an archive, says where the raw-tx reference sends a message
+	// of queue q's DLQ: its destination, or "" for the message the operation skips.
+	move func(q string, d amqp091.Delivery) string
 	prep func(b *testing.B, q string) dlq.Selector
 	run  func(q string, sel dlq.Selector) (int, error)
 }
@@ -275,4 +349,20 @@ func watchHeap() func() float64 {
 		defer mu.Unlock()
 		return float64(peak) / (1 << 20)
 	}
+}
+
+// declareArchive declares q's archive as an archive run does (classic, the default
+// retention as its TTL), deleted when b ends.
+func declareArchive(b *testing.B, r *testenv.Rabbit, q string) {
+	b.Helper()
+	ch, err := r.Conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ch.Close()
+	args := amqp091.Table(topology.DeadLetterArgs("classic", map[string]any{"x-message-ttl": dlq.DefaultRetention.Milliseconds()}))
+	if _, err := ch.QueueDeclare(topology.Archive(q), true, false, false, false, args); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.DeleteQueues(topology.Archive(q)) })
 }

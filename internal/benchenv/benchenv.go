@@ -81,7 +81,7 @@ func ReportRate(b *testing.B) {
 // exchange on ch, a channel in confirm mode, mandatory, with up to window confirms
 // outstanding: the raw amqp091-go ceiling. It returns once every confirm arrived, with how
 // many were nacks.
-func PublishPipelined(b *testing.B, ch *amqp091.Channel, queue string, n, window int, msg func(i int) amqp091.Publishing) (nacked int) {
+func PublishPipelined(b testing.TB, ch *amqp091.Channel, queue string, n, window int, msg func(i int) amqp091.Publishing) (nacked int) {
 	b.Helper()
 	pending := make(chan *amqp091.DeferredConfirmation, max(window-1, 0))
 	counted := make(chan int)
