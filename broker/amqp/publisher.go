@@ -72,7 +72,12 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 
 // PublishTo publishes messages to exchange with routingKey and waits for their confirms.
 func (p *Publisher) PublishTo(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error {
-	pubs := make([]amqp.Publishing, len(messages))
+	// A hand-off publishes one message: its publishing stays on the stack.
+	var one [1]amqp.Publishing
+	pubs := one[:]
+	if len(messages) != 1 {
+		pubs = make([]amqp.Publishing, len(messages))
+	}
 	// A header frame over the negotiated frame_max closes the connection: fit to that.
 	marshaler := Marshaler{FrameMax: p.conn.frameMax()}
 	for i, m := range messages {
