@@ -4,6 +4,7 @@
 package headers
 
 import (
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -69,6 +70,17 @@ func BrokerOwned(key string) bool {
 		return true
 	}
 	return strings.HasPrefix(key, "x-first-death-") || strings.HasPrefix(key, "x-last-death-")
+}
+
+// CopyWithRoom is msg.CopyWithContext with room for extra more metadata entries: Watermill's
+// copy fills a map made without a size, which grows (and allocates) several times on the
+// way, and the copy then grows again for the failure record a step adds.
+func CopyWithRoom(msg *message.Message, extra int) *message.Message {
+	c := message.NewMessage(msg.UUID, msg.Payload)
+	c.Metadata = make(message.Metadata, len(msg.Metadata)+extra)
+	maps.Copy(c.Metadata, msg.Metadata)
+	c.SetContext(msg.Context())
+	return c
 }
 
 // Failure is one failed attempt, as StampFailure records it.
