@@ -107,12 +107,18 @@ type Failure struct {
 func StampFailure(md, prev message.Metadata, f Failure) {
 	errType := sluice.ErrorType(f.Err)
 	md.Set(sluice.HeaderRetryCount, strconv.Itoa(f.RetryCount))
+	// A first failure is also the last: its time is formatted once.
+	now := failure.FormatTime(f.Now)
 	if !f.First.IsZero() {
-		md.Set(FirstFailureTime, failure.FormatTime(f.First))
+		first := now
+		if f.First != f.Now {
+			first = failure.FormatTime(f.First)
+		}
+		md.Set(FirstFailureTime, first)
 	} else if _, ok := failure.Time(prev, FirstFailureTime, f.Now); !ok {
-		md.Set(FirstFailureTime, failure.FormatTime(f.Now))
+		md.Set(FirstFailureTime, now)
 	}
-	md.Set(LastFailureTime, failure.FormatTime(f.Now))
+	md.Set(LastFailureTime, now)
 	md.Set(sluice.HeaderLastError, errType)
 	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(f.Err), failure.MaxErrorMessageBytes))
 	if md.Get(sluice.HeaderOriginalQueue) == "" {
