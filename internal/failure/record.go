@@ -81,8 +81,8 @@ func AppendHistory(md message.Metadata, e HistoryEntry) string {
 	if len(old) >= MaxHistoryEntries {
 		old = old[len(old)-MaxHistoryEntries+1:]
 	}
-	// Five entries of two truncated strings fit, unless their characters need escaping.
-	var buf [1024]byte
+	// Room for a few entries with short texts; a longer history grows onto the heap.
+	var buf [512]byte
 	b := append(buf[:0], '[')
 	for _, o := range old {
 		var ok bool
