@@ -127,8 +127,7 @@ func ErrorType(err error) string {
 	if err == nil {
 		return ""
 	}
-	var typed TypedError
-	if errors.As(err, &typed) {
+	if typed, ok := typedError(err); ok {
 		return typed.ErrorType()
 	}
 	if _, ok := PanicStack(err); ok {
@@ -238,6 +237,47 @@ func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
 		return *pp, true
 	}
 	return middleware.RecoveredPanicError{}, false
+}
+
+// typedError is errors.As(err, &typed) for a TypedError. As recoveredPanic, it walks the
+// chain itself first: As's target escapes, an allocation per call, and the retry path
+// names each failed attempt's error type twice.
+func typedError(err error) (TypedError, bool) {
+	if typed, found := findTyped(err); found != panicAskAs {
+		return typed, found == panicFound
+	}
+	var typed TypedError // escapes: only on this path
+	if errors.As(err, &typed) {
+		return typed, true
+	}
+	return nil, false
+}
+
+// findTyped walks err's chain in errors.As's order (depth first) up to the first TypedError
+// or As method; it answers as findPanic does.
+func findTyped(err error) (TypedError, int) {
+	for err != nil {
+		if typed, ok := err.(TypedError); ok {
+			return typed, panicFound
+		}
+		if _, ok := err.(interface{ As(any) bool }); ok {
+			return nil, panicAskAs
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if typed, found := findTyped(e); found != panicNone {
+					return typed, found
+				}
+			}
+			return nil, panicNone
+		default:
+			return nil, panicNone
+		}
+	}
+	return nil, panicNone
 }
 
 // What findPanic found in a chain.

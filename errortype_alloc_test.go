@@ -57,3 +57,21 @@ func TestErrorMessageOfAPlainErrorAllocatesNothing(t *testing.T) {
 	assert.Equal(t, "charge: card declined", sluice.ErrorMessage(err))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = sluice.ErrorMessage(err) }))
 }
+
+// The retry path names each failed attempt's error type twice (failure record, span): for
+// a typed or a plain error it must not allocate.
+func TestErrorTypeAllocatesNothing(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("charge: %w", errors.New("card declined")),
+		fmt.Errorf("charge: %w", typedDecline{}),
+	} {
+		_ = sluice.ErrorType(err)
+		assert.Zero(t, testing.AllocsPerRun(100, func() { _ = sluice.ErrorType(err) }), err.Error())
+	}
+	assert.Equal(t, "card_declined", sluice.ErrorType(fmt.Errorf("charge: %w", typedDecline{})))
+}
+
+type typedDecline struct{}
+
+func (typedDecline) Error() string     { return "card declined" }
+func (typedDecline) ErrorType() string { return "card_declined" }

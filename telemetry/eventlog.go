@@ -47,7 +47,8 @@ type eventLog struct {
 	limit   LogLimit
 	now     func() time.Time
 	dropped metric.Int64Counter
-	attrs   map[string]metric.MeasurementOption
+	// attrs are each event's option as the slice Add takes: one built per call allocates.
+	attrs map[string][]metric.AddOption
 
 	mu          sync.Mutex
 	windowStart time.Time
@@ -70,14 +71,14 @@ func (in *Instrumentation) createEventLog(logger *slog.Logger, limit LogLimit) e
 		limit:   limit.withDefaults(),
 		now:     time.Now,
 		dropped: c,
-		attrs: map[string]metric.MeasurementOption{
-			string(report.OutcomeRetry):      metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeRetry))),
-			string(report.OutcomeDeadLetter): metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeDeadLetter))),
+		attrs: map[string][]metric.AddOption{
+			string(report.OutcomeRetry):      {metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeRetry)))},
+			string(report.OutcomeDeadLetter): {metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeDeadLetter)))},
 		},
 	}
 	// Both series exist from the start, at 0, so a dashboard or alert reads 0, not nothing.
-	for _, opt := range in.events.attrs {
-		c.Add(context.Background(), 0, opt)
+	for _, opts := range in.events.attrs {
+		c.Add(context.Background(), 0, opts...)
 	}
 	return nil
 }
@@ -107,7 +108,7 @@ func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep re
 			slog.Int64("dropped", summary), slog.Int("limit_lines", l.limit.Lines), slog.Duration("limit_interval", l.limit.Interval))
 	}
 	if !ok {
-		l.dropped.Add(ctx, 1, l.attrs[string(rep.Outcome)])
+		l.dropped.Add(ctx, 1, l.attrs[string(rep.Outcome)]...)
 		return
 	}
 	attrs := []slog.Attr{

@@ -1,7 +1,7 @@
 package telemetry
 
 import (
-	"fmt"
+	"reflect"
 
 	"go.opentelemetry.io/otel/attribute"
 
@@ -14,13 +14,28 @@ import (
 // recordError adds the exception event span.RecordError would, with the failure record's
 // message: a recovered panic reads "panic: <value>" and its stack goes to
 // exception.stacktrace, instead of the whole stack in exception.message.
+//
+// The type is %T's text, read from reflect as fmt does but without formatting a new string,
+// and the slice is attrPool's: the SDK's event copies its attributes.
 func recordError(span trace.Span, err error) {
-	attrs := []attribute.KeyValue{
-		semconv.ExceptionType(fmt.Sprintf("%T", err)),
+	buf := attrPool.Get().(*[]attribute.KeyValue)
+	attrs := append((*buf)[:0],
+		semconv.ExceptionType(typeName(err)),
 		semconv.ExceptionMessage(sluice.ErrorMessage(err)),
-	}
+	)
 	if stack, ok := sluice.PanicStack(err); ok {
 		attrs = append(attrs, semconv.ExceptionStacktrace(stack))
 	}
 	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(attrs...))
+	clear(attrs) // the pool must not keep the error's strings alive
+	*buf = attrs[:0]
+	attrPool.Put(buf)
+}
+
+// typeName is fmt's %T of v.
+func typeName(v any) string {
+	if v == nil {
+		return "<nil>"
+	}
+	return reflect.TypeOf(v).String()
 }

@@ -45,6 +45,9 @@ func (in *Instrumentation) WrapDeadLetterer(d DeadLetterer) DeadLetterer {
 	return &deadLetterer{in: in, next: d}
 }
 
+// delaySpanName is every retry hand-off's span name, built once.
+var delaySpanName = spanName("send", topology.DelayDestination)
+
 type delayer struct {
 	in   *Instrumentation
 	next Delayer
@@ -64,7 +67,7 @@ func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, 
 		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
 	*buf = attrs // a longer slice, if the appends outgrew it, goes back to the pool
-	return d.in.handOff(ctx, spanName("send", topology.DelayDestination), topology.DelayDestination, msg, attrs, func(ctx context.Context) error {
+	return d.in.handOff(ctx, delaySpanName, topology.DelayDestination, msg, attrs, func(ctx context.Context) error {
 		return d.next.Delay(ctx, queue, delay, msg)
 	})
 }

@@ -86,8 +86,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		// go on in finish, and only if the span records: an unsampled attempt builds none.
 		ctx, span := in.tracer.Start(parent, f.spanName, f.startOpts...)
 
-		reporter := new(report.Reporter)
-		ctx = report.WithReporter(ctx, reporter)
+		ctx, reporter := report.NewContext(ctx)
 		msg.SetContext(ctx)
 
 		f.consumed.n.Add(1)

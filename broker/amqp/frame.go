@@ -28,6 +28,9 @@ const (
 	maxDroppedList = 1024
 	// maxDroppedName bounds one name in headers.Dropped.
 	maxDroppedName = 64
+	// droppedReserve is room for the record of what was dropped, which is itself bounded:
+	// the entry of a string header (fieldSize's 5 + length) of maxDroppedList bytes.
+	droppedReserve = 1 + len(headers.Dropped) + 5 + maxDroppedList
 )
 
 // fit drops the largest headers until pub's content header fits in one frame, and records
@@ -38,8 +41,7 @@ func (m Marshaler) fit(pub *amqp.Publishing, previous string, dropped []string) 
 		frameMax = defaultFrameMax
 	}
 	limit := frameMax - frameOverhead
-	// Room for the record of what was dropped, which is itself bounded.
-	reserve := 1 + len(headers.Dropped) + fieldSize(strings.Repeat("x", maxDroppedList))
+	reserve := droppedReserve
 	if headerFrameSize(*pub) > limit-reserve {
 		keys := make([]string, 0, len(pub.Headers))
 		for k := range pub.Headers {

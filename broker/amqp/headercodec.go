@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -115,7 +116,22 @@ func timestampText(t time.Time) string {
 	if y := t.UTC().Year(); y < 0 || y > 9999 {
 		return strconv.FormatInt(t.Unix(), 10)
 	}
-	return t.UTC().Format(time.RFC3339)
+	// Deliveries published in the same second share the text (which depends on the
+	// second alone); formatting it is an allocation per delivery.
+	sec := t.Unix()
+	lastTimestamp.Lock()
+	defer lastTimestamp.Unlock()
+	if lastTimestamp.text == "" || lastTimestamp.sec != sec {
+		lastTimestamp.sec, lastTimestamp.text = sec, t.UTC().Format(time.RFC3339)
+	}
+	return lastTimestamp.text
+}
+
+// lastTimestamp is the last second timestampText formatted.
+var lastTimestamp struct {
+	sync.Mutex
+	sec  int64
+	text string
 }
 
 // parseTimestamp reads what timestampText writes (and any RFC 3339 time a step wrote).

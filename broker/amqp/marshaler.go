@@ -57,10 +57,7 @@ type Marshaler struct {
 // Marshal builds the publishing for msg. It never fails; see Marshaler for what it leaves
 // out so that RabbitMQ accepts the result.
 func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
-	types := map[string]string{}
-	if raw := msg.Metadata.Get(hdr.HeaderTypes); raw != "" {
-		_ = json.Unmarshal([]byte(raw), &types) // unreadable types: send strings
-	}
+	types := headerTypes(msg.Metadata.Get(hdr.HeaderTypes))
 	headers := make(amqp.Table, len(msg.Metadata)+1)
 	pub := amqp.Publishing{
 		DeliveryMode: amqp.Persistent,
@@ -133,6 +130,37 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	return pub, nil
 }
 
+// headerTypes reads the header-type record raw. Only a foreign producer's typed headers
+// have one, so without it no map is made: a nil map reads as every header a string.
+func headerTypes(raw string) map[string]string {
+	if raw == "" {
+		return nil
+	}
+	types := map[string]string{}
+	_ = json.Unmarshal([]byte(raw), &types) // unreadable types: send strings
+	return types
+}
+
+// metadataSize is about how many metadata entries unmarshal makes of d: a map sized for
+// more costs a larger table (one of up to eight entries is a single group), and one sized
+// for fewer grows while it is filled. The id header, which sluice's messages carry and
+// metadata does not keep, leaves room for the header-type record.
+func metadataSize(d *amqp.Delivery) int {
+	n := len(d.Headers)
+	for _, s := range [...]string{d.ContentType, d.ContentEncoding, d.CorrelationId, d.ReplyTo,
+		d.Type, d.AppId, d.MessageId, d.RoutingKey, d.Exchange} {
+		if s != "" {
+			n++
+		}
+	}
+	for _, set := range [...]bool{d.Priority != 0, d.DeliveryMode != 0, !d.Timestamp.IsZero(), d.Redelivered} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
 // Unmarshal builds a Watermill message from a delivery. It never fails.
 func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	return unmarshal(d), nil
@@ -148,7 +176,7 @@ func unmarshal(d amqp.Delivery) *message.Message {
 		id = watermill.NewUUID()
 	}
 	msg := message.NewMessage(id, d.Body)
-	md := make(message.Metadata, len(d.Headers)+8)
+	md := make(message.Metadata, metadataSize(&d))
 	var types map[string]string // only foreign producers send typed headers
 	for name, v := range d.Headers {
 		if name == hdr.UUID {

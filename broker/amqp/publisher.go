@@ -72,7 +72,12 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 
 // PublishTo publishes messages to exchange with routingKey and waits for their confirms.
 func (p *Publisher) PublishTo(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error {
-	pubs := make([]amqp.Publishing, len(messages))
+	// A hand-off publishes one message: its publishing stays on the stack.
+	var one [1]amqp.Publishing
+	pubs := one[:]
+	if len(messages) != 1 {
+		pubs = make([]amqp.Publishing, len(messages))
+	}
 	// A header frame over the negotiated frame_max closes the connection: fit to that.
 	marshaler := Marshaler{FrameMax: p.conn.frameMax()}
 	for i, m := range messages {
@@ -97,7 +102,7 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 		if err != nil {
 			return fmt.Errorf("publish to exchange %q key %q: %w", exchange, routingKey, err)
 		}
-		waits := make([]<-chan error, len(pending))
+		waits := make([]*inflight, len(pending))
 		for i := range pending {
 			w, err := cc.publish(ctx, exchange, routingKey, pending[i])
 			if err != nil && !errors.Is(err, errChannelLost) {
@@ -121,7 +126,8 @@ func (p *Publisher) publishRaw(ctx context.Context, exchange, routingKey string,
 				continue
 			}
 			select {
-			case err := <-w:
+			case err := <-w.result:
+				w.release()
 				switch {
 				case err == nil:
 				case errors.Is(err, errChannelLost):
@@ -240,7 +246,25 @@ type confirmChannel struct {
 type inflight struct {
 	exchange, key, messageID string
 	returned                 bool
-	result                   chan error
+	result                   chan error // receives the one result
+}
+
+// inflightPool recycles a publish's record and result channel, three allocations per
+// publish otherwise.
+var inflightPool = sync.Pool{New: func() any { return &inflight{result: make(chan error, 1)} }}
+
+func newInflight(exchange, key, messageID string) *inflight {
+	f := inflightPool.Get().(*inflight)
+	f.exchange, f.key, f.messageID, f.returned = exchange, key, messageID, false
+	return f
+}
+
+// release recycles f once its result was received: nothing holds it then, since a
+// record leaves pending before its one result is sent. One whose result was never
+// received (its publish gave up waiting) may still be sent to, and is not released.
+func (f *inflight) release() {
+	f.exchange, f.key, f.messageID = "", "", ""
+	inflightPool.Put(f)
 }
 
 func newConfirmChannel(ch *amqp.Channel) (*confirmChannel, error) {
@@ -359,11 +383,13 @@ func (cc *confirmChannel) failAll(reason error) {
 	}
 }
 
-func (cc *confirmChannel) publish(ctx context.Context, exchange, key string, pub amqp.Publishing) (<-chan error, error) {
+// publish sends pub and returns its in-flight record, whose result channel receives the
+// confirm's verdict.
+func (cc *confirmChannel) publish(ctx context.Context, exchange, key string, pub amqp.Publishing) (*inflight, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	f := &inflight{exchange: exchange, key: key, messageID: pub.MessageId, result: make(chan error, 1)}
+	f := newInflight(exchange, key, pub.MessageId)
 	cc.pubMu.Lock()
 	defer cc.pubMu.Unlock()
 	cc.mu.Lock()
@@ -378,12 +404,13 @@ func (cc *confirmChannel) publish(ctx context.Context, exchange, key string, pub
 		cc.mu.Lock()
 		delete(cc.pending, seq)
 		cc.mu.Unlock()
+		// Not released: the channel may have failed it (failAll) before the delete.
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, ctxErr
 		}
 		return nil, errChannelLost
 	}
-	return f.result, nil
+	return f, nil
 }
 
 func (cc *confirmChannel) isClosed() bool {

@@ -216,13 +216,15 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	}()
 	acks := newAcker(ch, (opts.Prefetch-opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
 	back := &returns{changed: st.Changed}
+	// Every message's context is a child of this one, built once and not per delivery.
+	msgBase := context.WithoutCancel(ctx)
 	var workers sync.WaitGroup
 	for i := 0; i < opts.Concurrency; i++ {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
 			for d := range deliveries {
-				s.handle(ctx, d, out, acks, closed, back)
+				s.handle(ctx, msgBase, d, out, acks, closed, back)
 			}
 		}()
 	}
@@ -272,11 +274,12 @@ func closedErr(e *amqp.Error) error {
 	return fmt.Errorf("delivery channel closed: %w", e)
 }
 
-// handle hands one delivery out and settles it with RabbitMQ.
-func (s *Subscriber) handle(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, acks *acker, chClosed <-chan struct{}, back *returns) {
+// handle hands one delivery out and settles it with RabbitMQ. msgBase is ctx without its
+// cancellation, the parent of the message's context.
+func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out chan<- *message.Message, acks *acker, chClosed <-chan struct{}, back *returns) {
 	gateChanged := back.changed
 	msg := unmarshal(d)
-	msgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	msgCtx, cancel := context.WithCancel(msgBase)
 	defer cancel()
 	msg.SetContext(msgCtx)
 

@@ -23,6 +23,7 @@ func Handoff(err error) error {
 
 // IsHandoff reports whether err is a failed hand-off somewhere in its chain.
 func IsHandoff(err error) bool {
-	var h *HandoffError
-	return errors.As(err, &h)
+	// AsType, not As: As's target escapes, an allocation on every failed attempt.
+	_, ok := errors.AsType[*HandoffError](err)
+	return ok
 }

@@ -4,6 +4,7 @@
 package headers
 
 import (
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -71,6 +72,17 @@ func BrokerOwned(key string) bool {
 	return strings.HasPrefix(key, "x-first-death-") || strings.HasPrefix(key, "x-last-death-")
 }
 
+// CopyWithRoom is msg.CopyWithContext with room for extra more metadata entries: Watermill's
+// copy fills a map made without a size, which grows (and allocates) several times on the
+// way, and the copy then grows again for the failure record a step adds.
+func CopyWithRoom(msg *message.Message, extra int) *message.Message {
+	c := message.NewMessage(msg.UUID, msg.Payload)
+	c.Metadata = make(message.Metadata, len(msg.Metadata)+extra)
+	maps.Copy(c.Metadata, msg.Metadata)
+	c.SetContext(msg.Context())
+	return c
+}
+
 // Failure is one failed attempt, as StampFailure records it.
 type Failure struct {
 	// Queue is the queue the message was consumed from; x-original-queue keeps the first.
@@ -95,12 +107,18 @@ type Failure struct {
 func StampFailure(md, prev message.Metadata, f Failure) {
 	errType := sluice.ErrorType(f.Err)
 	md.Set(sluice.HeaderRetryCount, strconv.Itoa(f.RetryCount))
+	// A first failure is also the last: its time is formatted once.
+	now := failure.FormatTime(f.Now)
 	if !f.First.IsZero() {
-		md.Set(FirstFailureTime, failure.FormatTime(f.First))
+		first := now
+		if f.First != f.Now {
+			first = failure.FormatTime(f.First)
+		}
+		md.Set(FirstFailureTime, first)
 	} else if _, ok := failure.Time(prev, FirstFailureTime, f.Now); !ok {
-		md.Set(FirstFailureTime, failure.FormatTime(f.Now))
+		md.Set(FirstFailureTime, now)
 	}
-	md.Set(LastFailureTime, failure.FormatTime(f.Now))
+	md.Set(LastFailureTime, now)
 	md.Set(sluice.HeaderLastError, errType)
 	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(f.Err), failure.MaxErrorMessageBytes))
 	if md.Get(sluice.HeaderOriginalQueue) == "" {

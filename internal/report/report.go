@@ -64,6 +64,26 @@ func WithReporter(ctx context.Context, r *Reporter) context.Context {
 	return context.WithValue(ctx, reporterKey{}, r)
 }
 
+// NewContext returns ctx carrying a new Reporter, and that Reporter. The two are one
+// allocation, where WithReporter's context and its Reporter are two, on every attempt.
+func NewContext(ctx context.Context) (context.Context, *Reporter) {
+	c := &reporterContext{Context: ctx}
+	return c, &c.r
+}
+
+// reporterContext is context.WithValue(ctx, reporterKey{}, &r) with r inside it.
+type reporterContext struct {
+	context.Context
+	r Reporter
+}
+
+func (c *reporterContext) Value(key any) any {
+	if _, ok := key.(reporterKey); ok {
+		return &c.r
+	}
+	return c.Context.Value(key)
+}
+
 // ReportOutcome records rep in the Reporter carried by ctx, if there is one.
 func ReportOutcome(ctx context.Context, rep Report) {
 	if r, ok := ctx.Value(reporterKey{}).(*Reporter); ok {

@@ -17,6 +17,10 @@ type failedMessages struct {
 
 	mu   sync.Mutex
 	seen map[string]time.Time // message id -> when its failure was counted
+	// oldest is at or before every time in seen. While it is within the window nothing
+	// has expired, and a full map skips prune's scan: in a burst of more distinct
+	// failures than the map holds, every failure would otherwise scan all of them.
+	oldest time.Time
 }
 
 func newFailedMessages(window time.Duration) *failedMessages {
@@ -37,6 +41,9 @@ func (f *failedMessages) first(id string, now time.Time) bool {
 	if len(f.seen) >= maxRememberedFailures {
 		f.prune(now)
 	}
+	if len(f.seen) == 0 || now.Before(f.oldest) {
+		f.oldest = now
+	}
 	f.seen[id] = now
 	return true
 }
@@ -44,10 +51,16 @@ func (f *failedMessages) first(id string, now time.Time) bool {
 // prune forgets failures older than the window and, if the map is still full, arbitrary
 // ones: forgetting only makes a repeat count again, as it would have before.
 func (f *failedMessages) prune(now time.Time) {
-	for id, at := range f.seen {
-		if now.Sub(at) >= f.window {
-			delete(f.seen, id)
+	if now.Sub(f.oldest) >= f.window {
+		oldest := now
+		for id, at := range f.seen {
+			if now.Sub(at) >= f.window {
+				delete(f.seen, id)
+			} else if at.Before(oldest) {
+				oldest = at
+			}
 		}
+		f.oldest = oldest
 	}
 	for id := range f.seen {
 		if len(f.seen) < maxRememberedFailures {

@@ -135,7 +135,8 @@ func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // the failure record added.
 func (p *Poison) Record(msg *message.Message, queue string, err error) *message.Message {
 	now := p.cfg.Now()
-	rec := msg.CopyWithContext()
+	// The failure record, the retry state and the trace context the telemetry step injects.
+	rec := headers.CopyWithRoom(msg, len(headers.FailureRecord)+len(headers.RetryState)+2)
 	md := rec.Metadata
 	retries := sluice.RetryCount(msg.Metadata)
 	errType := sluice.ErrorType(err)

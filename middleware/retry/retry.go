@@ -233,7 +233,8 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 
 		var delay time.Duration
-		if ra := (*sluice.RetryAfterError)(nil); errors.As(err, &ra) && ra.After > 0 {
+		// AsType, not As: As's target escapes, an allocation per failed attempt.
+		if ra, ok := errors.AsType[*sluice.RetryAfterError](err); ok && ra.After > 0 {
 			delay = min(ra.After, r.cfg.MaxRetryAfter)
 		} else {
 			delay = stretch(r.Backoff(count+1), plan)
@@ -242,7 +243,8 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if berr != nil {
 			return nil, berr
 		}
-		retryCopy := msg.CopyWithContext()
+		// The failure record, and the trace context the telemetry step injects.
+		retryCopy := headers.CopyWithRoom(msg, len(headers.RetryState)+2)
 		headers.StampFailure(retryCopy.Metadata, msg.Metadata, headers.Failure{
 			Queue: queue, RetryCount: count + 1, Attempt: attempt, First: first, Now: now, Err: err,
 		})
@@ -252,7 +254,11 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, failure.Handoff(herr)
 		}
 		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeRetry, Delay: delay, Attempt: attempt, Err: err})
-		r.cfg.Logger.Debug("message handed to broker for retry", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "delay", delay, "error", sluice.ErrorMessage(err))
+		// Checked first, as Debug checks (with a background context): the arguments are
+		// boxed, and the message built, even for a record it drops.
+		if r.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) {
+			r.cfg.Logger.Debug("message handed to broker for retry", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "delay", delay, "error", sluice.ErrorMessage(err))
+		}
 		if r.cfg.OnRetry != nil {
 			r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Err: err})
 		}
@@ -275,7 +281,8 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	}
 	// Capped like a RetryAfter: the broker cannot hold a message forever either.
 	delay := min(max(de.After, 0), r.cfg.MaxRetryAfter)
-	deferred := msg.CopyWithContext()
+	// The defer count, first defer time and original queue, and the trace context.
+	deferred := headers.CopyWithRoom(msg, 3+2)
 	md := deferred.Metadata
 	defers, _ := strconv.Atoi(msg.Metadata.Get(headers.DeferCount))
 	// The header is untrusted: a huge value must not wrap around to a negative count.
