@@ -369,7 +369,6 @@ func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bo
 	return s
 }
 
-// benchTelemetry is telemetry as a service runs it, minus the network: every span sampled
 // benchRetryLoad returns a stack (not running) whose handler fails each of n messages
 // pre-filled in queue name once (BenchmarkRetryPath's), and its success counter; first,
 // when not nil, counts the failed first attempts.
@@ -406,6 +405,7 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name strin
 	return stack, count
 }
 
+// benchTelemetry is telemetry as a service runs it, minus the network: every span sampled
 // and batched, then discarded; metrics recorded by an SDK meter provider.
 func benchTelemetry(b *testing.B) *telemetry.Instrumentation {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(benchDiscardExporter{}))
