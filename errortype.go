@@ -222,11 +222,8 @@ func ErrorMessage(err error) string {
 // retry path's largest cost in sluice's own code); only a chain with an As method, which
 // may claim to be a panic, needs errors.As.
 func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
-	switch found := findPanic(err); found {
-	case panicNone:
-		return middleware.RecoveredPanicError{}, false
-	case panicFound:
-		return firstPanic(err)
+	if p, found := walkChain(err, panicIn); found != foundAsMethod {
+		return p, found == foundValue
 	}
 	var p middleware.RecoveredPanicError
 	if errors.As(err, &p) {
@@ -239,12 +236,24 @@ func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
 	return middleware.RecoveredPanicError{}, false
 }
 
-// typedError is errors.As(err, &typed) for a TypedError. As recoveredPanic, it walks the
-// chain itself first: As's target escapes, an allocation per call, and the retry path
-// names each failed attempt's error type twice.
+// panicIn matches a recovered panic, by value or by non-nil pointer.
+func panicIn(err error) (middleware.RecoveredPanicError, bool) {
+	switch e := err.(type) {
+	case middleware.RecoveredPanicError:
+		return e, true
+	case *middleware.RecoveredPanicError:
+		if e != nil {
+			return *e, true
+		}
+	}
+	return middleware.RecoveredPanicError{}, false
+}
+
+// typedError is errors.As(err, &typed) for a TypedError, walking the chain itself first as
+// recoveredPanic does: the retry path names each failed attempt's error type twice.
 func typedError(err error) (TypedError, bool) {
-	if typed, found := findTyped(err); found != panicAskAs {
-		return typed, found == panicFound
+	if typed, found := walkChain(err, typedIn); found != foundAsMethod {
+		return typed, found == foundValue
 	}
 	var typed TypedError // escapes: only on this path
 	if errors.As(err, &typed) {
@@ -253,97 +262,42 @@ func typedError(err error) (TypedError, bool) {
 	return nil, false
 }
 
-// findTyped walks err's chain in errors.As's order (depth first) up to the first TypedError
-// or As method; it answers as findPanic does.
-func findTyped(err error) (TypedError, int) {
-	for err != nil {
-		if typed, ok := err.(TypedError); ok {
-			return typed, panicFound
-		}
-		if _, ok := err.(interface{ As(any) bool }); ok {
-			return nil, panicAskAs
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if typed, found := findTyped(e); found != panicNone {
-					return typed, found
-				}
-			}
-			return nil, panicNone
-		default:
-			return nil, panicNone
-		}
-	}
-	return nil, panicNone
+func typedIn(err error) (TypedError, bool) {
+	typed, ok := err.(TypedError)
+	return typed, ok
 }
 
-// What findPanic found in a chain.
+// What walkChain found in a chain.
 const (
-	panicNone  = iota // no panic and no As method: errors.As would find nothing
-	panicFound        // a panic, before any As method
-	panicAskAs        // an As method: only errors.As knows
+	foundNothing  = iota // no match and no As method: errors.As would find nothing
+	foundValue           // a match, before any As method
+	foundAsMethod        // an As method first: only errors.As knows
 )
 
-// findPanic walks err's chain in errors.As's order (depth first) up to the first panic or
-// As method.
-func findPanic(err error) int {
+// walkChain walks err's chain in errors.As's order (depth first) up to the first error
+// match accepts, or the first with an As method.
+func walkChain[T any](err error, match func(error) (T, bool)) (T, int) {
+	var zero T
 	for err != nil {
-		switch e := err.(type) {
-		case middleware.RecoveredPanicError:
-			return panicFound
-		case *middleware.RecoveredPanicError:
-			if e != nil {
-				return panicFound
-			}
+		if v, ok := match(err); ok {
+			return v, foundValue
 		}
 		if _, ok := err.(interface{ As(any) bool }); ok {
-			return panicAskAs
+			return zero, foundAsMethod
 		}
 		switch u := err.(type) {
 		case interface{ Unwrap() error }:
 			err = u.Unwrap()
 		case interface{ Unwrap() []error }:
 			for _, e := range u.Unwrap() {
-				if found := findPanic(e); found != panicNone {
-					return found
+				if v, found := walkChain(e, match); found != foundNothing {
+					return v, found
 				}
 			}
-			return panicNone
+			return zero, foundNothing
 		default:
-			return panicNone
+			return zero, foundNothing
 		}
 	}
-	return panicNone
-}
-
-// firstPanic returns the first panic in err's chain; findPanic said there is one and no As
-// method before it.
-func firstPanic(err error) (middleware.RecoveredPanicError, bool) {
-	for err != nil {
-		switch e := err.(type) {
-		case middleware.RecoveredPanicError:
-			return e, true
-		case *middleware.RecoveredPanicError:
-			if e != nil {
-				return *e, true
-			}
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if findPanic(e) == panicFound {
-					return firstPanic(e)
-				}
-			}
-			return middleware.RecoveredPanicError{}, false
-		default:
-			return middleware.RecoveredPanicError{}, false
-		}
-	}
-	return middleware.RecoveredPanicError{}, false
+	return zero, foundNothing
 }

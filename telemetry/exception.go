@@ -27,9 +27,7 @@ func recordError(span trace.Span, err error) {
 		attrs = append(attrs, semconv.ExceptionStacktrace(stack))
 	}
 	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(attrs...))
-	clear(attrs) // the pool must not keep the error's strings alive
-	*buf = attrs[:0]
-	attrPool.Put(buf)
+	putAttrs(buf, attrs)
 }
 
 // typeName is fmt's %T of v.

@@ -56,17 +56,12 @@ type delayer struct {
 // Delay traces the hand-off of msg to the delay infrastructure.
 func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, msg *message.Message) error {
 	buf := attrPool.Get().(*[]attribute.KeyValue)
-	defer func() {
-		clear(*buf)
-		*buf = (*buf)[:0]
-		attrPool.Put(buf)
-	}()
 	attrs := append(d.in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeSend, "send", topology.DelayDestination, msg),
 		otelnames.AttrQueue.String(queue),
 		otelnames.AttrRetryDelayMS.Int64(delay.Milliseconds()),
 		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
 	)
-	*buf = attrs // a longer slice, if the appends outgrew it, goes back to the pool
+	defer putAttrs(buf, attrs)
 	return d.in.handOff(ctx, delaySpanName, topology.DelayDestination, msg, attrs, func(ctx context.Context) error {
 		return d.next.Delay(ctx, queue, delay, msg)
 	})

@@ -281,6 +281,14 @@ var attrPool = sync.Pool{New: func() any {
 	return &s
 }}
 
+// putAttrs gives attrs, the slice taken from the pool as buf (or what appends grew it
+// into), back to attrPool, cleared: the pool must not keep a message's strings alive.
+func putAttrs(buf *[]attribute.KeyValue, attrs []attribute.KeyValue) {
+	clear(attrs)
+	*buf = attrs[:0]
+	attrPool.Put(buf)
+}
+
 // appendMessageAttrs appends messageAttrs to attrs: the operation's, then the message's.
 func (in *Instrumentation) appendMessageAttrs(attrs []attribute.KeyValue, op attribute.KeyValue, opName, destination string, msg *message.Message) []attribute.KeyValue {
 	return in.appendOwnAttrs(in.appendOperationAttrs(attrs, op, opName, destination), destination, msg)

@@ -173,9 +173,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow,
 	}
 	if recording {
 		span.SetAttributes(attrs...) // the span copies them
-		clear(attrs)                 // the pool must not keep the message's strings alive
-		*buf = attrs[:0]
-		attrPool.Put(buf)
+		putAttrs(buf, attrs)
 	}
 	span.End()
 

@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -117,22 +117,25 @@ func timestampText(t time.Time) string {
 		return strconv.FormatInt(t.Unix(), 10)
 	}
 	// Deliveries published in the same second share the text (which depends on the
-	// second alone); formatting it is an allocation per delivery.
+	// second alone); formatting it is an allocation per delivery. The last second's text
+	// is shared without a lock: every consumer's workers pass here.
 	sec := t.Unix()
-	lastTimestamp.Lock()
-	defer lastTimestamp.Unlock()
-	if lastTimestamp.text == "" || lastTimestamp.sec != sec {
-		lastTimestamp.sec, lastTimestamp.text = sec, t.UTC().Format(time.RFC3339)
+	if last := lastTimestamp.Load(); last != nil && last.sec == sec {
+		return last.text
 	}
-	return lastTimestamp.text
+	text := t.UTC().Format(time.RFC3339)
+	lastTimestamp.Store(&formattedSecond{sec: sec, text: text})
+	return text
 }
 
-// lastTimestamp is the last second timestampText formatted.
-var lastTimestamp struct {
-	sync.Mutex
+// formattedSecond is a second's RFC 3339 text.
+type formattedSecond struct {
 	sec  int64
 	text string
 }
+
+// lastTimestamp is the last second timestampText formatted.
+var lastTimestamp atomic.Pointer[formattedSecond]
 
 // parseTimestamp reads what timestampText writes (and any RFC 3339 time a step wrote).
 func parseTimestamp(text string) (time.Time, bool) {

@@ -59,19 +59,19 @@ func (r *Reporter) Get() (Report, bool) {
 
 type reporterKey struct{}
 
-// WithReporter returns ctx carrying r.
+// WithReporter returns ctx carrying r, a Reporter the caller made (tests read it back).
 func WithReporter(ctx context.Context, r *Reporter) context.Context {
 	return context.WithValue(ctx, reporterKey{}, r)
 }
 
-// NewContext returns ctx carrying a new Reporter, and that Reporter. The two are one
-// allocation, where WithReporter's context and its Reporter are two, on every attempt.
+// NewContext returns ctx carrying a new Reporter, and that Reporter: one allocation for
+// both, where context.WithValue and a Reporter would be two, on every attempt.
 func NewContext(ctx context.Context) (context.Context, *Reporter) {
 	c := &reporterContext{Context: ctx}
 	return c, &c.r
 }
 
-// reporterContext is context.WithValue(ctx, reporterKey{}, &r) with r inside it.
+// reporterContext is ctx with a Reporter under reporterKey, the Reporter inside it.
 type reporterContext struct {
 	context.Context
 	r Reporter

@@ -47,8 +47,8 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 	results := make(chan Result, 1)
 	step := mw(h)
 	router.AddConsumerHandler(in.Handler, in.Queue, pubSub, func(msg *message.Message) error {
-		rep := &report.Reporter{}
-		msg.SetContext(report.WithReporter(msg.Context(), rep))
+		ctx, rep := report.NewContext(msg.Context())
+		msg.SetContext(ctx)
 		res := Result{Msg: msg, Before: msg.CopyWithContext().Metadata}
 		res.Out, res.Err = step(msg)
 		res.Report, res.Reported = rep.Get()
