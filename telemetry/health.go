@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Health paths served beside /metrics by Setup's server.
+// Health paths served beside /metrics by otelsetup.Setup's server.
 const (
 	// LivenessPath answers 200 while the process serves HTTP at all (Kubernetes'
 	// livenessProbe: restart the pod when it does not).
@@ -103,8 +103,9 @@ func (h *Health) ReadinessHandler() http.Handler {
 	})
 }
 
-// registerReady reports otelnames.MetricReady from h on m at every collection.
-func registerReady(m metric.Meter, h *Health) error {
+// RegisterReady reports otelnames.MetricReady (sluice.ready: 1 while NotReady is empty,
+// else 0) from h on m at every collection, so that alerting can see what /readyz says.
+func RegisterReady(m metric.Meter, h *Health) error {
 	_, err := m.Int64ObservableGauge(otelnames.MetricReady,
 		metric.WithDescription("1 while the process is ready (/readyz answers 200), else 0."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {

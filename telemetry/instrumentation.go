@@ -18,8 +18,8 @@ import (
 	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
-// scopeName is the instrumentation scope of sluice's tracer and meter.
-const scopeName = "github.com/sluice-go/sluice/telemetry"
+// ScopeName is the instrumentation scope of sluice's tracer and meter.
+const ScopeName = "github.com/sluice-go/sluice/telemetry"
 
 // durationBuckets are the semantic conventions' recommended boundaries for durations in
 // seconds; the SDK's defaults are meant for milliseconds and would put every attempt
@@ -177,8 +177,8 @@ func New(opts ...Option) (*Instrumentation, error) {
 		o.mp = otel.GetMeterProvider()
 	}
 	in := &Instrumentation{
-		tracer:     o.tp.Tracer(scopeName, trace.WithSchemaURL(semconv.SchemaURL)),
-		meter:      o.mp.Meter(scopeName, metric.WithSchemaURL(semconv.SchemaURL)),
+		tracer:     o.tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
+		meter:      o.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL)),
 		prop:       o.prop,
 		system:     semconv.MessagingSystemKey.String(o.system),
 		routingKey: o.routingKey,

@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -355,49 +354,6 @@ func TestHealth(t *testing.T) {
 			assert.Equal(t, "ok\n", body)
 		})
 	}
-}
-
-func TestSetup_ServesHealthBesideMetrics(t *testing.T) {
-	t.Setenv("OTEL_TRACES_EXPORTER", "none")
-	// The check is in place before the server answers: ready must not be said early.
-	var ready atomic.Bool
-	health := &telemetry.Health{}
-	health.AddReadyCheck("consumer", func() error {
-		if !ready.Load() {
-			return errors.New("not consuming")
-		}
-		return nil
-	})
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{MetricsAddr: "127.0.0.1:0", Health: health})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, p.Shutdown(context.Background())) })
-	require.Same(t, health, p.Health())
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + p.MetricsAddr() + path)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		var b bytes.Buffer
-		_, _ = b.ReadFrom(resp.Body)
-		return resp.StatusCode, b.String()
-	}
-	code, body := get(telemetry.ReadinessPath)
-	assert.Equal(t, http.StatusServiceUnavailable, code, "not ready from the first answer")
-	assert.Contains(t, body, "consumer: not consuming")
-	code, _ = get(telemetry.LivenessPath)
-	assert.Equal(t, http.StatusOK, code)
-	ready.Store(true)
-	code, _ = get(telemetry.ReadinessPath)
-	assert.Equal(t, http.StatusOK, code)
-	_, metrics := get("/metrics")
-	assert.Contains(t, metrics, "\nsluice_ready{")
-	assert.Regexp(t, `sluice_ready\{[^}]*\} 1\n`, metrics)
-
-	ready.Store(false)
-	code, body = get(telemetry.ReadinessPath)
-	assert.Equal(t, http.StatusServiceUnavailable, code)
-	assert.Contains(t, body, "consumer: not consuming")
-	_, metrics = get("/metrics")
-	assert.Regexp(t, `sluice_ready\{[^}]*\} 0\n`, metrics)
 }
 
 // fakeConn is a connection whose state the test sets.

@@ -33,6 +33,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // tracingStack is telemetry exporting to the local Jaeger under a service name of its own,
@@ -40,7 +41,7 @@ import (
 type tracingStack struct {
 	service   string
 	queryURL  string
-	providers *telemetry.Providers
+	providers *otelsetup.Providers
 	inst      *telemetry.Instrumentation
 	jaeger    *jaeger.Client
 }
@@ -74,18 +75,18 @@ func newTracingStack(t *testing.T, metrics bool) *tracingStack {
 	// Export every 100ms rather than every 5s: the test waits for the spans in Jaeger.
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 
-	cfg := telemetry.Config{ServiceName: "overridden-by-OTEL_SERVICE_NAME"}
+	cfg := otelsetup.Config{ServiceName: "overridden-by-OTEL_SERVICE_NAME"}
 	if metrics {
 		cfg.MetricsAddr = "127.0.0.1:0"
 	}
-	p, err := telemetry.Setup(context.Background(), cfg)
+	p, err := otelsetup.Setup(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		assert.NoError(t, p.Shutdown(ctx), "telemetry shutdown")
 	})
-	require.Equal(t, telemetry.ExporterOTLPHTTP, p.TracesExporter())
+	require.Equal(t, otelsetup.ExporterOTLPHTTP, p.TracesExporter())
 	inst, err := p.Instrumentation()
 	require.NoError(t, err)
 

@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // errNotConsuming is the readiness reason before the stack consumes and after it stopped.
@@ -16,7 +17,7 @@ var errNotConsuming = errors.New("not consuming")
 // observe adds what an operator watches beside the per-message metrics: the broker
 // connection (a metric and a readiness check) and the depths of the queue, its DLQ and
 // archive and sluice.unrouted. The returned closers stop it.
-func observe(cfg config, logger *slog.Logger, b router.Broker, providers *telemetry.Providers,
+func observe(cfg config, logger *slog.Logger, b router.Broker, providers *otelsetup.Providers,
 	inst *telemetry.Instrumentation) ([]func() error, error) {
 	var closers []func() error
 	health := providers.Health()

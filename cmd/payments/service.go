@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // hooks lets the demo watch outcomes; the service itself only logs them.
@@ -59,7 +60,7 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		}
 		return nil
 	})
-	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health})
+	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health})
 	if err != nil {
 		_ = b.Close()
 		return nil, fmt.Errorf("telemetry: %w", err)

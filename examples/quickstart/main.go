@@ -22,7 +22,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 func main() {
@@ -38,7 +38,7 @@ func main() {
 // ctx ends, publishing a succeeded event per payment to output.
 func run(ctx context.Context, orders, queue, output string) error {
 	logger := slog.Default()
-	providers, err := telemetry.Setup(ctx, telemetry.Config{ServiceName: "quickstart"})
+	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "quickstart"})
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/report"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // liveJaeger returns a client for the Jaeger at JAEGER_QUERY_URL (default
@@ -72,9 +72,9 @@ func TestLive_RetriedMessageIsOneTrace(t *testing.T) {
 	_, _ = rand.Read(suffix)
 	service := "sluice-jaeger-test-" + hex.EncodeToString(suffix)
 
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{ServiceName: service})
+	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: service})
 	require.NoError(t, err)
-	require.Equal(t, telemetry.ExporterOTLPHTTP, p.TracesExporter())
+	require.Equal(t, otelsetup.ExporterOTLPHTTP, p.TracesExporter())
 	in, err := p.Instrumentation()
 	require.NoError(t, err)
 

@@ -22,7 +22,7 @@ import (
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 type nopPublisher struct{}
@@ -77,7 +77,7 @@ func (tr tracing) configure(c *console.Config) {
 // failure record into fx's DLQ and returns its trace id.
 func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, failure error) string {
 	t.Helper()
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{ServiceName: tr.service})
+	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: tr.service})
 	require.NoError(t, err)
 	in, err := p.Instrumentation()
 	require.NoError(t, err)

@@ -1,4 +1,10 @@
-package telemetry
+// Package otelsetup is what an application imports to run the OpenTelemetry SDK for
+// sluice: tracer and meter providers built from the OTEL_* environment, an OTLP span
+// exporter, a Prometheus registry, and an HTTP server for /metrics, /healthz and /readyz.
+// Package telemetry, which the library's core imports, depends on the OpenTelemetry API
+// only; a program that does not import otelsetup compiles no SDK, exporter, gRPC or
+// Prometheus client.
+package otelsetup
 
 import (
 	"context"
@@ -24,6 +30,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/sluice-go/sluice/telemetry"
 )
 
 // defaultServiceName is service.name when neither OTEL_SERVICE_NAME nor
@@ -58,7 +66,7 @@ type Config struct {
 	// Health holds the checks behind /readyz. Nil means a new Health without checks,
 	// which is ready; a service that must not look ready while it starts passes one whose
 	// checks already fail, since the server answers from the moment Setup returns.
-	Health *Health
+	Health *telemetry.Health
 }
 
 // Providers are the tracer and meter providers Setup built and installed globally.
@@ -73,7 +81,7 @@ type Providers struct {
 	Resource *resource.Resource
 
 	exporter     string
-	health       *Health
+	health       *telemetry.Health
 	closeIdle    func()
 	registry     *prometheus.Registry
 	server       *http.Server
@@ -106,7 +114,7 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		health:     cfg.Health,
 	}
 	if p.health == nil {
-		p.health = &Health{}
+		p.health = &telemetry.Health{}
 	}
 
 	exp, kind, closeIdle, err := newTraceExporter(ctx)
@@ -129,7 +137,7 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		return nil, fmt.Errorf("create prometheus exporter: %w", err)
 	}
 	p.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(reader))
-	if err := registerReady(p.MeterProvider.Meter(scopeName), p.health); err != nil {
+	if err := telemetry.RegisterReady(p.MeterProvider.Meter(telemetry.ScopeName), p.health); err != nil {
 		_ = p.TracerProvider.Shutdown(ctx)
 		_ = p.MeterProvider.Shutdown(ctx)
 		return nil, err
@@ -275,8 +283,8 @@ func (p *Providers) serveMetrics(addr string) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", p.MetricsHandler())
-	mux.Handle(LivenessPath, p.health.LivenessHandler())
-	mux.Handle(ReadinessPath, p.health.ReadinessHandler())
+	mux.Handle(telemetry.LivenessPath, p.health.LivenessHandler())
+	mux.Handle(telemetry.ReadinessPath, p.health.ReadinessHandler())
 	p.listener = ln
 	p.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	p.serveDone = make(chan struct{})
@@ -296,8 +304,8 @@ func (p *Providers) MetricsHandler() http.Handler {
 }
 
 // Health returns the readiness checks and pauses the metrics server answers on
-// ReadinessPath (and LivenessPath); add the process's checks to it.
-func (p *Providers) Health() *Health { return p.health }
+// telemetry.ReadinessPath (and telemetry.LivenessPath); add the process's checks to it.
+func (p *Providers) Health() *telemetry.Health { return p.health }
 
 // MetricsAddr returns the address the metrics server listens on (with the port chosen
 // when Config.MetricsAddr asked for port 0), or "" if there is no server.
@@ -314,11 +322,11 @@ func (p *Providers) TracesExporter() string { return p.exporter }
 
 // Instrumentation returns a new Instrumentation over these providers and propagator;
 // opts may add to or override them.
-func (p *Providers) Instrumentation(opts ...Option) (*Instrumentation, error) {
-	return New(append([]Option{
-		WithTracerProvider(p.TracerProvider),
-		WithMeterProvider(p.MeterProvider),
-		WithPropagator(p.Propagator),
+func (p *Providers) Instrumentation(opts ...telemetry.Option) (*telemetry.Instrumentation, error) {
+	return telemetry.New(append([]telemetry.Option{
+		telemetry.WithTracerProvider(p.TracerProvider),
+		telemetry.WithMeterProvider(p.MeterProvider),
+		telemetry.WithPropagator(p.Propagator),
 	}, opts...)...)
 }
 

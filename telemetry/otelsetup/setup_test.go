@@ -1,7 +1,9 @@
-package telemetry_test
+package otelsetup_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // otelEnv are the variables Setup reads; every test starts with all of them empty so the
@@ -66,7 +70,7 @@ func same(a, b any) (eq bool) {
 	return a == b
 }
 
-func shutdown(t *testing.T, p *telemetry.Providers) {
+func shutdown(t *testing.T, p *otelsetup.Providers) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -77,10 +81,10 @@ func TestSetup_NoEndpoint(t *testing.T) {
 	clearOTelEnv(t)
 	restoreGlobals(t)
 
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{ServiceName: "payments"})
+	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: "payments"})
 	require.NoError(t, err)
 
-	assert.Equal(t, telemetry.ExporterNone, p.TracesExporter())
+	assert.Equal(t, otelsetup.ExporterNone, p.TracesExporter())
 	assert.Empty(t, p.MetricsAddr(), "no metrics server unless asked for")
 	assert.Same(t, p.TracerProvider, otel.GetTracerProvider())
 	assert.Same(t, p.MeterProvider, otel.GetMeterProvider())
@@ -102,20 +106,20 @@ func TestSetup_ExporterFromEnv(t *testing.T) {
 		want    string
 		wantErr string
 	}{
-		{name: "no endpoint", env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: telemetry.ExporterNone},
+		{name: "no endpoint", env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: otelsetup.ExporterNone},
 		{name: "endpoint defaults to http/protobuf",
-			env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, want: telemetry.ExporterOTLPHTTP},
+			env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, want: otelsetup.ExporterOTLPHTTP},
 		{name: "traces endpoint alone", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1/v1/traces"}, want: telemetry.ExporterOTLPHTTP},
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1/v1/traces"}, want: otelsetup.ExporterOTLPHTTP},
 		{name: "grpc", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: telemetry.ExporterOTLPGRPC},
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: otelsetup.ExporterOTLPGRPC},
 		{name: "traces protocol wins", env: map[string]string{
 			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, want: telemetry.ExporterOTLPGRPC},
+			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, want: otelsetup.ExporterOTLPGRPC},
 		{name: "exporter none", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}, want: telemetry.ExporterNone},
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}, want: otelsetup.ExporterNone},
 		{name: "sdk disabled", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"}, want: telemetry.ExporterNone},
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"}, want: otelsetup.ExporterNone},
 		{name: "http/json is not supported", env: map[string]string{
 			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, wantErr: `"http/json"`},
 		{name: "unknown exporter", env: map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, wantErr: `"zipkin"`},
@@ -128,7 +132,7 @@ func TestSetup_ExporterFromEnv(t *testing.T) {
 				t.Setenv(k, v)
 			}
 
-			p, err := telemetry.Setup(context.Background(), telemetry.Config{})
+			p, err := otelsetup.Setup(context.Background(), otelsetup.Config{})
 			if tt.wantErr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tt.wantErr)
@@ -211,7 +215,7 @@ func TestSetup_ShutdownFlushesToOTLPHTTP(t *testing.T) {
 			// A long batch delay: only Shutdown's flush can have delivered the span.
 			t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
 
-			p, err := telemetry.Setup(context.Background(), telemetry.Config{ServiceName: tt.cfgService, ServiceVersion: "1.2.3"})
+			p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: tt.cfgService, ServiceVersion: "1.2.3"})
 			require.NoError(t, err)
 			_, span := p.TracerProvider.Tracer("test").Start(context.Background(), "flushed-span")
 			span.End()
@@ -239,7 +243,7 @@ func get(url string) (int, string, error) {
 func TestSetup_PrometheusEndpoint(t *testing.T) {
 	clearOTelEnv(t)
 	restoreGlobals(t)
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{MetricsAddr: "127.0.0.1:0"})
+	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{MetricsAddr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	addr := p.MetricsAddr()
 	require.NotEmpty(t, addr)
@@ -257,7 +261,8 @@ func TestSetup_PrometheusEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code)
 	for _, want := range []string{
-		`sluice_messages_total{handler="",otel_scope_name="github.com/sluice-go/sluice/telemetry"`,
+		`sluice_messages_total{handler="",otel_scope_name="github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/telemetry/otelsetup"`,
 		`outcome="ack"`,
 		`sluice_handler_duration_seconds_bucket{`,
 		`sluice_messages_in_flight{`,
@@ -284,7 +289,7 @@ func TestSetup_MetricsAddrInUse(t *testing.T) {
 	defer ln.Close()
 
 	before := otel.GetTracerProvider()
-	_, err = telemetry.Setup(context.Background(), telemetry.Config{MetricsAddr: ln.Addr().String()})
+	_, err = otelsetup.Setup(context.Background(), otelsetup.Config{MetricsAddr: ln.Addr().String()})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), ln.Addr().String())
 	assert.Same(t, before, otel.GetTracerProvider(), "a failed Setup installs nothing")
@@ -296,7 +301,7 @@ func TestSetup_MalformedResourceAttributes(t *testing.T) {
 	// The SDK reports a malformed OTEL_RESOURCE_ATTRIBUTES through otel.Handle and keeps
 	// the rest; a typo in an optional variable must not stop a consumer from starting.
 	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=dev,no-equals-sign")
-	p, err := telemetry.Setup(context.Background(), telemetry.Config{ServiceName: "payments"})
+	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: "payments"})
 	require.NoError(t, err)
 	defer shutdown(t, p)
 
@@ -305,4 +310,47 @@ func TestSetup_MalformedResourceAttributes(t *testing.T) {
 		got[string(kv.Key)] = kv.Value.Emit()
 	}
 	assert.Equal(t, "payments", got["service.name"])
+}
+
+func TestSetup_ServesHealthBesideMetrics(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "none")
+	// The check is in place before the server answers: ready must not be said early.
+	var ready atomic.Bool
+	health := &telemetry.Health{}
+	health.AddReadyCheck("consumer", func() error {
+		if !ready.Load() {
+			return errors.New("not consuming")
+		}
+		return nil
+	})
+	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{MetricsAddr: "127.0.0.1:0", Health: health})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Shutdown(context.Background())) })
+	require.Same(t, health, p.Health())
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + p.MetricsAddr() + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	code, body := get(telemetry.ReadinessPath)
+	assert.Equal(t, http.StatusServiceUnavailable, code, "not ready from the first answer")
+	assert.Contains(t, body, "consumer: not consuming")
+	code, _ = get(telemetry.LivenessPath)
+	assert.Equal(t, http.StatusOK, code)
+	ready.Store(true)
+	code, _ = get(telemetry.ReadinessPath)
+	assert.Equal(t, http.StatusOK, code)
+	_, metrics := get("/metrics")
+	assert.Contains(t, metrics, "\nsluice_ready{")
+	assert.Regexp(t, `sluice_ready\{[^}]*\} 1\n`, metrics)
+
+	ready.Store(false)
+	code, body = get(telemetry.ReadinessPath)
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "consumer: not consuming")
+	_, metrics = get("/metrics")
+	assert.Regexp(t, `sluice_ready\{[^}]*\} 0\n`, metrics)
 }
