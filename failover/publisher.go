@@ -21,6 +21,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 )
 
@@ -63,6 +64,9 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// Publisher publishes within a caller's context (sluice.PublishContext uses that).
+var _ sluice.ContextPublisher = (*Publisher)(nil)
 
 // Publisher publishes to the primary cluster while one of its nodes can be reached, and to
 // the secondary otherwise; it returns to the primary as soon as the primary is back. Both
@@ -109,7 +113,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 func (p *Publisher) PublishContext(ctx context.Context, topic string, messages ...*message.Message) error {
 	if p.tryPrimary() {
 		pctx, cancel := context.WithTimeout(ctx, p.cfg.PrimaryTimeout)
-		err := publishContext(pctx, p.primary, topic, messages)
+		err := sluice.PublishContext(pctx, p.primary, topic, messages...)
 		cancel()
 		if err == nil {
 			p.toPrimary.Add(uint64(len(messages)))
@@ -121,7 +125,7 @@ func (p *Publisher) PublishContext(ctx context.Context, topic string, messages .
 		}
 		p.use(true, err)
 	}
-	if err := publishContext(ctx, p.secondary, topic, messages); err != nil {
+	if err := sluice.PublishContext(ctx, p.secondary, topic, messages...); err != nil {
 		return err
 	}
 	p.toSecondary.Add(uint64(len(messages)))
@@ -177,22 +181,3 @@ func (p *Publisher) Counts() (primary, secondary uint64) {
 
 // Close does nothing: the wrapped publishers belong to the caller.
 func (p *Publisher) Close() error { return nil }
-
-// publishContext publishes through pub within ctx, the best way pub allows.
-func publishContext(ctx context.Context, pub message.Publisher, topic string, messages []*message.Message) error {
-	switch p := pub.(type) {
-	case interface {
-		PublishContext(context.Context, string, ...*message.Message) error
-	}:
-		return p.PublishContext(ctx, topic, messages...)
-	case *amqp.Publisher:
-		return p.PublishTo(ctx, "", topic, messages...)
-	}
-	copies := make([]*message.Message, len(messages))
-	for i, m := range messages {
-		c := m.Copy()
-		c.SetContext(ctx)
-		copies[i] = c
-	}
-	return pub.Publish(topic, copies...)
-}

@@ -4,37 +4,12 @@ import (
 	"context"
 	"time"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/outboxstore"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v4"
-
-	"github.com/sluice-go/sluice/broker/amqp"
 )
-
-// contextPublisher is a publisher whose publish a context bounds and cancels. The outbox
-// uses it, when the wrapped publisher has it, so that its deadlines apply and Close does
-// not wait for a publish to time out. *amqp.Publisher is used through PublishTo.
-type contextPublisher interface {
-	PublishContext(ctx context.Context, topic string, messages ...*message.Message) error
-}
-
-// publishContext publishes through pub within ctx, the best way pub allows.
-func publishContext(ctx context.Context, pub message.Publisher, topic string, messages []*message.Message) error {
-	switch p := pub.(type) {
-	case contextPublisher:
-		return p.PublishContext(ctx, topic, messages...)
-	case *amqp.Publisher:
-		return p.PublishTo(ctx, "", topic, messages...)
-	}
-	copies := make([]*message.Message, len(messages))
-	for i, m := range messages {
-		c := m.Copy()
-		c.SetContext(ctx)
-		copies[i] = c
-	}
-	return pub.Publish(topic, copies...)
-}
 
 // forward drains the outbox in order until Close: a batch of the oldest entries is
 // published (consecutive entries of one topic together, confirms pipelined), and removed
@@ -148,7 +123,7 @@ func (p *Publisher) publishRun(ctx context.Context, run []outboxstore.Entry) err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ForwardTimeout)
 	defer cancel()
-	return publishContext(ctx, p.pub, run[0].Topic, msgs)
+	return sluice.PublishContext(ctx, p.pub, run[0].Topic, msgs...)
 }
 
 // removed takes confirmed entries (reason empty) or rejected ones out of the outbox.

@@ -12,6 +12,8 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice"
 )
 
 // PostgresConfig configures a PostgresOutbox. The zero value is usable.
@@ -158,7 +160,7 @@ type timeoutPublisher struct {
 func (p timeoutPublisher) Publish(topic string, messages ...*message.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	return publishContext(ctx, p.pub, topic, messages)
+	return sluice.PublishContext(ctx, p.pub, topic, messages...)
 }
 
 func (p timeoutPublisher) Close() error { return nil }

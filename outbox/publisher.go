@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/outboxstore"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -126,7 +127,7 @@ func (p *Publisher) publishDirect(topic string, messages []*message.Message) err
 	// The deadline is ours and the values (a trace span) are the caller's.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(messages[0].Context()), p.cfg.DirectTimeout)
 	defer cancel()
-	return publishContext(ctx, p.pub, topic, messages)
+	return sluice.PublishContext(ctx, p.pub, topic, messages...)
 }
 
 func (p *Publisher) keep(topic string, messages []*message.Message) error {

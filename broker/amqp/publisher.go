@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice"
 )
 
 // Publish errors.
@@ -19,6 +21,9 @@ var (
 	// errChannelLost means the channel closed before the confirm; the publish is retried.
 	errChannelLost = errors.New("amqp: channel closed before confirm")
 )
+
+// Publisher publishes within a caller's context (sluice.PublishContext uses that).
+var _ sluice.ContextPublisher = (*Publisher)(nil)
 
 // Publisher is a confirmed publisher: every message is published mandatory on a channel in
 // confirm mode, many in flight at once, and Publish returns only when each of its messages
@@ -68,6 +73,12 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		return fmt.Errorf("%w (no queue %q: declare it first with Broker.DeclareQueue or router.Stack.Declare; Stack.Run declares its handlers' queues)", err, topic)
 	}
 	return err
+}
+
+// PublishContext publishes messages to the queue named topic (through the default
+// exchange) within ctx and waits for their confirms: PublishTo(ctx, "", topic, ...).
+func (p *Publisher) PublishContext(ctx context.Context, topic string, messages ...*message.Message) error {
+	return p.PublishTo(ctx, "", topic, messages...)
 }
 
 // PublishTo publishes messages to exchange with routingKey and waits for their confirms.
