@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/outbox"
+	"github.com/sluice-go/sluice/outbox/pgoutbox"
 )
 
 // BenchmarkOutboxPublish: one producer publishing one message at a time with the broker up,
@@ -126,7 +127,7 @@ func BenchmarkOutboxPublishPostgres(b *testing.B) {
 	b.Run("sluice", func(b *testing.B) {
 		topic := strings.NewReplacer(".", "_").Replace(testenv.Name("sluice_outbox_bench"))
 		defer func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "watermill_` + topic + `"`) }()
-		ob, err := outbox.NewPostgresOutbox(db, br.Publisher(), outbox.PostgresConfig{Topic: topic, Logger: quietWatermill()})
+		ob, err := pgoutbox.New(db, br.Publisher(), pgoutbox.Config{Topic: topic, Logger: quietWatermill()})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -7,7 +7,7 @@
 // in order when the broker takes messages again, removing each after its confirm.
 //
 // For several producer instances, or to write messages in the same transaction as the
-// application's own data, NewPostgresOutbox sets up Watermill's SQL forwarder on
+// application's own data, package outbox/pgoutbox sets up Watermill's SQL forwarder on
 // PostgreSQL instead: producers publish into a table, and one forwarder moves the rows to
 // RabbitMQ with confirms, deleting each row after its confirm.
 //

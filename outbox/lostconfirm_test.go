@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/outbox"
+	"github.com/sluice-go/sluice/outbox/pgoutbox"
 )
 
 // lostConfirms publishes through pub, and then reports every every-th publish as failed:
@@ -81,7 +82,7 @@ func TestOutbox_CopiesOfLostConfirmsHaveTheirEffectOnce(t *testing.T) {
 			defer db.Close()
 			topic := strings.NewReplacer(".", "_").Replace(testenv.Name("sluice_outbox_lost"))
 			t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "watermill_` + topic + `"`) })
-			ob, err := outbox.NewPostgresOutbox(db, pub, outbox.PostgresConfig{
+			ob, err := pgoutbox.New(db, pub, pgoutbox.Config{
 				Topic: topic, ResendInterval: 50 * time.Millisecond, Logger: quietWatermill(),
 			})
 			require.NoError(t, err)

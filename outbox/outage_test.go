@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/outbox"
+	"github.com/sluice-go/sluice/outbox/pgoutbox"
 )
 
 const outage = 10 * time.Second
@@ -200,7 +201,7 @@ func TestOutboxOutage(t *testing.T) {
 		b := connect(t, url, queue)
 		topic := strings.NewReplacer(".", "_").Replace(testenv.Name("sluice_outbox_test"))
 		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "watermill_` + topic + `"`) })
-		ob, err := outbox.NewPostgresOutbox(db, b.Publisher(), outbox.PostgresConfig{
+		ob, err := pgoutbox.New(db, b.Publisher(), pgoutbox.Config{
 			Topic: topic, ForwardTimeout: 2 * time.Second, Logger: quietWatermill(),
 		})
 		require.NoError(t, err)

@@ -1,4 +1,11 @@
-package outbox
+// Package pgoutbox is the PostgreSQL outbox: Watermill's SQL forwarder, for several
+// producer instances or for messages written in the same transaction as the
+// application's own data. Producers publish into a table, and one forwarder moves the
+// rows to RabbitMQ with confirms, deleting each row after its confirm. It lives apart from
+// package outbox (the file outbox) so that a program using only the file outbox compiles
+// neither watermill-sql nor a PostgreSQL driver. Package outbox's documentation says what
+// "exactly once" means for both.
+package pgoutbox
 
 import (
 	"context"
@@ -16,8 +23,8 @@ import (
 	"github.com/sluice-go/sluice"
 )
 
-// PostgresConfig configures a PostgresOutbox. The zero value is usable.
-type PostgresConfig struct {
+// Config configures an Outbox. The zero value is usable.
+type Config struct {
 	// Topic names the outbox: its table is "watermill_<Topic>". Zero means
 	// "sluice_outbox". Letters, digits and underscores only.
 	Topic string
@@ -38,12 +45,12 @@ type PostgresConfig struct {
 var topicPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 
 // Validate fills in the defaults and checks the values.
-func (c *PostgresConfig) Validate() error {
+func (c *Config) Validate() error {
 	if c.Topic == "" {
 		c.Topic = "sluice_outbox"
 	}
 	if !topicPattern.MatchString(c.Topic) {
-		return fmt.Errorf("outbox: PostgreSQL outbox topic %q: want letters, digits and underscores", c.Topic)
+		return fmt.Errorf("pgoutbox: topic %q: want letters, digits and underscores", c.Topic)
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = 100 * time.Millisecond
@@ -60,23 +67,23 @@ func (c *PostgresConfig) Validate() error {
 	return nil
 }
 
-// PostgresOutbox is Watermill's SQL forwarder on PostgreSQL: producers publish into an
+// Outbox is Watermill's SQL forwarder on PostgreSQL: producers publish into an
 // outbox table (in their own transaction, with their own data, through Publisher), and
 // Run moves the rows to RabbitMQ in order, deleting each row once the broker confirmed
 // it. Any number of producer instances may share the table; run one forwarder per table
 // where order matters (the rows are taken oldest first under a row lock). Forwarding is
 // at-least-once, each copy with the message's UUID as its message id (Watermill's
 // envelope carries it), for the consumer's idempotency step to recognise.
-type PostgresOutbox struct {
+type Outbox struct {
 	db  *stdsql.DB
-	cfg PostgresConfig
+	cfg Config
 	sub *wsql.Subscriber
 	fwd *forwarder.Forwarder
 }
 
-// NewPostgresOutbox creates the outbox table in db if missing and a forwarder that
+// New creates the outbox table in db if missing and a forwarder that
 // publishes its rows through out (a confirmed publisher). Start it with Run.
-func NewPostgresOutbox(db *stdsql.DB, out message.Publisher, cfg PostgresConfig) (*PostgresOutbox, error) {
+func New(db *stdsql.DB, out message.Publisher, cfg Config) (*Outbox, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -91,11 +98,11 @@ func NewPostgresOutbox(db *stdsql.DB, out message.Publisher, cfg PostgresConfig)
 		AckDeadline:      &ackDeadline,
 	}, cfg.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: PostgreSQL subscriber: %w", err)
+		return nil, fmt.Errorf("pgoutbox: PostgreSQL subscriber: %w", err)
 	}
 	if err := sub.SubscribeInitialize(cfg.Topic); err != nil {
 		_ = sub.Close()
-		return nil, fmt.Errorf("outbox: create the outbox table for %q: %w", cfg.Topic, err)
+		return nil, fmt.Errorf("pgoutbox: create the outbox table for %q: %w", cfg.Topic, err)
 	}
 	fwd, err := forwarder.NewForwarder(sub, timeoutPublisher{out, cfg.ForwardTimeout}, cfg.Logger, forwarder.Config{
 		ForwarderTopic: cfg.Topic,
@@ -103,46 +110,46 @@ func NewPostgresOutbox(db *stdsql.DB, out message.Publisher, cfg PostgresConfig)
 	})
 	if err != nil {
 		_ = sub.Close()
-		return nil, fmt.Errorf("outbox: Watermill forwarder: %w", err)
+		return nil, fmt.Errorf("pgoutbox: Watermill forwarder: %w", err)
 	}
-	return &PostgresOutbox{db: db, cfg: cfg, sub: sub, fwd: fwd}, nil
+	return &Outbox{db: db, cfg: cfg, sub: sub, fwd: fwd}, nil
 }
 
 // Publisher returns a publisher that writes messages into the outbox table through exec:
 // a *sql.Tx (wrapped with TxFromStdSQL) makes them part of the application's transaction,
 // so they reach RabbitMQ if and only if it commits. The topic given to Publish is where
 // the forwarder publishes them.
-func (o *PostgresOutbox) Publisher(exec wsql.ContextExecutor) (message.Publisher, error) {
+func (o *Outbox) Publisher(exec wsql.ContextExecutor) (message.Publisher, error) {
 	pub, err := wsql.NewPublisher(exec, wsql.PublisherConfig{SchemaAdapter: wsql.PostgreSQLQueueSchema{}}, o.cfg.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: PostgreSQL publisher: %w", err)
+		return nil, fmt.Errorf("pgoutbox: PostgreSQL publisher: %w", err)
 	}
 	return forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: o.cfg.Topic}), nil
 }
 
 // DBPublisher is Publisher outside any transaction: each Publish is its own insert.
-func (o *PostgresOutbox) DBPublisher() (message.Publisher, error) {
+func (o *Outbox) DBPublisher() (message.Publisher, error) {
 	return o.Publisher(wsql.BeginnerFromStdSQL(o.db))
 }
 
 // Run forwards rows until ctx ends or Close.
-func (o *PostgresOutbox) Run(ctx context.Context) error { return o.fwd.Run(ctx) }
+func (o *Outbox) Run(ctx context.Context) error { return o.fwd.Run(ctx) }
 
 // Running is closed once the forwarder runs.
-func (o *PostgresOutbox) Running() chan struct{} { return o.fwd.Running() }
+func (o *Outbox) Running() chan struct{} { return o.fwd.Running() }
 
 // Pending counts the rows not yet forwarded.
-func (o *PostgresOutbox) Pending(ctx context.Context) (int, error) {
+func (o *Outbox) Pending(ctx context.Context) (int, error) {
 	var n int
 	table := wsql.PostgreSQLQueueSchema{}.MessagesTable(o.cfg.Topic)
 	if err := o.db.QueryRowContext(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
-		return 0, fmt.Errorf("outbox: count rows of %s: %w", table, err)
+		return 0, fmt.Errorf("pgoutbox: count rows of %s: %w", table, err)
 	}
 	return n, nil
 }
 
 // Close stops the forwarder; rows not yet forwarded stay in the table.
-func (o *PostgresOutbox) Close() error {
+func (o *Outbox) Close() error {
 	err := o.fwd.Close()
 	if cerr := o.sub.Close(); err == nil {
 		err = cerr
