@@ -1,0 +1,119 @@
+package sluice_test
+
+import (
+	"maps"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// forbiddenInCore are the import path prefixes an application chooses for itself: the
+// OpenTelemetry SDK and its exporters (telemetry/otelsetup), gRPC, the Prometheus client,
+// bbolt (the file outbox), and PostgreSQL with watermill-sql (outbox/pgoutbox).
+var forbiddenInCore = []string{
+	"go.opentelemetry.io/otel/sdk",
+	"go.opentelemetry.io/otel/exporters",
+	"google.golang.org/grpc",
+	"github.com/prometheus/client_golang",
+	"go.etcd.io/bbolt",
+	"github.com/lib/pq",
+	"github.com/jackc/pgx",
+	"github.com/ThreeDotsLabs/watermill-sql",
+}
+
+// Issue 35: importing router compiled 254 non-standard packages, 66 of them gRPC, because
+// router imported telemetry, which built OTLP exporters and a Prometheus registry. The
+// core depends on the OpenTelemetry API only; each package below is checked with go list
+// -deps, and a failure names the forbidden package and the import chain that reaches it.
+func TestCoreDependsOnNoSDKExporterOrDriver(t *testing.T) {
+	for _, tc := range []struct {
+		pkg    string
+		allow  []string // prefixes of forbiddenInCore the package may use
+		maxDep int      // non-standard packages at most, sluice's own included
+	}{
+		{pkg: "./router", maxDep: 100},
+		{pkg: "./middleware/...", maxDep: 60},
+		{pkg: ".", maxDep: 20},
+		{pkg: "./broker/amqp", maxDep: 40},
+		{pkg: "./telemetry", maxDep: 80},
+		{pkg: "./dlq", maxDep: 50},
+		{pkg: "./outbox", allow: []string{"go.etcd.io/bbolt"}, maxDep: 50},
+	} {
+		t.Run(tc.pkg, func(t *testing.T) {
+			graph, roots := depGraph(t, tc.pkg)
+			paths := slices.Sorted(maps.Keys(graph))
+			var nonStd int
+			for _, path := range paths {
+				if strings.Contains(strings.SplitN(path, "/", 2)[0], ".") {
+					nonStd++
+				}
+			}
+			for _, bad := range forbiddenInCore {
+				if slices.Contains(tc.allow, bad) {
+					continue
+				}
+				for _, path := range paths {
+					if path == bad || strings.HasPrefix(path, bad+"/") {
+						t.Errorf("%s depends on %s: %s", tc.pkg, bad, strings.Join(chainTo(graph, roots, path), " -> "))
+						break
+					}
+				}
+			}
+			assert.LessOrEqual(t, nonStd, tc.maxDep, "%s depends on %d non-standard packages", tc.pkg, nonStd)
+		})
+	}
+}
+
+// depGraph returns every package pattern depends on, with the imports of each, and the
+// packages pattern names, from go list -deps.
+func depGraph(t *testing.T, pattern string) (graph map[string][]string, roots []string) {
+	t.Helper()
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goBin, "list", "-deps", "-f", "{{.DepOnly}} {{.ImportPath}} {{join .Imports \" \"}}", pattern).CombinedOutput()
+	require.NoError(t, err, "go list -deps %s: %s", pattern, out)
+	graph = map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		require.GreaterOrEqual(t, len(fields), 2, "go list line %q", line)
+		graph[fields[1]] = fields[2:]
+		if fields[0] == "false" {
+			roots = append(roots, fields[1])
+		}
+	}
+	slices.Sort(roots)
+	return graph, roots
+}
+
+// chainTo returns an import chain from one of roots to target, the shortest found
+// breadth first.
+func chainTo(graph map[string][]string, roots []string, target string) []string {
+	prev := map[string]string{}
+	queue := slices.Clone(roots)
+	for _, r := range roots {
+		prev[r] = ""
+	}
+	for len(queue) > 0 {
+		cur := queue[0]
+		queue = queue[1:]
+		if cur == target {
+			var chain []string
+			for p := cur; p != ""; p = prev[p] {
+				chain = append([]string{p}, chain...)
+			}
+			return chain
+		}
+		for _, next := range graph[cur] {
+			if _, seen := prev[next]; !seen {
+				prev[next] = cur
+				queue = append(queue, next)
+			}
+		}
+	}
+	return []string{target}
+}
