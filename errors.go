@@ -43,6 +43,12 @@ func (c Class) String() string {
 // ErrDeferred is the error a Defer carries when it is given no reason.
 var ErrDeferred = errors.New("deferred")
 
+// ErrQueueNotFound is the one error every sluice package wraps for a queue that does not
+// exist on the broker: a depth read (broker/amqp, telemetry's depth sources), a DLQ that
+// is not there (dlq, the CLI). errors.Is(err, ErrQueueNotFound) tells it apart wherever
+// it comes from.
+var ErrQueueNotFound = errors.New("queue not found")
+
 type permanentError struct{ err error }
 
 func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }

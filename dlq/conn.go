@@ -6,15 +6,13 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Errors a caller tells apart (the CLI maps them to exit codes).
 var (
-	// ErrQueueNotFound means the DLQ Q.dlq does not exist: Q does not use sluice's
-	// topology, or the name is wrong.
-	ErrQueueNotFound = dlqwire.ErrQueueNotFound
 	// ErrMessageNotFound means no message in the DLQ has the id asked for.
 	ErrMessageNotFound = dlqwire.ErrMessageNotFound
 	// ErrDestinationNotFound means a message's original queue does not exist, so it was
@@ -92,7 +90,7 @@ func openSource(conn *amqp.Connection, queue string, src Source) (*amqp.Channel,
 			if src == FromArchive {
 				kind = "archive"
 			}
-			return nil, 0, fmt.Errorf("%s %q of queue %q: %w", kind, name, queue, ErrQueueNotFound)
+			return nil, 0, fmt.Errorf("%s %q of queue %q: %w", kind, name, queue, sluice.ErrQueueNotFound)
 		}
 		return nil, 0, fmt.Errorf("check %q: %w", name, err)
 	}

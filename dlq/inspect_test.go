@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 )
@@ -109,11 +110,11 @@ func TestInspectorNotFound(t *testing.T) {
 		run  func() error
 		want error
 	}{
-		{name: "list of a queue without a DLQ", run: func() error { _, err := in.List(ctx, "no.such.queue", 0); return err }, want: dlq.ErrQueueNotFound},
-		{name: "stats of a queue without a DLQ", run: func() error { _, err := in.Stats(ctx, "no.such.queue"); return err }, want: dlq.ErrQueueNotFound},
-		{name: "show of a queue without a DLQ", run: func() error { _, err := in.Show(ctx, "no.such.queue", "m-1"); return err }, want: dlq.ErrQueueNotFound},
+		{name: "list of a queue without a DLQ", run: func() error { _, err := in.List(ctx, "no.such.queue", 0); return err }, want: sluice.ErrQueueNotFound},
+		{name: "stats of a queue without a DLQ", run: func() error { _, err := in.Stats(ctx, "no.such.queue"); return err }, want: sluice.ErrQueueNotFound},
+		{name: "show of a queue without a DLQ", run: func() error { _, err := in.Show(ctx, "no.such.queue", "m-1"); return err }, want: sluice.ErrQueueNotFound},
 		{name: "show of an unknown id", run: func() error { _, err := in.Show(ctx, fx.queue, "nope"); return err }, want: dlq.ErrMessageNotFound},
-		{name: "purge of a queue without a DLQ", run: func() error { _, err := dlq.Purge(ctx, fx.conn, "no.such.queue"); return err }, want: dlq.ErrQueueNotFound},
+		{name: "purge of a queue without a DLQ", run: func() error { _, err := dlq.Purge(ctx, fx.conn, "no.such.queue"); return err }, want: sluice.ErrQueueNotFound},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

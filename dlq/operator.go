@@ -111,7 +111,7 @@ type Failure struct {
 
 // Replay sends the messages of queue's DLQ (or archive) that sel selects to their original
 // queue, or to opts.To, with their retry state reset (see ReplayPublishing). Errors match
-// ErrNothingSelected, ErrMessageNotFound (an id of sel is missing), ErrQueueNotFound (no
+// ErrNothingSelected, ErrMessageNotFound (an id of sel is missing), sluice.ErrQueueNotFound (no
 // such DLQ) or ErrDestinationNotFound (a destination queue is missing: those messages
 // stay, the others move).
 func (o *Operator) Replay(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {

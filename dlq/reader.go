@@ -7,6 +7,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/sluice-go/sluice"
 )
 
 // defaultWindow is how many messages a read has in flight from RabbitMQ.
@@ -217,7 +218,7 @@ func (r *reader) consume() error {
 	ds, err := r.ch.Consume(r.queue, r.tag, false, false, false, false, nil)
 	if err != nil {
 		if isNotFound(err) {
-			return fmt.Errorf("read %q: %w", r.queue, ErrQueueNotFound)
+			return fmt.Errorf("read %q: %w", r.queue, sluice.ErrQueueNotFound)
 		}
 		return fmt.Errorf("read %q: %w", r.queue, err)
 	}
@@ -323,7 +324,7 @@ func (r *reader) ready() (int, error) {
 	if err != nil {
 		r.probe = nil // a failed passive declare closes the channel
 		if isNotFound(err) {
-			return 0, fmt.Errorf("read %q: %w", r.queue, ErrQueueNotFound)
+			return 0, fmt.Errorf("read %q: %w", r.queue, sluice.ErrQueueNotFound)
 		}
 		return 0, fmt.Errorf("check %q: %w", r.queue, err)
 	}

@@ -208,7 +208,7 @@ func TestMaskError(t *testing.T) {
 		{name: "the URL", err: errors.New("dial " + u + " failed"), want: "dial amqp://admin:xxxxx@rabbit:5672/ failed"},
 		{name: "the password alone", err: errors.New("bad password s3cr?t"), want: "bad password xxxxx"},
 		{name: "the escaped password alone", err: errors.New("bad password s3cr%3Ft"), want: "bad password xxxxx"},
-		{name: "nothing secret", err: dlq.ErrQueueNotFound, want: dlq.ErrQueueNotFound.Error()},
+		{name: "nothing secret", err: sluice.ErrQueueNotFound, want: sluice.ErrQueueNotFound.Error()},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -217,8 +217,8 @@ func TestMaskError(t *testing.T) {
 			assert.NotContains(t, got.Error(), "s3cr")
 		})
 	}
-	masked := dlq.MaskError(errors.Join(errors.New("s3cr?t"), dlq.ErrQueueNotFound), u)
-	assert.ErrorIs(t, masked, dlq.ErrQueueNotFound, "a masked error keeps the package's sentinels")
+	masked := dlq.MaskError(errors.Join(errors.New("s3cr?t"), sluice.ErrQueueNotFound), u)
+	assert.ErrorIs(t, masked, sluice.ErrQueueNotFound, "a masked error keeps the package's sentinels")
 }
 
 func TestNewRecord_OriginalQueueFromRabbitMQsOwnDeadLettering(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -152,7 +153,7 @@ func openUnrouted(conn *amqp.Connection) (*amqp.Channel, int, error) {
 	if err != nil {
 		_ = ch.Close()
 		if isNotFound(err) {
-			return nil, 0, fmt.Errorf("queue %q (declared with sluice's first exchange): %w", unroutedQueue, ErrQueueNotFound)
+			return nil, 0, fmt.Errorf("queue %q (declared with sluice's first exchange): %w", unroutedQueue, sluice.ErrQueueNotFound)
 		}
 		return nil, 0, fmt.Errorf("check queue %q: %w", unroutedQueue, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -25,9 +26,6 @@ const (
 
 // Errors of WatchDepth.
 var (
-	// ErrQueueAbsent is what a DepthSource returns for a queue that does not exist. The
-	// watcher reports no depth for it (the series is absent), and logs it once.
-	ErrQueueAbsent = errors.New("telemetry: queue does not exist")
 	// ErrNoDepthSource is returned by DepthConfig.Validate without a Source.
 	ErrNoDepthSource = errors.New("telemetry: depth watcher needs a source")
 	// ErrNoDepthQueues is returned by DepthConfig.Validate without queues to watch.
@@ -59,8 +57,9 @@ type QueueDepth struct {
 
 // DepthSource reads a queue's depth from the broker.
 type DepthSource interface {
-	// QueueDepth returns queue's depth, or an error wrapping ErrQueueAbsent when queue
-	// does not exist.
+	// QueueDepth returns queue's depth, or an error wrapping sluice.ErrQueueNotFound when
+	// queue does not exist: the watcher then reports no depth for it (the series is
+	// absent), and logs it once.
 	QueueDepth(ctx context.Context, queue string) (QueueDepth, error)
 }
 
@@ -215,7 +214,7 @@ func (w *DepthWatcher) poll() {
 		switch {
 		case err == nil:
 			w.depths[q.Name] = d
-		case errors.Is(err, ErrQueueAbsent):
+		case errors.Is(err, sluice.ErrQueueNotFound):
 			delete(w.depths, q.Name)
 			status = "absent"
 		default:

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/mask"
 )
 
@@ -62,7 +63,7 @@ type queueStats struct {
 }
 
 // QueueDepth reads queue's ready and unacknowledged messages and consumers; a queue the
-// API does not know (404) is ErrQueueAbsent.
+// API does not know (404) is sluice.ErrQueueNotFound.
 func (s *ManagementSource) QueueDepth(ctx context.Context, queue string) (QueueDepth, error) {
 	u := *s.base
 	// The vhost "/" must travel as %2F: RawPath keeps that encoding, Path is its decoded form.
@@ -86,7 +87,7 @@ func (s *ManagementSource) QueueDepth(ctx context.Context, queue string) (QueueD
 	case http.StatusOK:
 	case http.StatusNotFound:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return QueueDepth{}, fmt.Errorf("queue %q in vhost %q: %w", queue, s.vhost, ErrQueueAbsent)
+		return QueueDepth{}, fmt.Errorf("queue %q in vhost %q: %w", queue, s.vhost, sluice.ErrQueueNotFound)
 	default:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return QueueDepth{}, fmt.Errorf("read depth of queue %q: %s answered %s", queue, s.base.Host, resp.Status)

@@ -190,7 +190,7 @@ func (s *fakeSource) QueueDepth(_ context.Context, queue string) (telemetry.Queu
 	}
 	d, ok := s.depths[queue]
 	if !ok {
-		return telemetry.QueueDepth{}, fmt.Errorf("queue %q: %w", queue, telemetry.ErrQueueAbsent)
+		return telemetry.QueueDepth{}, fmt.Errorf("queue %q: %w", queue, sluice.ErrQueueNotFound)
 	}
 	return d, nil
 }
@@ -436,12 +436,12 @@ func TestManagementSource_AnswersOfTheAPI(t *testing.T) {
 	assert.Equal(t, []string{"ops", "pw"}, []string{gotUser, gotPass})
 
 	_, err = src.QueueDepth(ctx, "missing")
-	require.ErrorIs(t, err, telemetry.ErrQueueAbsent)
+	require.ErrorIs(t, err, sluice.ErrQueueNotFound)
 	d, err = src.QueueDepth(ctx, "fresh")
 	require.NoError(t, err)
 	assert.False(t, d.UnackedKnown, "no unacked figure yet")
 	_, err = src.QueueDepth(ctx, "denied")
 	require.Error(t, err)
-	assert.NotErrorIs(t, err, telemetry.ErrQueueAbsent)
+	assert.NotErrorIs(t, err, sluice.ErrQueueNotFound)
 	assert.NotContains(t, err.Error(), "pw")
 }

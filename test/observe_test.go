@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/brokerwatch"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -56,7 +57,7 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	assert.False(t, d.UnackedKnown, "passive declare does not see unacked messages")
 
 	_, err = src.QueueDepth(ctx, testenv.Name("obs.missing"))
-	require.ErrorIs(t, err, telemetry.ErrQueueAbsent)
+	require.ErrorIs(t, err, sluice.ErrQueueNotFound)
 	// The broker's channel for the missing queue was its own: the next read works.
 	_, err = src.QueueDepth(ctx, queue)
 	require.NoError(t, err)
@@ -113,7 +114,7 @@ func TestManagementDepthAndReadiness(t *testing.T) {
 		return err == nil && last == telemetry.QueueDepth{Ready: 3, Unacked: 2, UnackedKnown: true, Consumers: 1}
 	}, 30*time.Second, 100*time.Millisecond, "ready 3, unacked 2, 1 consumer; last %+v, %v", last, err)
 	_, err = src.QueueDepth(ctx, testenv.Name("obs.missing"))
-	require.ErrorIs(t, err, telemetry.ErrQueueAbsent)
+	require.ErrorIs(t, err, sluice.ErrQueueNotFound)
 	wrong, err := telemetry.NewManagementSource("http://guest:s3cret@"+mgmtURL[len("http://guest:guest@"):], "")
 	require.NoError(t, err)
 	_, err = wrong.QueueDepth(ctx, queue)

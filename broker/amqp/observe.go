@@ -6,10 +6,9 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-)
 
-// ErrQueueNotFound is returned by QueueDepth for a queue that does not exist.
-var ErrQueueNotFound = errors.New("amqp: queue not found")
+	"github.com/sluice-go/sluice"
+)
 
 // Connected reports whether the broker's connection is up now (false while it
 // reconnects, and after Close).
@@ -29,7 +28,7 @@ func (b *Broker) Reconnects() int64 { return b.conn.reconnects.Load() }
 // QueueDepth returns the ready messages and the consumers of queue, with a passive
 // queue.declare: it creates nothing, and needs no plugin. RabbitMQ does not say how many
 // messages are delivered and unacknowledged this way (the management API does). A queue
-// that does not exist is ErrQueueNotFound.
+// that does not exist is sluice.ErrQueueNotFound.
 func (b *Broker) QueueDepth(ctx context.Context, queue string) (ready, consumers int, err error) {
 	ch, err := b.conn.channel(ctx)
 	if err != nil {
@@ -41,7 +40,7 @@ func (b *Broker) QueueDepth(ctx context.Context, queue string) (ready, consumers
 	if err != nil {
 		var amqpErr *amqp.Error
 		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
-			return 0, 0, fmt.Errorf("queue %q: %w", queue, ErrQueueNotFound)
+			return 0, 0, fmt.Errorf("queue %q: %w", queue, sluice.ErrQueueNotFound)
 		}
 		return 0, 0, fmt.Errorf("read depth of queue %q: %w", queue, err)
 	}

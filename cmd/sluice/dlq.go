@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -145,7 +146,7 @@ func inspect(e *env, archive bool, read func(*dlq.Inspector) error) error {
 
 // dlqError gives not-found errors their exit code.
 func dlqError(err error) error {
-	if errors.Is(err, dlq.ErrQueueNotFound) || errors.Is(err, dlq.ErrMessageNotFound) {
+	if errors.Is(err, sluice.ErrQueueNotFound) || errors.Is(err, dlq.ErrMessageNotFound) {
 		return notFound(err)
 	}
 	return err

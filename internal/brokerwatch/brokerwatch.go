@@ -6,9 +6,7 @@ package brokerwatch
 
 import (
 	"context"
-	"errors"
 
-	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -40,10 +38,7 @@ type amqpDepth struct{ b rabbitDepth }
 
 func (a amqpDepth) QueueDepth(ctx context.Context, queue string) (telemetry.QueueDepth, error) {
 	ready, consumers, err := a.b.QueueDepth(ctx, queue)
-	if errors.Is(err, amqp.ErrQueueNotFound) {
-		return telemetry.QueueDepth{}, errors.Join(telemetry.ErrQueueAbsent, err)
-	}
-	if err != nil {
+	if err != nil { // a missing queue's error wraps sluice.ErrQueueNotFound
 		return telemetry.QueueDepth{}, err
 	}
 	return telemetry.QueueDepth{Ready: int64(ready), Consumers: int64(consumers)}, nil

@@ -14,14 +14,15 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice"
 	hdr "github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/mask"
 )
 
 // Errors dlq re-exports under the same names (see package dlq).
 var (
-	// ErrQueueNotFound: see dlq.ErrQueueNotFound.
-	ErrQueueNotFound = errors.New("queue not found")
+	// ErrQueueNotFound is sluice.ErrQueueNotFound, named here for the masked error's Is.
+	ErrQueueNotFound = sluice.ErrQueueNotFound
 	// ErrMessageNotFound: see dlq.ErrMessageNotFound.
 	ErrMessageNotFound = errors.New("message not found")
 	// ErrDestinationNotFound: see dlq.ErrDestinationNotFound.

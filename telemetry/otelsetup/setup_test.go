@@ -261,8 +261,7 @@ func TestSetup_PrometheusEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code)
 	for _, want := range []string{
-		`sluice_messages_total{handler="",otel_scope_name="github.com/sluice-go/sluice/telemetry"
-	"github.com/sluice-go/sluice/telemetry/otelsetup"`,
+		`sluice_messages_total{handler="",otel_scope_name="github.com/sluice-go/sluice/telemetry"`,
 		`outcome="ack"`,
 		`sluice_handler_duration_seconds_bucket{`,
 		`sluice_messages_in_flight{`,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
 )
 
@@ -63,7 +64,7 @@ func status(err error) int {
 	switch {
 	case errors.Is(err, ErrBadRequest), errors.Is(err, dlq.ErrNoSelector):
 		return http.StatusBadRequest
-	case errors.Is(err, dlq.ErrQueueNotFound), errors.Is(err, dlq.ErrMessageNotFound),
+	case errors.Is(err, sluice.ErrQueueNotFound), errors.Is(err, dlq.ErrMessageNotFound),
 		errors.Is(err, dlq.ErrNothingSelected), errors.Is(err, errNotSluice):
 		return http.StatusNotFound
 	case errors.Is(err, context.DeadlineExceeded):
