@@ -38,6 +38,8 @@ type overloadState struct {
 	mu      sync.Mutex
 	pauses  []*pauseController
 	metrics *telemetry.OverloadMetrics
+	// stopRefused ends the Overload's NotifyRefused listener; nil without one.
+	stopRefused func()
 }
 
 // initOverload wires the retry step's overload protection to the broker and telemetry.
@@ -70,7 +72,7 @@ func (s *Stack) initOverload() error {
 	}
 	s.overload.metrics = m
 	if o := s.cfg.Retry.Overload; o != nil {
-		o.NotifyRefused(func(ev retry.RefusedEvent) {
+		s.overload.stopRefused = o.NotifyRefused(func(ev retry.RefusedEvent) {
 			m.RetryRefused(context.Background(), ev.Dependency, ev.Queue, ev.Reason)
 		})
 	}
@@ -82,7 +84,12 @@ func (s *Stack) closeOverload() {
 	s.overload.mu.Lock()
 	pauses := s.overload.pauses
 	m := s.overload.metrics
+	stopRefused := s.overload.stopRefused
+	s.overload.stopRefused = nil
 	s.overload.mu.Unlock()
+	if stopRefused != nil {
+		stopRefused()
+	}
 	for _, p := range pauses {
 		p.close()
 	}

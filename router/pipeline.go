@@ -37,14 +37,15 @@ var ErrOutputWithoutTopic = errors.New("router: handler returned output messages
 // (watermill-amqp's) must decode messages with sluice's marshaler: see
 // amqp.WatermillSubscriberConfig.
 //
-// With Config.Telemetry and Config.Breakers set, the breaker state gauge is registered
-// for the life of the Instrumentation.
-func Middlewares(broker Broker, cfg Config) ([]message.HandlerMiddleware, error) {
+// What the steps register (with Config.Telemetry: the breaker state and overload
+// gauges; with Config.Retry.Overload: its refusal listener) lasts until closeSteps is called:
+// call it once the router using the steps is closed.
+func Middlewares(broker Broker, cfg Config) (mws []message.HandlerMiddleware, closeSteps func() error, err error) {
 	s, err := New(broker, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return s.steps("", handlerConfig{}), nil
+	return s.steps("", handlerConfig{}), s.Close, nil
 }
 
 // compose wraps h in the stack's steps.

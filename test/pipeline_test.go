@@ -105,8 +105,9 @@ func TestPipeline_UnroutableOutputIsRetriedNeverLost(t *testing.T) {
 		}},
 		{name: "plain router with router.Middlewares", run: func(t *testing.T, e *env, q, outQ string, g *idempotency.Guard, calls *atomic.Int64) {
 			declare(t, e, q)
-			mws, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries), Idempotency: g})
+			mws, closeSteps, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries), Idempotency: g})
 			require.NoError(t, err)
+			t.Cleanup(func() { assert.NoError(t, closeSteps()) })
 			runPlainRouter(t, func(r *message.Router) {
 				r.AddMiddleware(mws...)
 				r.AddHandler("receipts", q, e.broker.Subscriber(1, 1), outQ, e.amqp.Publisher(), output(calls))
@@ -205,8 +206,9 @@ func TestPipeline_WatermillTimeoutIsAHandlerFailure(t *testing.T) {
 			h := waitForDeadline(&calls, tt.result)
 			if tt.around {
 				declare(t, e, q)
-				mws, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries)})
+				mws, closeSteps, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries)})
 				require.NoError(t, err)
+				t.Cleanup(func() { assert.NoError(t, closeSteps()) })
 				runPlainRouter(t, func(r *message.Router) {
 					r.AddMiddleware(wmiddleware.Timeout(deadline))
 					r.AddMiddleware(mws...)
@@ -310,8 +312,9 @@ func TestPipeline_WatermillMiddlewareComposes(t *testing.T) {
 			h := tt.handler(&calls)
 			if tt.setup.around {
 				declare(t, e, q, outQ)
-				mws, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries)})
+				mws, closeSteps, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries)})
 				require.NoError(t, err)
+				t.Cleanup(func() { assert.NoError(t, closeSteps()) })
 				runPlainRouter(t, func(r *message.Router) {
 					r.AddMiddleware(tt.setup.user...)
 					r.AddMiddleware(mws...)
@@ -383,8 +386,9 @@ func TestPipeline_WatermillAMQPSubscriber(t *testing.T) {
 
 	sub, err := amqp.NewWatermillSubscriber(amqp.WatermillConfig(e.rabbit.URL), watermill.NopLogger{})
 	require.NoError(t, err)
-	mws, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries)})
+	mws, closeSteps, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries)})
 	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, closeSteps()) })
 	var mu sync.Mutex
 	deliveries := map[string]int{}
 	runPlainRouter(t, func(r *message.Router) {

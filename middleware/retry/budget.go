@@ -152,8 +152,10 @@ type Overload struct {
 	deps map[string]*dependency
 	// backlogs caches Backlog readings by queue.
 	backlogs map[string]backlogReading
-	// listeners are NotifyRefused's functions.
-	listeners []func(RefusedEvent)
+	// listeners are NotifyRefused's functions, each behind a pointer of its own so that
+	// its stop function removes that one. A removal copies the slice: a refusal ranges
+	// over the slice it read without the lock.
+	listeners []*func(RefusedEvent)
 }
 
 type backlogReading struct {
@@ -314,11 +316,24 @@ func (o *Overload) UseBacklog(f func(ctx context.Context, queue string) (int, er
 }
 
 // NotifyRefused adds f to the functions called when a retry is refused, after
-// OverloadConfig.OnRefused (the router counts refusals in a metric with it).
-func (o *Overload) NotifyRefused(f func(RefusedEvent)) {
+// OverloadConfig.OnRefused (the router counts refusals in a metric with it), until the
+// returned stop function is called: a Stack stops its listener when it closes, so an
+// Overload shared by many stacks does not keep every closed one's.
+func (o *Overload) NotifyRefused(f func(RefusedEvent)) (stop func()) {
+	l := &f
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.listeners = append(o.listeners, f)
+	o.listeners = append(o.listeners[:len(o.listeners):len(o.listeners)], l)
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for i, have := range o.listeners {
+			if have == l {
+				o.listeners = append(o.listeners[:i:i], o.listeners[i+1:]...)
+				return
+			}
+		}
+	}
 }
 
 // stateLog tracks an on/off state for logging its changes. It turns off only once it has

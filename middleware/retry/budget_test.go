@@ -337,3 +337,26 @@ func TestOverload_SpanEvents(t *testing.T) {
 	require.Contains(t, events, "retry.adapted")
 	assert.InDelta(t, 3, events["retry.adapted"]["sluice.retry.delay_factor"].AsFloat64(), 1e-9)
 }
+
+// Issue 35: a Stack registered a NotifyRefused listener and never removed it, so an
+// Overload shared by stacks built and closed in turn called every closed one's. A stopped
+// listener is called no more; the others still are.
+func TestOverload_NotifyRefusedStop(t *testing.T) {
+	r, o, _, _ := overloadStep(t, retry.OverloadConfig{BudgetRatio: 0.2, Window: 10 * time.Second, MinRetriesPerSecond: -1})
+	var kept, stopped atomic.Int64
+	o.NotifyRefused(func(retry.RefusedEvent) { kept.Add(1) })
+	stop := o.NotifyRefused(func(retry.RefusedEvent) { stopped.Add(1) })
+	for range 10 {
+		_ = attempt(r, 0, failing(errBoom))
+	}
+	require.Positive(t, kept.Load(), "the budget refused some retries")
+	assert.Equal(t, kept.Load(), stopped.Load())
+	stop()
+	stop() // a second stop removes nothing else
+	before := kept.Load()
+	for range 10 {
+		_ = attempt(r, 0, failing(errBoom))
+	}
+	assert.Greater(t, kept.Load(), before, "the listener not stopped still hears refusals")
+	assert.Equal(t, before, stopped.Load(), "the stopped listener hears nothing more")
+}

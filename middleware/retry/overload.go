@@ -159,6 +159,6 @@ func (o *Overload) refused(ctx context.Context, d *dependency, msg *message.Mess
 	listeners := o.listeners
 	o.mu.Unlock()
 	for _, f := range listeners {
-		f(ev)
+		(*f)(ev)
 	}
 }
