@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/dependency"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -45,17 +46,12 @@ type overloadState struct {
 // initOverload wires the retry step's overload protection to the broker and telemetry.
 func (s *Stack) initOverload() error {
 	if o := s.cfg.Retry.Overload; o != nil {
-		switch d := s.broker.(type) {
-		case interface {
-			QueueDepth(ctx context.Context, queue string) (int, error)
-		}: // the embedded broker
-			o.UseBacklog(d.QueueDepth)
-		case interface {
-			QueueDepth(ctx context.Context, queue string) (ready, consumers int, err error)
-		}: // RabbitMQ: a passive declare
+		if d, ok := s.broker.(interface {
+			QueueDepth(ctx context.Context, queue string) (sluice.QueueDepth, error)
+		}); ok { // both brokers: a passive declare on RabbitMQ
 			o.UseBacklog(func(ctx context.Context, queue string) (int, error) {
-				ready, _, err := d.QueueDepth(ctx, queue)
-				return ready, err
+				depth, err := d.QueueDepth(ctx, queue)
+				return int(depth.Ready), err
 			})
 		}
 	}

@@ -84,7 +84,7 @@ func TestPause_HandlerWaitsWhileTheBreakerIsOpen(t *testing.T) {
 				// Two calls trip it, one more may be in flight, then one probe per period.
 				assert.LessOrEqual(t, calls.Load(), int64(3+6))
 				assert.LessOrEqual(t, b.n.Load(), calls.Load(), "only the failed calls are handed off")
-				assert.GreaterOrEqual(t, waiting, messages-int(calls.Load()), "the others wait in the queue")
+				assert.GreaterOrEqual(t, int(waiting.Ready), messages-int(calls.Load()), "the others wait in the queue")
 			} else {
 				assert.Greater(t, b.n.Load(), int64(messages), "every message is deferred, again and again")
 			}

@@ -42,18 +42,9 @@ const DefaultDepthInterval = 15 * time.Second
 // broker (one channel per queue over AMQP, one HTTP request over the management API).
 const minDepthInterval = 500 * time.Millisecond
 
-// QueueDepth is what a DepthSource reads of one queue.
-type QueueDepth struct {
-	// Ready is the number of messages waiting for a consumer.
-	Ready int64
-	// Unacked is the number delivered and not yet acknowledged, valid if UnackedKnown.
-	Unacked int64
-	// UnackedKnown is false for a source that cannot see unacknowledged messages (AMQP's
-	// passive queue.declare reports ready messages and consumers only).
-	UnackedKnown bool
-	// Consumers is the number of consumers.
-	Consumers int64
-}
+// QueueDepth is what a DepthSource reads of one queue: sluice.QueueDepth, which both
+// brokers' QueueDepth methods return, so that either broker is a DepthSource.
+type QueueDepth = sluice.QueueDepth
 
 // DepthSource reads a queue's depth from the broker.
 type DepthSource interface {

@@ -39,7 +39,7 @@ func TestErrQueueNotFound_OneSentinelFromEveryPackage(t *testing.T) {
 		name string
 		read func() error
 	}{
-		{"amqp.Broker.QueueDepth", func() error { _, _, err := b.QueueDepth(ctx, missing); return err }},
+		{"amqp.Broker.QueueDepth", func() error { _, err := b.QueueDepth(ctx, missing); return err }},
 		{"dlq.Inspector.Stats", func() error { _, err := dlq.NewInspector(r.Conn).Stats(ctx, missing); return err }},
 		{"dlq.Inspector.List", func() error { _, err := dlq.NewInspector(r.Conn).List(ctx, missing, 0); return err }},
 		{"telemetry.ManagementSource.QueueDepth", func() error { _, err := ms.QueueDepth(ctx, missing); return err }},

@@ -16,7 +16,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/brokerwatch"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -45,8 +44,9 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	src := brokerwatch.DepthSource(router.FromAMQP(b))
-	require.NotNil(t, src)
+	// The broker is telemetry's depth source as it is, through the router's wrapper too.
+	src, ok := router.FromAMQP(b).(telemetry.DepthSource)
+	require.True(t, ok)
 
 	require.Eventually(t, func() bool {
 		d, err := src.QueueDepth(ctx, queue)
@@ -62,8 +62,8 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	_, err = src.QueueDepth(ctx, queue)
 	require.NoError(t, err)
 
-	state := brokerwatch.ConnectionState(router.FromAMQP(b))
-	require.NotNil(t, state)
+	state, ok := router.FromAMQP(b).(telemetry.ConnectionState)
+	require.True(t, ok)
 	assert.True(t, state.Connected())
 	assert.Zero(t, state.Reconnects())
 }

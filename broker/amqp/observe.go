@@ -27,12 +27,13 @@ func (b *Broker) Reconnects() int64 { return b.conn.reconnects.Load() }
 
 // QueueDepth returns the ready messages and the consumers of queue, with a passive
 // queue.declare: it creates nothing, and needs no plugin. RabbitMQ does not say how many
-// messages are delivered and unacknowledged this way (the management API does). A queue
-// that does not exist is sluice.ErrQueueNotFound.
-func (b *Broker) QueueDepth(ctx context.Context, queue string) (ready, consumers int, err error) {
+// messages are delivered and unacknowledged this way (the management API does), so
+// UnackedKnown is false. A queue that does not exist is sluice.ErrQueueNotFound. The
+// signature is telemetry.DepthSource's: a Broker is one.
+func (b *Broker) QueueDepth(ctx context.Context, queue string) (sluice.QueueDepth, error) {
 	ch, err := b.conn.channel(ctx)
 	if err != nil {
-		return 0, 0, err
+		return sluice.QueueDepth{}, err
 	}
 	// A passive declare of a missing queue closes its channel: this one is for that alone.
 	defer ch.Close()
@@ -40,9 +41,9 @@ func (b *Broker) QueueDepth(ctx context.Context, queue string) (ready, consumers
 	if err != nil {
 		var amqpErr *amqp.Error
 		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
-			return 0, 0, fmt.Errorf("queue %q: %w", queue, sluice.ErrQueueNotFound)
+			return sluice.QueueDepth{}, fmt.Errorf("queue %q: %w", queue, sluice.ErrQueueNotFound)
 		}
-		return 0, 0, fmt.Errorf("read depth of queue %q: %w", queue, err)
+		return sluice.QueueDepth{}, fmt.Errorf("read depth of queue %q: %w", queue, err)
 	}
-	return q.Messages, q.Consumers, nil
+	return sluice.QueueDepth{Ready: int64(q.Messages), Consumers: int64(q.Consumers)}, nil
 }

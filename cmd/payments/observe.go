@@ -4,7 +4,6 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/sluice-go/sluice/internal/brokerwatch"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -21,7 +20,7 @@ func observe(cfg config, logger *slog.Logger, b router.Broker, providers *otelse
 	inst *telemetry.Instrumentation) ([]func() error, error) {
 	var closers []func() error
 	health := providers.Health()
-	if state := brokerwatch.ConnectionState(b); state != nil {
+	if state, ok := b.(telemetry.ConnectionState); ok {
 		reg, err := inst.RegisterConnection(state)
 		if err != nil {
 			return closers, err
@@ -35,7 +34,7 @@ func observe(cfg config, logger *slog.Logger, b router.Broker, providers *otelse
 		})
 	}
 
-	source := brokerwatch.DepthSource(b)
+	source, _ := b.(telemetry.DepthSource)
 	if cfg.managementURL != "" {
 		ms, err := telemetry.NewManagementSource(cfg.managementURL, "")
 		if err != nil {

@@ -1,6 +1,7 @@
 // Command quickstart is the README's first example, compiled and tested: a payment
 // consumer on RabbitMQ (AMQP_URL) with broker-side retries, dead letters, idempotency, a
-// circuit breaker and OpenTelemetry traces (OTEL_EXPORTER_OTLP_ENDPOINT).
+// circuit breaker, OpenTelemetry traces (OTEL_EXPORTER_OTLP_ENDPOINT), and /metrics,
+// /healthz and /readyz on METRICS_ADDR for the dashboard and alerts in deploy/.
 package main
 
 import (
@@ -28,17 +29,18 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, "orders", "payments.requested", "payments.succeeded"); err != nil {
+	if err := run(ctx, os.Getenv("METRICS_ADDR"), "orders", "payments.requested", "payments.succeeded"); err != nil {
 		slog.Error("quickstart stopped", "error", err)
 		os.Exit(1)
 	}
 }
 
 // run consumes queue, bound to the topic exchange orders for payment.requested events, until
-// ctx ends, publishing a succeeded event per payment to output.
-func run(ctx context.Context, orders, queue, output string) error {
+// ctx ends, publishing a succeeded event per payment to output, and serves the metrics and
+// health endpoints on metricsAddr ("" for none).
+func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
 	logger := slog.Default()
-	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "quickstart"})
+	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "quickstart", MetricsAddr: metricsAddr})
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
@@ -85,6 +87,12 @@ func run(ctx context.Context, orders, queue, output string) error {
 	if err != nil {
 		return err
 	}
+	// Queue depths, the connection, and a /readyz that follows consumption and pauses.
+	ops, err := providers.Operate(otelsetup.OperateConfig{Stack: stack, Broker: broker, Instrumentation: inst})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ops.Close() }()
 	return stack.Run(ctx) // declares the queues, consumes until ctx ends
 }
 

@@ -3,8 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -51,7 +56,7 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, testenv.Name("quickstart.orders"), queue, output) }()
+	go func() { done <- run(ctx, "", testenv.Name("quickstart.orders"), queue, output) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -87,4 +92,98 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 	assert.Equal(t, "json.SyntaxError", dead.Headers[sluice.HeaderErrorType])
 	assert.Equal(t, "permanent", dead.Headers[headers.ErrorClass])
 	assert.Contains(t, dead.Headers[sluice.HeaderErrorMessage], "permanent: decode payment request: unexpected end of JSON input")
+}
+
+// deployMetric is a metric (or label) name in a PromQL expression of deploy/.
+var deployMetric = regexp.MustCompile(`\b(?:sluice|messaging)_[a-z_]+\b`)
+
+// deployNames returns every sluice_* and messaging_* name the alert rules and the
+// dashboard's panels use, each with the file naming it.
+func deployNames(t *testing.T) map[string]string {
+	t.Helper()
+	root := testenv.ModuleRoot(t)
+	names := map[string]string{}
+	for _, f := range []string{"deploy/prometheus/alerts.yml", "deploy/grafana/sluice.json"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		require.NoError(t, err)
+		for _, n := range deployMetric.FindAllString(string(b), -1) {
+			names[n] = f
+		}
+	}
+	require.Contains(t, names, "sluice_queue_depth", "the deploy files were read")
+	return names
+}
+
+// Issue 35: a service built as the README shows had no sluice_queue_depth,
+// sluice_queue_consumers or sluice_connection_up, so 4 of the 8 shipped alerts and the
+// dashboard's DLQ panels stayed empty. The quickstart, run as the README runs it with
+// METRICS_ADDR, serves every name an alert rule or a dashboard panel uses, once it has
+// seen the events they count (a payment, a duplicate, a malformed request, a rate-limited
+// one that is retried).
+func TestQuickstartServesWhatTheDashboardAndAlertsRead(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	t.Setenv("AMQP_URL", r.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_TRACES_EXPORTER", "none")
+	queue, output := testenv.Name("quickstart.ops.requested"), testenv.Name("quickstart.ops.succeeded")
+	r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
+	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, addr, testenv.Name("quickstart.ops.orders"), queue, output) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			assert.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Error("run did not return after its context ended")
+		}
+	})
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	require.Eventually(t, func() bool { return r.Count(queue) >= 0 }, 30*time.Second, 50*time.Millisecond, "queues declared")
+	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, 30*time.Second, 50*time.Millisecond,
+		"/readyz says ready once the stack consumes")
+
+	publish := func(id, body string) {
+		r.Publish(queue, amqp091.Publishing{MessageId: id, DeliveryMode: amqp091.Persistent, Body: []byte(body)})
+	}
+	publish("m-1", `{"payment_id":"pay_1","amount_cents":1299}`)
+	publish("m-2", `{"payment_id":"pay_1","amount_cents":1299}`)    // a duplicate
+	publish("m-3", `{"payment_id":`)                                // dead-lettered
+	publish("m-4", `{"payment_id":"pay_2","amount_cents":2000000}`) // rate limited: retried
+
+	names := deployNames(t)
+	var missing []string
+	ok := assert.Eventually(t, func() bool {
+		_, scrape := get("/metrics")
+		missing = missing[:0]
+		for name := range names {
+			// A name in a PromQL expression is a metric or one of its labels.
+			if !strings.Contains(scrape, "\n"+name+"{") && !strings.Contains(scrape, "\n"+name+" ") && !strings.Contains(scrape, ","+name+`="`) && !strings.Contains(scrape, "{"+name+`="`) {
+				missing = append(missing, name)
+			}
+		}
+		return len(missing) == 0
+	}, 30*time.Second, 200*time.Millisecond)
+	if !ok {
+		_, scrape := get("/metrics")
+		t.Logf("queue %d dlq %d output %d\n%s", r.Count(queue), r.Count(topology.DLQ(queue)), r.Count(output), scrape)
+		slices.Sort(missing)
+		for _, m := range missing {
+			t.Errorf("%s (used in %s) is not in the quickstart's scrape", m, names[m])
+		}
+	}
+	_, scrape := get("/metrics")
+	assert.Contains(t, scrape, `sluice_queue_depth{kind="dlq",`, "the DLQ panels' series")
+	assert.Regexp(t, `sluice_connection_up\{[^}]*\} 1\n`, scrape)
 }

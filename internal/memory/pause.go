@@ -2,6 +2,8 @@ package memory
 
 import (
 	"context"
+
+	"github.com/sluice-go/sluice"
 )
 
 // Pause stops the subscription's workers from taking messages: a message waiting for a
@@ -15,11 +17,12 @@ func (s *subscriber) Resume(limit int) { s.gate.Set(false, limit) }
 // Paused reports whether Pause was called after the last Resume.
 func (s *subscriber) Paused() bool { return s.gate.State().Paused }
 
-// QueueDepth returns the number of messages ready in queue (Len without the scheduled
-// ones), the backlog the retry step's adaptive policy reads.
-func (b *Broker) QueueDepth(_ context.Context, queue string) (int, error) {
+// QueueDepth returns the messages ready in queue (Len without the scheduled ones), the
+// backlog the retry step's adaptive policy reads and telemetry's depth watcher reports.
+// The embedded broker does not count consumers or unacknowledged messages.
+func (b *Broker) QueueDepth(_ context.Context, queue string) (sluice.QueueDepth, error) {
 	q := b.queue(queue)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.ready), nil
+	return sluice.QueueDepth{Ready: int64(len(q.ready))}, nil
 }
