@@ -2,8 +2,11 @@
 // attempts of one message (first try, broker-side retries, the dead-letter hand-off) form
 // one OpenTelemetry trace.
 //
-// Setup builds the tracer and meter providers from the standard OTEL_* environment
-// variables and installs them and the W3C propagators globally. New returns an
+// The package depends on the OpenTelemetry API only, so that the library's core compiles
+// no SDK, exporter, gRPC or Prometheus client. Package telemetry/otelsetup is the
+// application's side: its Setup builds the tracer and meter providers from the standard
+// OTEL_* environment variables and installs them and the W3C propagators globally, and
+// Operate adds the queue-depth, connection and readiness wiring. New returns an
 // Instrumentation whose decorators and middleware carry the trace context in a message's
 // headers (traceparent, tracestate):
 //
@@ -33,7 +36,7 @@
 // and .name, messaging.destination.name, those a sampler may decide on).
 //
 // The rest is the OpenTelemetry SDK's, and set by choices that are the user's, on the
-// providers given to New (or through OTEL_* variables with Setup).
+// providers given to New (or through OTEL_* variables with otelsetup.Setup).
 // BenchmarkTracingOverhead in router/perf_bench_test.go measures each beside the untraced
 // stack in one run; on a shared 2-core machine, in CPU time a message (BENCHMARKS.md,
 // "Performance targets", has the full table):
@@ -49,7 +52,7 @@
 //     sampled attempt to a reservoir (a clock read and a lock each); exemplar.AlwaysOffFilter
 //     (sdkmetric.WithExemplarFilter, or OTEL_METRICS_EXEMPLAR_FILTER=always_off) saves 5–10%
 //     of a sampled attempt's cost and loses the link from a slow bucket to its trace.
-//   - Span processor. The batch processor (sdktrace.WithBatcher, what Setup uses) wakes its
+//   - Span processor. The batch processor (sdktrace.WithBatcher, what otelsetup.Setup uses) wakes its
 //     goroutine for each span; the simple processor (sdktrace.WithSyncer) measured 3.7x
 //     against the batch processor's 5x, but only because the benchmark's exporter discards:
 //     a real exporter then sends every span on the handler's goroutine, a network call per

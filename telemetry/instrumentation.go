@@ -41,7 +41,7 @@ type options struct {
 }
 
 // WithTracerProvider sets the tracer provider. The default is the global one, which
-// follows whatever Setup or otel.SetTracerProvider installs later.
+// follows whatever otelsetup.Setup or otel.SetTracerProvider installs later.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tp = tp }
 }
@@ -52,7 +52,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 }
 
 // WithPropagator sets the propagator that reads and writes trace context in message
-// headers. The default is the global one (W3C TraceContext and Baggage after Setup).
+// headers. The default is the global one (W3C TraceContext and Baggage after otelsetup.Setup).
 func WithPropagator(p propagation.TextMapPropagator) Option {
 	return func(o *options) { o.prop = p }
 }
@@ -233,7 +233,7 @@ func (in *Instrumentation) createInstruments() error {
 }
 
 // propagator is resolved per use so that an Instrumentation created before Setup still
-// uses the propagators Setup installs.
+// uses the propagators otelsetup.Setup installs.
 func (in *Instrumentation) propagator() propagation.TextMapPropagator {
 	if in.prop != nil {
 		return in.prop
