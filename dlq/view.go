@@ -58,6 +58,8 @@ type Display struct {
 	// SameID are the positions of the other messages of the queue with the same id, when
 	// the reader found any (see Inspector.ShowAll).
 	SameID []int
+	// Download, when set, is where the exact payload can be fetched (the console's link).
+	Download string
 }
 
 // Display returns the record as an operator may see it (see Display).
@@ -145,8 +147,9 @@ func (d Display) MarshalJSON() ([]byte, error) {
 		HeadersOmitted   int        `json:"headers_omitted,omitempty"`
 		SameID           []int      `json:"same_id_positions,omitempty"`
 		Masking          string     `json:"masking"`
+		Download         string     `json:"payload_download,omitempty"`
 	}{plain: plain(r), Payload: d.Preview, PayloadEncoding: d.PreviewEncoding, PayloadBytes: d.PayloadBytes,
-		PayloadTruncated: d.PayloadTruncated, HeadersOmitted: d.HeadersOmitted, SameID: d.SameID, Masking: MaskingNote}
+		PayloadTruncated: d.PayloadTruncated, HeadersOmitted: d.HeadersOmitted, SameID: d.SameID, Masking: MaskingNote, Download: d.Download}
 	if r.HasAge {
 		s := r.Age.Seconds()
 		out.AgeSeconds = &s

@@ -101,18 +101,26 @@ func (s *Server) apiMessages(w http.ResponseWriter, r *http.Request) {
 		s.apiFail(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "total": total, "messages": recs})
+	// Summaries only: 200 messages of 20 MB each stay a small response; a message's
+	// headers and payload preview are at .../messages/{id}.
+	sums := make([]dlq.Summary, len(recs))
+	for i, rec := range recs {
+		sums[i] = rec.Summary()
+	}
+	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "total": total, "messages": sums})
 }
 
 func (s *Server) apiMessage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
-	rec, err := dlq.NewInspector(s.cfg.Conn).Show(ctx, r.PathValue("queue"), r.PathValue("id"))
+	rec, _, err := s.message(ctx, r)
 	if err != nil {
 		s.apiFail(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, rec)
+	d := rec.Display()
+	d.Download = downloadPath(r.PathValue("queue"), rec)
+	s.writeJSON(w, http.StatusOK, d)
 }
 
 // apiAction runs POST /api/v1/queues/{queue}/{replay|archive|purge} with an ActionRequest
