@@ -1,0 +1,126 @@
+package console_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/dlq"
+)
+
+// secrets a producer put in a payload and in headers; none may reach a page or an API
+// response, all must reach the download.
+var secrets = []string{"payload-pw", "header-pw", "auth-pw", "key-pw"}
+
+// bigPayload is a JSON payload of n bytes that quotes a broker URL with its password.
+func bigPayload(n int) []byte {
+	head := []byte(`{"broker":"amqp://admin:payload-pw@rabbit:5672/","blob":"`)
+	tail := []byte(`"}`)
+	return append(append(head, bytes.Repeat([]byte("z"), n-len(head)-len(tail))...), tail...)
+}
+
+const mib = 1 << 20
+
+// TestDisplayBoundsAndMasks dead-letters 5 MB and 20 MB messages with credentials in the
+// payload and headers, and 200 more messages of 100 KB, and reads them through every
+// display of the console: every page and response stays under 1 MiB and shows no
+// credential, while the download gives the exact bytes.
+func TestDisplayBoundsAndMasks(t *testing.T) {
+	fx := newFixture(t, nil)
+	q := url.PathEscape(fx.queue)
+	hdr := map[string]string{"x-db": "postgres://app:header-pw@db/app", "Authorization": "Bearer auth-pw", "x-api-key": "key-pw"}
+	sizes := map[string]int{"big-5mb": 5 * mib, "big-20mb": 20 * mib}
+	for _, id := range []string{"big-5mb", "big-20mb"} {
+		fx.deadLetter(t, id, string(bigPayload(sizes[id])), gatewayDown(), hdr)
+	}
+	for i := range 200 {
+		fx.deadLetter(t, fmt.Sprintf("bulk-%03d", i), string(bigPayload(100<<10)), gatewayDown(), hdr)
+	}
+	noSecret := func(t *testing.T, body string) {
+		t.Helper()
+		for _, s := range secrets {
+			assert.NotContains(t, body, s)
+		}
+	}
+	for _, id := range []string{"big-5mb", "big-20mb"} {
+		t.Run(id, func(t *testing.T) {
+			code, page := fx.get(t, "/queues/"+q+"/messages/"+id)
+			require.Equal(t, http.StatusOK, code, page)
+			t.Logf("%s: message page %d bytes", id, len(page))
+			assert.Less(t, len(page), mib)
+			noSecret(t, page)
+			assert.Contains(t, page, `amqp://admin:xxxxx@rabbit:5672/`)
+			assert.Contains(t, page, `id="payload-truncated"`)
+			assert.Contains(t, page, "Masking is display only")
+			assert.Contains(t, page, `<span id="payload-bytes">`+strconv.Itoa(sizes[id])+`</span>`)
+
+			code, body := fx.get(t, "/api/v1/queues/"+q+"/messages/"+id)
+			require.Equal(t, http.StatusOK, code, body)
+			t.Logf("%s: message API %d bytes", id, len(body))
+			assert.Less(t, len(body), mib)
+			noSecret(t, body)
+			var got struct {
+				Headers          map[string]string `json:"headers"`
+				Payload          string            `json:"payload"`
+				PayloadBytes     int               `json:"payload_bytes"`
+				PayloadTruncated bool              `json:"payload_truncated"`
+				Download         string            `json:"payload_download"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(body), &got))
+			assert.Equal(t, sizes[id], got.PayloadBytes)
+			assert.True(t, got.PayloadTruncated)
+			assert.LessOrEqual(t, len(got.Payload), dlq.PreviewBytes)
+			assert.Equal(t, "xxxxx", got.Headers["Authorization"])
+			assert.Equal(t, "postgres://app:xxxxx@db/app", got.Headers["x-db"])
+
+			resp, err := http.Get(fx.srv.URL + got.Download)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			raw, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, "application/octet-stream", resp.Header.Get("Content-Type"))
+			assert.True(t, strings.HasPrefix(resp.Header.Get("Content-Disposition"), "attachment"), resp.Header.Get("Content-Disposition"))
+			assert.True(t, bytes.Equal(bigPayload(sizes[id]), raw), "the download is the exact payload, unmasked")
+		})
+	}
+	t.Run("list API", func(t *testing.T) {
+		code, body := fx.get(t, "/api/v1/queues/"+q+"/messages")
+		require.Equal(t, http.StatusOK, code, body)
+		t.Logf("list API, 200 messages: %d bytes", len(body))
+		assert.Less(t, len(body), mib)
+		noSecret(t, body)
+		var got struct {
+			Total    int `json:"total"`
+			Messages []struct {
+				ID           string `json:"id"`
+				PayloadBytes int    `json:"payload_bytes"`
+			} `json:"messages"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &got))
+		assert.Equal(t, 202, got.Total)
+		require.Len(t, got.Messages, 200)
+		assert.Equal(t, "big-5mb", got.Messages[0].ID)
+		assert.Equal(t, 5*mib, got.Messages[0].PayloadBytes)
+		assert.Equal(t, 20*mib, got.Messages[1].PayloadBytes)
+		assert.NotContains(t, body, `"payload"`, "a list carries no payload")
+	})
+	t.Run("group page", func(t *testing.T) {
+		group := groupOf(t, fx, "gateway_down")
+		code, page := fx.get(t, "/queues/"+q+"?group="+group)
+		require.Equal(t, http.StatusOK, code, page)
+		t.Logf("group page, 200 messages: %d bytes", len(page))
+		assert.Less(t, len(page), mib)
+		noSecret(t, page)
+		assert.Contains(t, page, strconv.Itoa(20*mib)+" bytes")
+	})
+}
