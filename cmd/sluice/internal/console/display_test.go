@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -123,4 +126,30 @@ func TestDisplayBoundsAndMasks(t *testing.T) {
 		noSecret(t, page)
 		assert.Contains(t, page, strconv.Itoa(20*mib)+" bytes")
 	})
+}
+
+// TestBrowserLargeMessage opens the page of a 20 MB dead letter in a real Chromium: the
+// page shows the bounded, masked preview, says the payload's size and links the download.
+func TestBrowserLargeMessage(t *testing.T) {
+	ctx := browser(t)
+	fx := newFixture(t, nil)
+	fx.deadLetter(t, "big-20mb", string(bigPayload(20*mib)), gatewayDown(), map[string]string{"Authorization": "Bearer auth-pw"})
+	var payload, size, truncated string
+	var attrs map[string]string
+	start := time.Now()
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(fx.srv.URL+"/queues/"+url.PathEscape(fx.queue)+"/messages/big-20mb"),
+		chromedp.WaitVisible(chromedp.CSS(`#payload`)),
+		into(&payload, chromedp.Text(chromedp.CSS(`#payload`))),
+		into(&size, chromedp.Text(chromedp.CSS(`#payload-bytes`))),
+		into(&truncated, chromedp.Text(chromedp.CSS(`#payload-truncated`))),
+		into(&attrs, chromedp.Attributes(chromedp.CSS(`#download`))),
+	))
+	t.Logf("20 MB message page opened and shown in %s (the read of the DLQ included)", time.Since(start).Round(time.Millisecond))
+	assert.LessOrEqual(t, len(payload), dlq.PreviewBytes)
+	assert.Contains(t, payload, "amqp://admin:xxxxx@rabbit:5672/")
+	assert.NotContains(t, payload, "payload-pw")
+	assert.Equal(t, strconv.Itoa(20*mib), size)
+	assert.Contains(t, truncated, "Only the first")
+	assert.Contains(t, attrs["href"], "/messages/big-20mb/payload")
 }
