@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/dlq"
 )
 
@@ -152,4 +153,40 @@ func TestBrowserLargeMessage(t *testing.T) {
 	assert.Equal(t, strconv.Itoa(20*mib), size)
 	assert.Contains(t, truncated, "Only the first")
 	assert.Contains(t, attrs["href"], "/messages/big-20mb/payload")
+}
+
+// TestConsoleDuplicateIDs dead-letters two messages with one id: the message page names
+// both positions and opens either, and a replay by id says it moved both.
+func TestConsoleDuplicateIDs(t *testing.T) {
+	fx := newFixture(t, nil)
+	q := url.PathEscape(fx.queue)
+	fx.deadLetter(t, "dup", `{"n":1}`, gatewayDown(), nil)
+	fx.deadLetter(t, "other", `{}`, gatewayDown(), nil)
+	fx.deadLetter(t, "dup", `{"n":2}`, typedError{"invalid_amount", "amount must be positive"}, nil)
+
+	code, page := fx.get(t, "/queues/"+q+"/messages/dup")
+	require.Equal(t, http.StatusOK, code, page)
+	assert.Contains(t, page, `id="duplicates">2 messages of this queue hold this id, at positions`)
+	assert.Contains(t, page, `/messages/dup?position=3">3</a>`)
+	assert.Contains(t, page, `{&#34;n&#34;:1}`)
+
+	code, page = fx.get(t, "/queues/"+q+"/messages/dup?position=3")
+	require.Equal(t, http.StatusOK, code, page)
+	assert.Contains(t, page, `{&#34;n&#34;:2}`)
+	code, body := fx.get(t, "/api/v1/queues/"+q+"/messages/dup?position=3")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `"same_id_positions": [`)
+	assert.Contains(t, body, `"error_type": "invalid_amount"`)
+	code, _ = fx.get(t, "/queues/"+q+"/messages/dup?position=2")
+	assert.Equal(t, http.StatusNotFound, code)
+	code, _ = fx.get(t, "/api/v1/queues/"+q+"/messages/dup?position=x")
+	assert.Equal(t, http.StatusBadRequest, code)
+
+	code, body = fx.do(t, http.MethodPost, "/api/v1/queues/"+q+"/replay", `{"ids":["dup"]}`, http.Header{console.CSRFHeader: {fx.console.CSRFToken()}})
+	require.Equal(t, http.StatusOK, code, body)
+	var res dlq.Result
+	require.NoError(t, json.Unmarshal([]byte(body), &res))
+	assert.Equal(t, 2, res.Moved)
+	assert.Equal(t, map[string]int{"dup": 2}, res.MovedByID)
+	require.Eventually(t, func() bool { return fx.rabbit.Count(fx.queue) == 2 }, 10*time.Second, 20*time.Millisecond)
 }
