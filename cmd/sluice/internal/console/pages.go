@@ -69,11 +69,7 @@ func (s *Server) queuePage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		data["Group"] = g
-		sums := make([]dlq.Summary, len(recs))
-		for i, rec := range recs {
-			sums[i] = rec.Summary()
-		}
-		data["Messages"] = sums
+		data["Messages"] = recs
 	}
 	s.render(w, http.StatusOK, "queue", data)
 }
