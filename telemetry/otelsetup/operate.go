@@ -71,8 +71,10 @@ type Operations struct {
 //   - sluice_queue_depth and sluice_queue_consumers of every consumed queue, its
 //     dead-letter queue and archive, and sluice.unrouted (the dashboard's DLQ panels).
 //
-// Call it after the stack's handlers are registered and before Stack.Run; the service is
-// not ready until Run consumes. Close stops the depth reads and unregisters the
+// Call it after the stack's handlers are registered and before Stack.Run; from then on
+// the service is not ready until Run consumes. Between Setup and Operate the Health has
+// only the checks Config.Health brought: a service whose probe must not read ready in
+// that window passes a Health whose check already fails, as Config.Health says. Close stops the depth reads and unregisters the
 // connection metrics; the readiness checks stay, and fail once the stack stops.
 func (p *Providers) Operate(cfg OperateConfig) (*Operations, error) {
 	if cfg.Stack == nil {
