@@ -70,8 +70,9 @@ func (m *mover) publishing(it item) amqp.Publishing {
 		return replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination)
 	}
 	pub := originalPublishing(it.d)
-	pub.Headers = make(amqp.Table, len(it.d.Headers)+1)
-	for k, v := range it.d.Headers {
+	kept := pub.Headers
+	pub.Headers = make(amqp.Table, len(kept)+1)
+	for k, v := range kept {
 		pub.Headers[k] = v
 	}
 	pub.Headers[headerArchivedAt] = failure.FormatTime(m.now)

@@ -120,6 +120,8 @@ func replayPublishing(d amqp.Delivery, replayCount int, now time.Time, source, d
 	}
 	hdrs[headers.ReplayCount] = strconv.Itoa(replayCount)
 	hdrs[headers.ReplayedAt] = failure.FormatTime(now)
+	// The queue the copy is consumed from, whatever an older record said.
+	hdrs[sluice.HeaderOriginalQueue] = dest
 	prev, _ := d.Headers[sluice.HeaderRetryHistory].(string)
 	hdrs[sluice.HeaderRetryHistory] = failure.AppendHistory(message.Metadata{sluice.HeaderRetryHistory: prev}, failure.HistoryEntry{
 		At: now.UTC(), Type: replayEntryType, Message: "replayed from " + source + " to " + dest,
@@ -129,10 +131,11 @@ func replayPublishing(d amqp.Delivery, replayCount int, now time.Time, source, d
 	return pub
 }
 
-// originalPublishing returns d as it was published to the DLQ, for putting it back.
+// originalPublishing returns d as it was published to the DLQ, for putting it back. A
+// producer's CC or BCC header is left out: RabbitMQ would route a copy by it.
 func originalPublishing(d amqp.Delivery) amqp.Publishing {
 	return amqp.Publishing{
-		Headers:         d.Headers,
+		Headers:         withoutSenderRouting(d.Headers),
 		ContentType:     d.ContentType,
 		ContentEncoding: d.ContentEncoding,
 		DeliveryMode:    d.DeliveryMode,
@@ -145,4 +148,21 @@ func originalPublishing(d amqp.Delivery) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
+}
+
+// withoutSenderRouting returns h without CC and BCC (see headers.SenderSelected); h itself
+// when it has neither, so the usual message costs no copy.
+func withoutSenderRouting(h amqp.Table) amqp.Table {
+	_, cc := h["CC"]
+	_, bcc := h["BCC"]
+	if !cc && !bcc {
+		return h
+	}
+	out := make(amqp.Table, len(h))
+	for k, v := range h {
+		if !headers.SenderSelected(k) {
+			out[k] = v
+		}
+	}
+	return out
 }

@@ -66,10 +66,15 @@ func Set(lists [][]string, extra ...string) map[string]bool {
 }
 
 // BrokerOwned reports whether RabbitMQ owns a header: sluice reads it and never writes it
-// back, so dead-lettering records do not pile up from retry to retry.
+// back, so dead-lettering records do not pile up from retry to retry, and a producer's
+// sender-selected routing (CC, BCC) never routes a copy sluice publishes with its own
+// rights (a retry copy through the delay cascade, a dead letter through sluice.dlx).
 func BrokerOwned(key string) bool {
 	switch key {
 	case "x-death", "x-delivery-count", "x-received-from":
+		return true
+	}
+	if SenderSelected(key) {
 		return true
 	}
 	return strings.HasPrefix(key, "x-first-death-") || strings.HasPrefix(key, "x-last-death-")
@@ -131,3 +136,7 @@ func StampFailure(md, prev message.Metadata, f Failure) {
 		At: f.Now.UTC(), Attempt: f.Attempt, Type: errType, Message: sluice.ErrorMessage(f.Err),
 	}))
 }
+
+// SenderSelected reports whether RabbitMQ routes a message by header key (sender-selected
+// distribution: CC and BCC name more routing keys on the exchange published to).
+func SenderSelected(key string) bool { return key == "CC" || key == "BCC" }

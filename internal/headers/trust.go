@@ -1,6 +1,7 @@
 package headers
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -83,7 +84,7 @@ func parseCount(raw string) int {
 // from a producer, is kept as ProducerOriginalQueue.
 func StampOrigin(md, prev message.Metadata, queue string, carried bool) {
 	if q := prev.Get(sluice.HeaderOriginalQueue); q != "" && q != queue && !carried {
-		md.Set(ProducerOriginalQueue, q)
+		md.Set(ProducerOriginalQueue, failure.Truncate(q, maxProducerValue))
 	}
 	md.Set(sluice.HeaderOriginalQueue, queue)
 }
@@ -100,14 +101,27 @@ func stampTrip(md, prev message.Metadata, trip Trip) message.Metadata {
 	if trip.Carried {
 		return prev
 	}
-	for from, to := range map[string]string{FirstFailureTime: ProducerFirstFailureTime, sluice.HeaderRetryHistory: ProducerRetryHistory} {
-		if v := prev.Get(from); v != "" {
-			md.Set(to, v)
-			delete(md, from)
+	// Kept bounded, as sluice's own are, so the copy stays within RabbitMQ's frame_max.
+	if v := prev.Get(FirstFailureTime); v != "" {
+		md.Set(ProducerFirstFailureTime, failure.Truncate(v, maxProducerValue))
+		delete(md, FirstFailureTime)
+	}
+	if v := prev.Get(sluice.HeaderRetryHistory); v != "" {
+		if h := failure.History(prev); len(h) > 0 {
+			b, _ := json.Marshal(h) // cannot fail: plain strings, ints and times
+			v = string(b)
+		} else {
+			v = failure.Truncate(v, maxProducerValue)
 		}
+		md.Set(ProducerRetryHistory, v)
+		delete(md, sluice.HeaderRetryHistory)
 	}
 	return nil
 }
+
+// maxProducerValue bounds a producer's value that sluice keeps under its own name: a queue
+// name's limit in AMQP.
+const maxProducerValue = 255
 
 // AgeStart is when a message's retry age (Config.MaxTotalAge of package retry) counts
 // from: its first failure, or its latest replay when later, both only from sluice's own
