@@ -196,6 +196,7 @@ func TestReplayPublishing(t *testing.T) {
 			headers.TraceState:         "v=1",
 			"x-death":                  []any{amqp091.Table{"count": int64(1)}},
 			"x-first-death-reason":     "rejected",
+			"CC":                       []any{"victim.q"},
 			"tenant":                   "acme",
 			"priority-score":           int32(7),
 		},
