@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"sort"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 // Group is a failure group: the dead letters of one handler that failed with the same
@@ -56,8 +58,9 @@ func (i *Inspector) Groups(ctx context.Context, queue string) ([]Group, error) {
 		g := byID[r.GroupID]
 		if g == nil {
 			g = &Group{
-				ID: r.GroupID, Handler: r.Handler, ErrorType: r.ErrorType, Fingerprint: r.Fingerprint,
-				Sample: r.ShortError(sampleBytes), SampleID: r.ID,
+				ID: r.GroupID, Handler: bounded(r.Handler, HeaderValueBytes), ErrorType: bounded(r.ErrorType, HeaderValueBytes),
+				Fingerprint: bounded(r.Fingerprint, HeaderValueBytes),
+				Sample:      shortError(mask.Credentials(r.ErrorMessage), sampleBytes), SampleID: r.ID,
 			}
 			byID[r.GroupID] = g
 		}

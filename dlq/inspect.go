@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/dlqwire"
 )
 
 // Inspector reads dead-letter queues without consuming them (see the package doc).
@@ -49,23 +51,51 @@ func (i *Inspector) List(ctx context.Context, queue string, limit int) (Listing,
 }
 
 // Show returns the record of the first message of queue's DLQ whose id is id, or an error
-// matching ErrMessageNotFound.
+// matching ErrMessageNotFound. When other messages hold the same id, the record's display
+// names their positions (Display.SameID); ShowAll returns them all.
 func (i *Inspector) Show(ctx context.Context, queue, id string) (Record, error) {
-	var found *Record
-	_, err := i.scan(ctx, queue, func(r Record) bool {
-		if r.ID == id {
-			found = &r
-			return false
+	all, err := i.ShowAll(ctx, queue, id)
+	if err != nil {
+		return Record{}, err
+	}
+	return all[0], nil
+}
+
+// ShowAll returns the records of every message of queue's DLQ whose id is id, head first,
+// each naming the others' positions (Display.SameID), or an error matching
+// ErrMessageNotFound. Two dead letters can share an id: a producer that reuses ids, or a
+// message dead-lettered again after a replay while its first copy is still there.
+func (i *Inspector) ShowAll(ctx context.Context, queue, id string) ([]Record, error) {
+	var found []Record
+	// Only a message with the id is decoded whole: the read goes through the whole DLQ.
+	decode := func(d amqp.Delivery, queue string, pos int, now time.Time) Record {
+		if dlqwire.MessageID(d) != id {
+			return Record{}
+		}
+		return newRecord(d, queue, pos, now)
+	}
+	_, err := i.scanWith(ctx, queue, decode, func(r Record) bool {
+		if r.ID == id && id != "" {
+			found = append(found, r)
 		}
 		return true
 	})
 	if err != nil {
-		return Record{}, err
+		return nil, err
 	}
-	if found == nil {
-		return Record{}, fmt.Errorf("message %q in %q: %w", id, i.From.Name(queue), ErrMessageNotFound)
+	if len(found) == 0 {
+		return nil, fmt.Errorf("message %q in %q: %w", id, i.From.Name(queue), ErrMessageNotFound)
 	}
-	return *found, nil
+	if len(found) > 1 {
+		for k := range found {
+			for j, other := range found {
+				if j != k {
+					found[k].sameID = append(found[k].sameID, other.Position)
+				}
+			}
+		}
+	}
+	return found, nil
 }
 
 // Stats summarizes a DLQ.

@@ -40,6 +40,20 @@ type mover struct {
 	rd      *reader
 	returns map[*amqp.Channel]<-chan amqp.Return
 	probe   *amqp.Channel // for passive declares, which close their channel on 404
+	// byID: the selector names ids, and the result counts the moves of each.
+	byID bool
+}
+
+// count adds a committed (or, in a dry run, selected) move of id to res.
+func (m *mover) count(res *Result, id string) {
+	res.Moved++
+	if !m.byID {
+		return
+	}
+	if res.MovedByID == nil {
+		res.MovedByID = map[string]int{}
+	}
+	res.MovedByID[id]++
 }
 
 // moved describes where rec goes.
@@ -168,7 +182,7 @@ drain:
 			continue
 		}
 		moved++
-		res.Moved++
+		m.count(res, it.moved.ID)
 		if m.o.OnMoved != nil {
 			m.o.OnMoved(it.moved)
 		}

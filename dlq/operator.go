@@ -99,6 +99,9 @@ type Result struct {
 	Scanned int `json:"scanned"`
 	Matched int `json:"matched"`
 	Moved   int `json:"moved"`
+	// MovedByID, when the selector names ids, counts the messages moved of each: more
+	// than 1 when several messages of the source share the id, and all of them moved.
+	MovedByID map[string]int `json:"moved_by_id,omitempty"`
 	// Failed are selected messages left in the source because their move failed.
 	Failed []Failure `json:"-"`
 	// MissingIDs are ids of the Selector found nowhere in the source.
@@ -193,7 +196,8 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 		}
 	}()
 	res.Total = total
-	m := &mover{o: o, op: op, queue: queue, source: res.Source, to: opts.To, now: now(o.Now), returns: map[*amqp.Channel]<-chan amqp.Return{}}
+	m := &mover{o: o, op: op, queue: queue, source: res.Source, to: opts.To, now: now(o.Now), returns: map[*amqp.Channel]<-chan amqp.Return{},
+		byID: len(sel.IDs) > 0}
 	defer m.closeProbe()
 	switch {
 	case op == opArchive:
@@ -297,7 +301,7 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 		}
 		if opts.DryRun {
 			rd.hold(d)
-			res.Moved++
+			m.count(&res, it.moved.ID)
 			if o.OnMoved != nil {
 				o.OnMoved(it.moved)
 			}

@@ -164,10 +164,28 @@ func (r *reader) next(ctx context.Context) (d amqp.Delivery, ch *amqp.Channel, o
 			if ready > 0 {
 				empty = 0
 			} else if empty++; empty >= idleChecks {
-				return amqp.Delivery{}, nil, false, nil
+				return r.settleIdle(ctx)
 			}
 		}
 	}
+}
+
+// settleIdle decides whether a read whose queue shows no ready message is over. Messages
+// RabbitMQ delivered to the consumer are not ready either, while their bytes may still be
+// on their way: a 20 MB message can take longer to arrive than the idle checks, and
+// ending then cut the read short. Cancelling the consumer settles it: RabbitMQ sends
+// cancel-ok after the last delivery it sent the consumer, and the client queues those
+// before it closes the consumer's channel. What arrived is read on; with nothing, the
+// read is over.
+func (r *reader) settleIdle(ctx context.Context) (amqp.Delivery, *amqp.Channel, bool, error) {
+	if err := r.ch.Cancel(r.tag, false); err != nil {
+		return amqp.Delivery{}, nil, false, fmt.Errorf("read %q: cancel consumer: %w", r.queue, err)
+	}
+	r.drain()
+	if len(r.pending) == 0 {
+		return amqp.Delivery{}, nil, false, nil
+	}
+	return r.next(ctx)
 }
 
 // ack tells the reader the caller acknowledged d (its batch committed).

@@ -1,7 +1,6 @@
 package dlq
 
 import (
-	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +75,9 @@ type Record struct {
 	Properties properties `json:"properties"`
 	// Payload is the body, byte for byte.
 	Payload []byte `json:"-"`
+
+	// sameID are the positions of the other messages with this id (see Inspector.ShowAll).
+	sameID []int
 }
 
 // properties are a message's AMQP basic properties.
@@ -94,32 +96,10 @@ type properties struct {
 	AppID           string    `json:"app_id,omitempty"`
 }
 
-// MarshalJSON adds the computed fields: age_seconds (null when unknown), failed_at and
-// first_failure_at (RFC 3339, omitted when unknown), and the payload as text
-// (payload_encoding "utf-8") or, when it is not valid UTF-8, as base64 ("base64").
+// MarshalJSON writes the record's display form (see Display): masked and bounded, the
+// payload as a preview with its size. The exact payload is Payload.
 func (r Record) MarshalJSON() ([]byte, error) {
-	type plain Record // drops this method, keeps the field tags
-	out := struct {
-		plain
-		AgeSeconds      *float64   `json:"age_seconds"`
-		FailedAt        *time.Time `json:"failed_at,omitempty"`
-		FirstFailureAt  *time.Time `json:"first_failure_at,omitempty"`
-		Payload         string     `json:"payload"`
-		PayloadEncoding string     `json:"payload_encoding"`
-		PayloadBytes    int        `json:"payload_bytes"`
-	}{plain: plain(r), PayloadBytes: len(r.Payload)}
-	if r.HasAge {
-		s := r.Age.Seconds()
-		out.AgeSeconds = &s
-	}
-	if !r.FailedAt.IsZero() {
-		out.FailedAt = &r.FailedAt
-	}
-	if !r.FirstFailureAt.IsZero() {
-		out.FirstFailureAt = &r.FirstFailureAt
-	}
-	out.Payload, out.PayloadEncoding = dlqwire.PayloadText(r.Payload)
-	return json.Marshal(out)
+	return r.Display().MarshalJSON()
 }
 
 // newRecord reads the record of a delivery from queue's DLQ at position pos, with ages

@@ -11,7 +11,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/internal/dlqwire"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/mask"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -50,25 +52,32 @@ type UnroutedEvent struct {
 	Published time.Time `json:"published,omitzero"`
 	// Replays is how often the event was replayed already (x-replay-count).
 	Replays int `json:"replays"`
-	// Headers are the event's headers; Payload its body as text, Encoding "utf-8" or
-	// "base64".
-	Headers  amqp.Table `json:"headers"`
-	Payload  string     `json:"payload"`
-	Encoding string     `json:"payload_encoding"`
+	// Headers are the event's headers, string values masked and bounded like a dead
+	// letter's (see Display); Payload a masked preview of its body (at most PreviewBytes)
+	// as text, Encoding "utf-8" or "base64"; PayloadBytes the body's size.
+	Headers          amqp.Table `json:"headers"`
+	Payload          string     `json:"payload"`
+	Encoding         string     `json:"payload_encoding"`
+	PayloadBytes     int        `json:"payload_bytes"`
+	PayloadTruncated bool       `json:"payload_truncated"`
 }
 
 // newUnroutedEvent describes delivery d, read at position pos of sluice.unrouted.
 func newUnroutedEvent(d amqp.Delivery, pos int) UnroutedEvent {
-	ev := UnroutedEvent{Position: pos, ID: dlqwire.MessageID(d), Exchange: d.Exchange, RoutingKey: d.RoutingKey, Published: d.Timestamp, Headers: d.Headers}
+	ev := UnroutedEvent{Position: pos, ID: dlqwire.MessageID(d), Exchange: d.Exchange, RoutingKey: d.RoutingKey, Published: d.Timestamp,
+		Headers: make(amqp.Table, len(d.Headers)), PayloadBytes: len(d.Body)}
+	for k, v := range d.Headers {
+		if text, ok := v.(string); ok {
+			v = failure.Truncate(mask.Header(k, text), HeaderValueBytes)
+		}
+		ev.Headers[k] = v
+	}
 	if x, ok := d.Headers[headerUnroutedExchange].(string); ok && (d.Exchange == "" || d.Exchange == topology.UnroutedExchange) {
 		ev.Exchange = x
 		ev.RoutingKey, _ = d.Headers[headerUnroutedRoutingKey].(string)
 	}
-	if ev.Headers == nil {
-		ev.Headers = amqp.Table{}
-	}
 	ev.Replays = replayCountOf(d.Headers)
-	ev.Payload, ev.Encoding = dlqwire.PayloadText(d.Body)
+	ev.Payload, ev.Encoding, ev.PayloadTruncated = preview(d.Body, PreviewBytes)
 	return ev
 }
 

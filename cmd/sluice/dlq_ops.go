@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -228,6 +230,15 @@ func (f *opFlags) report(e *env, res dlq.Result, ids []string, err error) error 
 	fmt.Fprintf(w, " in %s\n", res.Elapsed.Round(time.Millisecond))
 	for _, fl := range res.Failed {
 		fmt.Fprintf(w, "not %s, still in %s: %s -> %s: %v\n", done, res.Source, fl.ID, fl.Destination, fl.Err)
+	}
+	for _, id := range slices.Sorted(maps.Keys(res.MovedByID)) {
+		if n := res.MovedByID[id]; n > 1 {
+			did := done
+			if res.DryRun {
+				did = "would " + res.Op
+			}
+			fmt.Fprintf(w, "id %s: %d messages held it, %s all %d\n", id, n, did, n)
+		}
 	}
 	if len(res.MissingIDs) > 0 {
 		fmt.Fprintf(w, "not found in %s: %s\n", res.Source, strings.Join(res.MissingIDs, ", "))

@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/dlqwire"
+	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/mask"
 
 	"github.com/sluice-go/sluice/dlq"
 )
@@ -80,7 +84,7 @@ func (w *listWriter) add(r dlq.Record) {
 		} else {
 			fmt.Fprint(w.e.stdout, ",\n")
 		}
-		b, _ := json.Marshal(newListItemJSON(r))
+		b, _ := json.Marshal(r.Summary()) // no headers, no payload: see `dlq show --json`
 		fmt.Fprintf(w.e.stdout, "    %s", b)
 		return
 	}
@@ -88,7 +92,8 @@ func (w *listWriter) add(r dlq.Record) {
 		w.tw = tabwriter.NewWriter(w.e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w.tw, "ID\tAGE\tERROR TYPE\tERROR\tRETRIES")
 	}
-	fmt.Fprintf(w.tw, "%s\t%s\t%s\t%s\t%d\n", r.ID, age(r), orDash(r.ErrorType), orDash(r.ShortError(shortErrorBytes)), r.Retries)
+	sum := r.Summary() // masked
+	fmt.Fprintf(w.tw, "%s\t%s\t%s\t%s\t%d\n", r.ID, age(r), orDash(failure.Truncate(sum.ErrorType, shortErrorBytes)), orDash(failure.Truncate(sum.Error, shortErrorBytes)), r.Retries)
 	if w.n%listFlushRows == 0 {
 		_ = w.tw.Flush()
 	}
@@ -129,64 +134,81 @@ func jsonString(s string) string {
 	return string(b)
 }
 
-// listItemJSON is one message of `dlq list --json`: the table's fields and a few more,
-// without headers and payloads (see `dlq show --json`).
-type listItemJSON struct {
-	ID            string     `json:"id"`
-	GroupID       string     `json:"group_id"`
-	Position      int        `json:"position"`
-	AgeSeconds    *float64   `json:"age_seconds"`
-	FailedAt      *time.Time `json:"failed_at,omitempty"`
-	ErrorType     string     `json:"error_type"`
-	ErrorClass    string     `json:"error_class,omitempty"`
-	Error         string     `json:"error"`
-	Retries       int        `json:"retries"`
-	Replays       int        `json:"replays"`
-	OriginalQueue string     `json:"original_queue"`
-	Handler       string     `json:"handler,omitempty"`
-}
-
-func newListItemJSON(r dlq.Record) listItemJSON {
-	item := listItemJSON{
-		ID: r.ID, GroupID: r.GroupID, Position: r.Position, ErrorType: r.ErrorType, ErrorClass: r.ErrorClass,
-		Error: r.ErrorMessage, Retries: r.Retries, Replays: r.Replays,
-		OriginalQueue: r.OriginalQueue, Handler: r.Handler,
-	}
-	if r.HasAge {
-		s := r.Age.Seconds()
-		item.AgeSeconds = &s
-	}
-	if !r.FailedAt.IsZero() {
-		t := r.FailedAt
-		item.FailedAt = &t
-	}
-	return item
-}
-
 func runDLQShow(ctx context.Context, e *env, args []string) error {
-	f := newDLQFlags(e, "show", "--queue Q [--archive] [--json] ID",
-		"Shows one message of Q.dlq: its failure record, properties, headers and payload.\nThe DLQ is left exactly as it was.")
+	f := newDLQFlags(e, "show", "--queue Q [--archive] [--json] [--position N] [--full | --payload-file F] ID",
+		fmt.Sprintf("Shows one message of Q.dlq: its failure record, properties, headers and the first\n"+
+			"%d bytes of its payload, with passwords in URLs and Authorization-like header\n"+
+			"values masked (display only). When several messages hold the id, all are shown,\n"+
+			"by position. The DLQ is left exactly as it was.", dlq.PreviewBytes))
 	archive := f.fs.Bool("archive", false, "show a message of Q.dlq.archive instead of Q.dlq")
+	position := f.fs.Int("position", 0, "of several messages with the id, show the one at position `N` in the DLQ")
+	full := f.fs.Bool("full", false, "print the whole payload (credentials still masked)")
+	payloadFile := f.fs.String("payload-file", "", "write the payload, byte for byte and unmasked, to file `F`")
 	pos, err := f.parse(e, args, 1, "message ID")
 	if err != nil {
 		return err
 	}
-	var r dlq.Record
+	if *full && *payloadFile != "" {
+		return f.usageErrorf("--full and --payload-file exclude each other")
+	}
+	var recs []dlq.Record
 	err = inspect(e, *archive, func(in *dlq.Inspector) (err error) {
-		r, err = in.Show(ctx, f.queue, pos[0])
+		recs, err = in.ShowAll(ctx, f.queue, pos[0])
 		return err
 	})
 	if err != nil {
 		return dlqError(err)
 	}
-	if f.json {
-		return writeJSON(e, r)
+	dlqName := sourceOf(*archive).Name(f.queue)
+	if *position > 0 {
+		i := slices.IndexFunc(recs, func(r dlq.Record) bool { return r.Position == *position })
+		if i < 0 {
+			return notFound(fmt.Errorf("message %q is not at position %d in %s (positions: %s): %w",
+				pos[0], *position, dlqName, positions(recs), dlq.ErrMessageNotFound))
+		}
+		recs = recs[i : i+1]
 	}
-	printRecord(e.stdout, sourceOf(*archive).Name(f.queue), r)
+	if *payloadFile != "" {
+		if len(recs) > 1 {
+			return f.usageErrorf("%d messages hold id %q (positions %s): name one with --position", len(recs), pos[0], positions(recs))
+		}
+		if err := os.WriteFile(*payloadFile, recs[0].Payload, 0o600); err != nil {
+			return fmt.Errorf("write payload of %q: %w", pos[0], err)
+		}
+		fmt.Fprintf(e.stdout, "wrote the payload of %s (position %d in %s, %d bytes) to %s\n",
+			recs[0].ID, recs[0].Position, dlqName, len(recs[0].Payload), *payloadFile)
+		return nil
+	}
+	if f.json {
+		return writeJSON(e, recs[0])
+	}
+	if len(recs) > 1 {
+		fmt.Fprintf(e.stdout, "%d messages in %s hold id %s, at positions %s (--position N shows one):\n\n",
+			len(recs), dlqName, pos[0], positions(recs))
+	}
+	for i, r := range recs {
+		if i > 0 {
+			fmt.Fprintln(e.stdout, "\n----")
+		}
+		printRecord(e.stdout, dlqName, r, *full)
+	}
 	return nil
 }
 
-func printRecord(w io.Writer, dlqName string, r dlq.Record) {
+// positions lists the records' positions: "3, 7".
+func positions(recs []dlq.Record) string {
+	ps := make([]string, len(recs))
+	for i, r := range recs {
+		ps[i] = strconv.Itoa(r.Position)
+	}
+	return strings.Join(ps, ", ")
+}
+
+// printRecord prints the display form of r (see dlq.Display): masked and bounded, the
+// payload cut to dlq.PreviewBytes unless full.
+func printRecord(w io.Writer, dlqName string, rec dlq.Record, full bool) {
+	d := rec.Display()
+	r := d.Record
 	fmt.Fprintf(w, "Message %s (position %d in %s)\n\nRecord:\n", r.ID, r.Position, dlqName)
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	row := func(k, v string) {
@@ -271,9 +293,34 @@ func printRecord(w io.Writer, dlqName string, r dlq.Record) {
 		fmt.Fprintf(tw, "  %s:\t%s\n", k, r.Headers[k])
 	}
 	_ = tw.Flush()
+	if d.HeadersOmitted > 0 {
+		fmt.Fprintf(w, "  ... and %d more headers (--json shows the same %d)\n", d.HeadersOmitted, dlq.MaxHeadersShown)
+	}
+	if len(d.SameID) > 0 {
+		fmt.Fprintf(w, "\nSame id also at positions: %s\n", joinInts(d.SameID))
+	}
 
-	text, enc := dlqwire.PayloadText(r.Payload)
-	fmt.Fprintf(w, "\nPayload (%d bytes, %s):\n%s\n", len(r.Payload), enc, text)
+	text, enc, truncated := d.Preview, d.PreviewEncoding, d.PayloadTruncated
+	if full {
+		text, enc = dlqwire.PayloadText(rec.Payload)
+		text, truncated = mask.Credentials(text), false
+	}
+	fmt.Fprintf(w, "\nPayload (%d bytes, %s", len(rec.Payload), enc)
+	if truncated {
+		fmt.Fprintf(w, ", first %d shown", len(text))
+	}
+	fmt.Fprintf(w, "; masking is display-only):\n%s\n", text)
+	if truncated {
+		fmt.Fprintf(w, "... the rest of the %d bytes is not shown: --full prints all of it, --payload-file F writes it byte for byte\n", len(rec.Payload))
+	}
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ", ")
 }
 
 func runDLQStats(ctx context.Context, e *env, args []string) error {

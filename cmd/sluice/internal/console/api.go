@@ -79,12 +79,13 @@ func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "dlq": topology.DLQ(r.PathValue("queue")), "groups": groups})
 }
 
-// groupMessages returns up to maxListed records of group in queue's DLQ (all when group is
-// empty), and the DLQ's depth.
-func (s *Server) groupMessages(ctx context.Context, queue, group string) ([]dlq.Record, int, error) {
-	recs := []dlq.Record{}
+// groupMessages returns the summaries of up to maxListed messages of group in queue's DLQ
+// (all when group is empty), and the DLQ's depth. Only summaries are kept: 200 dead
+// letters of 20 MB each cost no more memory than one.
+func (s *Server) groupMessages(ctx context.Context, queue, group string) ([]dlq.Summary, int, error) {
+	recs := []dlq.Summary{}
 	total, err := dlq.NewInspector(s.cfg.Conn).Messages(ctx, queue, dlq.Selector{Group: group}, func(rec dlq.Record) bool {
-		recs = append(recs, rec)
+		recs = append(recs, rec.Summary())
 		return len(recs) < maxListed
 	})
 	if err == nil && group != "" && len(recs) == 0 {
@@ -101,18 +102,22 @@ func (s *Server) apiMessages(w http.ResponseWriter, r *http.Request) {
 		s.apiFail(w, r, err)
 		return
 	}
+	// Summaries only: 200 messages of 20 MB each stay a small response; a message's
+	// headers and payload preview are at .../messages/{id}.
 	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "total": total, "messages": recs})
 }
 
 func (s *Server) apiMessage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
-	rec, err := dlq.NewInspector(s.cfg.Conn).Show(ctx, r.PathValue("queue"), r.PathValue("id"))
+	rec, _, err := s.message(ctx, r)
 	if err != nil {
 		s.apiFail(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, rec)
+	d := rec.Display()
+	d.Download = downloadPath(r.PathValue("queue"), rec)
+	s.writeJSON(w, http.StatusOK, d)
 }
 
 // apiAction runs POST /api/v1/queues/{queue}/{replay|archive|purge} with an ActionRequest

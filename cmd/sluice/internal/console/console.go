@@ -135,6 +135,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /{$}", s.overviewPage)
 	mux.HandleFunc("GET /queues/{queue}", s.queuePage)
 	mux.HandleFunc("GET /queues/{queue}/messages/{id}", s.messagePage)
+	mux.HandleFunc("GET /queues/{queue}/messages/{id}/payload", s.payloadDownload)
 	mux.HandleFunc("GET /queues/{queue}/confirm", s.confirmPage)
 	mux.HandleFunc("POST /queues/{queue}/actions", s.actionForm)
 	mux.HandleFunc("GET /api/v1/csrf", s.apiCSRF)

@@ -2,13 +2,16 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"mime"
 	"net/http"
+	"net/url"
 	"slices"
+	"strconv"
 
-	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/topology"
 
 	"github.com/sluice-go/sluice/dlq"
@@ -75,16 +78,81 @@ func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	queue, id := r.PathValue("queue"), r.PathValue("id")
-	rec, err := dlq.NewInspector(s.cfg.Conn).Show(ctx, queue, id)
+	rec, all, err := s.message(ctx, r)
 	if err != nil {
 		s.pageFail(w, r, err)
 		return
 	}
-	payload, encoding := dlqwire.PayloadText(rec.Payload)
+	d := rec.Display()
 	s.render(w, http.StatusOK, "message", map[string]any{
-		"Title": id, "Queue": queue, "Record": rec, "Payload": payload, "Encoding": encoding,
-		"HeaderKeys": slices.Sorted(maps.Keys(rec.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": Ops,
+		"Title": id, "Queue": queue, "Record": d.Record, "Display": d, "Positions": positionsOf(all),
+		"Download": downloadPath(queue, rec), "MaskingNote": dlq.MaskingNote, "PreviewBytes": dlq.PreviewBytes,
+		"HeaderKeys": slices.Sorted(maps.Keys(d.Record.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": Ops,
 	})
+}
+
+// message reads the message a page or an API call names: its id, and with ?position=N
+// the one at that position when several messages hold the id (else the first). It returns
+// every message with the id too.
+func (s *Server) message(ctx context.Context, r *http.Request) (dlq.Record, []dlq.Record, error) {
+	queue, id := r.PathValue("queue"), r.PathValue("id")
+	pos := 0
+	if p := r.URL.Query().Get("position"); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return dlq.Record{}, nil, fmt.Errorf("position %q is not a position in the queue (1 is the head): %w", p, ErrBadRequest)
+		}
+		pos = n
+	}
+	all, err := dlq.NewInspector(s.cfg.Conn).ShowAll(ctx, queue, id)
+	if err != nil {
+		return dlq.Record{}, nil, err
+	}
+	if pos == 0 {
+		return all[0], all, nil
+	}
+	for _, rec := range all {
+		if rec.Position == pos {
+			return rec, all, nil
+		}
+	}
+	return dlq.Record{}, nil, fmt.Errorf("message %q is not at position %d in %s: %w", id, pos, topology.DLQ(queue), dlq.ErrMessageNotFound)
+}
+
+// positionsOf lists the positions of recs when there are several, for links to each.
+func positionsOf(recs []dlq.Record) []int {
+	if len(recs) < 2 {
+		return nil
+	}
+	ps := make([]int, len(recs))
+	for i, r := range recs {
+		ps[i] = r.Position
+	}
+	return ps
+}
+
+// downloadPath is where the console serves rec's exact payload.
+func downloadPath(queue string, rec dlq.Record) string {
+	return "/queues/" + url.PathEscape(queue) + "/messages/" + url.PathEscape(rec.ID) + "/payload?position=" + strconv.Itoa(rec.Position)
+}
+
+// payloadDownload serves a message's payload byte for byte, unmasked, as an attachment
+// the browser saves and never renders (a producer's HTML stays inert).
+func (s *Server) payloadDownload(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := s.ctx(r)
+	defer cancel()
+	rec, _, err := s.message(ctx, r)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	name := "payload-" + strconv.Itoa(rec.Position) + ".bin"
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": name}))
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Length", strconv.Itoa(len(rec.Payload)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(rec.Payload)
 }
 
 // target reads the message id or group an action page is about.
