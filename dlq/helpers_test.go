@@ -56,6 +56,9 @@ type failure struct {
 	failed  time.Time // zero: now
 	retries int
 	md      map[string]string
+	// record are headers set on the dead-letter copy after the poison step wrote it: a
+	// record sluice wrote for a partition, or one an older sluice wrote.
+	record map[string]string
 }
 
 type typedError struct{ typ, msg string }
@@ -96,6 +99,9 @@ func (fx *fixture) deadLetter(t *testing.T, f failure) {
 	}
 	rec := p.Record(msg, fx.queue, f.err)
 	rec.Metadata.Set(headers.Handler, "payments")
+	for k, v := range f.record {
+		rec.Metadata.Set(k, v)
+	}
 	pub, err := amqp.Marshaler{}.Marshal(rec)
 	require.NoError(t, err)
 	fx.rabbit.Publish(fx.dlq, pub)

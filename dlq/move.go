@@ -62,8 +62,15 @@ func (m *mover) moved(rec Record) Moved {
 	switch m.op {
 	case opReplay:
 		mv.Destination, mv.ReplayCount = rec.OriginalQueue, rec.Replays+1
-		if m.to != "" {
+		switch {
+		case m.to != "":
 			mv.Destination = m.to
+		case rec.IgnoredOrigin != "":
+			// Not a queue sluice records for Q's dead letters (a producer's header, or a
+			// record written before x-original-queue was always the queue consumed
+			// from): resolveOrigin sent the message back to Q, never where the header
+			// points.
+			mv.IgnoredOrigin = true
 		}
 	case opArchive:
 		mv.Destination = m.to
@@ -74,11 +81,12 @@ func (m *mover) moved(rec Record) Moved {
 // publishing is what a move publishes for d.
 func (m *mover) publishing(it item) amqp.Publishing {
 	if m.op == opReplay {
-		return replayPublishing(it.d, it.moved.ReplayCount)
+		return replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination)
 	}
 	pub := originalPublishing(it.d)
-	pub.Headers = make(amqp.Table, len(it.d.Headers)+1)
-	for k, v := range it.d.Headers {
+	kept := pub.Headers
+	pub.Headers = make(amqp.Table, len(kept)+1)
+	for k, v := range kept {
 		pub.Headers[k] = v
 	}
 	pub.Headers[headerArchivedAt] = failure.FormatTime(m.now)

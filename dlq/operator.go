@@ -53,7 +53,8 @@ type Options struct {
 	// From is the queue the messages are taken from: Q.dlq or Q.dlq.archive.
 	From Source
 	// To, for Replay, sends every message to this queue instead of its original queue
-	// (x-original-queue), for example a fixed handler's new queue. The queue must exist.
+	// (x-original-queue when it names Q or one of Q's partitions, else Q), for example a
+	// fixed handler's new queue. The queue must exist.
 	To string
 	// Retention, for Archive, is the archive's x-message-ttl when Archive creates it.
 	// Zero means 14 days (internal/dlqwire.DefaultRetention).
@@ -74,6 +75,10 @@ type Moved struct {
 	GroupID     string `json:"group_id"`
 	// ReplayCount is the x-replay-count a replayed copy carries.
 	ReplayCount int `json:"replay_count,omitempty"`
+	// IgnoredOrigin is true when the message's recorded origin (x-original-queue, or
+	// RabbitMQ's x-first-death-queue) was neither Q nor one of Q's partitions, and the
+	// replay sent it to Q instead.
+	IgnoredOrigin bool `json:"ignored_origin,omitempty"`
 }
 
 // Result says what an operation did. Every count is exact also when an error is returned.
@@ -101,6 +106,10 @@ type Result struct {
 	Failed []Failure `json:"-"`
 	// MissingIDs are ids of the Selector found nowhere in the source.
 	MissingIDs []string `json:"missing_ids,omitempty"`
+	// IgnoredOrigins, for Replay, counts the selected messages whose recorded origin was
+	// neither Q nor one of its partitions: they went to Q (or To), never to the queue
+	// their header named.
+	IgnoredOrigins int `json:"ignored_origins"`
 	// Elapsed is how long the operation took.
 	Elapsed time.Duration `json:"-"`
 }
@@ -274,6 +283,9 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 				found[rec.ID] = true
 			}
 			it = item{d: d, ch: dch, moved: m.moved(rec)}
+			if it.moved.IgnoredOrigin {
+				res.IgnoredOrigins++
+			}
 		} else {
 			prog.scanned(1, false)
 			// Until the first match, a skipped message is held and goes back in place when

@@ -21,8 +21,21 @@ type Record struct {
 	ID string `json:"id"`
 	// Position is the message's place in the DLQ when it was read, the head being 1.
 	Position int `json:"position"`
-	// OriginalQueue is where a replay sends the message: x-original-queue, else Q.
+	// OriginalQueue is where a replay sends the message: x-original-queue (else RabbitMQ's
+	// x-first-death-queue) when it names Q or one of Q's partitions, else Q.
 	OriginalQueue string `json:"original_queue"`
+	// IgnoredOrigin is the recorded origin OriginalQueue does not follow, because it named
+	// another queue than Q or its partitions (a producer's header); empty otherwise.
+	IgnoredOrigin string `json:"ignored_origin,omitempty"`
+	// ProducerOriginalQueue is the x-original-queue the message arrived with from its
+	// producer, when it named another queue (x-producer-original-queue). Display only.
+	ProducerOriginalQueue string `json:"producer_original_queue,omitempty"`
+	// FailedStage names the step that failed when it was not the handler (x-failed-stage),
+	// for example "idempotency key function"; Handler is then empty.
+	FailedStage string `json:"failed_stage,omitempty"`
+	// RetryNote says how many attempts were made here and what retry count the message
+	// arrived with ("arrived with x-retry-count 99; 1 attempt made here").
+	RetryNote string `json:"retry_note,omitempty"`
 	// Handler is the Watermill handler that failed (x-handler).
 	Handler string `json:"handler,omitempty"`
 	// GroupID is the message's failure group (see Group and fingerprint.go).
@@ -105,6 +118,8 @@ func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		ErrorClass:    md.Get(headers.ErrorClass),
 		ErrorMessage:  md.Get(sluice.HeaderErrorMessage),
 		ErrorStack:    md.Get(sluice.HeaderErrorStack),
+		FailedStage:   md.Get(headers.FailedStage),
+		RetryNote:     headers.RetryNote(md),
 		Retries:       sluice.RetryCount(md),
 		Replays:       replayCount(md.Get(headers.ReplayCount)),
 		FailedHost:    md.Get(headers.FailedHost),
@@ -127,9 +142,8 @@ func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		},
 		Payload: d.Body,
 	}
-	if r.OriginalQueue == "" {
-		r.OriginalQueue = queue
-	}
+	r.ProducerOriginalQueue = md.Get(headers.ProducerOriginalQueue)
+	r.resolveOrigin(queue)
 	if r.ErrorType == "" {
 		r.ErrorType = md.Get(sluice.HeaderLastError)
 	}
@@ -197,6 +211,17 @@ func originalQueue(d amqp.Delivery, fromSluice string) string {
 	return ""
 }
 
+// resolveOrigin makes OriginalQueue a queue a replay may go to: the recorded origin when
+// it is Q or one of Q's partitions, else Q (the recorded one kept in IgnoredOrigin).
+func (r *Record) resolveOrigin(queue string) {
+	switch {
+	case r.OriginalQueue == "":
+		r.OriginalQueue = queue
+	case !headers.OwnOrigin(queue, r.OriginalQueue):
+		r.IgnoredOrigin, r.OriginalQueue = r.OriginalQueue, queue
+	}
+}
+
 // selectionRecord is the part of NewRecord a Selector and a move need (id, original queue,
 // error type and message, stack, handler, group, failure time, replays), read straight
 // from the AMQP headers: a bulk move reads every message of the DLQ, and decoding the
@@ -221,9 +246,7 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 		Replays:       replayCount(h(headers.ReplayCount)),
 		Payload:       d.Body,
 	}
-	if r.OriginalQueue == "" {
-		r.OriginalQueue = queue
-	}
+	r.resolveOrigin(queue)
 	if r.ErrorType == "" {
 		r.ErrorType = h(sluice.HeaderLastError)
 	}

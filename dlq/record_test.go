@@ -29,6 +29,8 @@ func TestNewRecord(t *testing.T) {
 		wantAge   time.Duration
 		wantNoAge bool
 		wantQueue string
+		// wantIgnored is the recorded origin the record does not follow.
+		wantIgnored string
 	}{
 		{
 			name: "sluice record",
@@ -37,11 +39,26 @@ func TestNewRecord(t *testing.T) {
 				sluice.HeaderErrorType:        "invalid_amount",
 				sluice.HeaderErrorMessage:     "amount must be positive",
 				headers.FailedAt:              now.Add(-90 * time.Second).Format(time.RFC3339Nano),
-				sluice.HeaderOriginalQueue:    "orders",
+				sluice.HeaderOriginalQueue:    "q.p2",
 				sluice.HeaderLastError:        "older",
 				sluice.HeaderLastErrorMessage: "older message",
 			}, Timestamp: now.Add(-time.Hour)},
-			wantID: "wm-id", wantType: "invalid_amount", wantMsg: "amount must be positive", wantAge: 90 * time.Second, wantQueue: "orders",
+			wantID: "wm-id", wantType: "invalid_amount", wantMsg: "amount must be positive", wantAge: 90 * time.Second, wantQueue: "q.p2",
+		},
+		{
+			name: "an origin that is not the queue nor one of its partitions is not followed",
+			d: amqp091.Delivery{MessageId: "m", Headers: amqp091.Table{
+				sluice.HeaderOriginalQueue: "victim.q",
+			}, Timestamp: now.Add(-time.Hour)},
+			wantID: "m", wantAge: time.Hour, wantQueue: "q", wantIgnored: "victim.q",
+		},
+		{
+			name: "RabbitMQ's x-first-death-queue naming another queue is not followed",
+			d: amqp091.Delivery{MessageId: "m", Headers: amqp091.Table{
+				"x-first-death-reason": "rejected", "x-first-death-queue": "q.px",
+			}, Timestamp: now.Add(-time.Hour)},
+			wantID: "m", wantType: "rabbitmq.rejected", wantMsg: "dead-lettered by RabbitMQ (rejected) from queue q.px",
+			wantAge: time.Hour, wantQueue: "q", wantIgnored: "q.px",
 		},
 		{
 			name: "message-id and the last error when the record is partial",
@@ -75,6 +92,10 @@ func TestNewRecord(t *testing.T) {
 			assert.Equal(t, tc.wantType, r.ErrorType)
 			assert.Equal(t, tc.wantMsg, r.ErrorMessage)
 			assert.Equal(t, tc.wantQueue, r.OriginalQueue)
+			assert.Equal(t, tc.wantIgnored, r.IgnoredOrigin)
+			sel := dlq.SelectionRecord(tc.d, "q", 7, now)
+			assert.Equal(t, tc.wantQueue, sel.OriginalQueue, "the selection record agrees")
+			assert.Equal(t, tc.wantIgnored, sel.IgnoredOrigin, "the selection record agrees")
 			assert.Equal(t, !tc.wantNoAge, r.HasAge)
 			if !tc.wantNoAge {
 				assert.Equal(t, tc.wantAge, r.Age)
@@ -162,7 +183,9 @@ func TestReplayPublishing(t *testing.T) {
 			headers.UUID:             "wm-1",
 			sluice.HeaderRetryCount:  "3",
 			headers.FirstFailureTime: "t", headers.LastFailureTime: "t",
-			sluice.HeaderLastError: "e", sluice.HeaderLastErrorMessage: "m", sluice.HeaderRetryHistory: "[]",
+			sluice.HeaderLastError: "e", sluice.HeaderLastErrorMessage: "m",
+			sluice.HeaderRetryHistory: `[{"at":"2026-01-02T03:04:05Z","attempt":1,"type":"e","message":"m"}]`,
+			headers.ArrivedRetryCount: "2", headers.TripAttempts: "2", headers.FailedStage: "idempotency key function",
 			headers.DeferCount: "2", headers.FirstDeferTime: "t",
 			sluice.HeaderErrorType: "e", sluice.HeaderErrorMessage: "m", sluice.HeaderErrorStack: "s",
 			headers.ErrorClass: "permanent", headers.Handler: "h", headers.FailedAt: "t",
@@ -173,6 +196,7 @@ func TestReplayPublishing(t *testing.T) {
 			headers.TraceState:         "v=1",
 			"x-death":                  []any{amqp091.Table{"count": int64(1)}},
 			"x-first-death-reason":     "rejected",
+			"CC":                       []any{"victim.q"},
 			"tenant":                   "acme",
 			"priority-score":           int32(7),
 		},
@@ -180,10 +204,15 @@ func TestReplayPublishing(t *testing.T) {
 		CorrelationId: "c", ReplyTo: "r", Expiration: "60000", MessageId: "wm-1", Timestamp: ts,
 		Type: "payment.requested", UserId: "guest", AppId: "shop", Body: []byte("payload"),
 	}
-	pub := dlq.ReplayPublishing(d, 2)
+	now := time.Date(2026, 2, 3, 4, 5, 6, 0, time.UTC)
+	pub := dlq.ReplayPublishing(d, 2, now, "orders.dlq", "orders")
 	assert.Equal(t, amqp091.Table{
-		headers.UUID:               "wm-1",
-		headers.ReplayCount:        "2",
+		headers.UUID:             "wm-1",
+		headers.ReplayCount:      "2",
+		headers.ReplayedAt:       "2026-02-03T04:05:06Z",
+		headers.FirstFailureTime: "t",
+		sluice.HeaderRetryHistory: `[{"at":"2026-01-02T03:04:05Z","attempt":1,"type":"e","message":"m"},` +
+			`{"at":"2026-02-03T04:05:06Z","attempt":0,"type":"replay","message":"replayed from orders.dlq to orders"}]`,
 		sluice.HeaderOriginalQueue: "orders",
 		headers.TraceParent:        "00-abc-def-01",
 		headers.TraceState:         "v=1",

@@ -7,8 +7,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 )
 
@@ -43,6 +46,8 @@ type replayResult struct {
 	Failed []Failure `json:"failed,omitempty"`
 	// MissingIDs are ids of the Selector found nowhere in the DLQ.
 	MissingIDs []string `json:"missing_ids,omitempty"`
+	// IgnoredOrigins is Result.IgnoredOrigins.
+	IgnoredOrigins int `json:"ignored_origins"`
 }
 
 // Replay is Operator.Replay with the moved messages listed. A selector that matches
@@ -66,7 +71,7 @@ func (r *replayer) run(ctx context.Context, queue string, sel Selector, dry bool
 		}
 	}
 	out, err := o.Replay(ctx, queue, sel, Options{DryRun: dry})
-	res.Scanned, res.Failed, res.MissingIDs = out.Scanned, out.Failed, out.MissingIDs
+	res.Scanned, res.Failed, res.MissingIDs, res.IgnoredOrigins = out.Scanned, out.Failed, out.MissingIDs, out.IgnoredOrigins
 	if errors.Is(err, ErrNothingSelected) {
 		err = nil
 	}
@@ -82,9 +87,15 @@ func quoteAll(ids []string) string {
 }
 
 // resetOnReplay are the headers a replay removes: the retry state and the failure record,
-// so the message starts over with a full set of retries. x-original-queue stays (it names
-// the queue the message goes back to).
-var resetOnReplay = headers.Set([][]string{headers.RetryState, headers.FailureRecord}, headerArchivedAt)
+// so the message starts over with a full set of retries. x-original-queue stays (for the
+// record; a replay goes to Q whatever it says), and so do the first failure time and the
+// history, to which the replay adds an entry.
+var resetOnReplay = func() map[string]bool {
+	set := headers.Set([][]string{headers.RetryState, headers.FailureRecord}, headerArchivedAt)
+	delete(set, headers.FirstFailureTime)
+	delete(set, sluice.HeaderRetryHistory)
+	return set
+}()
 
 // resetHeader reports whether a replay removes header key: the retry and failure-record
 // headers and the headers RabbitMQ owns (x-death, ...).
@@ -92,27 +103,39 @@ func resetHeader(key string) bool {
 	return resetOnReplay[key] || headers.BrokerOwned(key)
 }
 
-// replayPublishing returns the publishing that replays d: its body, properties and headers,
-// less the ones ResetHeader names, with x-replay-count set to replayCount (as a string,
-// like sluice's other counters). Expiration and user-id are not carried, as in
+// replayEntryType is the type of the history entry a replay adds.
+const replayEntryType = "replay"
+
+// replayPublishing returns the publishing that replays d from source to dest at now: its
+// body, properties and headers, less the ones ResetHeader names, with x-replay-count set to
+// replayCount (as a string, like sluice's other counters), x-replayed-at to now and a
+// replay entry added to x-retry-history. Expiration and user-id are not carried, as in
 // broker/amqp.Marshaler.
-func replayPublishing(d amqp.Delivery, replayCount int) amqp.Publishing {
-	hdrs := make(amqp.Table, len(d.Headers)+1)
+func replayPublishing(d amqp.Delivery, replayCount int, now time.Time, source, dest string) amqp.Publishing {
+	hdrs := make(amqp.Table, len(d.Headers)+2)
 	for k, v := range d.Headers {
 		if !resetHeader(k) && !strings.EqualFold(k, headers.ReplayCount) {
 			hdrs[k] = v
 		}
 	}
 	hdrs[headers.ReplayCount] = strconv.Itoa(replayCount)
+	hdrs[headers.ReplayedAt] = failure.FormatTime(now)
+	// The queue the copy is consumed from, whatever an older record said.
+	hdrs[sluice.HeaderOriginalQueue] = dest
+	prev, _ := d.Headers[sluice.HeaderRetryHistory].(string)
+	hdrs[sluice.HeaderRetryHistory] = failure.AppendHistory(message.Metadata{sluice.HeaderRetryHistory: prev}, failure.HistoryEntry{
+		At: now.UTC(), Type: replayEntryType, Message: "replayed from " + source + " to " + dest,
+	})
 	pub := originalPublishing(d)
 	pub.Headers = hdrs
 	return pub
 }
 
-// originalPublishing returns d as it was published to the DLQ, for putting it back.
+// originalPublishing returns d as it was published to the DLQ, for putting it back. A
+// producer's CC or BCC header is left out: RabbitMQ would route a copy by it.
 func originalPublishing(d amqp.Delivery) amqp.Publishing {
 	return amqp.Publishing{
-		Headers:         d.Headers,
+		Headers:         withoutSenderRouting(d.Headers),
 		ContentType:     d.ContentType,
 		ContentEncoding: d.ContentEncoding,
 		DeliveryMode:    d.DeliveryMode,
@@ -125,4 +148,21 @@ func originalPublishing(d amqp.Delivery) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
+}
+
+// withoutSenderRouting returns h without CC and BCC (see headers.SenderSelected); h itself
+// when it has neither, so the usual message costs no copy.
+func withoutSenderRouting(h amqp.Table) amqp.Table {
+	_, cc := h["CC"]
+	_, bcc := h["BCC"]
+	if !cc && !bcc {
+		return h
+	}
+	out := make(amqp.Table, len(h))
+	for k, v := range h {
+		if !headers.SenderSelected(k) {
+			out[k] = v
+		}
+	}
+	return out
 }

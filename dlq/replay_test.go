@@ -2,9 +2,11 @@ package dlq_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	ifailure "github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 )
 
@@ -64,17 +67,25 @@ func TestReplay(t *testing.T) {
 	}
 }
 
-// assertReplayed checks what a replayed copy carries: the retry state gone, the id,
-// payload, properties, trace context and other headers kept, x-replay-count incremented.
+// assertReplayed checks what a replayed copy carries: the retry state gone but for the
+// first failure time and the history (which ends with the replay), the id, payload,
+// properties, trace context and other headers kept, x-replay-count incremented.
 func assertReplayed(t *testing.T, d amqp091.Delivery) {
 	t.Helper()
 	id := idOf(d)
 	for _, k := range []string{
-		sluice.HeaderRetryCount, sluice.HeaderRetryHistory, headers.FirstFailureTime, headers.LastFailureTime,
+		sluice.HeaderRetryCount, headers.LastFailureTime, headers.TripAttempts, headers.ArrivedRetryCount,
 		sluice.HeaderLastError, sluice.HeaderLastErrorMessage, sluice.HeaderErrorType, sluice.HeaderErrorMessage,
 		headers.ErrorClass, headers.Handler, headers.FailedAt, headers.FailedHost, headers.FailedPID,
 	} {
 		assert.NotContains(t, d.Headers, k, "message %s", id)
+	}
+	assert.Contains(t, d.Headers, headers.FirstFailureTime, "message %s: the first failure survives the replay", id)
+	assert.Contains(t, d.Headers, headers.ReplayedAt, "message %s", id)
+	history := ifailure.History(message.Metadata{sluice.HeaderRetryHistory: fmt.Sprint(d.Headers[sluice.HeaderRetryHistory])})
+	if assert.GreaterOrEqual(t, len(history), 2, "message %s: the failure and the replay", id) {
+		assert.Equal(t, "replay", history[len(history)-1].Type)
+		assert.NotEqual(t, "replay", history[0].Type)
 	}
 	wantReplays := "1"
 	if id == "m-3" {
@@ -108,7 +119,9 @@ func TestReplayDestinationMissing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fx := newFixture(t, amqp.QueueClassic)
 			fx.deadLetter(t, failure{id: "m-1", err: invalidAmount()})
-			fx.deadLetter(t, failure{id: "m-2", err: invalidAmount(), md: map[string]string{sluice.HeaderOriginalQueue: "no.such.queue"}})
+			// A partition of the queue that does not exist (any more).
+			gone := fx.queue + ".p7"
+			fx.deadLetter(t, failure{id: "m-2", err: invalidAmount(), record: map[string]string{sluice.HeaderOriginalQueue: gone}})
 			fx.deadLetter(t, failure{id: "m-3", err: invalidAmount()})
 			fx.waitCount(t, fx.dlq, 3)
 			r := dlq.NewReplayer(fx.conn)
@@ -117,11 +130,11 @@ func TestReplayDestinationMissing(t *testing.T) {
 			}
 			res, err := r.Replay(context.Background(), fx.queue, dlq.Selector{All: true})
 			require.ErrorIs(t, err, dlq.ErrDestinationNotFound)
-			assert.Contains(t, err.Error(), "no.such.queue")
+			assert.Contains(t, err.Error(), gone)
 			assert.Equal(t, []string{"m-1", "m-3"}, replayedIDs(res), "the others are replayed")
 			require.Len(t, res.Failed, 1)
 			assert.Equal(t, "m-2", res.Failed[0].ID)
-			assert.Equal(t, "no.such.queue", res.Failed[0].Destination)
+			assert.Equal(t, gone, res.Failed[0].Destination)
 
 			fx.waitCount(t, fx.dlq, 1)
 			left := fx.take(t, fx.dlq)
@@ -183,4 +196,33 @@ func idsOf(ds []amqp091.Delivery) []string {
 		out[i] = idOf(d)
 	}
 	return out
+}
+
+// Issue 33: a dead letter whose x-original-queue names another service's queue goes back to
+// Q, never there, and the result counts it; --to still wins.
+func TestReplayIgnoresAForeignOrigin(t *testing.T) {
+	fx := newFixture(t, amqp.QueueClassic)
+	victim := fx.queue + ".victim"
+	ch, err := fx.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(victim, false, true, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	t.Cleanup(func() { fx.rabbit.DeleteQueues(victim) })
+	fx.deadLetter(t, failure{id: "m-1", err: invalidAmount(), record: map[string]string{sluice.HeaderOriginalQueue: victim}})
+	fx.deadLetter(t, failure{id: "m-2", err: invalidAmount()})
+	fx.waitCount(t, fx.dlq, 2)
+
+	var moved []dlq.Moved
+	o := dlq.NewOperator(fx.conn)
+	o.OnMoved = func(m dlq.Moved) { moved = append(moved, m) }
+	res, err := o.Replay(context.Background(), fx.queue, dlq.Selector{All: true}, dlq.Options{})
+	require.NoError(t, err)
+	assert.Equal(t, 2, res.Moved)
+	assert.Equal(t, 1, res.IgnoredOrigins)
+	require.Len(t, moved, 2)
+	assert.Equal(t, dlq.Moved{ID: "m-1", Destination: fx.queue, ErrorType: moved[0].ErrorType, GroupID: moved[0].GroupID, ReplayCount: 1, IgnoredOrigin: true}, moved[0])
+	assert.False(t, moved[1].IgnoredOrigin)
+	assert.Equal(t, []string{"m-1", "m-2"}, idsOf(fx.take(t, fx.queue)))
+	assert.Zero(t, fx.rabbit.Count(victim), "nothing reaches the queue the header named")
 }

@@ -255,8 +255,9 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 			continue
 		}
 		pub := originalPublishing(d)
+		kept := pub.Headers
 		pub.Headers = amqp.Table{}
-		for k, v := range d.Headers {
+		for k, v := range kept {
 			if k != headerUnroutedExchange && k != headerUnroutedRoutingKey {
 				pub.Headers[k] = v
 			}
@@ -298,8 +299,9 @@ func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 // exchange and routing key in headers, in a transaction of its own.
 func restoreUnrouted(ch *amqp.Channel, d amqp.Delivery, ev UnroutedEvent, returns <-chan amqp.Return) error {
 	pub := originalPublishing(d)
+	kept := pub.Headers
 	pub.Headers = amqp.Table{}
-	for k, v := range d.Headers {
+	for k, v := range kept {
 		pub.Headers[k] = v
 	}
 	pub.Headers[headerUnroutedExchange] = ev.Exchange

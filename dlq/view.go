@@ -74,6 +74,11 @@ func (r Record) Display() Display {
 	out.OriginalQueue = bounded(r.OriginalQueue, HeaderValueBytes)
 	out.Handler = bounded(r.Handler, HeaderValueBytes)
 	out.ErrorType = bounded(r.ErrorType, HeaderValueBytes)
+	// What a producer said (an origin not followed, x-producer-original-queue) is shown
+	// like any header value.
+	out.IgnoredOrigin = bounded(r.IgnoredOrigin, HeaderValueBytes)
+	out.ProducerOriginalQueue = bounded(r.ProducerOriginalQueue, HeaderValueBytes)
+	out.FailedStage = bounded(r.FailedStage, HeaderValueBytes)
 	out.History = make([]failure.HistoryEntry, len(r.History))
 	for i, h := range r.History {
 		h.Type = bounded(h.Type, HeaderValueBytes)

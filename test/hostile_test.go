@@ -455,7 +455,8 @@ func hostileLimitCases(t *testing.T) []hostileCase {
 			want: refusedByBroker, refusal: &amqp091.Error{Code: amqp091.InternalError, Reason: "INTERNAL_ERROR"},
 		},
 		{
-			name: "100 KiB forged x-retry-history", why: "History keeps the last 5 entries, truncated: every copy's history stays bounded",
+			name: "100 KiB forged x-retry-history", why: "a producer's history is kept apart, bounded like sluice's own " +
+				"(the last 5 entries, truncated); the record's history holds only sluice's attempts",
 			pub: amqp091.Publishing{MessageId: "hostile-history-forged", Headers: amqp091.Table{sluice.HeaderRetryHistory: string(forgedHistory)},
 				Body: hostileBody("hostile-history-forged", paymentsim.TokenTimeout)},
 			want: toDLQ, deliveries: maxRetries + 1, errorType: ep.ErrorTypeGatewayTimeout,
@@ -463,12 +464,17 @@ func hostileLimitCases(t *testing.T) []hostileCase {
 				h := res.dlqMsg.Metadata.Get(sluice.HeaderRetryHistory)
 				assert.Less(t, len(h), 4096, "bounded history")
 				entries := failure.History(res.dlqMsg.Metadata)
-				require.Len(t, entries, failure.MaxHistoryEntries)
-				assert.Equal(t, "forged", entries[1].Type, "the newest forged entries are kept, oldest first")
-				for i, want := range []int{1, 2, 3} {
-					assert.Equal(t, want, entries[2+i].Attempt, "sluice's own attempts last")
-					assert.Equal(t, ep.ErrorTypeGatewayTimeout, entries[2+i].Type)
+				require.Len(t, entries, maxRetries+1)
+				for i, e := range entries {
+					assert.Equal(t, i+1, e.Attempt, "sluice's own attempts only")
+					assert.Equal(t, ep.ErrorTypeGatewayTimeout, e.Type)
 				}
+				producer := res.dlqMsg.Metadata.Get(headers.ProducerRetryHistory)
+				assert.Less(t, len(producer), 4096, "the producer's history is kept bounded")
+				kept := failure.History(message.Metadata{sluice.HeaderRetryHistory: producer})
+				require.Len(t, kept, failure.MaxHistoryEntries)
+				assert.Equal(t, "forged", kept[0].Type)
+				assert.Equal(t, 1000, kept[len(kept)-1].Attempt, "the newest forged entries")
 			},
 		},
 		{
@@ -665,7 +671,14 @@ func (o *hostileOutcomes) check(t *testing.T, c hostileCase) {
 		res.dlq, res.dlqMsg = got.dlq, got.dlqMsg
 		assert.Equal(t, c.errorType, res.dlqMsg.Metadata.Get(sluice.HeaderErrorType), "error type")
 		assert.Equal(t, o.s.queue, res.dlqMsg.Metadata.Get(sluice.HeaderOriginalQueue))
-		assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(headers.Handler))
+		if c.errorType == ep.ErrorTypeDecode {
+			// The key function decodes first: the record names it, and no handler.
+			assert.Equal(t, "idempotency key function", res.dlqMsg.Metadata.Get(headers.FailedStage))
+			assert.NotContains(t, res.dlqMsg.Metadata, headers.Handler)
+		} else {
+			assert.Equal(t, "hostile", res.dlqMsg.Metadata.Get(headers.Handler))
+			assert.NotContains(t, res.dlqMsg.Metadata, headers.FailedStage)
+		}
 	case refusedByBroker:
 		assert.Empty(t, res.deliveries, "never delivered")
 	case absorbed:

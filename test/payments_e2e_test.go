@@ -224,7 +224,13 @@ func TestPaymentsEndToEnd(t *testing.T) {
 				assert.Equal(t, tc.errType, rec[sluice.HeaderErrorType])
 				assert.Equal(t, tc.retries, rec[sluice.HeaderRetryCount])
 				assert.Equal(t, queue, rec[sluice.HeaderOriginalQueue])
-				assert.Equal(t, "payments", rec[headers.Handler])
+				if tc.errType == example_payment.ErrorTypeDecode {
+					// The key function decodes before the handler runs (issue 33).
+					assert.Equal(t, "idempotency key function", rec[headers.FailedStage])
+					assert.NotContains(t, rec, headers.Handler)
+				} else {
+					assert.Equal(t, "payments", rec[headers.Handler])
+				}
 				assert.NotEmpty(t, rec[sluice.HeaderErrorMessage])
 				assert.NotEmpty(t, rec[headers.FailedHost])
 				assert.NotEmpty(t, rec[headers.FailedPID])

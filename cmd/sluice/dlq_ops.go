@@ -102,9 +102,11 @@ func (f *opFlags) operate(e *env, op func(*dlq.Operator) (dlq.Result, error)) (d
 func runDLQReplay(ctx context.Context, e *env, args []string) error {
 	f := newOpFlags(e, "replay", "replay",
 		"--queue Q (--id ID... | --group ID | --error-type T | --older-than D | --all) [--to QUEUE] [--archive] [--dry-run] [--json]",
-		`Sends messages of Q.dlq back to their original queue (header x-original-queue,
-else Q), or to --to QUEUE, with their retry state reset: x-retry-count and the
-failure-record and retry headers are removed, x-replay-count is incremented;
+		`Sends messages of Q.dlq back to their original queue (header x-original-queue
+when it names Q or one of Q's partitions, else Q: ignored_origins counts those),
+or to --to QUEUE, with their retry state reset: x-retry-count and the
+failure-record headers are removed (the first failure time and the history stay,
+with the replay added), x-replay-count is incremented;
 the message id, payload, AMQP properties and trace context are kept. With
 --archive the messages come from Q.dlq.archive instead. Messages move in
 batches, each one AMQP transaction, so a replay killed at any point neither
@@ -240,6 +242,14 @@ func (f *opFlags) report(e *env, res dlq.Result, ids []string, err error) error 
 	}
 	if len(res.MissingIDs) > 0 {
 		fmt.Fprintf(w, "not found in %s: %s\n", res.Source, strings.Join(res.MissingIDs, ", "))
+	}
+	if res.IgnoredOrigins > 0 {
+		dest := res.Destination
+		if dest == "" {
+			dest = res.Queue
+		}
+		fmt.Fprintf(w, "%d messages named another origin than %s or its partitions; they went to %s, not there\n",
+			res.IgnoredOrigins, res.Queue, dest)
 	}
 	return opError(err)
 }

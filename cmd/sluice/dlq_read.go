@@ -222,9 +222,19 @@ func printRecord(w io.Writer, dlqName string, rec dlq.Record, full bool) {
 	}
 	row("error type", typ)
 	row("error", r.ErrorMessage)
-	row("handler", r.Handler)
+	if r.FailedStage != "" {
+		row("failed in", r.FailedStage+" (no handler ran)")
+	} else {
+		row("handler", r.Handler)
+	}
 	row("group", r.GroupID+" ("+r.Fingerprint+")")
 	row("original queue", r.OriginalQueue)
+	if r.IgnoredOrigin != "" {
+		row("recorded origin", r.IgnoredOrigin+" (not followed: neither the queue nor one of its partitions)")
+	}
+	if r.ProducerOriginalQueue != "" {
+		row("producer said", "x-original-queue "+r.ProducerOriginalQueue+" (display only)")
+	}
 	if !r.FailedAt.IsZero() {
 		row("failed at", fmt.Sprintf("%s (%s ago)", r.FailedAt.UTC().Format(time.RFC3339Nano), age(r)))
 	}
@@ -234,7 +244,11 @@ func printRecord(w io.Writer, dlqName string, rec dlq.Record, full bool) {
 	if r.FailedHost != "" || r.FailedPID != "" {
 		row("failed on", fmt.Sprintf("%s (pid %s)", orDash(r.FailedHost), orDash(r.FailedPID)))
 	}
-	row("retries", fmt.Sprint(r.Retries))
+	retries := fmt.Sprint(r.Retries)
+	if r.RetryNote != "" {
+		retries += " (" + r.RetryNote + ")"
+	}
+	row("retries", retries)
 	row("replays", fmt.Sprint(r.Replays))
 	_ = tw.Flush()
 	if len(r.History) > 0 {

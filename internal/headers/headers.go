@@ -25,6 +25,8 @@ var RetryState = []string{
 	sluice.HeaderRetryHistory,
 	DeferCount,
 	FirstDeferTime,
+	ArrivedRetryCount,
+	TripAttempts,
 }
 
 // FailureRecord are the headers the poison step adds to a dead-letter copy.
@@ -37,6 +39,7 @@ var FailureRecord = []string{
 	FailedAt,
 	FailedHost,
 	FailedPID,
+	FailedStage,
 }
 
 // Carried are sluice's headers that travel with a message and survive a replay.
@@ -63,10 +66,15 @@ func Set(lists [][]string, extra ...string) map[string]bool {
 }
 
 // BrokerOwned reports whether RabbitMQ owns a header: sluice reads it and never writes it
-// back, so dead-lettering records do not pile up from retry to retry.
+// back, so dead-lettering records do not pile up from retry to retry, and a producer's
+// sender-selected routing (CC, BCC) never routes a copy sluice publishes with its own
+// rights (a retry copy through the delay cascade, a dead letter through sluice.dlx).
 func BrokerOwned(key string) bool {
 	switch key {
 	case "x-death", "x-delivery-count", "x-received-from":
+		return true
+	}
+	if SenderSelected(key) {
 		return true
 	}
 	return strings.HasPrefix(key, "x-first-death-") || strings.HasPrefix(key, "x-last-death-")
@@ -85,14 +93,14 @@ func CopyWithRoom(msg *message.Message, extra int) *message.Message {
 
 // Failure is one failed attempt, as StampFailure records it.
 type Failure struct {
-	// Queue is the queue the message was consumed from; x-original-queue keeps the first.
+	// Queue is the queue the message was consumed from, which x-original-queue always names.
 	Queue string
 	// RetryCount is the x-retry-count to write.
 	RetryCount int
 	// Attempt is the failed attempt's number, for x-retry-history.
 	Attempt int
-	// First is the x-first-failure-time to write; zero keeps a valid one the message has
-	// (else Now).
+	// First is the x-first-failure-time to write when the message has no valid one of
+	// sluice's own; zero means Now.
 	First time.Time
 	// Now is the failure's time.
 	Now time.Time
@@ -107,24 +115,28 @@ type Failure struct {
 func StampFailure(md, prev message.Metadata, f Failure) {
 	errType := sluice.ErrorType(f.Err)
 	md.Set(sluice.HeaderRetryCount, strconv.Itoa(f.RetryCount))
+	trip := ReadTrip(prev)
+	StampOrigin(md, prev, f.Queue, trip.Carried)
+	// A producer's history and first failure time are moved aside: the record's are
+	// sluice's own.
+	history := stampTrip(md, prev, trip)
 	// A first failure is also the last: its time is formatted once.
 	now := failure.FormatTime(f.Now)
-	if !f.First.IsZero() {
+	if _, ok := failure.Time(history, FirstFailureTime, f.Now); !ok {
 		first := now
-		if f.First != f.Now {
+		if !f.First.IsZero() && f.First != f.Now {
 			first = failure.FormatTime(f.First)
 		}
 		md.Set(FirstFailureTime, first)
-	} else if _, ok := failure.Time(prev, FirstFailureTime, f.Now); !ok {
-		md.Set(FirstFailureTime, now)
 	}
 	md.Set(LastFailureTime, now)
 	md.Set(sluice.HeaderLastError, errType)
 	md.Set(sluice.HeaderLastErrorMessage, failure.Truncate(sluice.ErrorMessage(f.Err), failure.MaxErrorMessageBytes))
-	if md.Get(sluice.HeaderOriginalQueue) == "" {
-		md.Set(sluice.HeaderOriginalQueue, f.Queue)
-	}
-	md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(prev, failure.HistoryEntry{
+	md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(history, failure.HistoryEntry{
 		At: f.Now.UTC(), Attempt: f.Attempt, Type: errType, Message: sluice.ErrorMessage(f.Err),
 	}))
 }
+
+// SenderSelected reports whether RabbitMQ routes a message by header key (sender-selected
+// distribution: CC and BCC name more routing keys on the exchange published to).
+func SenderSelected(key string) bool { return key == "CC" || key == "BCC" }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -117,6 +118,9 @@ type Breaker struct {
 	// openUntil is when the open state expires: gobreaker does not expose it.
 	openUntil time.Time
 	pending   []transition
+	// deferring and pausing say how the handlers it guards take an open breaker
+	// (Middleware, ReturningMiddleware), so the log line says what actually happens.
+	deferring, pausing atomic.Bool
 
 	// announcing is held by the one goroutine announcing pending transitions, so that
 	// announcements run in order and outside gobreaker's lock.
@@ -172,6 +176,7 @@ func (b *Breaker) State() State {
 // Middleware guards h with the breaker: a call is made only when the breaker lets it
 // through; otherwise the message is deferred (or handed to Config.Fallback).
 func (b *Breaker) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	b.deferring.Store(true)
 	return func(msg *message.Message) ([]*message.Message, error) {
 		return b.handle(h, msg, nil)
 	}
@@ -334,7 +339,7 @@ func (b *Breaker) announceOne(ctx context.Context, t transition) {
 		slog.String("to", t.to.String()),
 	}
 	if t.to == StateOpen {
-		level, msg = slog.LevelWarn, "circuit breaker opened; calls are deferred"
+		level, msg = slog.LevelWarn, b.openedLine()
 		attrs = append(attrs, slog.Duration("open_timeout", b.cfg.OpenTimeout))
 	}
 	b.cfg.Logger.LogAttrs(ctx, level, msg, attrs...)
@@ -347,4 +352,15 @@ func (b *Breaker) announceOne(ctx context.Context, t transition) {
 		b.cfg.OnStateChange(b.name, t.from, t.to)
 	}
 	b.watchers.notify(b.name, t.from, t.to)
+}
+
+// openedLine is the log line of an opening, named for what the guarded handlers do.
+func (b *Breaker) openedLine() string {
+	switch pausing, deferring := b.pausing.Load(), b.deferring.Load(); {
+	case pausing && deferring:
+		return "circuit breaker opened; pausing handlers paused, other calls deferred"
+	case pausing:
+		return "circuit breaker opened; handler paused"
+	}
+	return "circuit breaker opened; calls are deferred"
 }

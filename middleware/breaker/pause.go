@@ -103,6 +103,7 @@ func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddl
 		)
 		return nil, failure.Handoff(reason)
 	}
+	b.pausing.Store(true)
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			return b.handle(h, msg, reject)

@@ -2,10 +2,12 @@ package breaker_test
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -81,4 +84,39 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, []string{"closed>open", "open>half-open", "half-open>closed"}, transitions)
 	assert.Equal(t, []breaker.State{breaker.StateOpen}, returned)
+}
+
+// Issue 33: the opening's log line says what the guarded handlers do: a pausing handler is
+// paused, not deferring calls.
+func TestBreaker_OpenedLineNamesWhatHandlersDo(t *testing.T) {
+	tests := []struct {
+		name      string
+		pausing   bool
+		deferring bool
+		want      string
+	}{
+		{name: "pausing handler", pausing: true, want: `level=WARN msg="circuit breaker opened; handler paused" breaker=dep`},
+		{name: "deferring handler", deferring: true, want: `level=WARN msg="circuit breaker opened; calls are deferred" breaker=dep`},
+		{name: "both", pausing: true, deferring: true, want: `level=WARN msg="circuit breaker opened; pausing handlers paused, other calls deferred" breaker=dep`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs testenv.SyncBuffer
+			reg := newRegistry(t, breaker.Config{ConsecutiveFailures: 1, OpenTimeout: time.Minute,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			b := reg.Breaker("dep")
+			dep := &fakeDep{}
+			dep.set(errDown)
+			var h message.HandlerFunc
+			if tt.deferring {
+				h = b.Middleware(dep.handle)
+			}
+			if tt.pausing {
+				h = b.ReturningMiddleware(nil)(dep.handle)
+			}
+			_, _ = h(newMsg(nil))
+			require.Equal(t, breaker.StateOpen, b.State())
+			assert.Contains(t, logs.String(), tt.want)
+		})
+	}
 }

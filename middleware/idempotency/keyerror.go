@@ -35,3 +35,7 @@ func (e *KeyError) ErrorType() string {
 	}
 	return errorTypeKey
 }
+
+// FailedStage names the step that failed, so that a dead letter's record names it instead
+// of a handler that never ran (x-failed-stage).
+func (e *KeyError) FailedStage() string { return "idempotency key function" }

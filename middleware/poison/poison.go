@@ -10,8 +10,10 @@
 //
 //	x-error-type, x-error-class, x-error-message (truncated to MaxErrorMessageBytes),
 //	x-error-stack (a recovered panic's stack, truncated to 16 KiB),
-//	x-original-queue, x-handler, x-retry-count, x-retry-history (this failure included),
-//	x-first-failure-time, x-last-failure-time, x-failed-at, x-failed-host, x-failed-pid.
+//	x-original-queue (always the queue consumed from), x-handler (or x-failed-stage when a
+//	step before the handler failed), x-retry-count, x-arrived-retry-count,
+//	x-trip-attempts, x-retry-history (this failure included), x-first-failure-time,
+//	x-last-failure-time, x-failed-at, x-failed-host, x-failed-pid.
 //
 // If the dead-letter publish fails, the step returns a hand-off error: the original is
 // nacked and redelivered later, never lost, and the subscriber backs off between nacks so
@@ -148,7 +150,7 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	} else {
 		delete(md, sluice.HeaderErrorStack)
 	}
-	md.Set(headers.Handler, message.HandlerNameFromCtx(msg.Context()))
+	headers.StampWhere(md, err, message.HandlerNameFromCtx(msg.Context()))
 	headers.StampFailure(md, msg.Metadata, headers.Failure{Queue: queue, RetryCount: retries, Attempt: retries + 1, Now: now, Err: err})
 	md.Set(headers.FailedAt, failure.FormatTime(now))
 	md.Set(headers.FailedHost, p.cfg.Host)

@@ -2,6 +2,7 @@ package poison_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -182,6 +184,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 		wantFirst   time.Time
 		wantOrigin  string
 		wantHistory []int
+		wantMore    message.Metadata // other headers the record must carry
 	}{
 		{
 			name: "permanent on the first attempt", md: message.Metadata{},
@@ -193,17 +196,40 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			name: "exhausted after retries keeps what the retries recorded",
 			md: message.Metadata{
 				sluice.HeaderRetryCount:    "3",
+				headers.TripAttempts:       "3",
 				headers.FirstFailureTime:   failure.FormatTime(earlier),
-				sluice.HeaderOriginalQueue: "payments.p2",
+				sluice.HeaderOriginalQueue: queueName,
 				sluice.HeaderRetryHistory:  earlierHistory(3),
 			},
 			err:      fmt.Errorf("retries exhausted after 3 retries: %w", &declinedErr{msg: "gateway 503"}),
 			wantType: "card_declined", wantClass: "retryable", wantMsg: "retries exhausted after 3 retries: gateway 503",
-			wantCount: "3", wantFirst: earlier, wantOrigin: "payments.p2", wantHistory: []int{1, 2, 3, 4},
+			wantCount: "3", wantFirst: earlier, wantOrigin: queueName, wantHistory: []int{1, 2, 3, 4},
+			wantMore: message.Metadata{headers.TripAttempts: "4"},
+		},
+		{
+			// Issue 33: the record says what sluice knows, and keeps what the producer said apart.
+			name: "a producer's origin, retry count, first failure time and history",
+			md: message.Metadata{
+				sluice.HeaderRetryCount:    "99",
+				headers.FirstFailureTime:   failure.FormatTime(earlier),
+				sluice.HeaderOriginalQueue: "victim.q",
+				sluice.HeaderRetryHistory:  earlierHistory(3),
+				headers.FailedStage:        "forged",
+			},
+			err:      errDeclined,
+			wantType: "error", wantClass: "retryable", wantMsg: "card declined",
+			wantCount: "99", wantFirst: now, wantOrigin: queueName, wantHistory: []int{100},
+			wantMore: message.Metadata{
+				headers.ProducerOriginalQueue:    "victim.q",
+				headers.ProducerFirstFailureTime: failure.FormatTime(earlier),
+				headers.ProducerRetryHistory:     earlierHistory(3),
+				headers.ArrivedRetryCount:        "99",
+				headers.TripAttempts:             "1",
+			},
 		},
 		{
 			name:     "history at its bound drops the oldest",
-			md:       message.Metadata{sluice.HeaderRetryCount: "5", sluice.HeaderRetryHistory: earlierHistory(5)},
+			md:       message.Metadata{sluice.HeaderRetryCount: "5", headers.TripAttempts: "5", sluice.HeaderRetryHistory: earlierHistory(5)},
 			err:      errDeclined,
 			wantType: "error", wantClass: "retryable", wantMsg: "card declined",
 			wantCount: "5", wantFirst: now, wantOrigin: queueName, wantHistory: []int{2, 3, 4, 5, 6},
@@ -250,6 +276,10 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			assert.NotContains(t, md, sluice.HeaderErrorStack, "no stack for an error that is not a panic")
 			assert.Equal(t, tt.wantOrigin, md.Get(sluice.HeaderOriginalQueue))
 			assert.Equal(t, handlerName, md.Get(headers.Handler))
+			assert.NotContains(t, md, headers.FailedStage, "the handler failed, no other stage")
+			for k, v := range tt.wantMore {
+				assert.Equal(t, v, md.Get(k), k)
+			}
 			assert.Equal(t, tt.wantCount, md.Get(sluice.HeaderRetryCount))
 			assert.Equal(t, failure.FormatTime(tt.wantFirst), md.Get(headers.FirstFailureTime))
 			assert.Equal(t, failure.FormatTime(now), md.Get(headers.LastFailureTime))
@@ -410,4 +440,22 @@ func TestMiddleware_NotDeadLettered(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Issue 33: a key function's failure is recorded as the key function's, typed as its cause,
+// with no handler named (the handler never ran).
+func TestMiddleware_RecordNamesTheStageThatFailed(t *testing.T) {
+	var v map[string]any
+	syntaxErr := json.Unmarshal([]byte("{broken"), &v)
+	require.Error(t, syntaxErr)
+	p, dl, _ := newStep(t, nil)
+	keyErr := sluice.Permanent(&idempotency.KeyError{MessageID: "m-1", Err: syntaxErr})
+	res := run(t, p.Middleware, failing(keyErr), message.Metadata{headers.Handler: "forged"})
+	require.NoError(t, res.err)
+	calls := dl.Calls()
+	require.Len(t, calls, 1)
+	md := calls[0].msg.Metadata
+	assert.Equal(t, "idempotency key function", md.Get(headers.FailedStage))
+	assert.NotContains(t, md, headers.Handler, "no handler ran")
+	assert.Equal(t, "json.SyntaxError", md.Get(sluice.HeaderErrorType))
 }

@@ -220,16 +220,17 @@ func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, r.deferMessage(hctx, msg, queue, now, attempt, err)
 		}
 
-		first, ok := failure.Time(msg.Metadata, headers.FirstFailureTime, now)
+		// Only sluice's own failure and replay times: a producer's cannot age a message.
+		first, ok := headers.AgeStart(msg.Metadata, now)
 		if !ok {
 			first = now
 		}
 		plan := r.plan(ctx, queue)
 		if count >= plan.MaxRetries {
-			return nil, &ExhaustedError{Retries: count, Err: err}
+			return nil, exhausted(msg, count, 0, err)
 		}
 		if age := now.Sub(first); age > r.cfg.MaxTotalAge {
-			return nil, &ExhaustedError{Retries: count, Age: age, Err: err}
+			return nil, exhausted(msg, count, age, err)
 		}
 
 		var delay time.Duration
@@ -290,9 +291,7 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 	if _, ok := failure.Time(msg.Metadata, headers.FirstDeferTime, now); !ok {
 		md.Set(headers.FirstDeferTime, failure.FormatTime(now))
 	}
-	if md.Get(sluice.HeaderOriginalQueue) == "" {
-		md.Set(sluice.HeaderOriginalQueue, queue)
-	}
+	headers.StampOrigin(md, msg.Metadata, queue, headers.ReadTrip(msg.Metadata).Carried)
 	if herr := r.cfg.Delayer.Delay(ctx, queue, delay, deferred); herr != nil {
 		herr = fmt.Errorf("deferral hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
 		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})
@@ -309,13 +308,32 @@ func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue st
 // MaxTotalAge. It matches ErrRetriesExhausted with errors.Is and unwraps to the last error.
 type ExhaustedError struct {
 	Retries int
+	// Arrived is the part of Retries the message arrived with from outside sluice (a
+	// producer's x-retry-count), Made the attempts made here, this one included.
+	Arrived, Made int
 	// Age is set when MaxTotalAge ended the retries.
 	Age time.Duration
 	Err error
 }
 
-// Error names the limit reached and the last error.
+func exhausted(msg *message.Message, count int, age time.Duration, err error) *ExhaustedError {
+	trip := headers.ReadTrip(msg.Metadata)
+	return &ExhaustedError{Retries: count, Arrived: trip.Arrived, Made: trip.Made + 1, Age: age, Err: err}
+}
+
+// Error names the limit reached and the last error; a retry count the message arrived
+// with is named as such, beside the attempts made here.
 func (e *ExhaustedError) Error() string {
+	if e.Arrived > 0 {
+		made := "1 attempt"
+		if e.Made != 1 {
+			made = strconv.Itoa(e.Made) + " attempts"
+		}
+		if e.Age > 0 {
+			return fmt.Sprintf("retries exhausted: message %s old; arrived with x-retry-count %d; %s made here: %v", e.Age.Round(time.Millisecond), e.Arrived, made, e.Err)
+		}
+		return fmt.Sprintf("retries exhausted: arrived with x-retry-count %d; %s made here: %v", e.Arrived, made, e.Err)
+	}
 	if e.Age > 0 {
 		return fmt.Sprintf("retries exhausted: message %s old after %d retries: %v", e.Age.Round(time.Millisecond), e.Retries, e.Err)
 	}

@@ -323,15 +323,36 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			wantOrigin: queueName, wantHistory: []int{1}, wantAttempt: 1,
 		},
 		{
-			name: "third failure keeps first failure time and original queue",
+			name: "third failure keeps sluice's first failure time and history",
 			md: message.Metadata{
 				sluice.HeaderRetryCount:    "2",
+				headers.TripAttempts:       "2",
 				headers.FirstFailureTime:   failure.FormatTime(earlier),
-				sluice.HeaderOriginalQueue: "orders.p3",
+				sluice.HeaderOriginalQueue: queueName,
 				sluice.HeaderRetryHistory:  historyOf(2),
 			},
 			wantCount: "3", wantDelay: 400 * time.Millisecond, wantFirst: earlier,
-			wantOrigin: "orders.p3", wantHistory: []int{1, 2, 3}, wantAttempt: 3,
+			wantOrigin: queueName, wantHistory: []int{1, 2, 3}, wantAttempt: 3,
+			wantCopyMore: message.Metadata{headers.TripAttempts: "3"},
+		},
+		{
+			// Issue 33: a producer's retry state steers nothing and is kept apart.
+			name: "a producer's origin, retry count, first failure time and history",
+			md: message.Metadata{
+				sluice.HeaderRetryCount:    "2",
+				headers.FirstFailureTime:   failure.FormatTime(earlier),
+				sluice.HeaderOriginalQueue: "victim.q",
+				sluice.HeaderRetryHistory:  historyOf(2),
+			},
+			wantCount: "3", wantDelay: 400 * time.Millisecond, wantFirst: now,
+			wantOrigin: queueName, wantHistory: []int{3}, wantAttempt: 3,
+			wantCopyMore: message.Metadata{
+				headers.ProducerOriginalQueue:    "victim.q",
+				headers.ProducerFirstFailureTime: failure.FormatTime(earlier),
+				headers.ProducerRetryHistory:     historyOf(2),
+				headers.ArrivedRetryCount:        "2",
+				headers.TripAttempts:             "1",
+			},
 		},
 		{
 			name:      "garbage first failure time is replaced",
@@ -366,7 +387,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 		{
 			name:      "history at its bound drops the oldest",
 			cfg:       func(c *retry.Config) { c.MaxRetries = 10 },
-			md:        message.Metadata{sluice.HeaderRetryCount: "5", sluice.HeaderRetryHistory: historyOf(5)},
+			md:        message.Metadata{sluice.HeaderRetryCount: "5", headers.TripAttempts: "5", sluice.HeaderRetryHistory: historyOf(5)},
 			wantCount: "6", wantDelay: 3200 * time.Millisecond, wantFirst: now,
 			wantOrigin: queueName, wantHistory: []int{2, 3, 4, 5, 6}, wantAttempt: 6,
 		},
@@ -606,8 +627,17 @@ func TestMiddleware_Exhausted(t *testing.T) {
 		{name: "RetryAfter does not add retries", cfg: func(c *retry.Config) { c.MaxRetries = 2 }, md: message.Metadata{sluice.HeaderRetryCount: "2"}, err: sluice.RetryAfter(time.Second, errBoom), wantExhausted: true, wantRetries: 2},
 		{
 			name:          "older than MaxTotalAge",
-			md:            message.Metadata{sluice.HeaderRetryCount: "1", headers.FirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour))},
+			md:            message.Metadata{sluice.HeaderRetryCount: "1", headers.TripAttempts: "1", headers.FirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour))},
 			wantExhausted: true, wantRetries: 1, wantAge: 25 * time.Hour,
+		},
+		{
+			name: "a producer's first failure time does not age the message",
+			md:   message.Metadata{sluice.HeaderRetryCount: "1", headers.FirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour))},
+		},
+		{
+			name: "a replay starts the age over",
+			md: message.Metadata{headers.ReplayedAt: failure.FormatTime(now.Add(-time.Minute)),
+				headers.FirstFailureTime: failure.FormatTime(now.Add(-25 * time.Hour))},
 		},
 		{
 			name: "exactly MaxTotalAge old",
@@ -616,7 +646,7 @@ func TestMiddleware_Exhausted(t *testing.T) {
 		{
 			name:          "older than a custom MaxTotalAge",
 			cfg:           func(c *retry.Config) { c.MaxTotalAge = time.Hour },
-			md:            message.Metadata{sluice.HeaderRetryCount: "2", headers.FirstFailureTime: failure.FormatTime(now.Add(-61 * time.Minute))},
+			md:            message.Metadata{sluice.HeaderRetryCount: "2", headers.TripAttempts: "2", headers.FirstFailureTime: failure.FormatTime(now.Add(-61 * time.Minute))},
 			wantExhausted: true, wantRetries: 2, wantAge: 61 * time.Minute,
 		},
 		{
@@ -867,4 +897,32 @@ func TestMiddleware_DeferIsCappedAtMaxRetryAfter(t *testing.T) {
 	calls := d.Calls()
 	require.Len(t, calls, 1)
 	assert.Equal(t, time.Hour, calls[0].d, "a deferral longer than MaxRetryAfter is capped")
+}
+
+// Issue 33: a retry count the message arrived with is named as such, not as retries made.
+func TestMiddleware_ExhaustedNamesAnArrivedRetryCount(t *testing.T) {
+	tests := []struct {
+		name string
+		md   message.Metadata
+		want string
+	}{
+		{name: "forged by a producer", md: message.Metadata{sluice.HeaderRetryCount: "99"},
+			want: "retries exhausted: arrived with x-retry-count 99; 1 attempt made here: boom"},
+		{name: "huge, clamped", md: message.Metadata{sluice.HeaderRetryCount: strings.Repeat("9", 30)},
+			want: "retries exhausted: arrived with x-retry-count 1000000; 1 attempt made here: boom"},
+		{name: "part arrived, part made here", md: message.Metadata{sluice.HeaderRetryCount: "3", headers.ArrivedRetryCount: "2", headers.TripAttempts: "1"},
+			want: "retries exhausted: arrived with x-retry-count 2; 2 attempts made here: boom"},
+		{name: "all made here", md: message.Metadata{sluice.HeaderRetryCount: "3", headers.TripAttempts: "3"},
+			want: "retries exhausted after 3 retries: boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testPolicy()
+			cfg.MaxRetries = 3
+			r, _, _ := newStep(t, cfg, nil)
+			res := run(t, r.Middleware, failing(errors.New("boom")), tt.md)
+			require.ErrorIs(t, res.err, retry.ErrRetriesExhausted)
+			assert.Equal(t, tt.want, res.err.Error())
+		})
+	}
 }
