@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/disposition"
 )
 
 var errBoom = errors.New("boom")
@@ -87,7 +87,7 @@ func TestClassOf(t *testing.T) {
 		{"Discard in errors.Join", errors.Join(errBoom, sluice.Discard(errBoom)), sluice.ClassDiscard},
 		{"first marker of two %w wins", fmt.Errorf("%w, %w", sluice.Discard(errBoom), sluice.Permanent(errBoom)), sluice.ClassDiscard},
 		{"plain errors joined", errors.Join(errBoom, sentinel), sluice.ClassRetryable},
-		{"handoff", failure.Handoff(errBoom), sluice.ClassRetryable},
+		{"give-back", disposition.GiveBackError(errBoom), sluice.ClassRetryable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -128,7 +128,7 @@ func TestHelpers_WrapAndUnwrap(t *testing.T) {
 		{"Discard", sluice.Discard(errBoom), "discard: boom"},
 		{"RetryAfter", sluice.RetryAfter(3*time.Second, errBoom), "retry after 3s: boom"},
 		{"Defer", sluice.Defer(2*time.Second, errBoom), "deferred for 2s: boom"},
-		{"Handoff", failure.Handoff(errBoom), "hand-off failed: boom"},
+		{"GiveBack", disposition.GiveBackError(errBoom), "nack: boom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -147,7 +147,7 @@ func TestHelpers_NilIsNil(t *testing.T) {
 		{"Permanent", sluice.Permanent(nil)},
 		{"Discard", sluice.Discard(nil)},
 		{"RetryAfter", sluice.RetryAfter(time.Second, nil)},
-		{"Handoff", failure.Handoff(nil)},
+		{"GiveBack", disposition.GiveBackError(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -254,26 +254,27 @@ func TestPanicStack(t *testing.T) {
 	}
 }
 
-func TestHandoff(t *testing.T) {
+func TestGiveBack(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
 		want bool
 	}{
-		{"Handoff", failure.Handoff(errBoom), true},
-		{"wrapped with %w", fmt.Errorf("retry: %w", failure.Handoff(errBoom)), true},
-		{"inside a marker", sluice.Permanent(failure.Handoff(errBoom)), true},
+		{"GiveBack", disposition.GiveBackError(errBoom), true},
+		{"wrapped with %w", fmt.Errorf("retry: %w", disposition.GiveBackError(errBoom)), true},
+		{"inside a marker", sluice.Permanent(disposition.GiveBackError(errBoom)), true},
 		{"plain error", errBoom, false},
 		{"nil", nil, false},
-		{"Handoff(nil)", failure.Handoff(nil), false},
+		{"GiveBackError(nil)", disposition.GiveBackError(nil), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, failure.IsHandoff(tt.err))
+			assert.Equal(t, tt.want, disposition.IsGiveBack(tt.err))
 			if tt.want {
-				var h *failure.HandoffError
-				require.ErrorAs(t, tt.err, &h)
-				assert.Equal(t, errBoom, h.Err)
+				d, ok := disposition.Of(tt.err)
+				require.True(t, ok)
+				assert.Equal(t, disposition.GiveBack, d.Kind)
+				assert.Equal(t, errBoom, d.Reason)
 				assert.ErrorIs(t, tt.err, errBoom)
 			}
 		})

@@ -20,7 +20,7 @@ const ErrorTypeGeneric = "error"
 const ErrorTypePanic = "panic"
 
 // modulePath is sluice's module; its error types that wrap another error only add context
-// (Permanent, RetryAfter, a failed hand-off, exhausted retries), so ErrorType looks through
+// (Permanent, RetryAfter, a give-back, exhausted retries), so ErrorType looks through
 // them.
 const modulePath = "github.com/sluice-go/sluice"
 

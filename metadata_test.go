@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -18,7 +17,6 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestRetryCount(t *testing.T) {
@@ -301,62 +299,4 @@ func TestCopyWithContext_NilMetadata(t *testing.T) {
 	require.NotNil(t, c.Metadata)
 	c.Metadata.Set("k", "v") // must not panic on a nil map
 	assert.Equal(t, "v", c.Metadata.Get("k"))
-}
-
-func TestReportOutcome(t *testing.T) {
-	rep := report.Report{Outcome: report.OutcomeRetry, Delay: time.Second, Attempt: 2, Err: errBoom}
-
-	t.Run("no reporter is a no-op", func(t *testing.T) {
-		assert.NotPanics(t, func() { report.ReportOutcome(context.Background(), rep) })
-	})
-	t.Run("nothing reported", func(t *testing.T) {
-		var r report.Reporter
-		got, ok := r.Get()
-		assert.False(t, ok)
-		assert.Equal(t, report.Report{}, got)
-	})
-	t.Run("reported through the context", func(t *testing.T) {
-		r := &report.Reporter{}
-		ctx := report.WithReporter(context.Background(), r)
-		report.ReportOutcome(ctx, rep)
-		got, ok := r.Get()
-		require.True(t, ok)
-		assert.Equal(t, rep, got)
-	})
-	t.Run("the last report wins", func(t *testing.T) {
-		r := &report.Reporter{}
-		ctx := report.WithReporter(context.Background(), r)
-		report.ReportOutcome(ctx, rep)
-		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: 2})
-		got, ok := r.Get()
-		require.True(t, ok)
-		assert.Equal(t, report.OutcomeNack, got.Outcome)
-		assert.Zero(t, got.Delay)
-	})
-	t.Run("a derived context still reports", func(t *testing.T) {
-		r := &report.Reporter{}
-		ctx, cancel := context.WithTimeout(report.WithReporter(context.Background(), r), time.Minute)
-		defer cancel()
-		report.ReportOutcome(ctx, rep)
-		_, ok := r.Get()
-		assert.True(t, ok)
-	})
-	t.Run("concurrent reports", func(t *testing.T) {
-		r := &report.Reporter{}
-		ctx := report.WithReporter(context.Background(), r)
-		var wg sync.WaitGroup
-		for i := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeAck, Attempt: i + 1})
-				_, _ = r.Get()
-			}()
-		}
-		wg.Wait()
-		got, ok := r.Get()
-		require.True(t, ok)
-		assert.Equal(t, report.OutcomeAck, got.Outcome)
-		assert.Positive(t, got.Attempt)
-	})
 }

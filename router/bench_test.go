@@ -32,6 +32,7 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
+	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -272,7 +273,7 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 
 // BenchmarkStackInProcess is the in-process cost per message of the failure-handling
 // stack on the success path, the broker bypassed: the composed handler is called directly.
-//   - sluice: router's composition (recoverer, poison, retry, idempotency keyed by message
+//   - sluice: router's composition (recoverer, retry with its poison step, idempotency keyed by message
 //     id, breaker, timeout, handler-panic recoverer), without telemetry;
 //   - watermill: Watermill's own middleware stacked the same way: Recoverer, PoisonQueue,
 //     Retry, Deduplicator (keyed by message id, in-memory), CircuitBreaker, Timeout.
@@ -550,7 +551,11 @@ func benchFailureRecord(b *testing.B, queue string) message.Metadata {
 		copied = msg.Metadata
 		return nil
 	}))
-	r, err := retry.New(retry.Config{Delayer: capture, Logger: benchLogger})
+	p, err := poison.New(poison.Config{DeadLetterer: noDeadLetter{}, Logger: benchLogger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := retry.New(retry.Config{Delayer: capture, DeadLetter: p, Logger: benchLogger})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -575,4 +580,12 @@ func benchDelayKey(units uint64, queue string) string {
 		}
 	}
 	return string(append(key, queue...))
+}
+
+// noDeadLetter is the dead-letter publish of a benchmark whose messages are never
+// dead-lettered: it fails, so one that were would be noticed.
+type noDeadLetter struct{}
+
+func (noDeadLetter) DeadLetter(context.Context, string, *message.Message) error {
+	return errors.New("benchmark: unexpected dead letter")
 }

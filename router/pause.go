@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/dependency"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/telemetry"
@@ -131,20 +130,6 @@ func (s *Stack) breakerStep(hc handlerConfig) message.HandlerMiddleware {
 		return hc.pause.b.ReturningMiddleware(hc.pause.onReturn)
 	}
 	return s.cfg.Breakers.NewMiddleware(hc.breaker)
-}
-
-// dependencyStep names the handler's dependency (its breaker) in the message's context,
-// for the retry step's budget, concurrency limit and load.
-func (s *Stack) dependencyStep(hc handlerConfig) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		if s.cfg.Retry.Overload == nil {
-			return h
-		}
-		return func(msg *message.Message) ([]*message.Message, error) {
-			msg.SetContext(dependency.With(msg.Context(), hc.breaker))
-			return h(msg)
-		}
-	}
 }
 
 // pauseController pauses a handler's subscriber while its breaker is open and resumes it

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
@@ -64,9 +65,15 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	if s.cfg.Telemetry != nil {
 		mws = append(mws, s.cfg.Telemetry.Middleware)
 	}
-	mws = append(mws, middleware.Recoverer, s.poison.Middleware, s.dependencyStep(hc), s.retry.Middleware)
+	// The retry step decides every failed attempt's disposition and carries it out (its
+	// dead letters through the poison step): see package disposition.
+	mws = append(mws, middleware.Recoverer, s.retry.ForDependency(hc.breaker))
 	if s.cfg.Idempotency != nil {
-		mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc))
+		var obs []disposition.Observer
+		if s.cfg.Telemetry != nil {
+			obs = append(obs, s.cfg.Telemetry)
+		}
+		mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
 	}
 	if outputTopic == "" && hc.sub.output != nil {
 		mws = append(mws, s.exchangeOutputs(*hc.sub.output)) // subscription.go

@@ -4,23 +4,26 @@
 //
 // The order, outermost first, and why:
 //
-//  1. tracing — one consumer span per delivery attempt, continued from the message's trace
+//  1. tracing — one consumer span per delivery attempt, continued from the message's trace;
+//     it observes each attempt's outcome (disposition.Observer)
 //  2. recoverer — a panic in a step becomes an error (the message is nacked, not lost)
-//  3. poison — a permanent error, or one retry gave up on, goes to the DLQ; then ack
-//  4. retry — a retryable error with attempts left goes back to the broker delayed; then ack
-//  5. idempotency — a key already done is acked without calling the handler
-//  6. output — the handler's output messages are published, confirmed (so idempotency marks
+//  3. retry — decides each failed attempt's disposition (disposition.Decide) and carries it
+//     out in one place: a retryable error with attempts left goes back to the broker
+//     delayed, a permanent one or one out of retries goes to the DLQ through the poison step
+//     (Config.Poison), each confirmed before the ack; then the observers are told once
+//  4. idempotency — a key already done is acked without calling the handler
+//  5. output — the handler's output messages are published, confirmed (so idempotency marks
 //     a key done only once its outputs are safe, and a failed output publish is retried)
-//  7. Config.Middleware — the user's own steps, in the order given: inside poison, retry,
+//  6. Config.Middleware — the user's own steps, in the order given: inside retry,
 //     idempotency and output, so their failures are retried and dead-lettered like the
 //     handler's, duplicates never reach them and the messages they return are published;
 //     outside the breaker, so a validation or auth failure does not count against the
 //     dependency
-//  8. breaker — while open, the call is not made; the handler pauses (pause.go) or, with
+//  7. breaker — while open, the call is not made; the handler pauses (pause.go) or, with
 //     WithDeferWhileOpen, the message is deferred
-//  9. timeout — the handler's context carries a deadline
-//  10. the handler, whose own panic becomes an error carrying its stack, so retry and poison
-//     treat it like any failure
+//  8. timeout — the handler's context carries a deadline
+//  9. the handler, whose own panic becomes an error carrying its stack, so retry treats it
+//     like any failure
 //
 // Steps that are not configured are absent, not stubs. A handler deadline, sluice's or
 // Watermill's middleware.Timeout wherever it is added, is a retryable failure; only the
@@ -43,6 +46,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -72,7 +76,9 @@ type Config struct {
 	// Logger is used by the stack, its steps and Watermill (through its slog adapter).
 	// Nil means slog.Default().
 	Logger *slog.Logger
-	// Retry configures the retry step. A nil Delayer means the broker's delay.
+	// Retry configures the retry step. A nil Delayer means the broker's delay; DeadLetter
+	// is always the stack's poison step (Poison). With Telemetry, the step's observers are
+	// Retry.Observer and Telemetry.
 	Retry retry.Config
 	// Poison configures the dead-letter step. A nil DeadLetterer means the broker's DLQ.
 	Poison poison.Config
@@ -96,7 +102,7 @@ type Config struct {
 	// Idempotency, when set, adds the idempotency step to every handler.
 	Idempotency Idempotency
 	// Middleware is the user's own steps (logging, auth, validation, Watermill's
-	// CorrelationID or Throttle), first outermost, placed inside poison, retry,
+	// CorrelationID or Throttle), first outermost, placed inside retry,
 	// idempotency and output confirmation and outside the breaker and the handler
 	// deadline (see the package documentation). Nil means none.
 	Middleware []message.HandlerMiddleware
@@ -107,9 +113,9 @@ type Config struct {
 
 // Idempotency is the idempotency step (package idempotency's Guard): NewMiddleware builds
 // the step with a handler's key function (router.WithIdempotencyKey), nil meaning the
-// step's own default.
+// step's own default, and the observers it tells about the duplicates it acks.
 type Idempotency interface {
-	NewMiddleware(key func(*message.Message) (string, error)) message.HandlerMiddleware
+	NewMiddleware(key func(*message.Message) (string, error), observers ...disposition.Observer) message.HandlerMiddleware
 }
 
 // HandlerOption tunes one handler.
@@ -217,19 +223,31 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 		dead = cfg.Telemetry.WrapDeadLetterer(dead)
 		output = cfg.Telemetry.WrapPublisher(output)
 	}
-	cfg.Retry.Delayer = delayer
-	if cfg.Retry.Logger == nil {
-		cfg.Retry.Logger = cfg.Logger
+	// The steps get copies: the caller's Config is never changed.
+	pcfg := cfg.Poison
+	pcfg.DeadLetterer = dead
+	if pcfg.Logger == nil {
+		pcfg.Logger = cfg.Logger
 	}
-	r, err := retry.New(cfg.Retry)
+	p, err := poison.New(pcfg)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Poison.DeadLetterer = dead
-	if cfg.Poison.Logger == nil {
-		cfg.Poison.Logger = cfg.Logger
+	rcfg := cfg.Retry
+	rcfg.Delayer = delayer
+	rcfg.DeadLetter = p
+	if cfg.Telemetry != nil {
+		// Telemetry observes every attempt's outcome beside the caller's observer.
+		obs := disposition.Observers{cfg.Telemetry}
+		if rcfg.Observer != nil {
+			obs = disposition.Observers{rcfg.Observer, cfg.Telemetry}
+		}
+		rcfg.Observer = obs
 	}
-	p, err := poison.New(cfg.Poison)
+	if rcfg.Logger == nil {
+		rcfg.Logger = cfg.Logger
+	}
+	r, err := retry.New(rcfg)
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -72,8 +71,8 @@ func (in *Instrumentation) createEventLog(logger *slog.Logger, limit LogLimit) e
 		now:     time.Now,
 		dropped: c,
 		attrs: map[string][]metric.AddOption{
-			string(report.OutcomeRetry):      {metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeRetry)))},
-			string(report.OutcomeDeadLetter): {metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, string(report.OutcomeDeadLetter)))},
+			outcomeRetry:      {metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, outcomeRetry))},
+			outcomeDeadLetter: {metric.WithAttributes(attribute.String(otelnames.MetricAttrEvent, outcomeDeadLetter))},
 		},
 	}
 	// Both series exist from the start, at 0, so a dashboard or alert reads 0, not nothing.
@@ -101,14 +100,14 @@ func (l *eventLog) allow(now time.Time) (ok bool, summary int64) {
 }
 
 // record logs a retry hand-off or a dead letter of message id.
-func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep report.Report, errType string) {
+func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep attemptReport, errType string) {
 	ok, summary := l.allow(l.now())
 	if summary > 0 {
 		l.logger.LogAttrs(ctx, slog.LevelWarn, "retry and dead-letter log lines dropped by the rate limit",
 			slog.Int64("dropped", summary), slog.Int("limit_lines", l.limit.Lines), slog.Duration("limit_interval", l.limit.Interval))
 	}
 	if !ok {
-		l.dropped.Add(ctx, 1, l.attrs[string(rep.Outcome)]...)
+		l.dropped.Add(ctx, 1, l.attrs[rep.Outcome]...)
 		return
 	}
 	attrs := []slog.Attr{
@@ -121,7 +120,7 @@ func (l *eventLog) record(ctx context.Context, queue, handler, id string, rep re
 		attrs = append(attrs, slog.String("handler", handler))
 	}
 	msg := "message dead-lettered"
-	if rep.Outcome == report.OutcomeRetry {
+	if rep.Outcome == outcomeRetry {
 		msg = "message handed to the broker for a retry"
 		attrs = append(attrs, slog.Duration("delay", rep.Delay))
 	} else {

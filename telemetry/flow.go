@@ -12,17 +12,16 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 )
 
 // outcomes are the outcomes a flow counts in an array; any other is counted in a map.
-var outcomes = [...]report.Outcome{
-	report.OutcomeAck, report.OutcomeRetry, report.OutcomeDeadLetter, report.OutcomeDiscard,
-	report.OutcomeDuplicate, report.OutcomeDeferred, report.OutcomeNack,
+var outcomes = [...]string{
+	outcomeAck, outcomeRetry, outcomeDeadLetter, outcomeDiscard,
+	outcomeDuplicate, outcomeDeferred, outcomeNack,
 }
 
 // outcomeIndex is o's place in outcomes, or -1.
-func outcomeIndex(o report.Outcome) int {
+func outcomeIndex(o string) int {
 	for i, known := range outcomes {
 		if o == known {
 			return i
@@ -50,7 +49,7 @@ type flow struct {
 	consumed *queueCount // shared by the flows of one queue
 	inFlight atomic.Int64
 	counts   [len(outcomes)]atomic.Int64
-	other    sync.Map // report.Outcome -> *atomic.Int64, outcomes not in outcomes
+	other    sync.Map // outcome label -> *atomic.Int64, outcomes not in outcomes
 
 	flightObs  []metric.ObserveOption // queue, handler
 	outcomeObs [len(outcomes)][]metric.ObserveOption
@@ -102,7 +101,7 @@ func observeOpts(o messagingOpts) []metric.ObserveOption {
 }
 
 // count adds one attempt with outcome o.
-func (f *flow) count(o report.Outcome) {
+func (f *flow) count(o string) {
 	if i := outcomeIndex(o); i >= 0 {
 		f.counts[i].Add(1)
 		return
@@ -112,7 +111,7 @@ func (f *flow) count(o report.Outcome) {
 }
 
 // durationOpts are sluice.handler.duration's options for outcome o.
-func (in *Instrumentation) durationOpts(f *flow, o report.Outcome) []metric.RecordOption {
+func (in *Instrumentation) durationOpts(f *flow, o string) []metric.RecordOption {
 	if i := outcomeIndex(o); i >= 0 {
 		return f.outcomeRec[i]
 	}
@@ -159,7 +158,7 @@ func (in *Instrumentation) observeFlows(_ context.Context, o metric.Observer) er
 			}
 		}
 		f.other.Range(func(k, v any) bool {
-			opts := in.metricAttrs(metricKey{queue: f.queue, handler: f.handler, outcome: string(k.(report.Outcome))})
+			opts := in.metricAttrs(metricKey{queue: f.queue, handler: f.handler, outcome: k.(string)})
 			o.ObserveInt64(in.messagesObs, v.(*atomic.Int64).Load(), opts.set)
 			return true
 		})

@@ -15,8 +15,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -40,7 +40,7 @@ func TestMetrics_ObservedCounters(t *testing.T) {
 			queue := uniqueQueue("observed")
 			ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 				if string(msg.Payload) == "retry" {
-					report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: time.Second, Err: errors.New("timeout")})
+					reportTo(e.in, msg.Context(), testReport{Outcome: disposition.Retry, Delay: time.Second, Err: errors.New("timeout")})
 				}
 				return nil, nil
 			}, routerOpts{})
@@ -53,11 +53,11 @@ func TestMetrics_ObservedCounters(t *testing.T) {
 
 			m := e.collect(t)
 			labels := []attribute.KeyValue{otelnames.MetricAttrQueue.String(queue), otelnames.MetricAttrHandler.String("test-handler")}
-			outcome := func(o report.Outcome) []attribute.KeyValue {
-				return append(labels[:2:2], otelnames.MetricAttrOutcome.String(string(o)))
+			outcome := func(o disposition.Kind) []attribute.KeyValue {
+				return append(labels[:2:2], otelnames.MetricAttrOutcome.String(o.String()))
 			}
-			assert.Equal(t, int64(2), sumPoint(t, m[otelnames.MetricMessages], outcome(report.OutcomeAck)...))
-			assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricMessages], outcome(report.OutcomeRetry)...))
+			assert.Equal(t, int64(2), sumPoint(t, m[otelnames.MetricMessages], outcome(disposition.Ack)...))
+			assert.Equal(t, int64(1), sumPoint(t, m[otelnames.MetricMessages], outcome(disposition.Retry)...))
 			assert.Equal(t, int64(0), sumPoint(t, m[otelnames.MetricInFlight], labels...))
 			assert.Equal(t, int64(3), sumPoint(t, m[otelnames.MetricConsumedMessages], semconv.MessagingDestinationName(queue)))
 			for _, data := range []metricdata.Aggregation{m[otelnames.MetricMessages], m[otelnames.MetricConsumedMessages]} {

@@ -19,9 +19,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -58,7 +58,7 @@ func TestWrapDelayer_OneTracePerMessage(t *testing.T) {
 		if err := delayer.Delay(msg.Context(), queue, 250*time.Millisecond, retry); err != nil {
 			return nil, err
 		}
-		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 250 * time.Millisecond,
+		reportTo(e.in, msg.Context(), testReport{Outcome: disposition.Retry, Delay: 250 * time.Millisecond,
 			Attempt: count + 1, Err: errors.New("gateway timeout")})
 		return nil, nil
 	}, routerOpts{})

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -236,4 +237,18 @@ func (p *fakePublisher) Close() error { return nil }
 // traceparent formats sc the way the W3C propagator writes it.
 func traceparent(sc trace.SpanContext) string {
 	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
+}
+
+// testReport is an attempt's outcome as the tests observe it.
+type testReport struct {
+	Outcome disposition.Kind
+	Delay   time.Duration
+	Attempt int
+	Err     error
+}
+
+// reportTo tells in the outcome r of the attempt whose context is ctx, as the retry step
+// does through its Observer.
+func reportTo(in *telemetry.Instrumentation, ctx context.Context, r testReport) {
+	in.Observe(ctx, disposition.Outcome{Disposition: disposition.Disposition{Kind: r.Outcome, Delay: r.Delay, Reason: r.Err}, Attempt: r.Attempt})
 }

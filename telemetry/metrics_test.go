@@ -12,23 +12,23 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestMetrics_KnownSequence(t *testing.T) {
 	e := newEnv(t)
 	queue := uniqueQueue("metrics")
-	reports := map[string]*report.Report{
-		"retry":     {Outcome: report.OutcomeRetry, Delay: time.Second, Err: errors.New("timeout")},
-		"dead":      {Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(errors.New("invalid"))},
-		"duplicate": {Outcome: report.OutcomeDuplicate},
-		"deferred":  {Outcome: report.OutcomeDeferred, Delay: time.Second},
+	reports := map[string]*testReport{
+		"retry":     {Outcome: disposition.Retry, Delay: time.Second, Err: errors.New("timeout")},
+		"dead":      {Outcome: disposition.DeadLetter, Err: sluice.Permanent(errors.New("invalid"))},
+		"duplicate": {Outcome: disposition.Duplicate},
+		"deferred":  {Outcome: disposition.Defer, Delay: time.Second},
 	}
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		kind := string(msg.Payload)
 		if rep, ok := reports[kind]; ok {
-			report.ReportOutcome(msg.Context(), *rep)
+			reportTo(e.in, msg.Context(), *rep)
 		}
 		if kind == "error" {
 			return nil, errors.New("handler failed")

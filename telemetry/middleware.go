@@ -15,7 +15,6 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 )
 
 // errPanicked is recorded on the span of an attempt whose handler panicked past every
@@ -46,11 +45,12 @@ var (
 //   - starts a consumer span "process <queue>", the queue being
 //     message.SubscribeTopicFromCtx, with the attributes a sampler may decide on
 //     (messaging.system, messaging.operation.type and .name, messaging.destination.name),
-//     and puts a *report.Reporter into the context; both are set on the message with
-//     msg.SetContext before h runs, so inner steps see them;
+//     and puts the attempt's private state into the context, where Observe (the
+//     disposition.Observer the stack gives the retry and idempotency steps) finds it; both
+//     are set on the message with msg.SetContext before h runs;
 //   - after h returns, if the span is sampled, sets the message's attributes (body size,
-//     message id, routing key, attempt, handler) and those of the reported report.Report:
-//     the outcome (when no step reported one, "ack" for a nil error, "nack" otherwise) and
+//     message id, routing key, attempt, handler) and those of the observed outcome
+//     (disposition.Outcome): the outcome (when none was observed, "ack" for a nil error, "nack" otherwise) and
 //     the retry delay, and marks the span as failed (error status and the error recorded)
 //     for the outcomes retry, dead_letter and nack or a non-nil error;
 //   - records the sluice.* and messaging metrics, sampled or not.
@@ -86,7 +86,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 		// go on in finish, and only if the span records: an unsampled attempt builds none.
 		ctx, span := in.tracer.Start(parent, f.spanName, f.startOpts...)
 
-		ctx, reporter := report.NewContext(ctx)
+		ctx, observed := newAttemptContext(ctx)
 		msg.SetContext(ctx)
 
 		f.consumed.n.Add(1)
@@ -96,21 +96,21 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			f.inFlight.Add(-1)
 			if !finished {
 				// The panic keeps unwinding; the span and metrics must not be lost with it.
-				in.finish(ctx, span, f, start, msg, attempt, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
+				in.finish(ctx, span, f, start, msg, attempt, attemptReport{Outcome: outcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
 			}
 		}()
 
 		outs, err := h(msg)
 		finished = true
 
-		rep, _ := reporter.Get()
+		rep, _ := observed.get()
 		if rep.Attempt == 0 {
 			rep.Attempt = attempt
 		}
 		if rep.Outcome == "" {
-			rep.Outcome = report.OutcomeAck
+			rep.Outcome = outcomeAck
 			if err != nil {
-				rep.Outcome = report.OutcomeNack
+				rep.Outcome = outcomeNack
 			}
 		}
 		in.finish(ctx, span, f, start, msg, attempt, rep, err)
@@ -127,7 +127,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 // finish sets the message's and the outcome's attributes and the status on span, ends it,
 // records metrics and logs a retry hand-off or dead letter of msg.
 func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow, start time.Time,
-	msg *message.Message, attempt int, rep report.Report, err error) {
+	msg *message.Message, attempt int, rep attemptReport, err error) {
 	recording := span.IsRecording()
 	var attrs []attribute.KeyValue
 	var buf *[]attribute.KeyValue
@@ -135,7 +135,7 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow,
 		// One SetAttributes call: each one copies the span's attributes to make room.
 		buf = attrPool.Get().(*[]attribute.KeyValue)
 		attrs = in.appendProcessAttrs((*buf)[:0], f, msg, attempt)
-		attrs = append(attrs, otelnames.AttrOutcome.String(string(rep.Outcome)))
+		attrs = append(attrs, otelnames.AttrOutcome.String(rep.Outcome))
 		if rep.Delay > 0 {
 			attrs = append(attrs, otelnames.AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))
 		}
@@ -147,11 +147,11 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow,
 	}
 	failedType := "" // error.type of a failed attempt, for the metrics
 	switch {
-	case rep.Outcome == report.OutcomeRetry || rep.Outcome == report.OutcomeDeadLetter ||
-		rep.Outcome == report.OutcomeNack || err != nil:
+	case rep.Outcome == outcomeRetry || rep.Outcome == outcomeDeadLetter ||
+		rep.Outcome == outcomeNack || err != nil:
 		if cause == nil {
 			// A step reported a failure without saying why; the span must still say failed.
-			cause = errors.New(string(rep.Outcome))
+			cause = errors.New(rep.Outcome)
 		}
 		failedType = sluice.ErrorType(cause)
 		if recording {
@@ -159,12 +159,12 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow,
 			attrs = append(attrs, semconv.ErrorTypeKey.String(failedType))
 			span.SetStatus(codes.Error, sluice.ErrorMessage(cause))
 		}
-	case rep.Outcome == report.OutcomeDeferred:
+	case rep.Outcome == outcomeDeferred:
 		// A deferral is not a failure: say why, without an error status.
 		if recording && cause != nil {
 			attrs = append(attrs, otelnames.AttrDeferReason.String(failure.Truncate(cause.Error(), failure.MaxErrorMessageBytes)))
 		}
-	case rep.Outcome == report.OutcomeDiscard && cause != nil:
+	case rep.Outcome == outcomeDiscard && cause != nil:
 		// Discarded on purpose: keep the error on the span, but the attempt did what it should.
 		if recording {
 			recordError(span, cause)
@@ -184,14 +184,14 @@ func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow,
 	queue, handler, id := f.queue, f.handler, msg.UUID
 	plain := metricKey{queue: queue, handler: handler}
 	switch rep.Outcome {
-	case report.OutcomeRetry:
+	case outcomeRetry:
 		in.retries.Add(noExemplar, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}).add...)
 		in.mm.retryDelay.Record(noExemplar, rep.Delay.Seconds(), in.metricAttrs(plain).rec...)
 		in.events.record(ctx, queue, handler, id, rep, failedType)
-	case report.OutcomeDeadLetter:
+	case outcomeDeadLetter:
 		in.deadLetters.Add(noExemplar, 1, in.metricAttrs(metricKey{queue: queue, handler: handler, errType: in.errTypes.label(failedType)}).add...)
 		in.events.record(ctx, queue, handler, id, rep, failedType)
-	case report.OutcomeDuplicate:
+	case outcomeDuplicate:
 		in.idemHits.Add(noExemplar, 1, in.metricAttrs(plain).add...)
 	}
 }

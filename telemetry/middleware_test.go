@@ -18,9 +18,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 )
 
 func TestMiddleware_ContinuesProducerTrace(t *testing.T) {
@@ -129,7 +129,7 @@ func TestMiddleware_Outcomes(t *testing.T) {
 	tests := []struct {
 		name         string
 		retryCount   string
-		report       *report.Report
+		report       *testReport
 		handlerErr   error
 		wantOutcome  string
 		wantAttempt  int64
@@ -143,22 +143,22 @@ func TestMiddleware_Outcomes(t *testing.T) {
 		{name: "error, nothing reported", handlerErr: errBoom,
 			wantOutcome: "nack", wantAttempt: 1, wantError: true, wantErrType: sluice.ErrorType(errBoom)},
 		{name: "retry reported", retryCount: "2",
-			report:      &report.Report{Outcome: report.OutcomeRetry, Delay: 1500 * time.Millisecond, Err: errBoom},
+			report:      &testReport{Outcome: disposition.Retry, Delay: 1500 * time.Millisecond, Err: errBoom},
 			wantOutcome: "retry", wantAttempt: 3, wantDelayMS: 1500, wantError: true},
-		{name: "retry reported without an error", report: &report.Report{Outcome: report.OutcomeRetry, Delay: time.Second},
+		{name: "retry reported without an error", report: &testReport{Outcome: disposition.Retry, Delay: time.Second},
 			wantOutcome: "retry", wantAttempt: 1, wantDelayMS: 1000, wantError: true},
 		{name: "dead letter reported", retryCount: "4",
-			report:      &report.Report{Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(typedErr{})},
+			report:      &testReport{Outcome: disposition.DeadLetter, Err: sluice.Permanent(typedErr{})},
 			wantOutcome: "dead_letter", wantAttempt: 5, wantError: true, wantErrType: "insufficient_funds"},
 		{name: "nack reported with the hand-off error", handlerErr: errBoom,
-			report:      &report.Report{Outcome: report.OutcomeNack, Err: errBoom},
+			report:      &testReport{Outcome: disposition.GiveBack, Err: errBoom},
 			wantOutcome: "nack", wantAttempt: 1, wantError: true},
-		{name: "discard keeps the error without failing", report: &report.Report{Outcome: report.OutcomeDiscard, Err: sluice.Discard(errBoom)},
+		{name: "discard keeps the error without failing", report: &testReport{Outcome: disposition.Discard, Err: sluice.Discard(errBoom)},
 			wantOutcome: "discard", wantAttempt: 1, wantEvent: true},
-		{name: "duplicate", report: &report.Report{Outcome: report.OutcomeDuplicate},
+		{name: "duplicate", report: &testReport{Outcome: disposition.Duplicate},
 			wantOutcome: "duplicate", wantAttempt: 1},
 		{name: "deferred is not a failure", retryCount: "1",
-			report:      &report.Report{Outcome: report.OutcomeDeferred, Delay: 5 * time.Second, Err: errors.New("breaker open")},
+			report:      &testReport{Outcome: disposition.Defer, Delay: 5 * time.Second, Err: errors.New("breaker open")},
 			wantOutcome: "deferred", wantAttempt: 2, wantDelayMS: 5000, wantDeferWhy: "breaker open"},
 		{name: "unparseable retry count is the first attempt", retryCount: "many",
 			wantOutcome: "ack", wantAttempt: 1},
@@ -171,7 +171,7 @@ func TestMiddleware_Outcomes(t *testing.T) {
 			queue := uniqueQueue("outcomes")
 			ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 				if tt.report != nil {
-					report.ReportOutcome(msg.Context(), *tt.report)
+					reportTo(e.in, msg.Context(), *tt.report)
 				}
 				return nil, tt.handlerErr
 			}, routerOpts{})

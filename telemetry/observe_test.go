@@ -21,8 +21,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -57,7 +57,7 @@ func TestMetrics_ErrorTypeCap(t *testing.T) {
 	queue := uniqueQueue("cap")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		err := namedErr(msg.Payload)
-		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 250 * time.Millisecond, Err: err})
+		reportTo(e.in, msg.Context(), testReport{Outcome: disposition.Retry, Delay: 250 * time.Millisecond, Err: err})
 		return nil, nil
 	}, routerOpts{})
 	// Four distinct types, the first twice: the first two keep their names.
@@ -86,7 +86,7 @@ func TestMetrics_MessagingConventions(t *testing.T) {
 	queue := uniqueQueue("conv")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		if string(msg.Payload) == "fail" {
-			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Err: sluice.Permanent(namedErr("invalid"))})
+			reportTo(e.in, msg.Context(), testReport{Outcome: disposition.DeadLetter, Err: sluice.Permanent(namedErr("invalid"))})
 		}
 		return nil, nil
 	}, routerOpts{})
@@ -132,9 +132,9 @@ func TestEventLog_RateLimited(t *testing.T) {
 	queue := uniqueQueue("log")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
 		if string(msg.Payload) == "dead" {
-			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Attempt: 4, Err: namedErr("invalid")})
+			reportTo(e.in, msg.Context(), testReport{Outcome: disposition.DeadLetter, Attempt: 4, Err: namedErr("invalid")})
 		} else {
-			report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Attempt: 2, Delay: 1500 * time.Millisecond, Err: namedErr("timeout")})
+			reportTo(e.in, msg.Context(), testReport{Outcome: disposition.Retry, Attempt: 2, Delay: 1500 * time.Millisecond, Err: namedErr("timeout")})
 		}
 		return nil, nil
 	}, routerOpts{})
@@ -158,7 +158,7 @@ func TestEventLog_NewWindowSumsUpDrops(t *testing.T) {
 	e := newEnv(t, telemetry.WithEventLog(log.logger(), telemetry.LogLimit{Lines: 1, Interval: 2 * time.Second}))
 	queue := uniqueQueue("window")
 	ps, results := e.runRouter(t, queue, func(msg *message.Message) ([]*message.Message, error) {
-		report.ReportOutcome(msg.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: time.Second, Err: namedErr("timeout")})
+		reportTo(e.in, msg.Context(), testReport{Outcome: disposition.Retry, Delay: time.Second, Err: namedErr("timeout")})
 		return nil, nil
 	}, routerOpts{})
 	for i := 0; i < 3; i++ {

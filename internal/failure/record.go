@@ -1,6 +1,6 @@
-// Package failure holds the plumbing of sluice's failure records: the hand-off error, the
-// bounded x-retry-history and the header time format, shared by the retry and poison steps,
-// telemetry and the dlq tools. The header names themselves are package sluice's.
+// Package failure holds the plumbing of sluice's failure records: the bounded
+// x-retry-history and the header time format, shared by the carrier of dispositions
+// (internal/carry), the poison step, telemetry and the dlq tools. The header names themselves are package sluice's.
 package failure
 
 import (

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/jaeger"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
@@ -91,8 +91,8 @@ func TestLive_RetriedMessageIsOneTrace(t *testing.T) {
 		if err := delayer.Delay(m.Context(), "orders", 100*time.Millisecond, retry); err != nil {
 			return nil, err
 		}
-		report.ReportOutcome(m.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 100 * time.Millisecond,
-			Err: errors.New("gateway timeout")})
+		in.Observe(m.Context(), disposition.Outcome{Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: 100 * time.Millisecond,
+			Reason: errors.New("gateway timeout")}})
 		delayed = retry
 		return nil, nil
 	})

@@ -1,7 +1,7 @@
 // Package steptest runs one sluice step the way the stack does: inside a real Watermill
 // router (over gochannel), which puts the queue and handler name in the message context,
-// with a report.Reporter in the context as the telemetry step puts it. The step packages'
-// unit tests share it.
+// and an Observer that records the outcomes a step reports (package disposition). The step
+// packages' unit tests share it.
 package steptest
 
 import (
@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/stretchr/testify/require"
 )
 
@@ -30,9 +30,32 @@ type Result struct {
 	Before message.Metadata
 	Out    []*message.Message
 	Err    error
-	// Report is what the step reported for the attempt, if Reported.
-	Report   report.Report
-	Reported bool
+}
+
+// Observer records the outcomes a step reports (disposition.Observer).
+type Observer struct{ Log[disposition.Outcome] }
+
+// Observe records o.
+func (o *Observer) Observe(_ context.Context, out disposition.Outcome) { o.Add(out) }
+
+// Report is the part of an outcome the step tests compare.
+type Report struct {
+	Outcome disposition.Kind
+	Delay   time.Duration
+	Attempt int
+	Err     error
+}
+
+// Last returns the last outcome other than an Ack (the default of an attempt that nothing
+// went wrong with), and whether there is one.
+func (o *Observer) Last() (Report, bool) {
+	all := o.All()
+	for i := len(all) - 1; i >= 0; i-- {
+		if d := all[i].Disposition; d.Kind != disposition.Ack {
+			return Report{Outcome: d.Kind, Delay: d.Delay, Attempt: all[i].Attempt, Err: d.Reason}, true
+		}
+	}
+	return Report{}, false
 }
 
 // Run sends in through mw around h and returns what happened. The step's error is the
@@ -47,11 +70,8 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 	results := make(chan Result, 1)
 	step := mw(h)
 	router.AddConsumerHandler(in.Handler, in.Queue, pubSub, func(msg *message.Message) error {
-		ctx, rep := report.NewContext(msg.Context())
-		msg.SetContext(ctx)
 		res := Result{Msg: msg, Before: msg.CopyWithContext().Metadata}
 		res.Out, res.Err = step(msg)
-		res.Report, res.Reported = rep.Get()
 		results <- res
 		return nil
 	})

@@ -17,7 +17,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/lifecycle"
-	"github.com/sluice-go/sluice/internal/report"
 )
 
 // ErrOpen is the reason of the deferral (and the error passed to Config.Fallback) when a
@@ -258,7 +257,6 @@ func (b *Breaker) reject(ctx context.Context, msg *message.Message, rejection er
 		attrState.String(state.String()),
 		attrDelayMS.Int64(d.Milliseconds()),
 	))
-	report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeferred, Delay: d, Err: reason})
 	b.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "circuit breaker rejected call; message deferred",
 		slog.String("breaker", b.name),
 		slog.String("state", state.String()),

@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -202,8 +202,7 @@ func TestBreaker_OpenDefers(t *testing.T) {
 
 			afters := map[time.Duration]bool{}
 			for i := range 30 {
-				rep := &report.Reporter{}
-				ctx := report.WithReporter(context.Background(), rep)
+				ctx := context.Background()
 				callStart := time.Now()
 				msgs, err := h(newMsg(ctx))
 				callEnd := time.Now()
@@ -222,12 +221,10 @@ func TestBreaker_OpenDefers(t *testing.T) {
 				assert.GreaterOrEqual(t, de.After, lo, "call %d", i)
 				assert.LessOrEqual(t, de.After, hi, "call %d", i)
 				afters[de.After] = true
-
-				got, ok := rep.Get()
-				require.True(t, ok, "deferral must be reported")
-				assert.Equal(t, report.OutcomeDeferred, got.Outcome)
-				assert.Equal(t, de.After, got.Delay)
-				assert.ErrorIs(t, got.Err, breaker.ErrOpen)
+				// The deferral is the breaker's error; the retry step outside decides and
+				// observes it (package disposition), no report of the breaker's own.
+				assert.Equal(t, disposition.Disposition{Kind: disposition.Defer, Delay: de.After, Reason: err},
+					disposition.Decide(disposition.Policy{MaxTotalAge: time.Hour, MaxRetryAfter: time.Hour}, disposition.History{Now: time.Now()}, err))
 			}
 			assert.Equal(t, int64(1), dep.calls.Load(), "only the tripping call reaches the dependency")
 			if tt.want > 0 {
@@ -414,8 +411,7 @@ func TestBreaker_Fallback(t *testing.T) {
 			trip(t, reg, "dep", h, dep, 1)
 			require.Zero(t, calls, "fallback is not for failures the breaker let through")
 
-			rep := &report.Reporter{}
-			msg := newMsg(report.WithReporter(context.Background(), rep))
+			msg := newMsg(context.Background())
 			msgs, err := h(msg)
 
 			assert.Equal(t, tt.wantMsgs, msgs)
@@ -424,8 +420,7 @@ func TestBreaker_Fallback(t *testing.T) {
 			assert.Same(t, msg, gotMsg)
 			assert.ErrorIs(t, gotErr, breaker.ErrOpen)
 			assert.Equal(t, int64(1), dep.calls.Load(), "handler not called while open")
-			_, reported := rep.Get()
-			assert.False(t, reported, "a fallback is not a deferral")
+			assert.NotEqual(t, sluice.ClassDefer, sluice.ClassOf(err), "a fallback is not a deferral")
 		})
 	}
 }

@@ -24,7 +24,7 @@
 //
 // Deferral still moves every message of a backlog through the delay cascade once per open
 // timeout. Breaker.ReturningMiddleware is the other way, which the router uses by default:
-// a rejected message goes back to its queue unacked (a hand-off error wrapping ErrOpen)
+// a rejected message goes back to its queue unacked (a GiveBack disposition wrapping ErrOpen)
 // and the caller's hook stops the handler's consumer, so the backlog waits in the queue.
 // Breaker.Watch tells the caller when to resume (half-open: with Probes deliveries; closed:
 // fully), and Breaker.OpenRemaining when to look again, since an open breaker turns half-open

@@ -11,9 +11,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/failure"
-	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/disposition"
 )
 
 // rejecter handles a call the breaker did not let through; verdict is gobreaker's
@@ -79,7 +77,7 @@ func (b *Breaker) Probes() int { return b.cfg.HalfOpenProbes }
 // ReturningMiddleware guards h like Middleware, except that a call the breaker rejects is
 // neither deferred nor handed to Config.Fallback: onReturn is called with the breaker's
 // state (so its caller can stop consuming) and the message goes back to its queue
-// unacked, as a hand-off error wrapping ErrOpen, without using an attempt. It is the
+// unacked, as a GiveBack disposition (disposition.GiveBackError) wrapping ErrOpen, without using an attempt. It is the
 // breaker step of a handler that pauses while its breaker is open.
 func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddleware {
 	reject := func(ctx context.Context, msg *message.Message, verdict error) ([]*message.Message, error) {
@@ -95,13 +93,12 @@ func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddl
 			attrName.String(b.name),
 			attrState.String(state.String()),
 		))
-		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: reason})
 		b.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "circuit breaker rejected call; message returned to its queue",
 			slog.String("breaker", b.name),
 			slog.String("state", state.String()),
 			slog.String("message_uuid", msg.UUID),
 		)
-		return nil, failure.Handoff(reason)
+		return nil, disposition.GiveBackError(reason)
 	}
 	b.pausing.Store(true)
 	return func(h message.HandlerFunc) message.HandlerFunc {

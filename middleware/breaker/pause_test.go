@@ -14,8 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/sluice-go/sluice/internal/failure"
-	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
@@ -57,8 +56,7 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { require.NoError(t, tp.Shutdown(context.Background())) })
 	spanCtx, span := tp.Tracer("test").Start(context.Background(), "attempt")
-	rep := &report.Reporter{}
-	msgs, err := h(newMsg(report.WithReporter(spanCtx, rep)))
+	msgs, err := h(newMsg(spanCtx))
 	span.End()
 	require.Len(t, rec.Ended(), 1)
 	require.NotEmpty(t, rec.Ended()[0].Events())
@@ -66,11 +64,11 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	assert.Equal(t, "breaker.returned", ev.Name)
 	assert.Contains(t, ev.Attributes, attribute.String("breaker.state", "open"))
 	assert.Nil(t, msgs)
-	assert.True(t, failure.IsHandoff(err), "the message goes back to its queue: %v", err)
+	assert.True(t, disposition.IsGiveBack(err), "the message goes back to its queue: %v", err)
 	assert.ErrorIs(t, err, breaker.ErrOpen)
-	got, ok := rep.Get()
+	got, ok := disposition.Of(err)
 	require.True(t, ok)
-	assert.Equal(t, report.OutcomeNack, got.Outcome)
+	assert.Equal(t, disposition.GiveBack, got.Kind, "the breaker's give-back is its own disposition")
 	assert.EqualValues(t, 1, dep.calls.Load(), "the rejected call never reached the dependency")
 
 	require.Eventually(t, func() bool { return b.State() == breaker.StateHalfOpen }, time.Second, 5*time.Millisecond)

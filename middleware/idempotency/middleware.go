@@ -11,9 +11,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
 )
 
 // ErrInFlight is the reason of the sluice.DeferError returned for a duplicate whose key is
@@ -119,7 +119,7 @@ func (g *Guard) Close() error {
 // Middleware is the idempotency step with Config.KeyFunc, for a plain Watermill router:
 // r.AddMiddleware(g.Middleware). See NewMiddleware.
 func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return g.wrap(h, g.cfg.KeyFunc)
+	return g.wrap(h, g.cfg.KeyFunc, nil)
 }
 
 // NewMiddleware returns the idempotency step as a watermill message.HandlerMiddleware whose
@@ -131,7 +131,8 @@ func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // the message id, scoped by the handler name in the message context (so two handlers that
 // consume copies of one event each process it). Then:
 //   - a key done within its TTL: the message is acknowledged without calling the handler,
-//     counted, passed to Config.OnDuplicate and reported as report.OutcomeDuplicate;
+//     counted, passed to Config.OnDuplicate and to each of observers as a
+//     disposition.Duplicate outcome;
 //   - a key in flight: sluice.Defer(InFlightDeferral or the rest of the lease, ErrInFlight),
 //     never a wait in-process;
 //   - otherwise the handler runs holding the key, released on any error or panic so that
@@ -144,16 +145,20 @@ func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
 //
 // A message with no key at all (no metadata, no key function result, empty id) is handled
 // without idempotency.
-func (g *Guard) NewMiddleware(keyFunc func(*message.Message) (string, error)) message.HandlerMiddleware {
+func (g *Guard) NewMiddleware(keyFunc func(*message.Message) (string, error), observers ...disposition.Observer) message.HandlerMiddleware {
 	if keyFunc == nil {
 		keyFunc = g.cfg.KeyFunc
 	}
+	var obs disposition.Observer
+	if len(observers) > 0 {
+		obs = disposition.Observers(observers)
+	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
-		return g.wrap(h, keyFunc)
+		return g.wrap(h, keyFunc, obs)
 	}
 }
 
-func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (string, error)) message.HandlerFunc {
+func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (string, error), obs disposition.Observer) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		key, source, err := deriveKey(msg, keyFunc)
 		if err != nil {
@@ -174,10 +179,13 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			if span := trace.SpanFromContext(ctx); span.IsRecording() {
 				span.AddEvent(otelnames.EventIdempotencyDuplicate, trace.WithAttributes(keyAttrs(key, source)...))
 			}
-			report.ReportOutcome(ctx, report.Report{
-				Outcome: report.OutcomeDuplicate,
-				Attempt: sluice.RetryCount(msg.Metadata) + 1,
-			})
+			if obs != nil {
+				obs.Observe(ctx, disposition.Outcome{
+					Disposition: disposition.Disposition{Kind: disposition.Duplicate},
+					Attempt:     sluice.RetryCount(msg.Metadata) + 1,
+					Queue:       message.SubscribeTopicFromCtx(ctx), Handler: message.HandlerNameFromCtx(ctx), MessageID: msg.UUID,
+				})
+			}
 			return nil, nil
 		case keyInFlight:
 			d := min(g.cfg.InFlightDeferral, remaining)

@@ -22,8 +22,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/otelnames"
-	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 )
 
@@ -53,16 +54,15 @@ func newGuard(t *testing.T, cfg idempotency.Config) *idempotency.Guard {
 	return g
 }
 
-// traced puts a recording span and a Reporter into msg's context, as the tracing step does.
-func traced(t *testing.T, msg *message.Message) (*tracetest.SpanRecorder, *report.Reporter, func()) {
+// traced puts a recording span into msg's context, as the tracing step does.
+func traced(t *testing.T, msg *message.Message) (*tracetest.SpanRecorder, func()) {
 	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	ctx, span := tp.Tracer("test").Start(context.Background(), "consume")
-	rep := &report.Reporter{}
-	msg.SetContext(report.WithReporter(ctx, rep))
-	return rec, rep, func() { span.End() }
+	msg.SetContext(ctx)
+	return rec, func() { span.End() }
 }
 
 func eventAttrs(t *testing.T, rec *tracetest.SpanRecorder, name string) map[attribute.Key]attribute.Value {
@@ -110,7 +110,8 @@ func TestMiddleware_DuplicateOfDoneKeyIsAcked(t *testing.T) {
 			})
 			calls := 0
 			output := message.NewMessage("out-1", nil)
-			h := g.Middleware(func(*message.Message) ([]*message.Message, error) {
+			observed := &steptest.Observer{}
+			h := g.NewMiddleware(nil, observed)(func(*message.Message) ([]*message.Message, error) {
 				calls++
 				return []*message.Message{output}, nil
 			})
@@ -123,7 +124,7 @@ func TestMiddleware_DuplicateOfDoneKeyIsAcked(t *testing.T) {
 			require.Eventually(t, func() bool { return g.Stats().Completed == 1 }, 5*time.Second, time.Millisecond)
 
 			tt.second.Metadata.Set(sluice.HeaderRetryCount, "2")
-			rec, rep, end := traced(t, tt.second)
+			rec, end := traced(t, tt.second)
 			out, err = h(tt.second)
 			end()
 			require.NoError(t, err, "a duplicate is acknowledged")
@@ -132,9 +133,9 @@ func TestMiddleware_DuplicateOfDoneKeyIsAcked(t *testing.T) {
 			assert.Equal(t, uint64(1), g.Stats().Hits)
 			assert.Equal(t, []dup{{tt.second, tt.wantKey}}, dups)
 
-			got, ok := rep.Get()
-			require.True(t, ok, "outcome reported")
-			assert.Equal(t, report.Report{Outcome: report.OutcomeDuplicate, Attempt: 3}, got)
+			got, ok := observed.Last()
+			require.True(t, ok, "outcome observed")
+			assert.Equal(t, steptest.Report{Outcome: disposition.Duplicate, Attempt: 3}, got)
 
 			attrs := eventAttrs(t, rec, otelnames.EventIdempotencyDuplicate)
 			assert.Equal(t, tt.wantKey, attrs["idempotency.key"].AsString())
@@ -263,7 +264,7 @@ func TestMiddleware_InFlightDuplicateIsDeferred(t *testing.T) {
 			clock.Advance(tt.advance)
 
 			dup := newMessage("second", "pay-1")
-			rec, _, end := traced(t, dup)
+			rec, end := traced(t, dup)
 			out, err := h(dup)
 			end()
 			assert.Nil(t, out)

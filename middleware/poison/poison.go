@@ -15,16 +15,18 @@
 //	x-trip-attempts, x-retry-history (this failure included), x-first-failure-time,
 //	x-last-failure-time, x-failed-at, x-failed-host, x-failed-pid.
 //
-// If the dead-letter publish fails, the step returns a hand-off error: the original is
-// nacked and redelivered later, never lost, and the subscriber backs off between nacks so
-// the consumer does not spin. Discard errors never reach the step: the retry step inside it
-// acks them (see package retry).
+// If the dead-letter publish fails, the message is given back (disposition.GiveBack): the
+// original is nacked and redelivered later, never lost, and the subscriber backs off
+// between nacks so the consumer does not spin.
+//
+// In sluice's stack the retry step decides every failed attempt's fate and carries it out
+// through this step's Carrier (its dead letters through DeadLetter); Middleware is the step
+// used alone in a Watermill router, where every failure is dead-lettered at once.
 package poison
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -33,10 +35,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/lifecycle"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -67,6 +69,9 @@ type Config struct {
 	DeadLetterer DeadLetterer
 	// OnDeadLetter is called after each confirmed dead-letter publish.
 	OnDeadLetter func(Event)
+	// Observer, if not nil, is told the outcome of every attempt the step carries out
+	// (package disposition), once, after its hand-off.
+	Observer disposition.Observer
 	// Logger receives dead letters (debug level: the telemetry step writes the info line
 	// operators read) and discards (warn). Nil means slog.Default().
 	Logger *slog.Logger
@@ -99,38 +104,69 @@ func New(cfg Config) (*Poison, error) {
 	return &Poison{cfg: cfg, pid: strconv.Itoa(os.Getpid())}, nil
 }
 
-// Middleware returns h wrapped by the dead-letter step.
+// Middleware returns h wrapped by the dead-letter step used alone, without the retry step
+// (in the stack, the retry step carries its dead letters out through Carrier): every
+// failure is dead-lettered at once (disposition.Decide with no delay: a retryable or
+// deferred error too), a Discard is acked, and a message an inner step gives back
+// (disposition.GiveBack) is returned unacked.
 func (p *Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	c := p.Carrier(nil, p.cfg.Logger, nil)
 	return func(msg *message.Message) ([]*message.Message, error) {
-		// As in the retry step: a step inside may replace the context and cancel it.
+		// A step inside (Watermill's Timeout) may replace the context and cancel it.
 		ctx := msg.Context()
 		out, err := h(msg)
 		msg.SetContext(ctx)
-		if err == nil || failure.IsHandoff(err) {
-			return out, err
+		if err == nil && c.Observer == nil {
+			return out, nil
 		}
-		queue := message.SubscribeTopicFromCtx(ctx)
-		record := p.Record(msg, queue, err)
-		// A handler deadline outside this step must not fail the dead-letter publish.
-		hctx, cancel := lifecycle.HandoffContext(ctx)
-		defer cancel()
-		if derr := p.cfg.DeadLetterer.DeadLetter(hctx, queue, record); derr != nil {
-			derr = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, queue, derr)
-			p.cfg.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", queue, "message_id", msg.UUID, "error", derr)
-			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: derr})
-			return nil, failure.Handoff(derr)
-		}
+		now := p.cfg.Now()
 		retries := sluice.RetryCount(msg.Metadata)
-		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: err})
-		// Debug: the telemetry step writes the operator's line at info, rate-limited, so a
-		// DLQ storm cannot flood the log.
-		p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", topology.DLQ(queue), "message_id", msg.UUID,
-			"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", retries, "error", sluice.ErrorMessage(err))
-		if p.cfg.OnDeadLetter != nil {
-			p.cfg.OnDeadLetter(Event{Queue: queue, MessageID: msg.UUID, ErrorType: record.Metadata.Get(sluice.HeaderErrorType), Retries: retries, Err: err})
+		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: retries, Number: retries + 1, First: now, Now: now}
+		d := disposition.Decide(disposition.Policy{NoDelay: true}, disposition.History{Retries: retries, Now: now}, err)
+		if cerr := c.Carry(ctx, a, d); cerr != nil {
+			return nil, cerr
+		}
+		if err == nil {
+			return out, nil
 		}
 		return nil, nil
 	}
+}
+
+// Carrier returns the carrier of dispositions that dead-letters through this step: the
+// retry step's, with its delayer, logger and observers (New of package retry calls it).
+// The step's own Observer and OnDeadLetter see every attempt it carries out.
+func (p *Poison) Carrier(delayer carry.Delayer, logger *slog.Logger, observers disposition.Observers) *carry.Carrier {
+	obs := append(disposition.Observers(nil), observers...)
+	if p.cfg.Observer != nil {
+		obs = append(obs, p.cfg.Observer)
+	}
+	if p.cfg.OnDeadLetter != nil {
+		obs = append(obs, disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
+			if o.Disposition.Kind == disposition.DeadLetter {
+				p.cfg.OnDeadLetter(Event{Queue: o.Queue, MessageID: o.MessageID, ErrorType: o.ErrorType, Retries: o.Attempt - 1, Err: o.Disposition.Reason})
+			}
+		}))
+	}
+	c := &carry.Carrier{Delayer: delayer, DeadLetter: p.DeadLetter, Logger: logger}
+	if len(obs) > 0 {
+		c.Observer = obs
+	}
+	return c
+}
+
+// DeadLetter publishes msg's dead-letter copy for reason (Record) to queue's dead-letter
+// queue and returns it once the broker confirmed it.
+func (p *Poison) DeadLetter(ctx context.Context, msg *message.Message, queue string, reason error) (*message.Message, error) {
+	record := p.Record(msg, queue, reason)
+	if err := p.cfg.DeadLetterer.DeadLetter(ctx, queue, record); err != nil {
+		return nil, err
+	}
+	// Debug: the telemetry step writes the operator's line at info, rate-limited, so a
+	// DLQ storm cannot flood the log.
+	p.cfg.Logger.Debug("message dead-lettered", "queue", queue, "dlq", topology.DLQ(queue), "message_id", msg.UUID,
+		"error_type", record.Metadata.Get(sluice.HeaderErrorType), "retries", sluice.RetryCount(msg.Metadata), "error", sluice.ErrorMessage(reason))
+	return record, nil
 }
 
 // Record returns the dead-letter copy of msg for err: msg's id, payload and metadata with

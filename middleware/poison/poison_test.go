@@ -18,9 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -71,15 +71,21 @@ func (f *fakeDeadLetterer) Calls() []deadLetterCall { return f.calls.All() }
 // eventLog records OnDeadLetter events.
 type eventLog = steptest.Log[poison.Event]
 
+// observed records the outcomes the step of the running test reports (the tests are not
+// parallel).
+var observed *steptest.Observer
+
 // newStep builds the dead-letter step with the fixed clock and host, a silent logger, a
 // fake DeadLetterer failing with dlErr, and an OnDeadLetter recorder.
 func newStep(t *testing.T, dlErr error) (*poison.Poison, *fakeDeadLetterer, *eventLog) {
 	t.Helper()
 	dl := &fakeDeadLetterer{err: dlErr}
 	events := &eventLog{}
+	observed = &steptest.Observer{}
 	p, err := poison.New(poison.Config{
 		DeadLetterer: dl,
 		OnDeadLetter: events.Add,
+		Observer:     observed,
 		Logger:       slog.New(slog.DiscardHandler),
 		Now:          func() time.Time { return now },
 		Host:         host,
@@ -94,7 +100,7 @@ type result struct {
 	before   message.Metadata // its metadata before the step ran
 	out      []*message.Message
 	err      error
-	report   report.Report
+	report   steptest.Report
 	reported bool
 }
 
@@ -103,7 +109,11 @@ type result struct {
 func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
 	t.Helper()
 	r := steptest.Run(t, mw, h, steptest.Message{Queue: queueName, Handler: handlerName, Payload: []byte(payload), Metadata: md})
-	return result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err, report: r.Report, reported: r.Reported}
+	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err}
+	if observed != nil {
+		res.report, res.reported = observed.Last()
+	}
+	return res
 }
 
 // failing returns a handler failing with err.
@@ -301,7 +311,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 
 			retries := sluice.RetryCount(res.msg.Metadata)
 			require.True(t, res.reported)
-			assert.Equal(t, report.Report{Outcome: report.OutcomeDeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
+			assert.Equal(t, steptest.Report{Outcome: disposition.DeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
 			assert.Equal(t, []poison.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, ErrorType: tt.wantType, Retries: retries, Err: tt.err,
 			}}, events.All())
@@ -392,40 +402,41 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 	herr := sluice.Permanent(errDeclined)
 	res := run(t, p.Middleware, failing(herr), message.Metadata{sluice.HeaderRetryCount: "2"})
 	require.Error(t, res.err)
-	assert.True(t, failure.IsHandoff(res.err), "the original must be nacked, got %v", res.err)
+	assert.True(t, disposition.IsGiveBack(res.err), "the original must be nacked, got %v", res.err)
 	assert.ErrorIs(t, res.err, errBroker)
 	assert.Contains(t, res.err.Error(), res.msg.UUID)
 	assert.Contains(t, res.err.Error(), strconv.Quote(queueName))
 	assert.Len(t, dl.Calls(), 1)
 	assert.Empty(t, events.All(), "OnDeadLetter is for confirmed dead letters")
 	require.True(t, res.reported)
-	assert.Equal(t, report.OutcomeNack, res.report.Outcome)
+	assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 	assert.Equal(t, 3, res.report.Attempt)
 	assert.ErrorIs(t, res.report.Err, errBroker)
 	assert.Equal(t, res.before, res.msg.Metadata)
 }
 
 func TestMiddleware_NotDeadLettered(t *testing.T) {
-	// A Discard never reaches this step: the retry step inside it acks it (package retry's
-	// tests cover that branch, test/retry_test.go the two steps together).
-	handoff := failure.Handoff(errBroker)
+	// Used alone, the step acks a Discard and gives back what an inner step gives back.
+	handoff := disposition.GiveBackError(errBroker)
 	outputs := []*message.Message{message.NewMessage("out-1", []byte("x"))}
 	tests := []struct {
 		name       string
 		h          message.HandlerFunc
 		wantOut    []*message.Message
 		wantErr    error // returned as is; nil: acked
-		wantReport *report.Report
+		wantReport *steptest.Report
 	}{
 		{name: "success", h: func(*message.Message) ([]*message.Message, error) { return outputs, nil }, wantOut: outputs},
-		{name: "hand-off failure from below", h: failing(handoff), wantErr: handoff},
+		{name: "hand-off failure from below", h: failing(handoff), wantErr: errBroker, wantReport: &steptest.Report{Outcome: disposition.GiveBack, Attempt: 1, Err: errBroker}},
+		{name: "Discard", h: failing(sluice.Discard(errBroker)), wantReport: &steptest.Report{Outcome: disposition.Discard, Attempt: 1, Err: sluice.Discard(errBroker)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p, dl, events := newStep(t, nil)
 			res := run(t, p.Middleware, tt.h, nil)
 			if tt.wantErr != nil {
-				assert.Same(t, tt.wantErr, res.err)
+				assert.True(t, disposition.IsGiveBack(res.err), "given back: %v", res.err)
+				assert.ErrorIs(t, res.err, tt.wantErr)
 			} else {
 				assert.NoError(t, res.err)
 			}

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	msgdep "github.com/sluice-go/sluice/internal/dependency"
 )
 
 // Defaults of OverloadConfig's zero fields.
@@ -156,6 +154,9 @@ type Overload struct {
 	// its stop function removes that one. A removal copies the slice: a refusal ranges
 	// over the slice it read without the lock.
 	listeners []*func(RefusedEvent)
+	// brokerBacklog is UseBacklog's function, used when OverloadConfig.Backlog is nil
+	// (kept apart so that Config() stays what the caller gave).
+	brokerBacklog func(ctx context.Context, queue string) (int, error)
 }
 
 type backlogReading struct {
@@ -252,6 +253,9 @@ func (o *Overload) backlog(ctx context.Context, queue string) int {
 	now := o.cfg.Now()
 	o.mu.Lock()
 	backlog := o.cfg.Backlog
+	if backlog == nil {
+		backlog = o.brokerBacklog
+	}
 	r, ok := o.backlogs[queue]
 	o.mu.Unlock()
 	if backlog == nil || queue == "" {
@@ -271,11 +275,10 @@ func (o *Overload) backlog(ctx context.Context, queue string) int {
 	return n
 }
 
-// dependencyOf names the dependency of an attempt: the one in its context (router puts
-// the handler's breaker name there; see internal/dependency), else the handler, else the
-// queue.
-func dependencyOf(ctx context.Context) string {
-	if name := msgdep.From(ctx); name != "" {
+// dependencyOf names the dependency of an attempt: the one the step was built for
+// (ForDependency; router names the handler's breaker), else the handler, else the queue.
+func dependencyOf(ctx context.Context, name string) string {
+	if name != "" {
 		return name
 	}
 	if name := message.HandlerNameFromCtx(ctx); name != "" {
@@ -305,14 +308,13 @@ func (e *BudgetExhaustedError) Is(target error) bool { return target == ErrRetry
 // ErrorType names the failure in the dead-letter record.
 func (e *BudgetExhaustedError) ErrorType() string { return "retry_budget_exhausted" }
 
-// UseBacklog sets OverloadConfig.Backlog when it was left nil; the router calls it with
-// the broker's queue depth before the stack runs.
+// UseBacklog gives the overload protection the broker's queue depth, used while
+// OverloadConfig.Backlog is nil (Config() stays what the caller gave); the router calls it
+// before the stack runs.
 func (o *Overload) UseBacklog(f func(ctx context.Context, queue string) (int, error)) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.cfg.Backlog == nil {
-		o.cfg.Backlog = f
-	}
+	o.brokerBacklog = f
 }
 
 // NotifyRefused adds f to the functions called when a retry is refused, after

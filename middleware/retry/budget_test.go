@@ -18,8 +18,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/dependency"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -55,20 +56,34 @@ func overloadStep(t *testing.T, cfg retry.OverloadConfig) (*retry.Retry, *retry.
 	pol.Now = c.Now
 	pol.Logger = slog.New(slog.DiscardHandler)
 	pol.Overload = o
-	r, err := retry.New(pol)
+	observed = &steptest.Observer{}
+	pol.Observer = observed
+	r, err := newRetry(pol)
 	require.NoError(t, err)
 	return r, o, d, c
 }
 
-// attempt sends one message with the given retry count through the step around h.
+// attempt sends one message with the given retry count through the step for dependency
+// "gateway" around h, and returns the step's error or, for a message it dead-lettered, the
+// dead letter's reason.
 func attempt(r *retry.Retry, retries int, h message.HandlerFunc) error {
 	msg := message.NewMessage(strconv.Itoa(retries), []byte("x"))
 	if retries > 0 {
 		msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(retries))
 	}
-	msg.SetContext(dependency.With(context.Background(), "gateway"))
-	_, err := r.Middleware(h)(msg)
-	return err
+	msg.SetContext(context.Background())
+	if _, err := r.ForDependency("gateway")(h)(msg); err != nil {
+		return err
+	}
+	return deadReason()
+}
+
+// deadReason returns the reason of the last attempt observed if it was dead-lettered.
+func deadReason() error {
+	if rep, ok := observed.Last(); ok && rep.Outcome == disposition.DeadLetter {
+		return rep.Err
+	}
+	return nil
 }
 
 func TestOverloadConfig_Validate(t *testing.T) {
@@ -283,13 +298,7 @@ func TestOverload_AdaptivePolicyReactsToALoadStep(t *testing.T) {
 	c.Add(2 * time.Second) // past the backlog reading's refresh
 	backlog.Store(8000)
 	// The backlog is read for the message's queue, which a Watermill router names.
-	gateway := func(h message.HandlerFunc) message.HandlerFunc {
-		inner := r.Middleware(h)
-		return func(msg *message.Message) ([]*message.Message, error) {
-			msg.SetContext(dependency.With(msg.Context(), "gateway"))
-			return inner(msg)
-		}
-	}
+	gateway := r.ForDependency("gateway")
 	res := run(t, gateway, failing(errBoom), message.Metadata{sluice.HeaderRetryCount: "1"})
 	require.NoError(t, res.err)
 	assert.Equal(t, 800*time.Millisecond, d.Calls()[len(d.Calls())-1].d, "a backlog of 8000 (0.8 of BacklogHigh) quadruples the delay")
@@ -316,10 +325,10 @@ func TestOverload_SpanEvents(t *testing.T) {
 			return plan
 		}),
 	})
-	ctx, span := tp.Tracer("test").Start(dependency.With(context.Background(), "gateway"), "attempt")
+	ctx, span := tp.Tracer("test").Start(context.Background(), "attempt")
 	msg := message.NewMessage("m-1", []byte("x"))
 	msg.SetContext(ctx)
-	_, err := r.Middleware(failing(errBoom))(msg)
+	_, err := r.ForDependency("gateway")(failing(errBoom))(msg)
 	span.End()
 	require.NoError(t, err, "refused: retried after the cap")
 

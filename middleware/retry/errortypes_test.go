@@ -20,7 +20,8 @@ func TestMiddleware_DeferralExpiredHasItsOwnType(t *testing.T) {
 	r, _, _ := newStep(t, cfg, nil)
 	md := map[string]string{headers.FirstDeferTime: failure.FormatTime(now.Add(-time.Hour))}
 	res := run(t, r.Middleware, failing(sluice.Defer(time.Second, errBoom)), md)
-	require.Error(t, res.err)
-	assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(res.err))
-	assert.Equal(t, "deferral_expired", sluice.ErrorType(res.err))
+	require.NoError(t, res.err)
+	require.Error(t, res.dead)
+	assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(res.dead))
+	assert.Equal(t, "deferral_expired", sluice.ErrorType(res.dead))
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/disposition"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -26,13 +26,13 @@ const (
 // call runs h for one attempt, counting it against its dependency: first attempts and
 // outcomes feed the budget and the failure ratio, and a retry past MaxConcurrentRetries is
 // deferred without calling h.
-func (r *Retry) call(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+func (r *Retry) call(h message.HandlerFunc, msg *message.Message, dep string) ([]*message.Message, error) {
 	o := r.cfg.Overload
 	if o == nil {
 		return h(msg)
 	}
 	ctx := msg.Context()
-	d := o.dependency(dependencyOf(ctx))
+	d := o.dependency(dep)
 	isRetry := sluice.RetryCount(msg.Metadata) > 0
 	if isRetry && o.cfg.MaxConcurrentRetries > 0 {
 		if d.retrying.Add(1) > int64(o.cfg.MaxConcurrentRetries) {
@@ -53,7 +53,7 @@ func (r *Retry) call(h message.HandlerFunc, msg *message.Message) ([]*message.Me
 		c.attempts = 1
 	case sluice.ClassRetryable:
 		// A failed hand-off or a shutdown says nothing about the dependency.
-		if !failure.IsHandoff(err) && ctx.Err() == nil {
+		if !disposition.IsGiveBack(err) && ctx.Err() == nil {
 			c.attempts, c.failures = 1, 1
 		}
 	}
@@ -67,13 +67,13 @@ func (r *Retry) call(h message.HandlerFunc, msg *message.Message) ([]*message.Me
 }
 
 // plan returns the retry plan of a failed attempt: the step's own, adapted by the policy.
-func (r *Retry) plan(ctx context.Context, queue string) Adjustment {
+func (r *Retry) plan(ctx context.Context, queue, dep string) Adjustment {
 	plan := Adjustment{MaxRetries: r.cfg.MaxRetries, DelayFactor: 1, MaxDelay: r.cfg.MaxDelay}
 	o := r.cfg.Overload
 	if o == nil || o.cfg.Policy == nil {
 		return plan
 	}
-	d := o.dependency(dependencyOf(ctx))
+	d := o.dependency(dep)
 	sum := d.win.sum(o.cfg.Now())
 	load := Load{
 		Dependency: d.name,
@@ -118,12 +118,12 @@ func (r *Retry) plan(ctx context.Context, queue string) Adjustment {
 
 // admit takes the retry from the budget. Within it the delay stands; past it the delay is
 // the plan's cap, or, with ExhaustedToDLQ, the message goes to the dead-letter queue.
-func (r *Retry) admit(ctx context.Context, msg *message.Message, delay time.Duration, plan Adjustment, err error) (time.Duration, error) {
+func (r *Retry) admit(ctx context.Context, msg *message.Message, delay time.Duration, plan Adjustment, err error, dep string) (time.Duration, error) {
 	o := r.cfg.Overload
 	if o == nil {
 		return delay, nil
 	}
-	d := o.dependency(dependencyOf(ctx))
+	d := o.dependency(dep)
 	if o.withdraw(d) {
 		return delay, nil
 	}

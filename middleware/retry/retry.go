@@ -1,23 +1,31 @@
-// Package retry is sluice's retry step. A handler error with attempts left does not sleep in
-// the handler goroutine and does not hold the message unacked, as Watermill's Retry
-// middleware does: the step hands a copy of the message to the broker's delay (RabbitMQ's
-// delay cascade, or the embedded broker's scheduler) and lets the original be acked only
-// once the broker confirmed the copy. The copy carries the failure headers of docs/DESIGN.md, so
-// the next attempt knows its number and history.
+// Package retry is sluice's core step: it decides the fate of every failed attempt and
+// carries it out. A handler error with attempts left does not sleep in the handler
+// goroutine and does not hold the message unacked, as Watermill's Retry middleware does: the
+// step hands a copy of the message to the broker's delay (RabbitMQ's delay cascade, or the
+// embedded broker's scheduler) and lets the original be acked only once the broker
+// confirmed the copy. The copy carries the failure headers of docs/DESIGN.md, so the next
+// attempt knows its number and history.
 //
-// What the step does with each error class of package sluice:
+// The decision is disposition.Decide, a plain function of the attempt's history, its error
+// and the policy (Config, adapted per attempt by Overload); by the error classes of package
+// sluice:
 //
-//   - retryable (any plain error): attempts left → delayed copy after the backoff;
-//     exhausted → returned, wrapped with ErrRetriesExhausted, for the poison step;
+//   - retryable (any plain error): attempts left → Retry after the backoff; exhausted (or
+//     older than MaxTotalAge) → DeadLetter, the reason an *ExhaustedError
+//     (ErrRetriesExhausted) wrapping the last error;
 //   - RetryAfter(d, err): as retryable, but the next attempt waits exactly d;
-//   - Permanent: returned at once for the poison step;
+//   - Permanent: DeadLetter at once;
 //   - Discard: logged at warn level and acked;
-//   - Defer(d, reason): delayed copy after d without using an attempt, until the message is
-//     older than MaxTotalAge, then returned (as Permanent ErrDeferralExpired) for the poison
-//     step.
+//   - Defer(d, reason): Defer after d without using an attempt, until the message is older
+//     than MaxTotalAge, then DeadLetter (a Permanent ErrDeferralExpired);
+//   - an inner step's own decision (the breaker's disposition.GiveBackError): as decided.
 //
-// A failed hand-off returns a hand-off error: the original is nacked and redelivered,
-// never lost, never dead-lettered.
+// The disposition is carried out in one place (package internal/carry): the failure record
+// is built once, the one hand-off it needs is confirmed (the delayed copy, or the dead
+// letter through the poison step, Config.DeadLetter, which New requires), then the
+// message is acked; a failed hand-off, or a consumer shutting down, gives the message back
+// unacked (disposition.GiveBack), never lost, never dead-lettered. Config.Observer is told
+// each attempt's outcome once, after its hand-off.
 package retry
 
 import (
@@ -25,28 +33,33 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
-	"github.com/sluice-go/sluice/internal/report"
+	"github.com/sluice-go/sluice/middleware/poison"
 )
 
 // Errors the step returns for the poison step.
 var (
-	// ErrRetriesExhausted wraps the last error of a message that used all its retries or
-	// grew older than MaxTotalAge.
-	ErrRetriesExhausted = errors.New("retries exhausted")
-	// ErrDeferralExpired is the error of a message deferred for longer than MaxTotalAge.
-	ErrDeferralExpired = errors.New("deferred past the maximum total age")
+	// ErrRetriesExhausted matches the reason of a message that used all its retries or
+	// grew older than MaxTotalAge (disposition.ErrRetriesExhausted).
+	ErrRetriesExhausted = disposition.ErrRetriesExhausted
+	// ErrDeferralExpired is the reason of a message deferred for longer than MaxTotalAge
+	// (disposition.ErrDeferralExpired).
+	ErrDeferralExpired = disposition.ErrDeferralExpired
 	// ErrNoDelayer is returned by New without a Delayer.
 	ErrNoDelayer = errors.New("retry: Config.Delayer is required")
+	// ErrNoDeadLetter is returned by New without the poison step that performs its dead
+	// letters.
+	ErrNoDeadLetter = errors.New("retry: Config.DeadLetter is required: the retry step dead-letters the messages it gives up on through the poison step (poison.New)")
 )
 
 // Delayer hands a message to the broker so it is delivered to queue after d. It returns
@@ -89,7 +102,13 @@ type Config struct {
 	MaxTotalAge time.Duration
 	// MaxRetryAfter caps a RetryAfter wait and a single Defer. Zero means 24h.
 	MaxRetryAfter time.Duration
-	// OnRetry is called after each confirmed hand-off, for logs and telemetry.
+	// DeadLetter is the poison step that publishes the messages the step gives up on.
+	// Required.
+	DeadLetter *poison.Poison
+	// Observer, if not nil, is told the outcome of every attempt (package disposition),
+	// once, after its hand-off.
+	Observer disposition.Observer
+	// OnRetry is called after each confirmed retry or deferral hand-off, for logs.
 	OnRetry func(Event)
 	// Overload, when set, adds a retry budget, a limit on concurrent retries and an
 	// adaptive policy, per dependency (see Overload). Nil means none.
@@ -103,6 +122,9 @@ type Config struct {
 func (c *Config) setDefaults() error {
 	if c.Delayer == nil {
 		return ErrNoDelayer
+	}
+	if c.DeadLetter == nil {
+		return ErrNoDeadLetter
 	}
 	if c.MaxRetries == 0 {
 		c.MaxRetries = 5
@@ -148,14 +170,32 @@ func (c *Config) setDefaults() error {
 }
 
 // Retry is the retry step.
-type Retry struct{ cfg Config }
+type Retry struct {
+	cfg     Config
+	carrier *carry.Carrier
+}
 
-// New returns the retry step, or an error naming the invalid setting.
+// New returns the retry step, or an error naming the invalid setting. cfg is a value: New
+// fills its defaults in a copy.
 func New(cfg Config) (*Retry, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Retry{cfg: cfg}, nil
+	r := &Retry{cfg: cfg}
+	var obs disposition.Observers
+	if cfg.Observer != nil {
+		obs = append(obs, cfg.Observer)
+	}
+	if cfg.OnRetry != nil {
+		obs = append(obs, disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
+			if k := o.Disposition.Kind; k == disposition.Retry || k == disposition.Defer {
+				cfg.OnRetry(Event{Queue: o.Queue, MessageID: o.MessageID, Attempt: o.Attempt, Delay: o.Disposition.Delay,
+					Deferred: k == disposition.Defer, Err: o.Disposition.Reason})
+			}
+		}))
+	}
+	r.carrier = cfg.DeadLetter.Carrier(cfg.Delayer, cfg.Logger, obs)
+	return r, nil
 }
 
 // Config returns the settings in force, defaults filled in.
@@ -180,168 +220,91 @@ func (r *Retry) Backoff(n int) time.Duration {
 	return d
 }
 
-// Middleware returns h wrapped by the retry step.
-func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
+// Middleware returns h wrapped by the retry step, counting retries against the
+// handler's name (else its queue) as dependency; see ForDependency.
+func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.wrap(h, "") }
+
+// ForDependency returns the step for a handler that calls dependency: the overload
+// protection (Config.Overload) counts its retries against that dependency's budget,
+// concurrency limit and load, and observers see its name. An empty name is Middleware.
+func (r *Retry) ForDependency(dependency string) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc { return r.wrap(h, dependency) }
+}
+
+func (r *Retry) wrap(h message.HandlerFunc, dependency string) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		// A step inside (Watermill's Timeout) may replace the message's context and cancel
 		// it on return: decide and hand off with the one this attempt arrived with.
 		ctx := msg.Context()
-		out, err := r.call(h, msg) // overload.go: budget, concurrency limit, load
+		// Named only when something reads it: the lookup walks the context.
+		dep := dependency
+		if dep == "" && r.cfg.Overload != nil {
+			dep = dependencyOf(ctx, "")
+		}
+		out, err := r.call(h, msg, dep) // overload.go: budget, concurrency limit, load
 		msg.SetContext(ctx)
-		if err == nil || failure.IsHandoff(err) {
-			return out, err
+		if err == nil && r.carrier.Observer == nil {
+			return out, nil
 		}
-		queue := message.SubscribeTopicFromCtx(ctx)
-		if lifecycle.ShuttingDown(ctx) {
-			// Cancelled, not past a deadline: the consumer is stopping and the failure is
-			// an artifact of it, so the message goes back unacked without using an attempt.
-			// A deadline (a timeout middleware outside this step) is the handler failing.
-			herr := fmt.Errorf("consumer shutting down while message %s was handled: %w", msg.UUID, err)
-			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: sluice.RetryCount(msg.Metadata) + 1, Err: herr})
-			return nil, failure.Handoff(herr)
+		if dep == "" {
+			dep = dependencyOf(ctx, "")
 		}
-		hctx, cancel := lifecycle.HandoffContext(ctx)
-		defer cancel()
-		now := r.cfg.Now()
 		count := sluice.RetryCount(msg.Metadata)
-		attempt := count + 1
+		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: count, Number: count + 1, Dependency: dep}
 		if count == sluice.MaxRetryCountHeader {
-			attempt = count
+			a.Number = count
 		}
+		if err == nil {
+			_ = r.carrier.Carry(ctx, a, disposition.Disposition{Kind: disposition.Ack})
+			return out, nil
+		}
+		a.Now = r.cfg.Now()
+		return nil, r.carrier.Carry(ctx, a, r.decide(ctx, &a, err))
+	}
+}
 
-		switch sluice.ClassOf(err) {
-		case sluice.ClassPermanent:
-			return nil, err
-		case sluice.ClassDiscard:
-			r.cfg.Logger.Warn("message discarded", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "error", sluice.ErrorMessage(err))
-			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDiscard, Attempt: attempt, Err: err})
-			return nil, nil
-		case sluice.ClassDefer:
-			return nil, r.deferMessage(hctx, msg, queue, now, attempt, err)
-		}
-
-		// Only sluice's own failure and replay times: a producer's cannot age a message.
-		first, ok := headers.AgeStart(msg.Metadata, now)
-		if !ok {
-			first = now
-		}
-		plan := r.plan(ctx, queue)
-		if count >= plan.MaxRetries {
-			return nil, exhausted(msg, count, 0, err)
-		}
-		if age := now.Sub(first); age > r.cfg.MaxTotalAge {
-			return nil, exhausted(msg, count, age, err)
-		}
-
-		var delay time.Duration
-		// AsType, not As: As's target escapes, an allocation per failed attempt.
-		if ra, ok := errors.AsType[*sluice.RetryAfterError](err); ok && ra.After > 0 {
-			delay = min(ra.After, r.cfg.MaxRetryAfter)
-		} else {
-			delay = stretch(r.Backoff(count+1), plan)
-		}
-		delay, berr := r.admit(ctx, msg, delay, plan, err)
+// decide returns the disposition of a's failure err: disposition.Decide under the step's
+// policy, adapted by the overload protection, and a stopping consumer's give-back.
+func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error) disposition.Disposition {
+	if _, ok := disposition.Of(err); !ok && lifecycle.ShuttingDown(ctx) {
+		// Cancelled, not past a deadline: the consumer is stopping and the failure is an
+		// artifact of it, so the message goes back unacked without using an attempt. A
+		// deadline (a timeout middleware outside this step) is the handler failing.
+		return disposition.Disposition{Kind: disposition.GiveBack,
+			Reason: fmt.Errorf("consumer shutting down while message %s was handled: %w", a.Msg.UUID, err)}
+	}
+	trip := headers.ReadTrip(a.Msg.Metadata)
+	hist := disposition.History{Retries: a.Retries, Arrived: trip.Arrived, Made: trip.Made, Now: a.Now}
+	class := sluice.ClassOf(err)
+	// Only sluice's own failure and replay times age a retried message: a producer's
+	// cannot. A deferral can only end sooner by an earlier time, so it reads both as sent.
+	hist.FirstFailure, _ = headers.AgeStart(a.Msg.Metadata, a.Now)
+	a.First = hist.FirstFailure
+	if a.First.IsZero() {
+		a.First = a.Now
+	}
+	if class == sluice.ClassDefer {
+		hist.FirstFailure, _ = failure.Time(a.Msg.Metadata, headers.FirstFailureTime, a.Now)
+		hist.FirstDefer, _ = failure.Time(a.Msg.Metadata, headers.FirstDeferTime, a.Now)
+	}
+	policy := disposition.Policy{MaxRetries: r.cfg.MaxRetries, MaxTotalAge: r.cfg.MaxTotalAge, MaxRetryAfter: r.cfg.MaxRetryAfter, Backoff: r.Backoff}
+	var plan Adjustment
+	if class == sluice.ClassRetryable {
+		plan = r.plan(ctx, a.Queue, a.Dependency)
+		policy.MaxRetries = plan.MaxRetries
+		policy.Backoff = func(n int) time.Duration { return stretch(r.Backoff(n), plan) }
+	}
+	d := disposition.Decide(policy, hist, err)
+	if d.Kind == disposition.Retry && class == sluice.ClassRetryable {
+		delay, berr := r.admit(ctx, a.Msg, d.Delay, plan, err, a.Dependency)
 		if berr != nil {
-			return nil, berr
+			return disposition.Disposition{Kind: disposition.DeadLetter, Reason: berr}
 		}
-		// The failure record, and the trace context the telemetry step injects.
-		retryCopy := headers.CopyWithRoom(msg, len(headers.RetryState)+2)
-		headers.StampFailure(retryCopy.Metadata, msg.Metadata, headers.Failure{
-			Queue: queue, RetryCount: count + 1, Attempt: attempt, First: first, Now: now, Err: err,
-		})
-		if herr := r.cfg.Delayer.Delay(hctx, queue, delay, retryCopy); herr != nil {
-			herr = fmt.Errorf("retry hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
-			report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})
-			return nil, failure.Handoff(herr)
-		}
-		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeRetry, Delay: delay, Attempt: attempt, Err: err})
-		// Checked first, as Debug checks (with a background context): the arguments are
-		// boxed, and the message built, even for a record it drops.
-		if r.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) {
-			r.cfg.Logger.Debug("message handed to broker for retry", "queue", queue, "message_id", msg.UUID, "attempt", attempt, "delay", delay, "error", sluice.ErrorMessage(err))
-		}
-		if r.cfg.OnRetry != nil {
-			r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Err: err})
-		}
-		return nil, nil
+		d.Delay = delay
 	}
+	return d
 }
 
-func (r *Retry) deferMessage(ctx context.Context, msg *message.Message, queue string, now time.Time, attempt int, err error) error {
-	var de *sluice.DeferError
-	errors.As(err, &de)
-	since, ok := failure.Time(msg.Metadata, headers.FirstDeferTime, now)
-	if !ok {
-		since = now
-	}
-	if first, ok := failure.Time(msg.Metadata, headers.FirstFailureTime, now); ok && first.Before(since) {
-		since = first
-	}
-	if age := now.Sub(since); age > r.cfg.MaxTotalAge {
-		return sluice.Permanent(fmt.Errorf("%w (%s > %s): %w", ErrDeferralExpired, age.Round(time.Millisecond), r.cfg.MaxTotalAge, err))
-	}
-	// Capped like a RetryAfter: the broker cannot hold a message forever either.
-	delay := min(max(de.After, 0), r.cfg.MaxRetryAfter)
-	// The defer count, first defer time and original queue, and the trace context.
-	deferred := headers.CopyWithRoom(msg, 3+2)
-	md := deferred.Metadata
-	defers, _ := strconv.Atoi(msg.Metadata.Get(headers.DeferCount))
-	// The header is untrusted: a huge value must not wrap around to a negative count.
-	md.Set(headers.DeferCount, strconv.Itoa(min(max(defers, 0), sluice.MaxRetryCountHeader)+1))
-	if _, ok := failure.Time(msg.Metadata, headers.FirstDeferTime, now); !ok {
-		md.Set(headers.FirstDeferTime, failure.FormatTime(now))
-	}
-	headers.StampOrigin(md, msg.Metadata, queue, headers.ReadTrip(msg.Metadata).Carried)
-	if herr := r.cfg.Delayer.Delay(ctx, queue, delay, deferred); herr != nil {
-		herr = fmt.Errorf("deferral hand-off of message %s to queue %q (delay %s): %w", msg.UUID, queue, delay, herr)
-		report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeNack, Attempt: attempt, Err: herr})
-		return failure.Handoff(herr)
-	}
-	report.ReportOutcome(ctx, report.Report{Outcome: report.OutcomeDeferred, Delay: delay, Attempt: attempt, Err: err})
-	if r.cfg.OnRetry != nil {
-		r.cfg.OnRetry(Event{Queue: queue, MessageID: msg.UUID, Attempt: attempt, Delay: delay, Deferred: true, Err: err})
-	}
-	return nil
-}
-
-// ExhaustedError is the error of a message that used all its retries or outlived
-// MaxTotalAge. It matches ErrRetriesExhausted with errors.Is and unwraps to the last error.
-type ExhaustedError struct {
-	Retries int
-	// Arrived is the part of Retries the message arrived with from outside sluice (a
-	// producer's x-retry-count), Made the attempts made here, this one included.
-	Arrived, Made int
-	// Age is set when MaxTotalAge ended the retries.
-	Age time.Duration
-	Err error
-}
-
-func exhausted(msg *message.Message, count int, age time.Duration, err error) *ExhaustedError {
-	trip := headers.ReadTrip(msg.Metadata)
-	return &ExhaustedError{Retries: count, Arrived: trip.Arrived, Made: trip.Made + 1, Age: age, Err: err}
-}
-
-// Error names the limit reached and the last error; a retry count the message arrived
-// with is named as such, beside the attempts made here.
-func (e *ExhaustedError) Error() string {
-	if e.Arrived > 0 {
-		made := "1 attempt"
-		if e.Made != 1 {
-			made = strconv.Itoa(e.Made) + " attempts"
-		}
-		if e.Age > 0 {
-			return fmt.Sprintf("retries exhausted: message %s old; arrived with x-retry-count %d; %s made here: %v", e.Age.Round(time.Millisecond), e.Arrived, made, e.Err)
-		}
-		return fmt.Sprintf("retries exhausted: arrived with x-retry-count %d; %s made here: %v", e.Arrived, made, e.Err)
-	}
-	if e.Age > 0 {
-		return fmt.Sprintf("retries exhausted: message %s old after %d retries: %v", e.Age.Round(time.Millisecond), e.Retries, e.Err)
-	}
-	return fmt.Sprintf("retries exhausted after %d retries: %v", e.Retries, e.Err)
-}
-
-// Unwrap returns the last handler error.
-func (e *ExhaustedError) Unwrap() error { return e.Err }
-
-// Is matches ErrRetriesExhausted.
-func (e *ExhaustedError) Is(target error) bool { return target == ErrRetriesExhausted }
+// ExhaustedError is the reason of a message that used all its retries or outlived
+// MaxTotalAge (disposition.ExhaustedError).
+type ExhaustedError = disposition.ExhaustedError

@@ -17,11 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -79,17 +80,53 @@ func testPolicy() retry.Config {
 	}
 }
 
+// fakeDeadLetterer records the dead-letter copies the step publishes.
+type fakeDeadLetterer struct {
+	calls steptest.Log[*message.Message]
+}
+
+func (f *fakeDeadLetterer) DeadLetter(_ context.Context, _ string, msg *message.Message) error {
+	f.calls.Add(msg)
+	return nil
+}
+
+// Step-wide recorders of the test that runs (the tests are not parallel): the outcomes the
+// step reports and the messages it dead-letters, with their reasons.
+var (
+	observed *steptest.Observer
+	dead     *fakeDeadLetterer
+	deadErrs *steptest.Log[poison.Event]
+)
+
+// newRetry is retry.New with a poison step of its own when cfg names none.
+func newRetry(cfg retry.Config) (*retry.Retry, error) {
+	if cfg.DeadLetter == nil {
+		p, err := poison.New(poison.Config{DeadLetterer: &fakeDeadLetterer{}})
+		if err != nil {
+			return nil, err
+		}
+		cfg.DeadLetter = p
+	}
+	return retry.New(cfg)
+}
+
 // newStep builds the retry step on cfg with the fixed clock, a silent logger, a fake
-// Delayer failing with delayErr, and an OnRetry recorder.
+// Delayer failing with delayErr, an OnRetry recorder, an Observer and a poison step with a
+// recording DeadLetterer.
 func newStep(t *testing.T, cfg retry.Config, delayErr error) (*retry.Retry, *fakeDelayer, *eventLog) {
 	t.Helper()
 	d := &fakeDelayer{err: delayErr}
 	events := &eventLog{}
+	observed, dead, deadErrs = &steptest.Observer{}, &fakeDeadLetterer{}, &steptest.Log[poison.Event]{}
+	p, err := poison.New(poison.Config{DeadLetterer: dead, OnDeadLetter: deadErrs.Add, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	cfg.DeadLetter = p
+	cfg.Observer = observed
 	cfg.Delayer = d
 	cfg.Now = func() time.Time { return now }
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.OnRetry = events.Add
-	r, err := retry.New(cfg)
+	r, err := newRetry(cfg)
 	require.NoError(t, err)
 	return r, d, events
 }
@@ -100,8 +137,10 @@ type result struct {
 	before   message.Metadata // its metadata before the step ran
 	out      []*message.Message
 	err      error
-	report   report.Report
+	report   steptest.Report
 	reported bool
+	// dead is the reason of the message's dead letter, nil when it was not dead-lettered.
+	dead error
 }
 
 // run sends a message with md through mw around h inside a real watermill router, as the
@@ -109,7 +148,15 @@ type result struct {
 func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
 	t.Helper()
 	r := steptest.Run(t, mw, h, steptest.Message{Queue: queueName, Handler: handlerName, Payload: []byte(`{"order":"o-1"}`), Metadata: md})
-	return result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err, report: r.Report, reported: r.Reported}
+	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err}
+	if observed != nil {
+		res.report, res.reported = observed.Last()
+	}
+	if dead != nil && len(dead.calls.All()) > 0 {
+		evs := deadErrs.All()
+		res.dead = evs[len(evs)-1].Err
+	}
+	return res
 }
 
 // failing returns a handler failing with err.
@@ -137,7 +184,7 @@ func attempts(entries []failure.HistoryEntry) []int {
 }
 
 func TestNew_Defaults(t *testing.T) {
-	r, err := retry.New(retry.Config{Delayer: &fakeDelayer{}})
+	r, err := newRetry(retry.Config{Delayer: &fakeDelayer{}})
 	require.NoError(t, err)
 	cfg := r.Config()
 	assert.Equal(t, 5, cfg.MaxRetries)
@@ -195,7 +242,7 @@ func TestNew_Validation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := retry.New(tt.cfg)
+			r, err := newRetry(tt.cfg)
 			switch {
 			case tt.wantIs != nil:
 				require.ErrorIs(t, err, tt.wantIs)
@@ -249,7 +296,7 @@ func TestBackoff_WithoutJitter(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.cfg.Delayer = &fakeDelayer{}
 			tt.cfg.Jitter = retry.NoJitter
-			r, err := retry.New(tt.cfg)
+			r, err := newRetry(tt.cfg)
 			require.NoError(t, err)
 			for i, want := range tt.delays {
 				assert.Equal(t, want, r.Backoff(i+1), "Backoff(%d)", i+1)
@@ -270,7 +317,7 @@ func TestBackoff_WithJitter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := retry.New(retry.Config{Delayer: &fakeDelayer{}, InitialDelay: 100 * time.Millisecond, Multiplier: 2, MaxDelay: time.Second, Jitter: tt.jitter})
+			r, err := newRetry(retry.Config{Delayer: &fakeDelayer{}, InitialDelay: 100 * time.Millisecond, Multiplier: 2, MaxDelay: time.Second, Jitter: tt.jitter})
 			require.NoError(t, err)
 			j := r.Config().Jitter
 			for n, base := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
@@ -457,7 +504,7 @@ func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 
 			assert.True(t, res.reported)
-			assert.Equal(t, report.Report{Outcome: report.OutcomeRetry, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: herr}, res.report)
+			assert.Equal(t, steptest.Report{Outcome: disposition.Retry, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: herr}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Err: herr,
 			}}, events.All())
@@ -518,7 +565,7 @@ func TestMiddleware_LogLineHoldsNoStack(t *testing.T) {
 	cfg.Delayer = &fakeDelayer{}
 	cfg.Now = func() time.Time { return now }
 	cfg.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r, err := retry.New(cfg)
+	r, err := newRetry(cfg)
 	require.NoError(t, err)
 	res := run(t, r.Middleware, failing(recoveredPanic()), nil)
 	require.NoError(t, res.err)
@@ -565,34 +612,42 @@ func TestMiddleware_RetryAfter(t *testing.T) {
 	}
 }
 
-// Errors the step does not retry come back unchanged (or as nil), with no hand-off.
+// Errors the step does not retry are dead-lettered at once, acked (Discard), or given back
+// (an inner step's GiveBack), with no retry hand-off.
 func TestMiddleware_NotRetried(t *testing.T) {
 	permanent := sluice.Permanent(errBoom)
 	wrappedPermanent := fmt.Errorf("validate: %w", sluice.Permanent(errBoom))
 	permanentRetryAfter := sluice.Permanent(sluice.RetryAfter(time.Second, errBoom))
 	discard := sluice.Discard(errBoom)
-	handoff := failure.Handoff(errBroker)
+	handoff := disposition.GiveBackError(errBroker)
 	tests := []struct {
 		name       string
 		err        error
 		count      string
-		wantErr    error // returned as is; nil: acked
-		wantReport *report.Report
+		wantErr    error // the error given back (nacked); nil: acked
+		wantDead   error // the dead letter's reason; nil: none
+		wantReport *steptest.Report
 	}{
-		{name: "Permanent", err: permanent, wantErr: permanent},
-		{name: "Permanent wrapped", err: wrappedPermanent, wantErr: wrappedPermanent},
-		{name: "Permanent around RetryAfter", err: permanentRetryAfter, wantErr: permanentRetryAfter},
-		{name: "Discard", err: discard, count: "2", wantReport: &report.Report{Outcome: report.OutcomeDiscard, Attempt: 3, Err: discard}},
-		{name: "hand-off failure from below", err: handoff, wantErr: handoff},
+		{name: "Permanent", err: permanent, wantDead: permanent, wantReport: &steptest.Report{Outcome: disposition.DeadLetter, Attempt: 1, Err: permanent}},
+		{name: "Permanent wrapped", err: wrappedPermanent, wantDead: wrappedPermanent, wantReport: &steptest.Report{Outcome: disposition.DeadLetter, Attempt: 1, Err: wrappedPermanent}},
+		{name: "Permanent around RetryAfter", err: permanentRetryAfter, wantDead: permanentRetryAfter, wantReport: &steptest.Report{Outcome: disposition.DeadLetter, Attempt: 1, Err: permanentRetryAfter}},
+		{name: "Discard", err: discard, count: "2", wantReport: &steptest.Report{Outcome: disposition.Discard, Attempt: 3, Err: discard}},
+		{name: "hand-off failure from below", err: handoff, wantErr: errBroker, wantReport: &steptest.Report{Outcome: disposition.GiveBack, Attempt: 1, Err: errBroker}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, d, events := newStep(t, testPolicy(), nil)
 			res := run(t, r.Middleware, failing(tt.err), message.Metadata{sluice.HeaderRetryCount: tt.count})
 			if tt.wantErr != nil {
-				assert.Same(t, tt.wantErr, res.err)
+				assert.True(t, disposition.IsGiveBack(res.err), "given back: %v", res.err)
+				assert.ErrorIs(t, res.err, tt.wantErr)
 			} else {
 				assert.NoError(t, res.err)
+			}
+			if tt.wantDead != nil {
+				assert.Same(t, tt.wantDead, res.dead)
+			} else {
+				assert.NoError(t, res.dead)
 			}
 			assert.Nil(t, res.out)
 			assert.Empty(t, d.Calls(), "no hand-off")
@@ -672,16 +727,16 @@ func TestMiddleware_Exhausted(t *testing.T) {
 				assert.Len(t, d.Calls(), 1, "retried")
 				return
 			}
-			require.Error(t, res.err)
-			assert.ErrorIs(t, res.err, retry.ErrRetriesExhausted)
-			assert.ErrorIs(t, res.err, errBoom, "the handler's error stays reachable")
+			require.NoError(t, res.err, "dead-lettered, then acked")
+			require.Error(t, res.dead)
+			assert.ErrorIs(t, res.dead, retry.ErrRetriesExhausted)
+			assert.ErrorIs(t, res.dead, errBoom, "the handler's error stays reachable")
 			var ee *retry.ExhaustedError
-			require.ErrorAs(t, res.err, &ee)
+			require.ErrorAs(t, res.dead, &ee)
 			assert.Same(t, herr, ee.Err)
-			assert.Same(t, herr, errors.Unwrap(res.err))
+			assert.Same(t, herr, errors.Unwrap(res.dead))
 			assert.Equal(t, tt.wantRetries, ee.Retries)
 			assert.Equal(t, tt.wantAge, ee.Age)
-			assert.False(t, failure.IsHandoff(res.err))
 			assert.Empty(t, d.Calls(), "no hand-off once exhausted")
 			assert.Empty(t, events.All())
 			assert.Equal(t, res.before, res.msg.Metadata)
@@ -766,7 +821,7 @@ func TestMiddleware_Defer(t *testing.T) {
 			assert.Equal(t, queueName, md.Get(sluice.HeaderOriginalQueue))
 			assert.Equal(t, res.before, res.msg.Metadata, "the original message's metadata was changed")
 
-			assert.Equal(t, report.Report{Outcome: report.OutcomeDeferred, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: tt.err}, res.report)
+			assert.Equal(t, steptest.Report{Outcome: disposition.Defer, Delay: tt.wantDelay, Attempt: tt.wantAttempt, Err: tt.err}, res.report)
 			assert.Equal(t, []retry.Event{{
 				Queue: queueName, MessageID: res.msg.UUID, Attempt: tt.wantAttempt, Delay: tt.wantDelay, Deferred: true, Err: tt.err,
 			}}, events.All())
@@ -825,10 +880,11 @@ func TestMiddleware_DeferExpires(t *testing.T) {
 				assert.Len(t, d.Calls(), 1, "deferred")
 				return
 			}
-			require.Error(t, res.err)
-			assert.ErrorIs(t, res.err, retry.ErrDeferralExpired)
-			assert.ErrorIs(t, res.err, reason)
-			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(res.err), "an expired deferral goes to the dead-letter queue: %v", res.err)
+			require.NoError(t, res.err, "dead-lettered, then acked")
+			require.Error(t, res.dead)
+			assert.ErrorIs(t, res.dead, retry.ErrDeferralExpired)
+			assert.ErrorIs(t, res.dead, reason)
+			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(res.dead), "an expired deferral goes to the dead-letter queue: %v", res.dead)
 			assert.Empty(t, d.Calls())
 			assert.Empty(t, events.All())
 		})
@@ -851,7 +907,7 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			r, d, events := newStep(t, testPolicy(), errBroker)
 			res := run(t, r.Middleware, failing(tt.err), tt.md)
 			require.Error(t, res.err)
-			assert.True(t, failure.IsHandoff(res.err), "the original must be nacked, got %v", res.err)
+			assert.True(t, disposition.IsGiveBack(res.err), "the original must be nacked, got %v", res.err)
 			assert.ErrorIs(t, res.err, errBroker)
 			assert.NotErrorIs(t, res.err, retry.ErrRetriesExhausted)
 			assert.NotEqual(t, sluice.ClassPermanent, sluice.ClassOf(res.err), "a failed hand-off must not be dead-lettered")
@@ -860,7 +916,7 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			assert.Len(t, d.Calls(), 1)
 			assert.Empty(t, events.All(), "OnRetry is for confirmed hand-offs")
 			require.True(t, res.reported)
-			assert.Equal(t, report.OutcomeNack, res.report.Outcome)
+			assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 			assert.Equal(t, tt.wantAttempt, res.report.Attempt)
 			assert.ErrorIs(t, res.report.Err, errBroker)
 			assert.Equal(t, res.before, res.msg.Metadata)
@@ -883,7 +939,8 @@ func TestMiddleware_CountsUpToExhaustion(t *testing.T) {
 		assert.Equal(t, strconv.Itoa(i+1), md.Get(sluice.HeaderRetryCount))
 	}
 	res := run(t, r.Middleware, failing(errBoom), md)
-	assert.ErrorIs(t, res.err, retry.ErrRetriesExhausted)
+	require.NoError(t, res.err)
+	assert.ErrorIs(t, res.dead, retry.ErrRetriesExhausted)
 	assert.Len(t, d.Calls(), cfg.MaxRetries)
 	assert.Equal(t, []int{1, 2, 3}, attempts(failure.History(md)))
 }
@@ -921,8 +978,9 @@ func TestMiddleware_ExhaustedNamesAnArrivedRetryCount(t *testing.T) {
 			cfg.MaxRetries = 3
 			r, _, _ := newStep(t, cfg, nil)
 			res := run(t, r.Middleware, failing(errors.New("boom")), tt.md)
-			require.ErrorIs(t, res.err, retry.ErrRetriesExhausted)
-			assert.Equal(t, tt.want, res.err.Error())
+			require.NoError(t, res.err)
+			require.ErrorIs(t, res.dead, retry.ErrRetriesExhausted)
+			assert.Equal(t, tt.want, res.dead.Error())
 		})
 	}
 }

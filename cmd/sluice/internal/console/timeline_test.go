@@ -17,8 +17,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/report"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -95,13 +95,13 @@ func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, fail
 			if err := in.WrapDelayer(nopDelayer{}).Delay(m.Context(), fx.queue, 50*time.Millisecond, retry); err != nil {
 				return nil, err
 			}
-			report.ReportOutcome(m.Context(), report.Report{Outcome: report.OutcomeRetry, Delay: 50 * time.Millisecond, Err: failure})
+			in.Observe(m.Context(), disposition.Outcome{Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: 50 * time.Millisecond, Reason: failure}})
 			return nil, nil
 		}
 		if err := in.WrapDeadLetterer(keep).DeadLetter(m.Context(), fx.queue, pois.Record(m, fx.queue, failure)); err != nil {
 			return nil, err
 		}
-		report.ReportOutcome(m.Context(), report.Report{Outcome: report.OutcomeDeadLetter, Err: failure})
+		in.Observe(m.Context(), disposition.Outcome{Disposition: disposition.Disposition{Kind: disposition.DeadLetter, Reason: failure}})
 		return nil, nil
 	})
 	_, err = handle(first)

@@ -1,0 +1,47 @@
+package disposition
+
+import (
+	"context"
+	"time"
+)
+
+// Outcome is what one delivery attempt ended in, as observers see it.
+type Outcome struct {
+	// Disposition is what was done with the message. A hand-off that failed is a
+	// GiveBack whose Reason is the failed publish.
+	Disposition Disposition
+	// ErrorType is sluice.ErrorType of the reason ("" for an Ack).
+	ErrorType string
+	// Attempt counts from 1.
+	Attempt int
+	// Queue, Handler and MessageID say which message it was.
+	Queue, Handler, MessageID string
+	// Dependency is the handler's dependency (its breaker's name), "" when none is named.
+	Dependency string
+}
+
+// Delay is the broker-side delay of a Retry or Defer.
+func (o Outcome) Delay() time.Duration { return o.Disposition.Delay }
+
+// Observer is told the Outcome of every attempt the step it is given to carries out, once,
+// after the hand-off. Observe runs on the handler's goroutine: it must be quick and must not
+// keep o.Disposition.Reason's message beyond the call unless it copies it.
+type Observer interface {
+	Observe(ctx context.Context, o Outcome)
+}
+
+// ObserverFunc is a function as an Observer.
+type ObserverFunc func(ctx context.Context, o Outcome)
+
+// Observe calls f.
+func (f ObserverFunc) Observe(ctx context.Context, o Outcome) { f(ctx, o) }
+
+// Observers calls each of its observers in order.
+type Observers []Observer
+
+// Observe calls every observer.
+func (os Observers) Observe(ctx context.Context, o Outcome) {
+	for _, ob := range os {
+		ob.Observe(ctx, o)
+	}
+}
