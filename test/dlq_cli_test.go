@@ -73,8 +73,9 @@ func (e dlqTypedError) Error() string     { return e.msg }
 func (e dlqTypedError) ErrorType() string { return e.typ }
 
 // dlqService is a running stack whose handler fails until healed: messages with ids
-// "perm-*" fail permanently (invalid_amount), all others always fail (gateway_down) and
-// are dead-lettered once their single retry is used. Healed, it records every message.
+// "perm-*" fail permanently (invalid_amount), "defer-*" are deferred once (the attempt not
+// used) and then fail like the rest, all others always fail (gateway_down) and are
+// dead-lettered once their single retry is used. Healed, it records every message.
 type dlqService struct {
 	queue  string
 	healed atomic.Bool
@@ -82,11 +83,12 @@ type dlqService struct {
 	mu        sync.Mutex
 	processed map[string]int
 	last      map[string]message.Metadata
+	deferred  map[string]bool
 }
 
 func startDLQService(t *testing.T, e *env, queue string) *dlqService {
 	t.Helper()
-	s := &dlqService{queue: queue, processed: map[string]int{}, last: map[string]message.Metadata{}}
+	s := &dlqService{queue: queue, processed: map[string]int{}, last: map[string]message.Metadata{}, deferred: map[string]bool{}}
 	cfg := router.Config{Retry: retry.Config{MaxRetries: 1, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter}}
 	start(t, e, cfg, func(st *router.Stack) {
 		require.NoError(t, st.Handle("dlq-cli", queue, s.handle, router.WithConcurrency(8)))
@@ -104,6 +106,15 @@ func (s *dlqService) handle(m *message.Message) error {
 	}
 	if strings.HasPrefix(m.UUID, "perm-") {
 		return sluice.Permanent(dlqTypedError{"invalid_amount", "amount must be positive: " + m.UUID})
+	}
+	if strings.HasPrefix(m.UUID, "defer-") {
+		s.mu.Lock()
+		first := !s.deferred[m.UUID]
+		s.deferred[m.UUID] = true
+		s.mu.Unlock()
+		if first {
+			return sluice.Defer(50*time.Millisecond, errors.New("idempotency key in flight"))
+		}
 	}
 	return dlqTypedError{"gateway_down", "gateway: 503 service unavailable"}
 }

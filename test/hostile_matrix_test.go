@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,8 @@ type matrixRow struct {
 	// perm makes the handler fail permanently (one attempt); otherwise it fails retryably
 	// (startDLQService: one retry, then the DLQ).
 	perm bool
+	// deferOnce makes the handler defer the message once before it fails retryably.
+	deferOnce bool
 	// legacy publishes the message straight into Q.dlq, as a record written before sluice
 	// overwrote x-original-queue: it goes through the replay only.
 	legacy bool
@@ -139,6 +142,30 @@ func matrixRows(queue, victim string) []matrixRow {
 				assert.Equal(t, 1, r.Retries, "the producer's time does not age the message")
 				assert.WithinDuration(t, time.Now(), r.FirstFailureAt, 2*time.Minute)
 				assert.Equal(t, old, r.Headers[headers.ProducerFirstFailureTime])
+			},
+		},
+		{
+			name:      "x-defer-count beyond the clamp and x-first-defer-time in the future",
+			deferOnce: true,
+			forged:    amqp091.Table{headers.DeferCount: "1000000000000", headers.FirstDeferTime: "2999-01-01T00:00:00Z"},
+			record: func(t *testing.T, r dlq.Record) {
+				assert.Equal(t, strconv.Itoa(sluice.MaxRetryCountHeader+1), r.Headers[headers.DeferCount], "clamped, then counted")
+				at, err := time.Parse(time.RFC3339Nano, r.Headers[headers.FirstDeferTime])
+				require.NoError(t, err)
+				assert.WithinDuration(t, time.Now(), at, 2*time.Minute, "a future first-defer time is replaced by the deferral's")
+				assert.Equal(t, 1, r.Retries, "deferred without using an attempt, then its one retry")
+				assert.Equal(t, "gateway_down", r.ErrorType)
+			},
+		},
+		{
+			name:      "x-first-defer-time in the distant past",
+			deferOnce: true,
+			forged:    amqp091.Table{headers.FirstDeferTime: old},
+			record: func(t *testing.T, r dlq.Record) {
+				// Documented: a producer's past time can only shorten deferrals, never lengthen them.
+				assert.Contains(t, r.ErrorMessage, "deferred past the maximum total age")
+				assert.Equal(t, 0, r.Retries, "dead-lettered at the deferral, no attempt used")
+				assert.Empty(t, r.Headers[headers.DeferCount], "no deferral copy was made")
 			},
 		},
 		{
@@ -249,8 +276,11 @@ func TestHostileHeaderMatrix(t *testing.T) {
 	for i, row := range rows {
 		for _, route := range routes {
 			id := fmt.Sprintf("m%02d-%s", i, route)
-			if row.perm {
+			switch {
+			case row.perm:
 				id = "perm-" + id
+			case row.deferOnce:
+				id = "defer-" + id
 			}
 			all = append(all, sent{row: row, route: route, id: id})
 			body := []byte(`{"payment":"` + id + `"}`)
