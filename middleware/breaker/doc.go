@@ -65,4 +65,12 @@
 // the change; a deferral is recorded as a "breaker.deferred" span event and reported with
 // outcome "deferred". Registry.State and Registry.States expose
 // the states for metrics. The package starts no goroutines.
+//
+// # Used alone
+//
+// In a plain Watermill router, without sluice's retry step to turn a deferral into a
+// broker-side delay, Registry.Middleware behaves like Watermill's middleware.CircuitBreaker:
+// a rejection is an error the router nacks and the pub/sub redelivers. The dependency is
+// still not called while the breaker is open, and nothing is lost
+// (TestRegistry_AloneInAPlainWatermillRouter).
 package breaker

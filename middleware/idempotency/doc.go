@@ -55,4 +55,11 @@
 // middleware.Deduplicator). The store has no goroutine and no timer: expired keys are
 // ignored when met and swept a few at a time by every operation; Sweep removes all of
 // them at once.
+//
+// # Used alone
+//
+// In a plain Watermill router the step works as it does in sluice's stack: a duplicate of a
+// done key is acked without calling the handler (TestGuard_AloneInAPlainWatermillRouter).
+// Only a concurrent duplicate differs: its deferral, without sluice's retry step, is an
+// error the router nacks, and the pub/sub redelivers it until the first attempt finishes.
 package idempotency
