@@ -36,6 +36,19 @@ var (
 	ErrPartitionKey = errors.New("amqp: partition key must be 1 to 255 bytes")
 )
 
+// unknownExchangeType reports whether the broker refused an exchange type it does not
+// know: 3.10 closes the connection with 503 COMMAND_INVALID "invalid exchange type", 4.3
+// the channel with 406 PRECONDITION_FAILED "unknown exchange type".
+func unknownExchangeType(e *amqp.Error) bool {
+	switch e.Code {
+	case amqp.CommandInvalid:
+		return strings.Contains(e.Reason, "exchange type")
+	case amqp.PreconditionFailed:
+		return strings.Contains(e.Reason, "unknown exchange type")
+	}
+	return false
+}
+
 // consistentHashType is the exchange type DeclarePartitioned declares; tests point it at a
 // type no broker has, to exercise the missing-plugin path on any RabbitMQ.
 var consistentHashType = consistentHashExchangeType
@@ -71,7 +84,7 @@ func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partition
 	exchange := topology.PartitionExchange(queue)
 	if err := ch.ExchangeDeclare(exchange, consistentHashType, true, false, false, false, nil); err != nil {
 		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.CommandInvalid && strings.Contains(amqpErr.Reason, "exchange type") {
+		if errors.As(err, &amqpErr) && unknownExchangeType(amqpErr) {
 			return fmt.Errorf("declare exchange %q of type %s on %s: %s: %w", exchange, consistentHashType, mask.URL(url), amqpErr.Reason, ErrConsistentHashUnavailable)
 		}
 		return fmt.Errorf("declare exchange %q of type %s (an exchange of that name with another type exists?): %w", exchange, consistentHashType, err)

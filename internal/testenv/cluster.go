@@ -16,10 +16,10 @@ import (
 // when t ends, as with StartNode. Entries must give distinct names or leave them empty.
 func StartCluster(t testing.TB, opts ...NodeOptions) []*Node {
 	t.Helper()
-	server, ctl := nodePrerequisites(t)
+	run := nodePrerequisites(t)
 	nodes := make([]*Node, len(opts))
 	for i, o := range opts {
-		nodes[i] = newNode(t, server, ctl, o)
+		nodes[i] = newNode(t, run, o)
 	}
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
@@ -48,9 +48,9 @@ func StartCluster(t testing.TB, opts ...NodeOptions) []*Node {
 
 // newNode names a node, makes its directory and writes its files, without starting it;
 // its Stop and the directory's removal are registered on t.
-func newNode(t testing.TB, server, ctl string, opts NodeOptions) *Node {
+func newNode(t testing.TB, run launcher, opts NodeOptions) *Node {
 	t.Helper()
-	n := &Node{t: t, server: server, ctl: ctl, timeout: opts.StartTimeout}
+	n := &Node{t: t, run: run, timeout: opts.StartTimeout}
 	if n.timeout <= 0 {
 		n.timeout = 90 * time.Second
 	}
@@ -71,7 +71,7 @@ func newNode(t testing.TB, server, ctl string, opts NodeOptions) *Node {
 	if n.DistPort == 0 {
 		n.DistPort = FreePort(t)
 	}
-	dir, err := os.MkdirTemp("", "sluice-node-")
+	dir, err := os.MkdirTemp(run.tempRoot(), "sluice-node-")
 	if err != nil {
 		t.Fatalf("node %s: make directory: %v", n.Name, err)
 	}
@@ -79,6 +79,7 @@ func newNode(t testing.TB, server, ctl string, opts NodeOptions) *Node {
 	t.Cleanup(func() {
 		n.Stop()
 		_ = os.RemoveAll(dir)
+		releaseChroot()
 	})
 	n.prepare(opts)
 	return n

@@ -65,8 +65,7 @@ type Node struct {
 	StartTime time.Duration
 
 	env     []string
-	server  string
-	ctl     string
+	run     launcher
 	timeout time.Duration
 
 	mu      sync.Mutex
@@ -79,37 +78,45 @@ type Node struct {
 // SLUICE_REQUIRE_BROKER=1, like AMQPURL.
 func StartNode(t testing.TB, opts NodeOptions) *Node {
 	t.Helper()
-	server, ctl := nodePrerequisites(t)
-	n := newNode(t, server, ctl, opts)
+	n := newNode(t, nodePrerequisites(t), opts)
 	if err := n.Start(); err != nil {
 		t.Fatalf("%v", err)
 	}
 	return n
 }
 
-// nodePrerequisites returns the paths of rabbitmq-server and rabbitmqctl, or skips (fails
-// under SLUICE_REQUIRE_BROKER=1) when an extra node cannot be run here.
-func nodePrerequisites(t testing.TB) (server, ctl string) {
+// nodePrerequisites returns how to run a node of the tests' version (Version), or skips
+// (fails under SLUICE_REQUIRE_BROKER=1) when an extra node cannot be run here.
+func nodePrerequisites(t testing.TB) launcher {
 	t.Helper()
 	miss := func(format string, args ...any) {
 		t.Helper()
-		reason := fmt.Sprintf(format, args...)
-		if os.Getenv("SLUICE_REQUIRE_BROKER") == "1" {
-			t.Fatalf("cannot start an extra RabbitMQ node: %s (SLUICE_REQUIRE_BROKER=1)", reason)
-		}
-		t.Skipf("cannot start an extra RabbitMQ node: %s; set SLUICE_REQUIRE_BROKER=1 to make this a failure", reason)
-	}
-	var err error
-	if server, err = exec.LookPath("rabbitmq-server"); err != nil {
-		miss("rabbitmq-server not found: %v", err)
-	}
-	if ctl, err = exec.LookPath("rabbitmqctl"); err != nil {
-		miss("rabbitmqctl not found: %v", err)
+		missing(t, "cannot start an extra RabbitMQ "+Version()+" node: "+format, args...)
 	}
 	if os.Geteuid() != 0 {
 		miss("the node must run as the rabbitmq user, which needs root (euid %d)", os.Geteuid())
 	}
-	return server, ctl
+	if Is43() {
+		l, err := rabbitmq4()
+		if err != nil {
+			miss("%v", err)
+		}
+		return l
+	}
+	var l launcher
+	var err error
+	if l.server, err = exec.LookPath("rabbitmq-server"); err != nil {
+		miss("rabbitmq-server not found: %v", err)
+	}
+	if l.ctl, err = exec.LookPath("rabbitmqctl"); err != nil {
+		miss("rabbitmqctl not found: %v", err)
+	}
+	l.uid, l.gid = -1, -1
+	if u, err := user.Lookup("rabbitmq"); err == nil {
+		l.uid, _ = strconv.Atoi(u.Uid)
+		l.gid, _ = strconv.Atoi(u.Gid)
+	}
+	return l
 }
 
 // prepare writes the node's configuration and files and builds its environment.
@@ -128,7 +135,7 @@ func (n *Node) prepare(opts NodeOptions) {
 		"log.file.level = info",
 	}
 	for _, line := range opts.Config {
-		conf = append(conf, strings.ReplaceAll(line, "{dir}", n.Dir))
+		conf = append(conf, strings.ReplaceAll(line, "{dir}", n.run.inside(n.Dir)))
 	}
 	plugins := "[" + strings.Join(opts.Plugins, ",") + "]."
 	files := map[string][]byte{
@@ -151,22 +158,23 @@ func (n *Node) prepare(opts NodeOptions) {
 			t.Fatalf("node %s: write %s: %v", n.Name, name, err)
 		}
 	}
-	if err := chownToRabbitMQ(n.Dir); err != nil {
+	if err := chownTo(n.Dir, n.run.uid, n.run.gid); err != nil {
 		t.Fatalf("node %s: %v", n.Name, err)
 	}
 
+	dir := n.run.inside(n.Dir) // where the node sees its directory
 	env := map[string]string{
 		"RABBITMQ_NODENAME":             n.Name,
 		"RABBITMQ_NODE_IP_ADDRESS":      "127.0.0.1",
 		"RABBITMQ_NODE_PORT":            strconv.Itoa(n.Port),
 		"RABBITMQ_DIST_PORT":            strconv.Itoa(n.DistPort),
-		"RABBITMQ_MNESIA_BASE":          filepath.Join(n.Dir, "mnesia"),
-		"RABBITMQ_LOG_BASE":             filepath.Join(n.Dir, "log"),
-		"RABBITMQ_PID_FILE":             n.pidFile(),
-		"RABBITMQ_CONFIG_FILE":          filepath.Join(n.Dir, "rabbitmq.conf"),
-		"RABBITMQ_ADVANCED_CONFIG_FILE": filepath.Join(n.Dir, "advanced.config"),
-		"RABBITMQ_CONF_ENV_FILE":        filepath.Join(n.Dir, "rabbitmq-env.conf"),
-		"RABBITMQ_ENABLED_PLUGINS_FILE": filepath.Join(n.Dir, "enabled_plugins"),
+		"RABBITMQ_MNESIA_BASE":          filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE":             filepath.Join(dir, "log"),
+		"RABBITMQ_PID_FILE":             n.run.inside(n.pidFile()),
+		"RABBITMQ_CONFIG_FILE":          filepath.Join(dir, "rabbitmq.conf"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE": filepath.Join(dir, "advanced.config"),
+		"RABBITMQ_CONF_ENV_FILE":        filepath.Join(dir, "rabbitmq-env.conf"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE": filepath.Join(dir, "enabled_plugins"),
 		"ERL_EPMD_ADDRESS":              "127.0.0.1",
 		// Erlang distribution on loopback only, as the shared node's.
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
@@ -187,15 +195,12 @@ func (n *Node) prepare(opts NodeOptions) {
 
 func (n *Node) pidFile() string { return filepath.Join(n.Dir, "mnesia", "node.pid") }
 
-// chownToRabbitMQ gives dir and everything in it to the rabbitmq user, which the packaged
-// rabbitmq-server switches to when started by root.
-func chownToRabbitMQ(dir string) error {
-	u, err := user.Lookup("rabbitmq")
-	if err != nil {
-		return nil // no such user: the node runs as whoever starts it
+// chownTo gives dir and everything in it to uid:gid (the rabbitmq user the node runs as);
+// a negative uid leaves them as they are.
+func chownTo(dir string, uid, gid int) error {
+	if uid < 0 {
+		return nil // no rabbitmq user: the node runs as whoever starts it
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
 	if err := os.Chmod(dir, 0o750); err != nil {
 		return err
 	}
@@ -218,7 +223,7 @@ func (n *Node) Start() error {
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, n.server, "-detached")
+	cmd := n.run.command(ctx, n.run.server, "-detached")
 	cmd.Env = n.env
 	cmd.Dir = n.Dir
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -229,7 +234,7 @@ func (n *Node) Start() error {
 	// `rabbitmqctl wait` follows the pid file the node writes, and returns once the node
 	// has booted, or fails if its process dies first.
 	secs := strconv.Itoa(int(time.Until(begin.Add(n.timeout)).Seconds()))
-	out, err := n.ctlContext(ctx, "wait", n.pidFile(), "--timeout", secs)
+	out, err := n.ctlContext(ctx, "wait", n.run.inside(n.pidFile()), "--timeout", secs)
 	if err != nil {
 		return fmt.Errorf("node %s did not boot within %s: %v: %s\n%s", n.Name, n.timeout, err, out, n.LogTail(40))
 	}
@@ -287,7 +292,7 @@ func (n *Node) Ctl(args ...string) (string, error) {
 }
 
 func (n *Node) ctlContext(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, n.ctl, append([]string{"-n", n.Name}, args...)...)
+	cmd := n.run.command(ctx, n.run.ctl, append([]string{"-n", n.Name}, args...)...)
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = &out
