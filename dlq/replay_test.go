@@ -205,7 +205,7 @@ func TestReplayIgnoresAForeignOrigin(t *testing.T) {
 	victim := fx.queue + ".victim"
 	ch, err := fx.conn.Channel()
 	require.NoError(t, err)
-	_, err = ch.QueueDeclare(victim, false, true, false, false, nil)
+	_, err = ch.QueueDeclare(victim, true, true, false, false, nil) // durable: 4.3 denies transient non-exclusive queues
 	require.NoError(t, err)
 	require.NoError(t, ch.Close())
 	t.Cleanup(func() { fx.rabbit.DeleteQueues(victim) })

@@ -59,6 +59,61 @@ die() {
 	exit 1
 }
 
+# RabbitMQ 4.3 (SLUICE_RABBITMQ=4.3): the same three nodes, names and ports, run from
+# scripts/rabbitmq4.sh's chroot (Khepri metadata, deprecated features denied).
+if [ "${SLUICE_RABBITMQ:-}" = 4.3 ]; then
+	r4="$root/scripts/rabbitmq4.sh"
+	node43() { echo "sluice-c$1"; }
+	case "${1:-}" in
+	start)
+		t0=$SECONDS
+		for n in $(seq 1 $nodes); do
+			"$r4" reset "$(node43 "$n")" >/dev/null
+		done
+		for n in $(seq 1 $nodes); do
+			"$r4" start "$(node43 "$n")" $((amqp_base + n - 1)) rabbitmq_consistent_hash_exchange >/dev/null &
+		done
+		wait || die "a 4.3 node did not start"
+		for n in $(seq 1 $nodes); do
+			"$r4" ctl "$(node43 "$n")" -q await_startup >/dev/null || die "$(node43 "$n") did not start"
+		done
+		for n in $(seq 2 $nodes); do
+			out="$("$r4" ctl "$(node43 "$n")" -q stop_app 2>&1)" || die "stop_app on $(node43 "$n"): $out"
+			out="$("$r4" ctl "$(node43 "$n")" -q join_cluster "$(node43 1)@$host" 2>&1)" || die "$(node43 "$n") could not join: $out"
+			out="$("$r4" ctl "$(node43 "$n")" -q start_app 2>&1)" || die "start_app on $(node43 "$n"): $out"
+		done
+		say "RabbitMQ 4.3 cluster started in $((SECONDS - t0))s"
+		;;
+	stop)
+		for n in $(seq 1 $nodes); do
+			"$r4" reset "$(node43 "$n")" >/dev/null
+		done
+		say "stopped"
+		;;
+	status)
+		for n in $(seq 1 $nodes); do
+			"$r4" ctl "$(node43 "$n")" -q await_startup --timeout 2 >/dev/null 2>&1 &&
+				echo "$(node43 "$n")@$host: running, amqp 127.0.0.1:$((amqp_base + n - 1))" || echo "$(node43 "$n")@$host: not running"
+		done
+		;;
+	urls)
+		out=()
+		for n in $(seq 1 $nodes); do out+=("amqp://guest:guest@127.0.0.1:$((amqp_base + n - 1))/"); done
+		(
+			IFS=,
+			echo "${out[*]}"
+		)
+		;;
+	ctl)
+		n="${2:?ctl needs a node number 1..$nodes}"
+		shift 2
+		"$r4" ctl "$(node43 "$n")" "$@"
+		;;
+	*) die "usage: $0 start|stop|status|urls|ctl N ARGS..." ;;
+	esac
+	exit
+fi
+
 node_name() { echo "sluice-c$1@$host"; }
 amqp_port() { echo $((amqp_base + $1 - 1)); }
 dist_port() { echo $((dist_base + $1 - 1)); }

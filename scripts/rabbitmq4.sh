@@ -98,11 +98,15 @@ hosts() {
 do_mount() {
 	need_root "mounting into the chroot"
 	installed || die "no chroot in $root (run: $0 ensure)"
-	hosts
-	mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
-	for d in dev sys; do
-		mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"
-	done
+	(
+		# Nodes of a cluster start at once: one mounts, the others find it done.
+		flock 8
+		hosts
+		mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+		for d in dev sys; do
+			mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"
+		done
+	) 8>"$cache/.mount.lock"
 }
 
 # inside_pids lists the processes whose root is the chroot.
@@ -123,11 +127,15 @@ beams() {
 
 release() {
 	[ -d "$root/proc" ] || return 0
-	if [ -n "$(beams)" ]; then
-		return 0
-	fi
-	# No node left: the port mapper goes, then the mounts.
+	exec 8>"$cache/.mount.lock"
+	flock 8
+	# Any Erlang VM left (a node, or one still booting, not yet known to the port mapper)
+	# keeps the chroot mounted.
 	local pid
+	for pid in $(inside_pids); do
+		grep -q beam "/proc/$pid/comm" 2>/dev/null && return 0
+	done
+	# No node left: the port mapper goes, then the mounts.
 	for pid in $(inside_pids); do
 		kill "$pid" 2>/dev/null || true
 	done

@@ -30,7 +30,7 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	ch, err := r.Conn.Channel()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
-	_, err = ch.QueueDeclare(queue, false, false, false, false, nil)
+	_, err = ch.QueueDeclare(queue, true, false, false, false, nil) // durable: 4.3 denies transient non-exclusive queues
 	require.NoError(t, err)
 	for i := 0; i < 4; i++ {
 		r.Publish(queue, amqp091.Publishing{Body: []byte("x")})

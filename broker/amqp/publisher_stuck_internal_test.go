@@ -79,7 +79,7 @@ func TestNackReplacesTheChannel(t *testing.T) {
 	r.DeleteQueues(full)
 	ch, err := r.Conn.Channel()
 	require.NoError(t, err)
-	_, err = ch.QueueDeclare(full, false, false, false, false, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
+	_, err = ch.QueueDeclare(full, true, false, false, false, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
 	require.NoError(t, err)
 	_ = ch.Close()
 	p := b.Publisher()

@@ -189,3 +189,15 @@ func missing(t testing.TB, format string, args ...any) {
 	}
 	t.Skipf("%s; set SLUICE_REQUIRE_BROKER=1 to make this a failure", reason)
 }
+
+// LargeMessageBytes is the size of the largest payload the tests send to show how sluice
+// handles a huge message: 20 MiB, or less where the broker refuses that. RabbitMQ 4.x
+// lowered max_message_size's default from 128 MiB to 16 MiB (a larger publish is refused
+// with a nack, which sluice returns as a publish error); the tests stay under it with room
+// for sluice's failure record.
+func LargeMessageBytes() int {
+	if Is43() {
+		return 15 << 20
+	}
+	return 20 << 20
+}

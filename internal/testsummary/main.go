@@ -22,10 +22,11 @@ import (
 func main() {
 	skips := flag.String("skips", "", "read `go test -json` on stdin and append its skipped tests to this file")
 	report := flag.String("report", "", "print the skipped tests recorded in this file")
+	label := flag.String("label", "", "with -skips: end each package's closing line with `label` and record it with the skips")
 	flag.Parse()
 	switch {
 	case *skips != "":
-		failed, err := record(os.Stdin, os.Stdout, *skips)
+		failed, err := record(os.Stdin, os.Stdout, *skips, *label)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "testsummary:", err)
 			os.Exit(2)
@@ -45,7 +46,7 @@ func main() {
 }
 
 // record streams events from r to w as terse text and appends the skips to path.
-func record(r io.Reader, w io.Writer, path string) (failed bool, err error) {
+func record(r io.Reader, w io.Writer, path, label string) (failed bool, err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return false, err
@@ -53,6 +54,7 @@ func record(r io.Reader, w io.Writer, path string) (failed bool, err error) {
 	defer f.Close()
 	enc := json.NewEncoder(f)
 	s := newStream(w)
+	s.label = label
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {

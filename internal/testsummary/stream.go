@@ -21,6 +21,8 @@ type Skip struct {
 	Package string `json:"package"`
 	Test    string `json:"test"`
 	Reason  string `json:"reason"`
+	// Label names the run the test skipped in ("RabbitMQ 4.3"), when the run had one.
+	Label string `json:"label,omitempty"`
 }
 
 // stream prints a run as go test prints it without -v, and collects its skips.
@@ -28,6 +30,8 @@ type stream struct {
 	w       io.Writer
 	outputs map[string][]string // package + test -> output lines
 	failed  bool
+	// label, when set, ends every package's closing line and labels its skips.
+	label string
 }
 
 func newStream(w io.Writer) *stream { return &stream{w: w, outputs: map[string][]string{}} }
@@ -51,7 +55,7 @@ func (s *stream) line(b []byte) []Skip {
 			s.failed = true
 		}
 		if ev.Action == "output" && ev.Output != "PASS\n" && !strings.HasPrefix(ev.Output, "=== ") {
-			fmt.Fprint(s.w, ev.Output)
+			fmt.Fprint(s.w, s.labelled(ev.Output))
 		}
 	case ev.Action == "output":
 		s.outputs[key] = append(s.outputs[key], ev.Output)
@@ -66,11 +70,25 @@ func (s *stream) line(b []byte) []Skip {
 	case ev.Action == "skip":
 		reason := skipReason(s.outputs[key])
 		delete(s.outputs, key)
-		return []Skip{{Package: ev.Package, Test: ev.Test, Reason: reason}}
+		return []Skip{{Package: ev.Package, Test: ev.Test, Reason: reason, Label: s.label}}
 	case ev.Action == "pass":
 		delete(s.outputs, key)
 	}
 	return nil
+}
+
+// labelled returns a package's closing line (ok, FAIL, no test files) with the run's
+// label at its end, and any other line as it is.
+func (s *stream) labelled(line string) string {
+	if s.label == "" {
+		return line
+	}
+	for _, p := range []string{"ok  \t", "FAIL\t", "?   \t"} {
+		if strings.HasPrefix(line, p) {
+			return strings.TrimSuffix(line, "\n") + "\t[" + s.label + "]\n"
+		}
+	}
+	return line
 }
 
 // skipReason is what a skipped test logged, without go test's headers and file:line
@@ -123,10 +141,14 @@ func Report(skips []Skip) string {
 		byPkg := map[string][]string{}
 		var pkgs []string
 		for _, sk := range group {
-			if _, ok := byPkg[sk.Package]; !ok {
-				pkgs = append(pkgs, sk.Package)
+			pkg := sk.Package
+			if sk.Label != "" {
+				pkg += " [" + sk.Label + "]"
 			}
-			byPkg[sk.Package] = append(byPkg[sk.Package], sk.Test)
+			if _, ok := byPkg[pkg]; !ok {
+				pkgs = append(pkgs, pkg)
+			}
+			byPkg[pkg] = append(byPkg[pkg], sk.Test)
 		}
 		sort.Strings(pkgs)
 		for _, p := range pkgs {

@@ -65,3 +65,23 @@ func TestReport(t *testing.T) {
 	assert.Contains(t, got, "1 skipped: chromium not installed\n  p/ui: TestD\n")
 	assert.Less(t, strings.Index(got, broker), strings.Index(got, "chromium"), "the largest group first")
 }
+
+// make test runs parts on two RabbitMQ versions: each closing line and each skip says which.
+func TestStreamLabel(t *testing.T) {
+	var out strings.Builder
+	s := newStream(&out)
+	s.label = "RabbitMQ 4.3"
+	var skips []Skip
+	for _, l := range strings.Split(strings.TrimSpace(run), "\n") {
+		skips = append(skips, s.line([]byte(l))...)
+	}
+	assert.Contains(t, out.String(), "ok  \texample.com/a\t0.01s\t[RabbitMQ 4.3]\n")
+	assert.Contains(t, out.String(), "FAIL\texample.com/b\t0.01s\t[RabbitMQ 4.3]\n")
+	assert.Contains(t, out.String(), "?   \texample.com/c\t[no test files]\t[RabbitMQ 4.3]\n")
+	assert.Contains(t, out.String(), "\nFAIL\n", "go test's bare FAIL line is not a closing line")
+	require.Len(t, skips, 1)
+	assert.Equal(t, "RabbitMQ 4.3", skips[0].Label)
+	assert.Contains(t, Report(append(skips, Skip{Package: "example.com/a", Test: "TestBroker", Reason: skips[0].Reason, Label: "RabbitMQ 3.10"})),
+		"2 skipped: RabbitMQ is not reachable at 127.0.0.1:5672 (connection refused); set SLUICE_REQUIRE_BROKER=1 to make this a failure\n"+
+			"  example.com/a [RabbitMQ 3.10]: TestBroker\n  example.com/a [RabbitMQ 4.3]: TestBroker\n")
+}

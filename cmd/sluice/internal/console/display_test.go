@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/testenv"
 )
 
 // secrets a producer put in a payload and in headers; none may reach a page or an API
@@ -34,7 +35,10 @@ func bigPayload(n int) []byte {
 
 const mib = 1 << 20
 
-// TestDisplayBoundsAndMasks dead-letters 5 MB and 20 MB messages with credentials in the
+// large is the huge payload's size (testenv.LargeMessageBytes: 20 MiB, 15 MiB on RabbitMQ 4.3).
+var large = testenv.LargeMessageBytes()
+
+// TestDisplayBoundsAndMasks dead-letters 5 MB and 20 MB (15 MB on RabbitMQ 4.3) messages with credentials in the
 // payload and headers, and 200 more messages of 100 KB, and reads them through every
 // display of the console: every page and response stays under 1 MiB and shows no
 // credential, while the download gives the exact bytes.
@@ -42,8 +46,8 @@ func TestDisplayBoundsAndMasks(t *testing.T) {
 	fx := newFixture(t, nil)
 	q := url.PathEscape(fx.queue)
 	hdr := map[string]string{"x-db": "postgres://app:header-pw@db/app", "Authorization": "Bearer auth-pw", "x-api-key": "key-pw"}
-	sizes := map[string]int{"big-5mb": 5 * mib, "big-20mb": 20 * mib}
-	for _, id := range []string{"big-5mb", "big-20mb"} {
+	sizes := map[string]int{"big-5mb": 5 * mib, "big-large": large}
+	for _, id := range []string{"big-5mb", "big-large"} {
 		fx.deadLetter(t, id, string(bigPayload(sizes[id])), gatewayDown(), hdr)
 	}
 	for i := range 200 {
@@ -55,7 +59,7 @@ func TestDisplayBoundsAndMasks(t *testing.T) {
 			assert.NotContains(t, body, s)
 		}
 	}
-	for _, id := range []string{"big-5mb", "big-20mb"} {
+	for _, id := range []string{"big-5mb", "big-large"} {
 		t.Run(id, func(t *testing.T) {
 			code, page := fx.get(t, "/queues/"+q+"/messages/"+id)
 			require.Equal(t, http.StatusOK, code, page)
@@ -115,7 +119,7 @@ func TestDisplayBoundsAndMasks(t *testing.T) {
 		require.Len(t, got.Messages, 200)
 		assert.Equal(t, "big-5mb", got.Messages[0].ID)
 		assert.Equal(t, 5*mib, got.Messages[0].PayloadBytes)
-		assert.Equal(t, 20*mib, got.Messages[1].PayloadBytes)
+		assert.Equal(t, large, got.Messages[1].PayloadBytes)
 		assert.NotContains(t, body, `"payload"`, "a list carries no payload")
 	})
 	t.Run("group page", func(t *testing.T) {
@@ -125,34 +129,34 @@ func TestDisplayBoundsAndMasks(t *testing.T) {
 		t.Logf("group page, 200 messages: %d bytes", len(page))
 		assert.Less(t, len(page), mib)
 		noSecret(t, page)
-		assert.Contains(t, page, strconv.Itoa(20*mib)+" bytes")
+		assert.Contains(t, page, strconv.Itoa(large)+" bytes")
 	})
 }
 
-// TestBrowserLargeMessage opens the page of a 20 MB dead letter in a real Chromium: the
+// TestBrowserLargeMessage opens the page of a 20 MB (15 MB on RabbitMQ 4.3) dead letter in a real Chromium: the
 // page shows the bounded, masked preview, says the payload's size and links the download.
 func TestBrowserLargeMessage(t *testing.T) {
 	ctx := browser(t)
 	fx := newFixture(t, nil)
-	fx.deadLetter(t, "big-20mb", string(bigPayload(20*mib)), gatewayDown(), map[string]string{"Authorization": "Bearer auth-pw"})
+	fx.deadLetter(t, "big-large", string(bigPayload(large)), gatewayDown(), map[string]string{"Authorization": "Bearer auth-pw"})
 	var payload, size, truncated string
 	var attrs map[string]string
 	start := time.Now()
 	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Navigate(fx.srv.URL+"/queues/"+url.PathEscape(fx.queue)+"/messages/big-20mb"),
+		chromedp.Navigate(fx.srv.URL+"/queues/"+url.PathEscape(fx.queue)+"/messages/big-large"),
 		chromedp.WaitVisible(chromedp.CSS(`#payload`)),
 		into(&payload, chromedp.Text(chromedp.CSS(`#payload`))),
 		into(&size, chromedp.Text(chromedp.CSS(`#payload-bytes`))),
 		into(&truncated, chromedp.Text(chromedp.CSS(`#payload-truncated`))),
 		into(&attrs, chromedp.Attributes(chromedp.CSS(`#download`))),
 	))
-	t.Logf("20 MB message page opened and shown in %s (the read of the DLQ included)", time.Since(start).Round(time.Millisecond))
+	t.Logf("%d MB message page opened and shown in %s (the read of the DLQ included)", large>>20, time.Since(start).Round(time.Millisecond))
 	assert.LessOrEqual(t, len(payload), dlq.PreviewBytes)
 	assert.Contains(t, payload, "amqp://admin:xxxxx@rabbit:5672/")
 	assert.NotContains(t, payload, "payload-pw")
-	assert.Equal(t, strconv.Itoa(20*mib), size)
+	assert.Equal(t, strconv.Itoa(large), size)
 	assert.Contains(t, truncated, "Only the first")
-	assert.Contains(t, attrs["href"], "/messages/big-20mb/payload")
+	assert.Contains(t, attrs["href"], "/messages/big-large/payload")
 }
 
 // TestConsoleDuplicateIDs dead-letters two messages with one id: the message page names
