@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# What `make test` runs: every test with the race detector, then the chaos test and the fault
-# suite, against RabbitMQ and Jaeger. It starts RabbitMQ when it is installed and not running
-# (rabbitmq-server, else `docker compose up -d rabbitmq` where a Docker engine runs), and
-# ends with a loud list of the tests that skipped and why: a test that cannot reach what it
-# needs skips on a developer's machine (and fails where SLUICE_REQUIRE_BROKER=1, as in CI).
+# What `make test` runs, with the race detector, against RabbitMQ and Jaeger, in two parts:
+#
+#   1. RabbitMQ 4.3: every test, then the chaos test and the fault suite, on a 4.3 node
+#      (sluice43 on 127.0.0.1:5673) that scripts/rabbitmq4.sh runs from a Debian sid chroot
+#      it makes once and caches; tests that start nodes of their own start 4.3 ones
+#      (SLUICE_RABBITMQ=4.3).
+#   2. RabbitMQ 3.10 (the machine's own, AMQP_URL): the broker-facing contract suites
+#      (./test, broker/amqp, dlq, router, the CLI and console, the examples). Without part 1
+#      (SLUICE_TEST_RABBITMQ43=0, or not root), every test runs here instead.
+#
+# It starts RabbitMQ 3.10 when it is installed and not running (rabbitmq-server, else
+# `docker compose up -d rabbitmq` where a Docker engine runs), and ends with a loud list of
+# the tests that skipped and why, each with the version it ran on: a test that cannot reach
+# what it needs skips on a developer's machine (and fails where SLUICE_REQUIRE_BROKER=1, as
+# in CI).
 #
 # Environment:
 #   GO, PKGS               the go command and the packages (default: go, ./...)
-#   AMQP_URL               the broker the tests use (default amqp://guest:guest@127.0.0.1:5672/)
+#   AMQP_URL               the 3.10 broker (default amqp://guest:guest@127.0.0.1:5672/)
 #   SLUICE_TEST_START=0    never start RabbitMQ
+#   SLUICE_TEST_RABBITMQ43=0  leave out part 1 (RabbitMQ 4.3)
 #   SLUICE_TEST_JAEGER=0   neither start nor stop the local Jaeger (use JAEGER_QUERY_URL's)
 #   SLUICE_TEST_CHAOS=0    leave out the chaos test
 #   SLUICE_TEST_FAULTS=0   leave out the fault suite (test/faults)
@@ -83,23 +94,71 @@ fi
 summary="$work/testsummary"
 "$GO" build -o "$summary" ./internal/testsummary || exit 1
 
-# suite ARGS...: go test ARGS with -json, printed as go test prints it, skips recorded.
-suite() { "$GO" test -json "$@" 2>&1 | "$summary" -skips "$skips"; }
+# The broker-facing contract suites, which part 2 runs on 3.10 beside part 1's 4.3.
+contract="./test/ ./broker/... ./dlq/... ./router/... ./cmd/... ./examples/..."
+v43="${SLUICE_TEST_RABBITMQ43:-1}"
+url43="amqp://guest:guest@127.0.0.1:5673/"
+timing="$work/timing"
+if [ "$v43" != 0 ]; then
+	begin=$SECONDS
+	if ./scripts/rabbitmq4.sh start sluice43 5673; then
+		echo "rabbitmq 4.3 ready: $((SECONDS - begin)) s" >>"$timing"
+	else
+		if [ "${SLUICE_REQUIRE_BROKER:-0}" = 1 ]; then
+			say "RabbitMQ 4.3 could not be started here (scripts/rabbitmq4.sh); SLUICE_REQUIRE_BROKER=1"
+			exit 1
+		fi
+		say "RabbitMQ 4.3 could not be started here (scripts/rabbitmq4.sh needs root and Debian's mirror); every test runs on 3.10 alone"
+		v43=0
+	fi
+fi
+
+# part LABEL ARGS...: suite ARGS with the part's version on each closing line and skip.
+part() {
+	local label=$1 begin=$SECONDS rc=0
+	shift
+	"$GO" test -json "$@" 2>&1 | "$summary" -skips "$skips" -label "$label" || rc=1
+	echo "$label: go test $* ($((SECONDS - begin)) s)" >>"$timing"
+	return $rc
+}
 
 status=0
-# shellcheck disable=SC2086 # PKGS is a list of patterns
-suite -race -count=1 -timeout 20m $PKGS || status=1
-if [ $status = 0 ] && [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
-	suite -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
-fi
-if [ $status = 0 ] && [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
-	# The network and broker fault suite: nodes of its own, never beside other broker tests.
-	suite -race -count=1 -timeout 15m -tags faults ./test/faults/ || status=1
+if [ "$v43" != 0 ]; then
+	say "part 1: every test on RabbitMQ 4.3 ($url43)"
+	export SLUICE_RABBITMQ=4.3
+	# shellcheck disable=SC2086 # PKGS is a list of patterns
+	AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 25m $PKGS || status=1
+	if [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
+		AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
+	fi
+	if [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
+		# The network and broker fault suite: nodes of its own, never beside other broker tests.
+		AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 20m -tags faults ./test/faults/ || status=1
+	fi
+	./scripts/rabbitmq4.sh stop sluice43 >/dev/null 2>&1 || true
+	unset SLUICE_RABBITMQ
+	say "part 2: the contract suites on RabbitMQ 3.10 ($url)"
+	pkgs3="$contract"
+	[ "$PKGS" != ./... ] && pkgs3="$PKGS"
+	# shellcheck disable=SC2086
+	SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 25m $pkgs3 || status=1
+else
+	# shellcheck disable=SC2086
+	SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 25m $PKGS || status=1
+	if [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
+		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
+	fi
+	if [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
+		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 20m -tags faults ./test/faults/ || status=1
+	fi
 fi
 
 if [ "$jaeger" != 0 ]; then
 	./scripts/jaeger-stop.sh >/dev/null 2>&1 || true
 fi
 "$summary" -report "$skips"
+echo
+echo "make test: time per part"
+sed 's/^/  /' "$timing" 2>/dev/null
 if [ $status = 0 ]; then say "PASS"; else say "FAIL"; fi
 exit $status
