@@ -101,6 +101,9 @@ url43="amqp://guest:guest@127.0.0.1:5673/"
 timing="$work/timing"
 if [ "$v43" != 0 ]; then
 	begin=$SECONDS
+	# Stopped at the end only if this run started it.
+	started43=1
+	./scripts/rabbitmq4.sh status 2>/dev/null | grep -q '^running: sluice43@' && started43=0
 	if ./scripts/rabbitmq4.sh start sluice43 5673; then
 		echo "rabbitmq 4.3 ready: $((SECONDS - begin)) s" >>"$timing"
 	else
@@ -135,7 +138,7 @@ if [ "$v43" != 0 ]; then
 		# The network and broker fault suite: nodes of its own, never beside other broker tests.
 		AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 20m -tags faults ./test/faults/ || status=1
 	fi
-	./scripts/rabbitmq4.sh stop sluice43 >/dev/null 2>&1 || true
+	[ "$started43" = 1 ] && { ./scripts/rabbitmq4.sh stop sluice43 >/dev/null 2>&1 || true; }
 	unset SLUICE_RABBITMQ
 	say "part 2: the contract suites on RabbitMQ 3.10 ($url)"
 	pkgs3="$contract"

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	hdr "github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/pausegate"
 )
 
@@ -182,7 +183,14 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	if err != nil {
 		return err
 	}
-	defer ch.Close()
+	// Closed on return, unless handlers still run on it after a broker cancel (below):
+	// then the last of them closes it, so their acks can still reach RabbitMQ.
+	keepOpen := false
+	defer func() {
+		if !keepOpen {
+			_ = ch.Close()
+		}
+	}()
 	if err := ch.Qos(opts.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch %d: %w", opts.Prefetch, err)
 	}
@@ -214,6 +222,10 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		closeErr = <-chClosed
 		close(closed)
 	}()
+	// RabbitMQ 4.x cancels a consumer of a quorum queue that overran consumer_timeout with
+	// a basic.cancel to that consumer alone, where 3.x closed the channel: the channel stays
+	// open, the delivery channel closes once the handlers return.
+	cancelledBy := ch.NotifyCancel(make(chan string, 1))
 	acks := newAcker(ch, (opts.Prefetch-opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
 	back := &returns{changed: st.Changed}
 	// Every message's context is a child of this one, built once and not per delivery.
@@ -240,6 +252,31 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	}()
 	select {
 	case <-allDone:
+	case <-cancelledBy:
+		// Consume again now, on a new channel, as after a closed channel (below). The
+		// handlers still running finish on this one and their acks go on it; RabbitMQ may
+		// already have returned their messages (an ack of one fails, logged, and closes
+		// this channel only). The last of them closes the channel.
+		if closedChan(allDone) {
+			break
+		}
+		keepOpen = true
+		orphans.Add(1)
+		go func() {
+			defer orphans.Done()
+			settle()
+			// An ack RabbitMQ refuses closes the channel, asynchronously: say so if it does.
+			select {
+			case <-closed:
+				if closeErr != nil {
+					s.logger.Warn("ack failed; RabbitMQ will redeliver (it had taken back the deliveries of the consumer it cancelled)",
+						"queue", queue, "consumer", tag, "error", closeErr)
+				}
+			case <-time.After(time.Second):
+			}
+			_ = ch.Close()
+		}()
+		return fmt.Errorf("consumer %s of queue %q: %w", tag, queue, ErrConsumerCancelled)
 	case <-closed:
 		// The channel is gone under its handlers (RabbitMQ closed it: consumer_timeout,
 		// or the connection dropped), and RabbitMQ requeued every delivery it had. Consume
@@ -264,6 +301,11 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	}
 	return errors.New("delivery channel closed")
 }
+
+// ErrConsumerCancelled is why a consumer stopped when RabbitMQ cancelled it (basic.cancel):
+// on 4.x, a quorum queue's consumer that held a delivery past consumer_timeout. The
+// subscriber consumes again at once.
+var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by RabbitMQ (consumer_timeout on RabbitMQ 4.x, or its queue deleted)")
 
 // closedErr says why a consumer's channel closed: the broker's reason (a consumer_timeout
 // is PRECONDITION_FAILED) or the connection's loss.
@@ -376,7 +418,14 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClose
 	}
 	// A failure is a basic.reject: RabbitMQ 4.x counts a reject toward a quorum queue's
 	// delivery limit but not a requeueing basic.nack, which stays for the returns that are
-	// no fault of the message (shutdown, drain; see giveBack).
+	// no fault of the message (shutdown, drain; see giveBack), and for a message the stack
+	// gave back (a failed hand-off, a paused handler: headers.GivenBack).
+	if msg.Metadata.Get(hdr.GivenBack) != "" {
+		if err := d.Nack(false, true); err != nil {
+			s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
+		}
+		return true
+	}
 	if err := d.Reject(true); err != nil {
 		s.logger.Warn("reject failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
 	}

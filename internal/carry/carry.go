@@ -99,6 +99,8 @@ func (c *Carrier) Carry(ctx context.Context, a Attempt, d disposition.Dispositio
 	}
 	c.observe(ctx, a, d)
 	if d.Kind == disposition.GiveBack {
+		// No fault of the message: the broker returns it without counting a failed delivery.
+		msg.Metadata.Set(headers.GivenBack, "1")
 		if disposition.IsGiveBack(err) {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/stretchr/testify/require"
 )
 
@@ -100,4 +101,19 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 		t.Fatal("the handler was not called")
 		return Result{}
 	}
+}
+
+// Original returns what a step leaves of the original message's metadata before: the same
+// headers, plus the in-memory mark a given-back message gets (headers.GivenBack, which
+// tells the subscriber to return it with basic.nack) when err gives it back.
+func Original(before message.Metadata, err error) message.Metadata {
+	if !disposition.IsGiveBack(err) {
+		return before
+	}
+	out := make(message.Metadata, len(before)+1)
+	for k, v := range before {
+		out[k] = v
+	}
+	out[headers.GivenBack] = "1"
+	return out
 }

@@ -1,0 +1,130 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/steptest"
+	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router"
+)
+
+// quorumEnv is rabbitEnv with quorum consumed queues (delivery limit 20, sluice's default
+// and RabbitMQ 4.x's) and a short nack backoff, so redeliveries come quickly.
+func quorumEnv(t *testing.T) *env {
+	t.Helper()
+	r := testenv.NewRabbit(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger(), QueueType: amqp.QueueQuorum, NackBackoffMax: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	return &env{name: "rabbitmq", broker: router.FromAMQP(b), amqp: b, rabbit: r}
+}
+
+// RabbitMQ 4.x counts only basic.reject (and connection loss) toward a quorum queue's
+// delivery limit, not a requeueing basic.nack. sluice's subscriber rejects a failure and
+// nacks a message given back through no fault of its own; the broker's limit then catches
+// a poison message, into sluice's DLQ, and never a message that was only given back.
+func TestDeliveryLimitOn43(t *testing.T) {
+	testenv.Require43(t)
+	const limit = 20
+
+	t.Run("a message that keeps failing is dead-lettered by the broker into sluice's DLQ", func(t *testing.T) {
+		e := quorumEnv(t)
+		queue := e.newQueue(t, "test.limit43.poison")
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		require.NoError(t, e.amqp.DeclareQueue(ctx, queue))
+		// A plain Watermill router on sluice's subscriber, no retry step: every failure is
+		// a nack to Watermill, a basic.reject to RabbitMQ.
+		var deliveries atomic.Int64
+		r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+		require.NoError(t, err)
+		sub := e.amqp.Subscriber(amqp.SubscribeOptions{})
+		r.AddConsumerHandler("poison", queue, sub, func(*message.Message) error {
+			deliveries.Add(1)
+			return errors.New("cannot parse the payment")
+		})
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() {
+			_ = r.Close()
+			<-done
+		})
+		<-r.Running()
+		e.publish(t, queue, message.NewMessage("poison-1", []byte("{")))
+		require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == 1 }, 60*time.Second, 20*time.Millisecond,
+			"the broker dead-lettered the message after %d deliveries (so far %d)", limit, deliveries.Load())
+		assert.Equal(t, int64(limit+1), deliveries.Load(), "the first delivery and %d redeliveries", limit)
+		assert.Zero(t, e.count(t, queue))
+
+		conn, err := amqp091.Dial(e.rabbit.URL)
+		require.NoError(t, err)
+		defer conn.Close()
+		rec, err := dlq.NewInspector(conn).Show(ctx, queue, "poison-1")
+		require.NoError(t, err)
+		assert.Equal(t, "rabbitmq.delivery_limit", rec.ErrorType, "the record says the broker's delivery limit ended it")
+		assert.Equal(t, queue, rec.OriginalQueue, "a replay goes back to the queue")
+		t.Logf("RabbitMQ %s: %d deliveries, then dead-lettered into %s with error type %s", testenv.Version(), deliveries.Load(), topology.DLQ(queue), rec.ErrorType)
+	})
+
+	t.Run("a message given back more often than the limit is still delivered", func(t *testing.T) {
+		e := quorumEnv(t)
+		queue := e.newQueue(t, "test.limit43.giveback")
+		const giveBacks = limit + 10
+		// The retry step's hand-off fails (no such exchange) until healed: every failed
+		// attempt is given back, a nack RabbitMQ does not count.
+		var healed atomic.Bool
+		delayer := steptest.DelayerFunc(func(ctx context.Context, q string, d time.Duration, m *message.Message) error {
+			if !healed.Load() {
+				return e.amqp.Publisher().PublishTo(ctx, "sluice.test.missing-exchange", q, m)
+			}
+			return e.amqp.Delay(ctx, q, d, m)
+		})
+		var mu sync.Mutex
+		attempts := 0
+		succeeded := make(chan struct{})
+		start(t, e, router.Config{Retry: retry.Config{Delayer: delayer, InitialDelay: 10 * time.Millisecond}}, func(s *router.Stack) {
+			require.NoError(t, s.Handle("giveback", queue, func(m *message.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				attempts++
+				if attempts == giveBacks {
+					healed.Store(true)
+				}
+				if attempts <= giveBacks {
+					return errors.New("gateway: 503")
+				}
+				close(succeeded)
+				return nil
+			}))
+		})
+		e.publish(t, queue, message.NewMessage("giveback-1", []byte("x")))
+		select {
+		case <-succeeded:
+		case <-time.After(2 * time.Minute):
+			mu.Lock()
+			defer mu.Unlock()
+			t.Fatalf("the message was not handled again after %d attempts (DLQ holds %d)", attempts, e.count(t, topology.DLQ(queue)))
+		}
+		assert.Zero(t, e.count(t, topology.DLQ(queue)), "the broker's delivery limit never dead-lettered a message that was given back")
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("RabbitMQ %s: given back %d times (limit %d), then retried through the delay and handled", testenv.Version(), giveBacks, limit)
+	})
+}
