@@ -80,6 +80,12 @@ type Disposition struct {
 	// Reason is the error behind every kind but Ack: the handler's error, or what ended
 	// the retries (an *ExhaustedError wrapping it), or why a message is given back.
 	Reason error
+	// Unprocessed, on a GiveBack, says the handler never processed the message (a paused
+	// handler, a stopping consumer): it is returned with a basic.nack, which RabbitMQ 4.x
+	// does not count toward a quorum queue's delivery limit. A GiveBack without it (a
+	// failed hand-off) is a basic.reject, which it counts, so a hand-off that keeps failing
+	// ends in the queue's DLQ rather than in an endless loop.
+	Unprocessed bool
 }
 
 // Errors that end a message's retries; they travel in a DeadLetter's Reason.
@@ -255,6 +261,16 @@ func GiveBackError(reason error) error {
 		return nil
 	}
 	return &DecidedError{D: Disposition{Kind: GiveBack, Reason: reason}}
+}
+
+// ReturnUnprocessedError returns the error of a message given back to its queue without
+// being processed, because of reason (GiveBack, Unprocessed): what a paused handler's step
+// returns. ReturnUnprocessedError(nil) returns nil.
+func ReturnUnprocessedError(reason error) error {
+	if reason == nil {
+		return nil
+	}
+	return &DecidedError{D: Disposition{Kind: GiveBack, Reason: reason, Unprocessed: true}}
 }
 
 // Of returns the decision Return put in err's chain, if there is one.

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -83,32 +84,23 @@ func TestDeliveryLimitOn43(t *testing.T) {
 		t.Logf("RabbitMQ %s: %d deliveries, then dead-lettered into %s with error type %s", testenv.Version(), deliveries.Load(), topology.DLQ(queue), rec.ErrorType)
 	})
 
-	t.Run("a message given back more often than the limit is still delivered", func(t *testing.T) {
+	t.Run("a message returned unprocessed more often than the limit is still delivered", func(t *testing.T) {
 		e := quorumEnv(t)
 		queue := e.newQueue(t, "test.limit43.giveback")
-		const giveBacks = limit + 10
-		// The retry step's hand-off fails (no such exchange) until healed: every failed
-		// attempt is given back, a nack RabbitMQ does not count.
-		var healed atomic.Bool
-		delayer := steptest.DelayerFunc(func(ctx context.Context, q string, d time.Duration, m *message.Message) error {
-			if !healed.Load() {
-				return e.amqp.Publisher().PublishTo(ctx, "sluice.test.missing-exchange", q, m)
-			}
-			return e.amqp.Delay(ctx, q, d, m)
-		})
+		const returns = limit + 10
+		// The handler's step returns the message unprocessed (what the breaker does while
+		// its handler is paused) until it has done so returns times: each is a basic.nack,
+		// which RabbitMQ does not count.
 		var mu sync.Mutex
 		attempts := 0
 		succeeded := make(chan struct{})
-		start(t, e, router.Config{Retry: retry.Config{Delayer: delayer, InitialDelay: 10 * time.Millisecond}}, func(s *router.Stack) {
+		start(t, e, router.Config{}, func(s *router.Stack) {
 			require.NoError(t, s.Handle("giveback", queue, func(m *message.Message) error {
 				mu.Lock()
 				defer mu.Unlock()
 				attempts++
-				if attempts == giveBacks {
-					healed.Store(true)
-				}
-				if attempts <= giveBacks {
-					return errors.New("gateway: 503")
+				if attempts <= returns {
+					return disposition.ReturnUnprocessedError(errors.New("gateway breaker open: handler paused"))
 				}
 				close(succeeded)
 				return nil
@@ -120,11 +112,29 @@ func TestDeliveryLimitOn43(t *testing.T) {
 		case <-time.After(2 * time.Minute):
 			mu.Lock()
 			defer mu.Unlock()
-			t.Fatalf("the message was not handled again after %d attempts (DLQ holds %d)", attempts, e.count(t, topology.DLQ(queue)))
+			t.Fatalf("the message was not handled after %d returns (DLQ holds %d)", attempts, e.count(t, topology.DLQ(queue)))
 		}
-		assert.Zero(t, e.count(t, topology.DLQ(queue)), "the broker's delivery limit never dead-lettered a message that was given back")
-		mu.Lock()
-		defer mu.Unlock()
-		t.Logf("RabbitMQ %s: given back %d times (limit %d), then retried through the delay and handled", testenv.Version(), giveBacks, limit)
+		assert.Zero(t, e.count(t, topology.DLQ(queue)), "the broker's delivery limit never dead-lettered a message returned unprocessed")
+		t.Logf("RabbitMQ %s: returned unprocessed %d times (limit %d), then handled", testenv.Version(), returns, limit)
+	})
+
+	t.Run("a hand-off that keeps failing ends in sluice's DLQ by the delivery limit, not in a loop", func(t *testing.T) {
+		e := quorumEnv(t)
+		queue := e.newQueue(t, "test.limit43.handoff")
+		var attempts atomic.Int64
+		broken := steptest.DelayerFunc(func(ctx context.Context, q string, d time.Duration, m *message.Message) error {
+			return e.amqp.Publisher().PublishTo(ctx, "sluice.test.missing-exchange", q, m)
+		})
+		start(t, e, router.Config{Retry: retry.Config{Delayer: broken, InitialDelay: 10 * time.Millisecond}}, func(s *router.Stack) {
+			require.NoError(t, s.Handle("handoff", queue, func(*message.Message) error {
+				attempts.Add(1)
+				return errors.New("gateway: 503")
+			}))
+		})
+		e.publish(t, queue, message.NewMessage("handoff-1", []byte("x")))
+		require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == 1 }, 2*time.Minute, 20*time.Millisecond,
+			"dead-lettered by the broker after %d failed hand-offs (so far %d)", limit, attempts.Load())
+		assert.Equal(t, int64(limit+1), attempts.Load())
+		t.Logf("RabbitMQ %s: %d failed hand-offs, then the delivery limit moved the message to %s", testenv.Version(), attempts.Load(), topology.DLQ(queue))
 	})
 }

@@ -419,7 +419,8 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClose
 	// A failure is a basic.reject: RabbitMQ 4.x counts a reject toward a quorum queue's
 	// delivery limit but not a requeueing basic.nack, which stays for the returns that are
 	// no fault of the message (shutdown, drain; see giveBack), and for a message the stack
-	// gave back (a failed hand-off, a paused handler: headers.GivenBack).
+	// gave back unprocessed (a paused handler: headers.GivenBack). A failed hand-off is a
+	// reject: if it keeps failing, the delivery limit moves the message to its DLQ.
 	if msg.Metadata.Get(hdr.GivenBack) != "" {
 		if err := d.Nack(false, true); err != nil {
 			s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)

@@ -93,14 +93,18 @@ func (c *Carrier) Carry(ctx context.Context, a Attempt, d disposition.Dispositio
 		}
 	case disposition.GiveBack:
 		err = d.Reason
+		if d.Unprocessed {
+			// A stopping consumer, a paused handler: no fault of the message, so the
+			// subscriber returns it with a basic.nack, which RabbitMQ 4.x does not count
+			// toward a quorum queue's delivery limit (see Disposition.Unprocessed).
+			msg.Metadata.Set(headers.GivenBack, "1")
+		}
 	}
 	if err != nil {
 		d = disposition.Disposition{Kind: disposition.GiveBack, Reason: err}
 	}
 	c.observe(ctx, a, d)
 	if d.Kind == disposition.GiveBack {
-		// No fault of the message: the broker returns it without counting a failed delivery.
-		msg.Metadata.Set(headers.GivenBack, "1")
 		if disposition.IsGiveBack(err) {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/steptest"
 )
 
@@ -34,6 +35,8 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 		wantDead   int
 		wantKind   disposition.Kind
 		wantNack   bool
+		// wantMarked: returned unprocessed, with the subscriber's basic.nack mark.
+		wantMarked bool
 	}{
 		{name: "ack", d: disposition.Disposition{Kind: disposition.Ack}, wantKind: disposition.Ack},
 		{name: "retry", d: disposition.Disposition{Kind: disposition.Retry, Delay: time.Second, Reason: errBoom}, wantDelays: 1, wantKind: disposition.Retry},
@@ -41,6 +44,7 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 		{name: "dead letter", d: disposition.Disposition{Kind: disposition.DeadLetter, Reason: sluice.Permanent(errBoom)}, wantDead: 1, wantKind: disposition.DeadLetter},
 		{name: "discard", d: disposition.Disposition{Kind: disposition.Discard, Reason: sluice.Discard(errBoom)}, wantKind: disposition.Discard},
 		{name: "give back", d: disposition.Disposition{Kind: disposition.GiveBack, Reason: errBoom}, wantKind: disposition.GiveBack, wantNack: true},
+		{name: "give back unprocessed", d: disposition.Disposition{Kind: disposition.GiveBack, Reason: errBoom, Unprocessed: true}, wantKind: disposition.GiveBack, wantNack: true, wantMarked: true},
 		{name: "retry hand-off fails", d: disposition.Disposition{Kind: disposition.Retry, Delay: time.Second, Reason: errBoom}, failWith: errBroker, wantDelays: 1, wantKind: disposition.GiveBack, wantNack: true},
 		{name: "dead letter fails", d: disposition.Disposition{Kind: disposition.DeadLetter, Reason: errBoom}, failWith: errBroker, wantDead: 1, wantKind: disposition.GiveBack, wantNack: true},
 	}
@@ -68,6 +72,11 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 				assert.True(t, disposition.IsGiveBack(err), "%v", err)
 			} else {
 				require.NoError(t, err)
+			}
+			if tt.wantMarked {
+				assert.Equal(t, "1", msg.Metadata.Get(headers.GivenBack), "returned with basic.nack, not counted as a failed delivery")
+			} else {
+				assert.Empty(t, msg.Metadata.Get(headers.GivenBack), "a failure, or a failed hand-off, is a basic.reject")
 			}
 			assert.Equal(t, tt.wantDelays, delays)
 			assert.Equal(t, tt.wantDead, dead)

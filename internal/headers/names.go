@@ -43,11 +43,12 @@ const (
 	// not a string, as a JSON object from the header's metadata key to type name, so
 	// Marshal can restore it. It is filled on consume and never published.
 	HeaderTypes = "sluice-header-types"
-	// GivenBack marks a message given back to its queue (a GiveBack disposition: a failed
-	// hand-off, a paused handler, a stopping consumer), so that the subscriber returns it
-	// with basic.nack, which RabbitMQ 4.x does not count toward a quorum queue's delivery
-	// limit, rather than basic.reject, which it does. Set in memory, never published, and
-	// read-only: a producer's header of that name is kept under MetadataPrefix.
+	// GivenBack marks a message given back to its queue unprocessed (a GiveBack
+	// disposition with Unprocessed: a paused handler, a stopping consumer), so that the
+	// subscriber returns it with basic.nack, which RabbitMQ 4.x does not count toward a
+	// quorum queue's delivery limit, rather than basic.reject, which it does. Set in
+	// memory, never published, and read-only: a producer's header of that name is kept
+	// under MetadataPrefix.
 	GivenBack = "sluice-given-back"
 	// UUID is Watermill's message id header (watermill-amqp's
 	// DefaultMessageUUIDHeaderKey), kept for interoperability.

@@ -104,10 +104,10 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 }
 
 // Original returns what a step leaves of the original message's metadata before: the same
-// headers, plus the in-memory mark a given-back message gets (headers.GivenBack, which
-// tells the subscriber to return it with basic.nack) when err gives it back.
-func Original(before message.Metadata, err error) message.Metadata {
-	if !disposition.IsGiveBack(err) {
+// headers, plus the in-memory mark a message given back by decision gets (headers.GivenBack,
+// which tells the subscriber to return it with basic.nack) when marked is true.
+func Original(before message.Metadata, marked bool) message.Metadata {
+	if !marked {
 		return before
 	}
 	out := make(message.Metadata, len(before)+1)

@@ -77,7 +77,7 @@ func (b *Breaker) Probes() int { return b.cfg.HalfOpenProbes }
 // ReturningMiddleware guards h like Middleware, except that a call the breaker rejects is
 // neither deferred nor handed to Config.Fallback: onReturn is called with the breaker's
 // state (so its caller can stop consuming) and the message goes back to its queue
-// unacked, as a GiveBack disposition (disposition.GiveBackError) wrapping ErrOpen, without using an attempt. It is the
+// unacked, as an unprocessed GiveBack disposition (disposition.ReturnUnprocessedError) wrapping ErrOpen, without using an attempt. It is the
 // breaker step of a handler that pauses while its breaker is open.
 func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddleware {
 	reject := func(ctx context.Context, msg *message.Message, verdict error) ([]*message.Message, error) {
@@ -98,7 +98,7 @@ func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddl
 			slog.String("state", state.String()),
 			slog.String("message_uuid", msg.UUID),
 		)
-		return nil, disposition.GiveBackError(reason)
+		return nil, disposition.ReturnUnprocessedError(reason)
 	}
 	b.pausing.Store(true)
 	return func(h message.HandlerFunc) message.HandlerFunc {

@@ -412,7 +412,7 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 	assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 	assert.Equal(t, 3, res.report.Attempt)
 	assert.ErrorIs(t, res.report.Err, errBroker)
-	assert.Equal(t, steptest.Original(res.before, res.err), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+	assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
 }
 
 func TestMiddleware_NotDeadLettered(t *testing.T) {

@@ -18,7 +18,7 @@
 //   - Discard: logged at warn level and acked;
 //   - Defer(d, reason): Defer after d without using an attempt, until the message is older
 //     than MaxTotalAge, then DeadLetter (a Permanent ErrDeferralExpired);
-//   - an inner step's own decision (the breaker's disposition.GiveBackError): as decided.
+//   - an inner step's own decision (the breaker's disposition.ReturnUnprocessedError): as decided.
 //
 // The disposition is carried out in one place (package internal/carry): the failure record
 // is built once, the one hand-off it needs is confirmed (the delayed copy, or the dead
@@ -270,7 +270,7 @@ func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error) disposi
 		// Cancelled, not past a deadline: the consumer is stopping and the failure is an
 		// artifact of it, so the message goes back unacked without using an attempt. A
 		// deadline (a timeout middleware outside this step) is the handler failing.
-		return disposition.Disposition{Kind: disposition.GiveBack,
+		return disposition.Disposition{Kind: disposition.GiveBack, Unprocessed: true,
 			Reason: fmt.Errorf("consumer shutting down while message %s was handled: %w", a.Msg.UUID, err)}
 	}
 	trip := headers.ReadTrip(a.Msg.Metadata)

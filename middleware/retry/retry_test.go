@@ -346,7 +346,7 @@ func TestMiddleware_SuccessPassesThrough(t *testing.T) {
 	assert.Empty(t, d.Calls())
 	assert.Empty(t, events.All())
 	assert.False(t, res.reported, "a success is reported by telemetry as an ack, not by retry")
-	assert.Equal(t, steptest.Original(res.before, res.err), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+	assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
 }
 
 func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
@@ -652,7 +652,7 @@ func TestMiddleware_NotRetried(t *testing.T) {
 			assert.Nil(t, res.out)
 			assert.Empty(t, d.Calls(), "no hand-off")
 			assert.Empty(t, events.All())
-			assert.Equal(t, steptest.Original(res.before, res.err), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
 			if tt.wantReport != nil {
 				assert.True(t, res.reported)
 				assert.Equal(t, *tt.wantReport, res.report)
@@ -739,7 +739,7 @@ func TestMiddleware_Exhausted(t *testing.T) {
 			assert.Equal(t, tt.wantAge, ee.Age)
 			assert.Empty(t, d.Calls(), "no hand-off once exhausted")
 			assert.Empty(t, events.All())
-			assert.Equal(t, steptest.Original(res.before, res.err), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
 		})
 	}
 }
@@ -919,7 +919,7 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 			assert.Equal(t, tt.wantAttempt, res.report.Attempt)
 			assert.ErrorIs(t, res.report.Err, errBroker)
-			assert.Equal(t, steptest.Original(res.before, res.err), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
 		})
 	}
 }
