@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/membership"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -137,4 +139,61 @@ func TestDeliveryLimitOn43(t *testing.T) {
 		assert.Equal(t, int64(limit+1), attempts.Load())
 		t.Logf("RabbitMQ %s: %d failed hand-offs, then the delivery limit moved the message to %s", testenv.Version(), attempts.Load(), topology.DLQ(queue))
 	})
+}
+
+// RabbitMQ 4.3 denies deprecated features by default (transient non-exclusive queues,
+// global QoS, ...; the test node denies them explicitly too). Everything sluice declares
+// (consumed queues of both types and their DLQs, the delay cascade, partitions,
+// subscriptions with sluice.unrouted, membership queues, the archive) is declared on it,
+// and the node reports no deprecated feature used.
+func TestDeclaresNoDeniedFeatureOn43(t *testing.T) {
+	testenv.Require43(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	denied := map[string]bool{}
+	var features []struct {
+		Name  string `json:"name"`
+		State string `json:"state"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(testenv.Ctl(t, "-q", "--formatter", "json", "list_deprecated_features")), &features))
+	for _, f := range features {
+		denied[f.Name] = f.State == "denied"
+	}
+	assert.True(t, denied["transient_nonexcl_queues"], "the node denies transient non-exclusive queues")
+	assert.True(t, denied["global_qos"], "the node denies global QoS")
+
+	for _, qt := range []amqp.QueueType{amqp.QueueClassic, amqp.QueueQuorum} {
+		t.Run(string(qt), func(t *testing.T) {
+			r := testenv.NewRabbit(t)
+			b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger(), QueueType: qt})
+			require.NoError(t, err)
+			defer b.Close()
+			queue := testenv.Name("test.denied43." + string(qt))
+			parts := testenv.Name("test.denied43.parts." + string(qt))
+			sub := testenv.Name("test.denied43.sub." + string(qt))
+			exchange := testenv.Name("test.denied43.events")
+			r.DeleteQueues(queue, topology.DLQ(queue), topology.DLQ(queue)+".archive", sub, topology.DLQ(sub), parts+".p0", parts+".p1", topology.DLQ(parts))
+			require.NoError(t, b.DeclareQueue(ctx, queue))
+			require.NoError(t, b.DeclareCascade(ctx))
+			require.NoError(t, b.Delay(ctx, queue, 100*time.Millisecond, message.NewMessage("delayed", []byte("x"))))
+			require.NoError(t, b.DeclarePartitioned(ctx, parts, 2))
+			require.NoError(t, b.DeclareSubscription(ctx, sub, []amqp.Binding{{Exchange: exchange, Keys: []string{"payments.#"}}}, false))
+			m, err := b.Join(ctx, queue, membership.Config{})
+			require.NoError(t, err)
+			require.NoError(t, m.Close())
+			// A dead letter archived: the archive queue is declared by the operator.
+			require.NoError(t, b.DeadLetter(ctx, queue, message.NewMessage("dead", []byte("x"))))
+			conn, err := amqp091.Dial(r.URL)
+			require.NoError(t, err)
+			defer conn.Close()
+			require.Eventually(t, func() bool { return r.Count(topology.DLQ(queue)) == 1 }, 10*time.Second, 10*time.Millisecond)
+			res, err := dlq.NewOperator(conn).Archive(ctx, queue, dlq.Selector{All: true}, dlq.Options{})
+			require.NoError(t, err)
+			assert.Equal(t, 1, res.Moved)
+		})
+	}
+	used := testenv.Ctl(t, "-q", "--formatter", "json", "list_deprecated_features", "--used")
+	var inUse []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(used), &inUse), used)
+	assert.Empty(t, inUse, "no deprecated feature in use on the node")
 }
