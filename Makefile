@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 BENCH_ROUNDS ?= 3
 
-.PHONY: run test test-go test-chaos test-faults test-cluster bench bench-record lint clean jaeger-start jaeger-stop cluster-start cluster-stop
+.PHONY: screenshots run test test-go test-chaos test-faults test-cluster bench bench-record lint clean jaeger-start jaeger-stop cluster-start cluster-stop
 
 ## run: the payment demo (embedded broker unless AMQP_URL is set)
 run:
@@ -17,6 +17,10 @@ run-pubsub:
 ## a Jaeger started here; ends with a list of the tests that skipped and why (scripts/test.sh)
 test:
 	@GO="$(GO)" PKGS="$(PKGS)" ./scripts/test.sh
+
+## screenshots: refresh the README's console pictures (docs/console-*.png) from the browser test
+screenshots:
+	SLUICE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run 'TestBrowser$$' ./cmd/sluice/internal/console/
 
 ## test-chaos: the chaos test alone (restarts RabbitMQ; never beside other broker tests)
 test-chaos:

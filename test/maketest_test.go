@@ -59,6 +59,7 @@ func TestMakeTestSaysWhatItSkipped(t *testing.T) {
 				"SLUICE_TEST_FAULTS=0", // the fault suite runs once, after this package, in CI
 				// The 4.3 node is the outer run's: this run must neither use nor stop it.
 				"SLUICE_TEST_RABBITMQ43=0",
+				"SLUICE_TEST_PROVISION=0", // the outer run provisioned the machine
 			)
 			out, err := cmd.CombinedOutput()
 			if tt.wantErr {

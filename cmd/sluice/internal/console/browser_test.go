@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -65,7 +64,16 @@ func screenshot(t *testing.T, name string) chromedp.Action[chromedp.Void] {
 		if err != nil {
 			return err
 		}
-		return os.WriteFile(filepath.Join(testenv.ModuleRoot(t), "docs", name), png, 0o644)
+		// Into the test's own folder: make test leaves the tree as it found it. The
+		// README's pictures are refreshed on purpose with `make screenshots`, which sets
+		// SLUICE_SCREENSHOTS to docs/.
+		dir := os.Getenv("SLUICE_SCREENSHOTS")
+		if dir == "" {
+			dir = t.TempDir()
+		}
+		path := filepath.Join(dir, name)
+		t.Logf("screenshot %s", path)
+		return os.WriteFile(path, png, 0o644)
 	})
 }
 
