@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,10 +299,42 @@ func TestPaymentsDemoSummaryMatchesItsMix(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, bin, "demo", "-n", "80", "-seed", "42")
-			cmd.Env = tc.env(t)
+			metricsAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			cmd.Env = append(tc.env(t), "METRICS_ADDR="+metricsAddr)
+			// Issue 38: /readyz answers 200 while the demo consumes (it said "not consuming").
+			var readyOK, readyPolls atomic.Int64
+			pollDone := make(chan struct{})
+			stopPoll := make(chan struct{})
+			go func() {
+				defer close(pollDone)
+				for {
+					select {
+					case <-stopPoll:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					resp, err := http.Get("http://" + metricsAddr + "/readyz")
+					if err != nil {
+						continue
+					}
+					_ = resp.Body.Close()
+					readyPolls.Add(1)
+					if resp.StatusCode == http.StatusOK {
+						readyOK.Add(1)
+					}
+				}
+			}()
+			began := time.Now()
 			out, err := cmd.CombinedOutput()
+			took := time.Since(began)
+			close(stopPoll)
+			<-pollDone
 			require.NoError(t, err, "demo failed:\n%s", out)
 			text := string(out)
+			assert.Positive(t, readyOK.Load(), "/readyz said ready while the demo consumed (%d polls answered)", readyPolls.Load())
+			// Into a pipe the progress line comes on change, at most every 5 s.
+			progress := regexp.MustCompile(`(?m)^\s*\d+\.\ds  succeeded `).FindAllString(text, -1)
+			assert.LessOrEqual(t, len(progress), int(took/(5*time.Second))+2, "progress lines in %s:\n%s", took, text)
 			assert.Contains(t, text, "every request settled as the contract says")
 			assert.NotContains(t, text, "mismatch")
 			for _, row := range []string{"succeeded", "dead-lettered", "duplicates absorbed", "double charges", "insufficient_funds", "gateway_timeout", "panic", "validation", "decode"} {

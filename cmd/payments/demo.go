@@ -41,6 +41,10 @@ type tally struct {
 	leftovers  int             // events of earlier runs found in the success queue
 }
 
+// progressEvery is the shortest time between two progress lines when the output is not a
+// terminal (a pipe, a CI log): a line per change would flood it.
+const progressEvery = 5 * time.Second
+
 func newTally(reqs []paymentdemo.Request, ids []string) *tally {
 	t := &tally{
 		byID: map[string]int{}, succeeded: map[string]int{}, attempts: map[string]int{},
@@ -175,7 +179,9 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
 	runErr := make(chan error, 1)
-	go func() { runErr <- svc.stack.Run(runCtx) }()
+	// Through the service's run, as serve does: /readyz (METRICS_ADDR) says ready while
+	// the demo consumes, and names a breaker's pause.
+	go func() { runErr <- svc.run(runCtx) }()
 	select {
 	case <-svc.stack.Running():
 	case err := <-runErr:
@@ -233,6 +239,8 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	tty := isTerminal(os.Stdout)
+	var lastState string
+	var lastPrint time.Time
 	for settled := false; !settled; {
 		select {
 		case <-ctx.Done():
@@ -246,15 +254,20 @@ func demo(ctx context.Context, cfg config, args []string) int {
 			settled = true
 		case <-tick.C:
 			s := t.snapshot()
-			line := fmt.Sprintf("%5.1fs  succeeded %d/%d  dead-lettered %d/%d  duplicates absorbed %d/%d  retrying %d  %s",
-				time.Since(start).Seconds(), s.succeeded, want.succeeded, s.dead, want.dead, s.duplicates, want.duplicates,
-				s.retrying, waitingFor(want, s))
-			if tty {
-				fmt.Printf("\r%s   ", line)
-			} else {
-				fmt.Println(line)
-			}
+			state := fmt.Sprintf("succeeded %d/%d  dead-lettered %d/%d  duplicates absorbed %d/%d  retrying %d  %s",
+				s.succeeded, want.succeeded, s.dead, want.dead, s.duplicates, want.duplicates, s.retrying, waitingFor(want, s))
 			settled = s.succeeded >= want.succeeded && s.dead >= want.dead && s.duplicates >= want.duplicates
+			// On change only; into a pipe or a log at most every progressEvery, and the
+			// last state always.
+			if state != lastState && (tty || settled || lastPrint.IsZero() || time.Since(lastPrint) >= progressEvery) {
+				line := fmt.Sprintf("%5.1fs  %s", time.Since(start).Seconds(), state)
+				if tty {
+					fmt.Printf("\r%s   ", line)
+				} else {
+					fmt.Println(line)
+				}
+				lastState, lastPrint = state, time.Now()
+			}
 		}
 	}
 	if tty {
