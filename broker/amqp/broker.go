@@ -26,8 +26,12 @@ type Broker struct {
 	pubConn *connection // publish
 	pub     *Publisher
 
-	cascadeMu       sync.Mutex
-	cascadeDeclared bool
+	cascadeMu sync.Mutex
+	// cascadeDigits is how many of the cascade's digits (from the lowest) this broker has
+	// declared: Delay declares the ones a delay needs on first use (cascadeUpTo).
+	cascadeDigits int
+	// cascadeExchange is true once the cascade's delivery exchange is declared.
+	cascadeExchange bool
 
 	unroutedMu       sync.Mutex // exchange.go
 	unroutedDeclared bool
@@ -84,8 +88,16 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
-// DeclareCascade declares the shared delay cascade alone.
-func (b *Broker) DeclareCascade(ctx context.Context) error { return b.declareCascade(ctx) }
+// DeclareCascade declares the whole shared delay cascade (every digit, up to MaxDelay).
+// Delay declares only the digits a delay needs, on its first use: see DeclareDelays.
+func (b *Broker) DeclareCascade(ctx context.Context) error { return b.cascadeUpTo(ctx, delayDigits) }
+
+// DeclareDelays declares the part of the delay cascade that delays up to max need, ahead of
+// the first retry that needs it (Delay would declare it then). A policy whose longest delay
+// is 30 s needs the digits up to 40.95 s: 45 queues, where the whole cascade is 93.
+func (b *Broker) DeclareDelays(ctx context.Context, max time.Duration) error {
+	return b.cascadeUpTo(ctx, digitsFor(delayUnits(min(max, MaxDelay))))
+}
 
 // Subscriber returns a subscriber with opts. Close closes it with the broker.
 func (b *Broker) Subscriber(opts SubscribeOptions) *Subscriber {
@@ -107,8 +119,8 @@ func (b *Broker) Delay(ctx context.Context, queue string, d time.Duration, msg *
 	if d > MaxDelay {
 		return fmt.Errorf("delay %s for queue %q: %w (%s)", d, queue, ErrDelayTooLong, MaxDelay)
 	}
-	units := uint64((d + DelayResolution/2) / DelayResolution)
-	if err := b.declareCascade(ctx); err != nil {
+	units := delayUnits(d)
+	if err := b.cascadeUpTo(ctx, digitsFor(units)); err != nil {
 		return fmt.Errorf("delay message %s: %w", msg.UUID, err)
 	}
 	return b.pub.PublishTo(ctx, delayEntryExchange(units), delayRoutingKey(units, queue), msg)

@@ -86,12 +86,10 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 		return err
 	}
 	defer ch.Close()
-	b.cascadeMu.Lock()
-	defer b.cascadeMu.Unlock()
 	d := &declarer{ch: ch}
-	if !b.cascadeDeclared {
-		b.cascadeOn(d)
-	}
+	// The delivery exchange the queue's delay route binds to; the cascade's digits come
+	// with the first delay that needs them.
+	d.exchange(topology.DelayDeliveryExchange, amqp.ExchangeTopic)
 	d.exchange(topology.DeadLetterExchange, amqp.ExchangeDirect)
 	d.bindQueue(dlq, queue, topology.DeadLetterExchange)
 	// RabbitMQ's own dead-lettering (a quorum queue's delivery limit) also lands in Q.dlq,
@@ -108,7 +106,6 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	if err := d.fence(ctx); err != nil {
 		return fmt.Errorf("declare queue %q (type %s) with its DLQ and delay route: %w", queue, b.cfg.QueueType, err)
 	}
-	b.cascadeDeclared = true
 	return nil
 }
 
@@ -140,12 +137,26 @@ func (b *Broker) declareDLQ(ctx context.Context, ch *amqp.Channel, dlq string) (
 	return next, nil
 }
 
-// declareCascade declares the delay cascade once per broker (it is shared, and
-// re-declaring the same thing is harmless, so a lost race costs nothing).
-func (b *Broker) declareCascade(ctx context.Context) error {
+// delayUnits is d in the cascade's units, rounded to the nearest.
+func delayUnits(d time.Duration) uint64 { return uint64((d + DelayResolution/2) / DelayResolution) }
+
+// digitsFor is how many of the cascade's digits, from the lowest, a delay of units crosses:
+// those up to its highest nonzero digit (its entry, delayEntryExchange).
+func digitsFor(units uint64) int { return max(bits.Len64(units)-1, 0)/delayDigitBits + 1 }
+
+// declareCascade declares the delivery exchange every queue's delay route binds to; the
+// digits come with the delays that need them (cascadeUpTo).
+func (b *Broker) declareCascade(ctx context.Context) error { return b.cascadeUpTo(ctx, 0) }
+
+// cascadeUpTo declares the delivery exchange and the cascade's lowest n digits, once per
+// broker: only what is missing (the cascade is shared, and re-declaring the same thing is
+// harmless, so a lost race with another instance costs nothing). Declaring on demand keeps
+// a vhost whose handlers never delay long from holding the cascade's top digits: each
+// digit is 15 quorum queues, a Raft group each on a cluster.
+func (b *Broker) cascadeUpTo(ctx context.Context, n int) error {
 	b.cascadeMu.Lock()
 	defer b.cascadeMu.Unlock()
-	if b.cascadeDeclared {
+	if b.cascadeExchange && b.cascadeDigits >= n {
 		return nil
 	}
 	ch, err := b.conn.channel(ctx)
@@ -154,15 +165,17 @@ func (b *Broker) declareCascade(ctx context.Context) error {
 	}
 	defer ch.Close()
 	d := &declarer{ch: ch}
-	b.cascadeOn(d)
+	b.cascadeOn(d, b.cascadeDigits, n)
 	if err := d.fence(ctx); err != nil {
-		return fmt.Errorf("declare delay cascade (queue type %s): %w", b.cfg.DelayQueueType, err)
+		return fmt.Errorf("declare delay cascade up to digit %d (queue type %s): %w", n-1, b.cfg.DelayQueueType, err)
 	}
-	b.cascadeDeclared = true
+	b.cascadeExchange = true
+	b.cascadeDigits = max(b.cascadeDigits, n)
 	return nil
 }
 
-// cascadeOn queues the cascade's declarations on d.
+// cascadeOn queues the declarations of the cascade's digits from … to-1 on d, with the
+// delivery exchange; digit j's exchange binds to digit j-1's, so lower digits come first.
 //
 // A routing key is DelayLevels binary digits, highest first, then the destination queue
 // (delayRoutingKey); digit j of the delay in base 16 is binary digits 4j … 4j+3. Digit j has
@@ -176,9 +189,9 @@ func (b *Broker) declareCascade(ctx context.Context) error {
 // The binary cascade of sluice 0.1.0 (sluice.delay.00 … 25) is not declared, nor deleted:
 // what is parked in it still expires level by level into the same delivery exchange and
 // reaches its queue, and an instance of 0.1.0 beside this one keeps using it.
-func (b *Broker) cascadeOn(d *declarer) {
+func (b *Broker) cascadeOn(d *declarer, from, to int) {
 	d.exchange(topology.DelayDeliveryExchange, amqp.ExchangeTopic)
-	for j := 0; j < delayDigits; j++ {
+	for j := from; j < min(to, delayDigits); j++ {
 		name := topology.DelayDigit(j)
 		next := topology.DelayDeliveryExchange
 		if j > 0 {
