@@ -166,12 +166,16 @@ func TestRabbitMQ4Semantics(t *testing.T) {
 			require.Eventually(t, func() bool { return l.count(func(r *record) bool { return r.effects > 0 }) == 1 }, 30*time.Second, 20*time.Millisecond, "the retried delivery succeeded")
 			assert.Equal(t, nacks, sn.count(basicNack), "no basic.nack for a failure")
 
-			// Global QoS is a channel setting RabbitMQ reports.
-			out := ctl(t, node, "-q", "--no-table-headers", "list_channels", "name", "prefetch_count", "global_prefetch_count")
-			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-				f := strings.Fields(line)
-				require.GreaterOrEqual(t, len(f), 2, "list_channels line %q", line)
-				assert.Equal(t, "0", f[len(f)-1], "global prefetch on channel %s", line)
+			// Global QoS is a channel setting RabbitMQ 3.10 reports. 4.3 has no such setting
+			// left to report: it denies global QoS, so a channel asking for it would have
+			// failed the stack above (and TestDeclaresNoDeniedFeatureOn43 finds none used).
+			if !testenv.Is43() {
+				out := ctl(t, node, "-q", "--no-table-headers", "list_channels", "name", "prefetch_count", "global_prefetch_count")
+				for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+					f := strings.Fields(line)
+					require.GreaterOrEqual(t, len(f), 2, "list_channels line %q", line)
+					assert.Equal(t, "0", f[len(f)-1], "global prefetch on channel %s", line)
+				}
 			}
 
 			// Deliveries held at shutdown go back with basic.nack.
@@ -192,7 +196,7 @@ func TestRabbitMQ4Semantics(t *testing.T) {
 			assert.Equal(t, rejects, sn.count(basicReject), "no basic.reject at shutdown")
 
 			// What sluice declared.
-			out = ctl(t, node, "-q", "--no-table-headers", "list_queues", "name", "durable", "exclusive", "arguments")
+			out := ctl(t, node, "-q", "--no-table-headers", "list_queues", "name", "durable", "exclusive", "arguments")
 			declared := 0
 			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 				f := strings.Fields(line)
@@ -203,7 +207,9 @@ func TestRabbitMQ4Semantics(t *testing.T) {
 				assert.True(t, f[1] == "true" || f[2] == "true", "queue %s is transient and not exclusive: %s", f[0], line)
 				assert.NotContains(t, line, "x-queue-mode", "queue %s", f[0])
 			}
-			assert.Greater(t, declared, amqp.DelayLevels+1, "the cascade, the queue and its DLQ are listed")
+			// The delay cascade is declared as delays need it (this stack's delayer is broken,
+			// so none here; TestCascadeDeclaresOnlyTheLevelsItsDelaysReach checks its queues).
+			assert.GreaterOrEqual(t, declared, 2, "the queue and its DLQ are listed")
 		})
 	}
 	sn.close()
