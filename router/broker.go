@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/internal/memory"
 )
 
@@ -53,36 +53,38 @@ func (m memoryBroker) Subscriber(concurrency, _ int) message.Subscriber {
 	return m.Broker.Subscriber(memory.SubscribeOptions{Concurrency: concurrency})
 }
 
-// ErrNoAMQPURL is returned by Connect when AMQP_URL is not set: a service deployed
-// without it must fail to start, not consume from an in-process broker nobody publishes to.
-var ErrNoAMQPURL = errors.New("router: AMQP_URL is not set (set it to the RabbitMQ URL, e.g. amqp://guest:guest@localhost:5672/, or use router.ConnectOrEmbedded or router.Embedded for the embedded broker)")
+// ErrNoAMQPURL is returned by Connect when it is given no URL: a service deployed without
+// one must fail to start, not consume from an in-process broker nobody publishes to.
+var ErrNoAMQPURL = errors.New("router: no RabbitMQ URL given (pass the URL, e.g. amqp://guest:guest@localhost:5672/, usually read from AMQP_URL by the program; or use router.ConnectOrEmbedded or router.Embedded for the embedded broker)")
 
-// Connect returns the RabbitMQ broker of AMQP_URL (see amqp.Config); without AMQP_URL it
-// returns ErrNoAMQPURL.
-func Connect(ctx context.Context, logger *slog.Logger) (Broker, error) {
-	if os.Getenv("AMQP_URL") == "" {
+// Connect returns the RabbitMQ broker at url (a comma-separated list of a cluster's nodes,
+// see amqp.Config.URLs); an empty url is ErrNoAMQPURL. The library reads no environment:
+// the program passes what it read (the demo and the examples read AMQP_URL).
+func Connect(ctx context.Context, url string, logger *slog.Logger) (Broker, error) {
+	urls := amqpurl.Nodes(url)
+	if len(urls) == 0 {
 		return nil, ErrNoAMQPURL
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
-	b, err := amqp.New(ctx, amqp.Config{Logger: logger})
+	b, err := amqp.New(ctx, amqp.Config{URLs: urls, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
 	return FromAMQP(b), nil
 }
 
-// ConnectOrEmbedded is Connect when AMQP_URL is set, else the embedded broker (Embedded),
+// ConnectOrEmbedded is Connect when url is not empty, else the embedded broker (Embedded),
 // saying so in the log: for demos and tests, which ask for the fallback by calling it.
-func ConnectOrEmbedded(ctx context.Context, logger *slog.Logger) (Broker, error) {
-	if os.Getenv("AMQP_URL") != "" {
-		return Connect(ctx, logger)
+func ConnectOrEmbedded(ctx context.Context, url string, logger *slog.Logger) (Broker, error) {
+	if len(amqpurl.Nodes(url)) > 0 {
+		return Connect(ctx, url, logger)
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
-	logger.Info("AMQP_URL is not set: using the embedded in-memory broker")
+	logger.Info("no RabbitMQ URL given: using the embedded in-memory broker")
 	return Embedded(logger), nil
 }
 

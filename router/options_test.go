@@ -70,15 +70,16 @@ func TestNew_NilMiddlewareFails(t *testing.T) {
 	assert.ErrorContains(t, err, "Config.Middleware[0] is nil")
 }
 
-// Connect no longer falls back to the embedded broker: a deployment without AMQP_URL
-// must fail to start. ConnectOrEmbedded asks for the fallback.
-func TestConnect_RequiresAMQPURL(t *testing.T) {
-	t.Setenv("AMQP_URL", "")
-	_, err := router.Connect(context.Background(), silentLogger)
+// Connect does not fall back to the embedded broker: a deployment without a URL must fail
+// to start. ConnectOrEmbedded asks for the fallback. Neither reads AMQP_URL: the program
+// passes it.
+func TestConnect_RequiresAURL(t *testing.T) {
+	t.Setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/") // ignored: the library reads no environment
+	_, err := router.Connect(context.Background(), "", silentLogger)
 	require.ErrorIs(t, err, router.ErrNoAMQPURL)
-	assert.ErrorContains(t, err, "AMQP_URL is not set")
+	assert.ErrorContains(t, err, "no RabbitMQ URL given")
 
-	b, err := router.ConnectOrEmbedded(context.Background(), silentLogger)
+	b, err := router.ConnectOrEmbedded(context.Background(), " , ", silentLogger)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 	assert.Equal(t, "memory", b.Name())

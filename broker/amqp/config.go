@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"time"
 
-	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/internal/mask"
 )
 
@@ -28,15 +26,16 @@ const (
 // to gather the acks of a busy queue.
 const defaultAckDelay = time.Millisecond
 
-// ErrNoURL is returned when no broker URL is configured.
-var ErrNoURL = errors.New("amqp: no broker URL configured")
+// ErrNoURL is returned by New when Config.URLs is empty: the library reads no
+// environment, the program passes the URL it read (AMQP_URL in sluice's own commands).
+var ErrNoURL = errors.New("amqp: no broker URL configured: set Config.URLs (sluice reads no environment variable; the program passes AMQP_URL's value)")
 
 // Config configures a Broker. The zero value connects to AMQP_URL (or
 // amqp://guest:guest@127.0.0.1:5672/) with classic queues and a quorum delay cascade.
 type Config struct {
-	// URLs are the nodes to connect to, tried in order and failed over between. Empty means
-	// AMQP_URL, which may itself hold a comma-separated list, else
-	// amqp://guest:guest@127.0.0.1:5672/.
+	// URLs are the nodes to connect to, tried in order and failed over between. Required:
+	// New refuses none with ErrNoURL (the library reads no environment; a program that
+	// takes AMQP_URL splits its comma-separated list into URLs).
 	URLs []string
 	// TLS is used for amqps:// URLs. Nil means the system roots with the URL's host name.
 	TLS *tls.Config
@@ -74,9 +73,6 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if len(c.URLs) == 0 {
-		c.URLs = amqpurl.Split(os.Getenv("AMQP_URL"))
-	}
 	if len(c.URLs) == 0 {
 		return ErrNoURL
 	}

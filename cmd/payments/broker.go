@@ -10,23 +10,25 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/router"
 )
 
-// connectBroker is router.Connect with the queue type of AMQP_QUEUE_TYPE (quorum on a
-// cluster, so the queues survive a node). Without AMQP_URL it is the embedded broker when
-// cfg.embeddedFallback says so (the demo), and an error otherwise (serve).
+// connectBroker is router.Connect with AMQP_URL and the queue type of AMQP_QUEUE_TYPE
+// (quorum on a cluster, so the queues survive a node). Without AMQP_URL it is the embedded
+// broker when cfg.embeddedFallback says so (the demo), and an error otherwise (serve).
 func connectBroker(ctx context.Context, cfg config, logger *slog.Logger) (router.Broker, error) {
-	if os.Getenv("AMQP_URL") == "" {
+	url := os.Getenv("AMQP_URL")
+	if url == "" {
 		if !cfg.embeddedFallback {
-			return nil, fmt.Errorf("%w; 'payments demo' runs on the embedded broker without it", router.ErrNoAMQPURL)
+			return nil, fmt.Errorf("%w; set AMQP_URL ('payments demo' runs on the embedded broker without it)", router.ErrNoAMQPURL)
 		}
-		return router.ConnectOrEmbedded(ctx, logger)
+		return router.ConnectOrEmbedded(ctx, "", logger)
 	}
 	if cfg.queueType == "" {
-		return router.Connect(ctx, logger)
+		return router.Connect(ctx, url, logger)
 	}
-	b, err := amqp.New(ctx, amqp.Config{Logger: logger, QueueType: amqp.QueueType(cfg.queueType)})
+	b, err := amqp.New(ctx, amqp.Config{URLs: amqpurl.Split(url), Logger: logger, QueueType: amqp.QueueType(cfg.queueType)})
 	if err != nil {
 		return nil, err
 	}

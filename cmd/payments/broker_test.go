@@ -25,7 +25,7 @@ func TestConnectBroker_EmbeddedOnlyWhenAsked(t *testing.T) {
 	cfg.embeddedFallback = false
 	_, err = connectBroker(context.Background(), cfg, newLogger(0))
 	require.ErrorIs(t, err, router.ErrNoAMQPURL)
-	assert.ErrorContains(t, err, "AMQP_URL is not set")
+	assert.ErrorContains(t, err, "set AMQP_URL")
 
 	assert.Equal(t, 1, run([]string{"serve"}), "payments serve exits with an error")
 }

@@ -50,7 +50,7 @@ func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
 		return fmt.Errorf("telemetry: %w", err)
 	}
 
-	broker, err := router.Connect(ctx, logger) // RabbitMQ at AMQP_URL
+	broker, err := router.Connect(ctx, os.Getenv("AMQP_URL"), logger) // RabbitMQ at AMQP_URL
 	if err != nil {
 		return fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
