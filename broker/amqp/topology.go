@@ -159,9 +159,25 @@ func (b *Broker) cascadeUpTo(ctx context.Context, n int) error {
 	if b.cascadeExchange && b.cascadeDigits >= n {
 		return nil
 	}
-	ch, err := b.conn.channel(ctx)
-	if err != nil {
-		return err
+	var ch *amqp.Channel
+	if n > b.cascadeDigits {
+		// Quorum queues, declared while the broker may be in trouble (the first delay into
+		// a digit can come during a partition, where RabbitMQ 4.3 answers with a
+		// connection-level INTERNAL_ERROR): on a connection of their own, so that a refusal
+		// never takes the consumers and publishes with it.
+		conn, _, err := b.conn.dialSide(ctx)
+		if err != nil {
+			return fmt.Errorf("declare delay cascade up to digit %d: %w", n-1, err)
+		}
+		defer conn.Close()
+		if ch, err = conn.Channel(); err != nil {
+			return fmt.Errorf("declare delay cascade up to digit %d: %w", n-1, err)
+		}
+	} else {
+		var err error
+		if ch, err = b.conn.channel(ctx); err != nil {
+			return err
+		}
 	}
 	defer ch.Close()
 	d := &declarer{ch: ch}
