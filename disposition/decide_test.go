@@ -21,6 +21,7 @@ func TestDecide(t *testing.T) {
 		Backoff: func(n int) time.Duration { return time.Duration(n) * time.Second },
 	}
 	giveBack := disposition.GiveBackError(errBoom)
+	evidence := disposition.Evidence{ErrorType: "error", Recovered: 0, Ended: 312, Window: time.Hour}
 	tests := []struct {
 		name   string
 		policy func(*disposition.Policy)
@@ -47,6 +48,12 @@ func TestDecide(t *testing.T) {
 		{name: "an inner step's give-back, wrapped", err: fmt.Errorf("step: %w", giveBack), want: disposition.GiveBack, is: errBoom},
 		{name: "no delay: retryable dead-lettered at once", policy: func(p *disposition.Policy) { p.NoDelay = true }, err: errBoom, want: disposition.DeadLetter, is: errBoom},
 		{name: "no delay: Defer dead-lettered at once", policy: func(p *disposition.Policy) { p.NoDelay = true }, err: sluice.Defer(time.Second, errBoom), want: disposition.DeadLetter, is: errBoom},
+		{name: "unlikely: a retryable failure dead-lettered at once", policy: func(p *disposition.Policy) { p.Unlikely = &evidence }, err: errBoom, want: disposition.DeadLetter, is: disposition.ErrRetryUnlikely},
+		{name: "unlikely: RetryAfter dead-lettered at once", policy: func(p *disposition.Policy) { p.Unlikely = &evidence }, err: sluice.RetryAfter(time.Second, errBoom), want: disposition.DeadLetter, is: disposition.ErrRetryUnlikely},
+		{name: "unlikely: Permanent stays Permanent", policy: func(p *disposition.Policy) { p.Unlikely = &evidence }, err: sluice.Permanent(errBoom), want: disposition.DeadLetter, is: errBoom},
+		{name: "unlikely: Discard still acked", policy: func(p *disposition.Policy) { p.Unlikely = &evidence }, err: sluice.Discard(errBoom), want: disposition.Discard},
+		{name: "unlikely: Defer still deferred", policy: func(p *disposition.Policy) { p.Unlikely = &evidence }, err: sluice.Defer(time.Second, errBoom), want: disposition.Defer, delay: time.Second},
+		{name: "unlikely: an inner step's give-back unchanged", policy: func(p *disposition.Policy) { p.Unlikely = &evidence }, err: giveBack, want: disposition.GiveBack, is: errBoom},
 		{name: "no delay: Discard still acked", policy: func(p *disposition.Policy) { p.NoDelay = true }, err: sluice.Discard(errBoom), want: disposition.Discard},
 	}
 	for _, tt := range tests {
@@ -91,4 +98,30 @@ func TestGiveBackError(t *testing.T) {
 	assert.False(t, disposition.IsGiveBack(errBoom))
 	assert.Equal(t, sluice.ClassRetryable, sluice.ClassOf(err))
 	assert.Equal(t, sluice.ErrorTypeGeneric, sluice.ErrorType(err), "the give-back adds no type of its own")
+}
+
+func TestUnlikelyError(t *testing.T) {
+	err := &disposition.UnlikelyError{Evidence: disposition.Evidence{ErrorType: "error", Ended: 312, Window: time.Hour}, Err: errBoom}
+	assert.Equal(t, "retry_unlikely: 0 of 312 recovered in the last hour (error type error): boom", err.Error())
+	assert.ErrorIs(t, err, disposition.ErrRetryUnlikely)
+	assert.ErrorIs(t, err, errBoom)
+	assert.Equal(t, sluice.ErrorTypeGeneric, sluice.ErrorType(err), "the record keeps the handler error's type")
+	assert.Equal(t, sluice.ClassRetryable, sluice.ClassOf(err), "a replay retries it as usual")
+}
+
+func TestEvidence_String(t *testing.T) {
+	tests := []struct {
+		window time.Duration
+		want   string
+	}{
+		{time.Hour, "3 of 40 recovered in the last hour"},
+		{30 * time.Minute, "3 of 40 recovered in the last 30m"},
+		{2 * time.Hour, "3 of 40 recovered in the last 2h"},
+		{90 * time.Second, "3 of 40 recovered in the last 1m30s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			assert.Equal(t, tt.want, disposition.Evidence{Recovered: 3, Ended: 40, Window: tt.window}.String())
+		})
+	}
 }

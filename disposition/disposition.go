@@ -150,6 +150,12 @@ type Policy struct {
 	// used alone): what would be retried or deferred is dead-lettered at once, with the
 	// handler's error as its reason.
 	NoDelay bool
+	// Unlikely, when not nil, is the learned retry policy's evidence that retrying this
+	// attempt's error is unlikely to help (package middleware/retry, Learned): a retryable
+	// failure is dead-lettered at once, its reason an *UnlikelyError carrying the
+	// evidence. Nil means retry as the policy says. It never changes the fate of any other
+	// class of error.
+	Unlikely *Evidence
 }
 
 // History is what the message's headers say about its earlier attempts.
@@ -215,6 +221,9 @@ func Decide(p Policy, h History, err error) Disposition {
 		}
 		// Capped like a RetryAfter: the broker cannot hold a message forever either.
 		return Disposition{Kind: Defer, Delay: min(max(after, 0), p.MaxRetryAfter), Reason: err}
+	}
+	if p.Unlikely != nil {
+		return Disposition{Kind: DeadLetter, Reason: &UnlikelyError{Evidence: *p.Unlikely, Retries: h.Retries, Err: err}}
 	}
 	if h.Retries >= p.MaxRetries {
 		return Disposition{Kind: DeadLetter, Reason: &ExhaustedError{Retries: h.Retries, Arrived: h.Arrived, Made: h.Made + 1, Err: err}}

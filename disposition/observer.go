@@ -12,6 +12,11 @@ type Outcome struct {
 	Disposition Disposition
 	// ErrorType is sluice.ErrorType of the reason ("" for an Ack).
 	ErrorType string
+	// RetriedErrorType is the error type of the failure that had this attempt retried
+	// (the message's x-last-error), "" on a message's first attempt: it tells a recovery
+	// which failure it recovered from (see RetryEventOf). It is read only for an attempt
+	// after the first, so a message that never failed costs nothing more.
+	RetriedErrorType string
 	// Attempt counts from 1.
 	Attempt int
 	// Queue, Handler and MessageID say which message it was.

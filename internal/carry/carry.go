@@ -142,5 +142,9 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 	if d.Reason != nil {
 		o.ErrorType = sluice.ErrorType(d.Reason)
 	}
+	if a.Number > 1 {
+		// Only a retried message has a failure before this attempt to name.
+		o.RetriedErrorType = a.Msg.Metadata.Get(sluice.HeaderLastError)
+	}
 	c.Observer.Observe(ctx, o)
 }

@@ -91,3 +91,28 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 		})
 	}
 }
+
+// An attempt after a failure names the failure it was retried for; a first attempt reads
+// nothing more.
+func TestCarry_RetriedErrorType(t *testing.T) {
+	tests := []struct {
+		name   string
+		number int
+		last   string
+		want   string
+	}{
+		{name: "first attempt", number: 1, last: "timeout", want: ""},
+		{name: "retried attempt", number: 2, last: "timeout", want: "timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			obs := &steptest.Observer{}
+			c := &carry.Carrier{Observer: obs, Logger: slog.New(slog.DiscardHandler)}
+			msg := message.NewMessage("m-1", []byte("x"))
+			msg.Metadata.Set(sluice.HeaderLastError, tt.last)
+			require.NoError(t, c.Carry(context.Background(), carry.Attempt{Msg: msg, Queue: "orders", Number: tt.number}, disposition.Disposition{Kind: disposition.Ack}))
+			require.Len(t, obs.All(), 1)
+			assert.Equal(t, tt.want, obs.All()[0].RetriedErrorType)
+		})
+	}
+}
