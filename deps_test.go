@@ -1,6 +1,10 @@
 package sluice_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"go/types"
 	"maps"
 	"os/exec"
 	"path/filepath"
@@ -116,4 +120,55 @@ func chainTo(graph map[string][]string, roots []string, target string) []string 
 		}
 	}
 	return []string{target}
+}
+
+// Issue 35: router imported broker/amqp and the embedded broker, and topped its Broker up
+// with type assertions, so nobody could write a third broker from its interface. Its
+// non-test files now depend on package broker's contract alone: neither broker, nor the
+// RabbitMQ membership, is among the packages it compiles.
+func TestRouterImportsNoBroker(t *testing.T) {
+	graph, roots := depGraph(t, "./router")
+	require.Contains(t, graph, "github.com/sluice-go/sluice/broker", "router depends on the broker contract")
+	for _, bad := range []string{
+		"github.com/sluice-go/sluice/broker/amqp",
+		"github.com/sluice-go/sluice/broker/memory",
+		"github.com/sluice-go/sluice/internal/membership",
+	} {
+		if _, ok := graph[bad]; ok {
+			t.Errorf("router depends on %s: %s", bad, strings.Join(chainTo(graph, roots, bad), " -> "))
+		}
+	}
+}
+
+// The router asks nothing of a broker beyond the declared capabilities: none of its
+// non-test files asserts a concrete type (x.(*T)) or an interface it declares on the spot
+// (x.(interface{ ... })).
+func TestRouterAssertsNoConcreteBroker(t *testing.T) {
+	_, file, _, ok := runtime.Caller(0)
+	require.True(t, ok)
+	dir := filepath.Join(filepath.Dir(file), "router")
+	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	checked := 0
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		checked++
+		ast.Inspect(f, func(n ast.Node) bool {
+			ta, ok := n.(*ast.TypeAssertExpr)
+			if !ok || ta.Type == nil {
+				return true
+			}
+			switch ta.Type.(type) {
+			case *ast.StarExpr, *ast.InterfaceType:
+				t.Errorf("%s asserts %s", fset.Position(ta.Pos()), types.ExprString(ta.Type))
+			}
+			return true
+		})
+	}
+	assert.Greater(t, checked, 5, "router's files were read")
 }

@@ -59,7 +59,7 @@ func BenchmarkBatchBulkWrite(b *testing.B) {
 			q := benchenv.SluiceQueue(b, r, br, "bench.batch."+tc.name)
 			benchPrefill(b, r, q, b.N)
 			count := benchCountTo(b.N)
-			stack := benchStack(b, router.FromAMQP(br), router.Config{}, true)
+			stack := benchStack(b, br, router.Config{}, true)
 			if err := tc.register(stack, q, &benchBulkWriter{}, count); err != nil {
 				b.Fatal(err)
 			}

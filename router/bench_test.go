@@ -24,9 +24,9 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/benchenv"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/memory"
 	"github.com/sluice-go/sluice/internal/steptest"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -75,7 +75,7 @@ func BenchmarkConsume(b *testing.B) {
 		q := benchenv.SluiceQueue(b, r, br, "bench.consume.sluice")
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
-		stack := benchStack(b, router.FromAMQP(br), router.Config{}, true)
+		stack := benchStack(b, br, router.Config{}, true)
 		if err := stack.Handle("bench", q, func(*message.Message) error {
 			count.handled()
 			return nil
@@ -282,7 +282,7 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 func BenchmarkStackInProcess(b *testing.B) {
 	handler := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	b.Run("sluice", func(b *testing.B) {
-		stack := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, false)
+		stack := benchStack(b, benchMemoryBroker(b), router.Config{}, false)
 		benchInProcess(b, stack.ComposeForBenchmark("bench", handler))
 	})
 	b.Run("watermill", func(b *testing.B) {
@@ -312,7 +312,7 @@ func BenchmarkStackInProcess(b *testing.B) {
 // a span and the metrics per message, what the tracing step adds.
 func BenchmarkStackInProcessTraced(b *testing.B) {
 	b.Run("sluice", func(b *testing.B) {
-		stack := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, true)
+		stack := benchStack(b, benchMemoryBroker(b), router.Config{}, true)
 		benchInProcess(b, stack.ComposeForBenchmark("bench", func(*message.Message) ([]*message.Message, error) { return nil, nil }))
 	})
 }
@@ -384,7 +384,7 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name strin
 	if err != nil {
 		b.Fatal(err)
 	}
-	stack := benchStack(b, router.FromAMQP(br), router.Config{
+	stack := benchStack(b, br, router.Config{
 		Retry: retry.Config{
 			InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: retry.NoJitter,
 		},

@@ -9,18 +9,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // partitionClaimInterval is how often an instance claims one more free partition; see
 // WithPartitions.
 const partitionClaimInterval = 500 * time.Millisecond
-
-// consumerCounter is implemented by brokers that say how many consumers a queue has
-// (amqp.Broker); the stack then claims partitions instead of subscribing to all at once.
-type consumerCounter interface {
-	ConsumerCount(ctx context.Context, queue string) (int, error)
-}
 
 // claimer decides when this instance subscribes to each partition of one queue, by the
 // rule [WithPartitions] states: at once, as a standby, to partitions another instance
@@ -31,7 +26,7 @@ type consumerCounter interface {
 type claimer struct {
 	queue      string
 	partitions int
-	counter    consumerCounter
+	counter    broker.ConsumerCounter
 	interval   time.Duration
 	timeout    time.Duration
 	logger     *slog.Logger
@@ -44,7 +39,7 @@ type claimer struct {
 	wg        sync.WaitGroup
 }
 
-func newClaimer(queue string, partitions int, counter consumerCounter, interval time.Duration, logger *slog.Logger) *claimer {
+func newClaimer(queue string, partitions int, counter broker.ConsumerCounter, interval time.Duration, logger *slog.Logger) *claimer {
 	c := &claimer{
 		queue: queue, partitions: partitions, counter: counter,
 		interval: interval, timeout: 3 * interval, logger: logger,

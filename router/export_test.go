@@ -26,9 +26,6 @@ func (c *claimer) Start(ctx context.Context) { c.start(ctx) }
 // Close stops it.
 func (c *claimer) Close() { c.close() }
 
-// FromMemory adapts a memory broker the test built (fromMemory).
-var FromMemory = fromMemory
-
 // AssignPartitions exposes the rendezvous assignment of partitions to members.
 var AssignPartitions = assignPartitions
 

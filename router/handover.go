@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/sluice-go/sluice/internal/membership"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 )
 
@@ -44,7 +44,7 @@ func (h *keyHandover) snapshot() ([]byte, error) {
 
 // send broadcasts the done keys; a failure is logged, the cost being double work on the
 // new owner.
-func (h *keyHandover) send(ctx context.Context, m *membership.Membership, queue string) {
+func (h *keyHandover) send(ctx context.Context, m broker.Membership, queue string) {
 	body, err := h.snapshot()
 	if err == nil {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

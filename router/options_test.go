@@ -70,21 +70,6 @@ func TestNew_NilMiddlewareFails(t *testing.T) {
 	assert.ErrorContains(t, err, "Config.Middleware[0] is nil")
 }
 
-// Connect does not fall back to the embedded broker: a deployment without a URL must fail
-// to start. ConnectOrEmbedded asks for the fallback. Neither reads AMQP_URL: the program
-// passes it.
-func TestConnect_RequiresAURL(t *testing.T) {
-	t.Setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/") // ignored: the library reads no environment
-	_, err := router.Connect(context.Background(), "", silentLogger)
-	require.ErrorIs(t, err, router.ErrNoAMQPURL)
-	assert.ErrorContains(t, err, "no RabbitMQ URL given")
-
-	b, err := router.ConnectOrEmbedded(context.Background(), " , ", silentLogger)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close() })
-	assert.Equal(t, "memory", b.Name())
-}
-
 // Config.Middleware sits inside retry and output confirmation and outside the breaker: its
 // failures are retried, the messages it returns are published, and a refusal of its own
 // does not count against the dependency. Config.Plugins run with the router.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -43,12 +44,9 @@ func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.par
 // partitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
 func partitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
 
-// PartitionPublisher is what a producer needs to publish to a partitioned queue; the
-// brokers of FromAMQP and Embedded implement it.
-type PartitionPublisher interface {
-	// PublishPartitioned publishes messages to queue's partition for key, confirmed.
-	PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error
-}
+// PartitionPublisher is what a producer needs to publish to a partitioned queue: package
+// broker's; every Broker is one.
+type PartitionPublisher = broker.PartitionPublisher
 
 // partitioned is a queue consumed as partitions.
 type partitioned struct {
@@ -81,13 +79,13 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 			return err
 		}
 		reb = r
-	} else if counter, ok := s.broker.(consumerCounter); ok {
+	} else if counter, ok := s.broker.(broker.ConsumerCounter); ok {
 		claim = newClaimer(queue, hc.partitions, counter, partitionClaimInterval, s.logger)
 	}
 	for k, hname := range names {
 		s.names[hname] = true
 		stack := s.compose(h, outputTopic, hc)
-		sub := s.broker.Subscriber(hc.concurrency, hc.prefetch)
+		var sub message.Subscriber = s.subscriber(hc)
 		if reb != nil {
 			sub = &rebalancedSubscriber{inner: sub, reb: reb, k: k, logger: s.logger, closing: make(chan struct{})}
 		} else if claim != nil {

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -52,7 +52,7 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // runStack runs a stack on b with one partitioned handler until the test ends.
 func runStack(t *testing.T, b *memory.Broker, partitions int, h message.NoPublishHandlerFunc) {
 	t.Helper()
-	s, err := router.New(router.FromMemory(b), router.Config{
+	s, err := router.New(b, router.Config{
 		Logger: quietLogger(),
 		Retry:  retry.Config{MaxRetries: 2, InitialDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond, Jitter: retry.NoJitter},
 	})
@@ -159,7 +159,7 @@ func TestWithPartitionsRegistration(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := memory.New(memory.Config{Logger: quietLogger()})
 			t.Cleanup(func() { _ = b.Close() })
-			s, err := router.New(router.FromMemory(b), router.Config{Logger: quietLogger()})
+			s, err := router.New(b, router.Config{Logger: quietLogger()})
 			require.NoError(t, err)
 			noop := func(*message.Message) error { return nil }
 			err = s.Handle("work", "q", noop, tc.first...)

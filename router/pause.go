@@ -2,27 +2,17 @@ package router
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/telemetry"
 )
-
-// Pauser is a subscriber that can stop taking deliveries and take them again; the
-// subscribers of both of sluice's brokers are. Pause returns deliveries not yet with a
-// handler to their queue and lets the others finish; Resume with a positive limit lets
-// only that many deliveries out at once, with zero all of them.
-type Pauser interface {
-	Pause()
-	Resume(limit int)
-}
 
 // WithDeferWhileOpen makes the handler defer the messages its open breaker rejects (each
 // goes through the delay cascade and comes back after the open timeout, and again while
@@ -45,14 +35,11 @@ type overloadState struct {
 // initOverload wires the retry step's overload protection to the broker and telemetry.
 func (s *Stack) initOverload() error {
 	if o := s.cfg.Retry.Overload; o != nil {
-		if d, ok := s.broker.(interface {
-			QueueDepth(ctx context.Context, queue string) (sluice.QueueDepth, error)
-		}); ok { // both brokers: a passive declare on RabbitMQ
-			o.UseBacklog(func(ctx context.Context, queue string) (int, error) {
-				depth, err := d.QueueDepth(ctx, queue)
-				return int(depth.Ready), err
-			})
-		}
+		d := s.broker // a passive declare on RabbitMQ
+		o.UseBacklog(func(ctx context.Context, queue string) (int, error) {
+			depth, err := d.QueueDepth(ctx, queue)
+			return int(depth.Ready), err
+		})
 	}
 	if s.cfg.Telemetry == nil || (s.cfg.Breakers == nil && s.cfg.Retry.Overload == nil) {
 		return nil
@@ -104,19 +91,12 @@ func (s *Stack) pausedHandlers() map[string]bool {
 }
 
 // pauseFor returns the pause controller of a handler consuming with sub, or nil when the
-// handler defers instead (no breaker, WithDeferWhileOpen, or a subscriber that cannot
-// pause).
-func (s *Stack) pauseFor(handler string, hc handlerConfig, sub message.Subscriber) *pauseController {
+// handler defers instead (no breaker, or WithDeferWhileOpen).
+func (s *Stack) pauseFor(handler string, hc handlerConfig, sub broker.Subscriber) *pauseController {
 	if s.cfg.Breakers == nil || hc.deferWhileOpen {
 		return nil
 	}
-	p, ok := sub.(Pauser)
-	if !ok {
-		s.logger.Warn("subscriber cannot pause; the handler defers messages while its breaker is open",
-			"handler", handler, "subscriber", fmt.Sprintf("%T", sub))
-		return nil
-	}
-	c := &pauseController{handler: handler, b: s.cfg.Breakers.Breaker(hc.breaker), sub: p, logger: s.logger, health: s.cfg.Health}
+	c := &pauseController{handler: handler, b: s.cfg.Breakers.Breaker(hc.breaker), sub: sub, logger: s.logger, health: s.cfg.Health}
 	c.stopWatch = c.b.Watch(c.onState)
 	s.overload.mu.Lock()
 	s.overload.pauses = append(s.overload.pauses, c)
@@ -139,7 +119,7 @@ func (s *Stack) breakerStep(hc handlerConfig) message.HandlerMiddleware {
 type pauseController struct {
 	handler   string
 	b         *breaker.Breaker
-	sub       Pauser
+	sub       broker.Subscriber
 	logger    *slog.Logger
 	health    *telemetry.Health // Config.Health: a paused handler is not ready
 	stopWatch func()

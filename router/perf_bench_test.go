@@ -70,7 +70,7 @@ func benchSlowHandler(b *testing.B, c int) {
 		q := benchenv.SluiceQueue(b, r, br, fmt.Sprintf("bench.slow%d.sluice", c))
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
-		stack := benchStack(b, router.FromAMQP(br), router.Config{}, true)
+		stack := benchStack(b, br, router.Config{}, true)
 		if err := stack.Handle("bench", q, func(*message.Message) error {
 			time.Sleep(slowHandlerWait)
 			count.handled()
@@ -237,9 +237,9 @@ func BenchmarkTracingOverhead(b *testing.B) {
 			} else {
 				opts = append(opts, telemetry.WithTracerProvider(noop.NewTracerProvider()))
 			}
-			plain := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, false).ComposeForBenchmark("bench", handler)
+			plain := benchStack(b, benchMemoryBroker(b), router.Config{}, false).ComposeForBenchmark("bench", handler)
 			if v.floor != nil {
-				other := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{}, false).ComposeForBenchmark("bench", handler)
+				other := benchStack(b, benchMemoryBroker(b), router.Config{}, false).ComposeForBenchmark("bench", handler)
 				benchInterleaved(b, v.floor(tp, mp)(other), plain)
 				return
 			}
@@ -247,7 +247,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			traced := benchStack(b, router.FromMemory(benchMemoryBroker(b)), router.Config{Telemetry: in}, false).ComposeForBenchmark("bench", handler)
+			traced := benchStack(b, benchMemoryBroker(b), router.Config{Telemetry: in}, false).ComposeForBenchmark("bench", handler)
 			benchInterleaved(b, traced, plain)
 		})
 	}
@@ -482,7 +482,7 @@ func BenchmarkHandlers(b *testing.B) {
 		b.Run(strconv.Itoa(h), func(b *testing.B) {
 			mb := benchMemoryBroker(b)
 			count := benchCountTo(b.N)
-			stack := benchStack(b, router.FromMemory(mb), router.Config{}, true)
+			stack := benchStack(b, mb, router.Config{}, true)
 			queues := make([]string, h)
 			for i := range queues {
 				queues[i] = fmt.Sprintf("bench.handlers.%d", i)

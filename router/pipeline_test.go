@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -69,7 +70,7 @@ func TestMiddlewares_RegistersNothingItDoesNotClose(t *testing.T) {
 	require.NoError(t, err)
 	overload, err := retry.NewOverload(retry.OverloadConfig{Logger: logger})
 	require.NoError(t, err)
-	broker := router.Embedded(logger)
+	broker := memory.New(memory.Config{Logger: logger})
 	t.Cleanup(func() { _ = broker.Close() })
 	cfg := router.Config{
 		Logger: logger, Telemetry: in, Breakers: breakers,

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -12,8 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/membership"
+	"github.com/sluice-go/sluice/broker"
 )
 
 // WithRebalancing makes the instances of a partitioned handler (WithPartitions) share its
@@ -79,22 +79,20 @@ func assignPartitions(queue string, partitions int, members []string) map[string
 	return out
 }
 
-// memberJoiner is implemented by brokers that keep a membership (amqp.Broker).
-type memberJoiner interface {
-	Join(ctx context.Context, queue string, cfg membership.Config) (*membership.Membership, error)
-}
+// errLeft is what a rebalanced handler's join returns once the stack closed it.
+var errLeft = errors.New("router: the handler left its partitions' membership")
 
 // rebalancer tells the partition subscribers of one handler which partitions are theirs.
 type rebalancer struct {
 	queue      string
 	partitions int
-	joiner     memberJoiner
+	joiner     broker.Joiner
 	heartbeat  time.Duration
 	logger     *slog.Logger
 	handover   *keyHandover // nil without an idempotency store
 
 	mu      sync.Mutex
-	members *membership.Membership
+	members broker.Membership
 	held    map[int]bool
 	closed  bool
 }
@@ -107,9 +105,9 @@ func (r *rebalancer) join(ctx context.Context) error {
 		return nil
 	}
 	if r.closed {
-		return amqp.ErrClosed
+		return errLeft
 	}
-	cfg := membership.Config{Interval: r.heartbeat}
+	cfg := broker.MembershipConfig{Interval: r.heartbeat}
 	if r.handover != nil {
 		cfg.OnBroadcast = r.handover.receive
 	}
@@ -191,7 +189,7 @@ func (s *Stack) HeldPartitions(name string) []int {
 
 // newRebalancer returns the rebalancer of a WithRebalancing registration; s.mu is held.
 func (s *Stack) newRebalancer(name, queue string, hc handlerConfig) (*rebalancer, error) {
-	j, ok := s.broker.(memberJoiner)
+	j, ok := s.broker.(broker.Joiner)
 	if !ok {
 		return nil, fmt.Errorf("%w: handler %q sets WithRebalancing but broker %q keeps no membership", ErrInvalidOption, name, s.broker.Name())
 	}

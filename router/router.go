@@ -46,6 +46,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -186,9 +187,9 @@ type Stack struct {
 	rebalancers map[string]*rebalancer // rebalance.go
 }
 
-// New builds a stack on broker.
-func New(broker Broker, cfg Config) (*Stack, error) {
-	if broker == nil {
+// New builds a stack on b.
+func New(b Broker, cfg Config) (*Stack, error) {
+	if b == nil {
 		return nil, ErrNoBroker
 	}
 	if cfg.Logger == nil {
@@ -209,15 +210,15 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 		}
 	}
 	// The broker does the hand-offs unless the caller gave the steps their own.
-	var delayer retry.Delayer = broker
+	var delayer retry.Delayer = b
 	if cfg.Retry.Delayer != nil {
 		delayer = cfg.Retry.Delayer
 	}
-	var dead poison.DeadLetterer = broker
+	var dead poison.DeadLetterer = b
 	if cfg.Poison.DeadLetterer != nil {
 		dead = cfg.Poison.DeadLetterer
 	}
-	output := broker.Publisher()
+	var output message.Publisher = broker.QueuePublisher(b)
 	if cfg.Telemetry != nil {
 		delayer = cfg.Telemetry.WrapDelayer(delayer)
 		dead = cfg.Telemetry.WrapDeadLetterer(dead)
@@ -271,7 +272,7 @@ func New(broker Broker, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: broker, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}
+	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)
 	}
@@ -322,7 +323,7 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if outputTopic != "" {
 		s.outputs = append(s.outputs, outputTopic)
 	}
-	sub := s.broker.Subscriber(hc.concurrency, hc.prefetch)
+	sub := s.subscriber(hc)
 	hc.pause = s.pauseFor(name, hc, sub)
 	stack := s.compose(h, outputTopic, hc)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {

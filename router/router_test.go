@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -51,11 +51,15 @@ func newTestBroker(t *testing.T) *testBroker {
 	t.Helper()
 	mem := memory.New(memory.Config{Logger: silentLogger})
 	t.Cleanup(func() { _ = mem.Close() })
-	return &testBroker{Broker: router.FromMemory(mem), mem: mem}
+	return &testBroker{Broker: mem, mem: mem}
 }
 
-func (b *testBroker) Publisher() message.Publisher {
-	return flakyPublisher{Publisher: b.Broker.Publisher(), fail: &b.failOutputs}
+// PublishConfirmed is the stack's output publish: it fails while failOutputs is positive.
+func (b *testBroker) PublishConfirmed(ctx context.Context, queue string, msgs ...*message.Message) error {
+	if b.failOutputs.Add(-1) >= 0 {
+		return fmt.Errorf("publish to %q: %w", queue, errOutputDown)
+	}
+	return b.Broker.PublishConfirmed(ctx, queue, msgs...)
 }
 
 func (b *testBroker) Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error {
@@ -73,19 +77,6 @@ func (b *testBroker) delayContextErrors() []error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return append([]error(nil), b.delayCtxErrs...)
-}
-
-// flakyPublisher fails while *fail is positive, counting it down.
-type flakyPublisher struct {
-	message.Publisher
-	fail *atomic.Int32
-}
-
-func (p flakyPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if p.fail.Add(-1) >= 0 {
-		return fmt.Errorf("publish to %q: %w", topic, errOutputDown)
-	}
-	return p.Publisher.Publish(topic, msgs...)
 }
 
 // delivery is what the handler saw on one call.
@@ -173,8 +164,8 @@ func TestNew(t *testing.T) {
 		wantMsg string
 	}{
 		{name: "no broker", cfg: router.Config{}, wantIs: router.ErrNoBroker},
-		{name: "invalid retry policy", broker: router.FromMemory(memory.New(memory.Config{Logger: silentLogger})), cfg: router.Config{Retry: retry.Config{Multiplier: 0.5}}, wantMsg: "Multiplier 0.5"},
-		{name: "defaults", broker: router.FromMemory(memory.New(memory.Config{Logger: silentLogger}))},
+		{name: "invalid retry policy", broker: memory.New(memory.Config{Logger: silentLogger}), cfg: router.Config{Retry: retry.Config{Multiplier: 0.5}}, wantMsg: "Multiplier 0.5"},
+		{name: "defaults", broker: memory.New(memory.Config{Logger: silentLogger})},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

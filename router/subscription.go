@@ -9,57 +9,38 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/binding"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
-// ExchangeKind is the type of an exchange a handler subscribes or publishes to: the same
-// type as the brokers' (internal/binding holds the kinds and their rules).
-type ExchangeKind = binding.Kind
+// ExchangeKind is the type of an exchange a handler subscribes or publishes to: package
+// broker's.
+type ExchangeKind = broker.ExchangeKind
 
 // Exchange kinds, as in AMQP.
 const (
 	// Topic routes on dot-separated binding keys; * is one word, # zero or more.
-	Topic = binding.Topic
+	Topic = broker.Topic
 	// Direct routes on the exact binding key.
-	Direct = binding.Direct
+	Direct = broker.Direct
 	// Fanout sends every event to every bound queue.
-	Fanout = binding.Fanout
+	Fanout = broker.Fanout
 	// Headers routes on header (metadata) values.
-	Headers = binding.Headers
+	Headers = broker.Headers
 )
 
 // RoutingKeyMetadata is the metadata key with which a handler gives one output message its
 // own routing key (see WithOutputExchange). It is removed before the message is published.
 const RoutingKeyMetadata = "sluice-routing-key"
 
-// Subscription errors.
-var (
-	// ErrNoExchanges means a handler asked for exchanges (WithSubscription,
-	// WithOutputExchange, WithAdopt) on a broker that does not implement ExchangeBroker.
-	ErrNoExchanges = errors.New("router: the broker does not support exchanges")
-	// ErrSubscription means a handler's subscription options contradict each other.
-	ErrSubscription = errors.New("router: invalid subscription")
-)
+// ErrSubscription means a handler's subscription options contradict each other.
+var ErrSubscription = errors.New("router: invalid subscription")
 
 // Binding binds a handler's queue to an exchange: every event the exchange routes to it
-// reaches the handler once, whichever of its keys match.
-type Binding struct {
-	// Exchange is the exchange's name (not empty). It is declared durable, with the
-	// alternate exchange sluice.unrouted, unless WithAdopt adopts an existing one.
-	Exchange string
-	// Kind is the exchange's type. Zero means Topic.
-	Kind ExchangeKind
-	// Keys are the binding keys. Empty means "#" on a topic exchange (every event); a
-	// direct exchange needs one; fanout and headers exchanges ignore them.
-	Keys []string
-	// Headers are the header values a Headers exchange matches: all of them, or any with
-	// MatchAny.
-	Headers map[string]string
-	// MatchAny makes a headers binding match when any header matches.
-	MatchAny bool
-}
+// reaches the handler once, whichever of its keys match. It is package broker's Binding;
+// Run declares its exchange durable, with the alternate exchange sluice.unrouted, unless
+// WithAdopt adopts an existing one.
+type Binding = broker.Binding
 
 // Output is the exchange a handler publishes its output messages to.
 type Output struct {
@@ -98,19 +79,6 @@ func WithOutputExchange(out Output) HandlerOption {
 	return func(c *handlerConfig) { c.sub.output = &out }
 }
 
-// ExchangeBroker is what a broker needs for subscriptions and exchange outputs; the
-// brokers of FromAMQP and Embedded implement it.
-type ExchangeBroker interface {
-	// DeclareExchange declares exchange of kind with sluice's alternate exchange, or, with
-	// adopt, uses an existing one as it is.
-	DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error
-	// DeclareSubscription declares queue with its failure paths, the bindings' exchanges
-	// and the bindings (adopting what exists, with adopt).
-	DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error
-	// PublishToExchange publishes messages to exchange with routingKey, confirmed.
-	PublishToExchange(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error
-}
-
 // subscription is a handler's exchange options.
 type subscription struct {
 	bindings []Binding
@@ -120,7 +88,7 @@ type subscription struct {
 
 func (s subscription) wanted() bool { return len(s.bindings) > 0 || s.adopt || s.output != nil }
 
-// subscribed is a queue Run declares through ExchangeBroker.DeclareSubscription.
+// subscribed is a queue Run declares through Broker.DeclareSubscription.
 type subscribed struct {
 	queue    string
 	bindings []Binding
@@ -133,9 +101,6 @@ func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerCon
 	sub := hc.sub
 	if !sub.wanted() {
 		return true, nil
-	}
-	if _, ok := s.broker.(ExchangeBroker); !ok {
-		return false, fmt.Errorf("%w: handler %q on broker %s", ErrNoExchanges, name, s.broker.Name())
 	}
 	if sub.output != nil {
 		if outputTopic != "" {
@@ -176,7 +141,7 @@ func (s *Stack) declareExchanges(ctx context.Context) error {
 	if len(subs) == 0 && len(outs) == 0 {
 		return nil
 	}
-	eb := s.broker.(ExchangeBroker) // checked at registration
+	eb := s.broker
 	for _, sub := range subs {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := eb.DeclareSubscription(dctx, sub.queue, sub.bindings, sub.adopt)
@@ -200,7 +165,7 @@ func (s *Stack) declareExchanges(ctx context.Context) error {
 // stack acks, through the telemetry decorator when there is one. A failed publish is an
 // ordinary retryable error, as for a queue output.
 func (s *Stack) exchangeOutputs(out Output) message.HandlerMiddleware {
-	var pub message.Publisher = exchangePublisher{eb: s.broker.(ExchangeBroker)}
+	var pub message.Publisher = exchangePublisher{eb: s.broker}
 	if s.cfg.Telemetry != nil {
 		pub = s.cfg.Telemetry.WrapPublisher(pub)
 	}
@@ -232,7 +197,7 @@ func (s *Stack) exchangeOutputs(out Output) message.HandlerMiddleware {
 
 // exchangePublisher is a message.Publisher whose topic is an exchange and whose routing
 // key is each message's RoutingKeyMetadata.
-type exchangePublisher struct{ eb ExchangeBroker }
+type exchangePublisher struct{ eb broker.ExchangePublisher }
 
 func (p exchangePublisher) Publish(exchange string, messages ...*message.Message) error {
 	for len(messages) > 0 {
@@ -246,7 +211,7 @@ func (p exchangePublisher) Publish(exchange string, messages ...*message.Message
 		for _, m := range batch {
 			delete(m.Metadata, RoutingKeyMetadata)
 		}
-		ctx, cancel := publishContext(batch[0])
+		ctx, cancel := broker.MessageDeadline(batch[0])
 		err := p.eb.PublishToExchange(ctx, exchange, key, batch...)
 		cancel()
 		if err != nil {
@@ -258,64 +223,14 @@ func (p exchangePublisher) Publish(exchange string, messages ...*message.Message
 
 func (exchangePublisher) Close() error { return nil }
 
-// publishContext keeps the deadline of the message's context, not its cancellation: a
-// handler's context ends right after it returns, while its output may still be confirming.
-func publishContext(m *message.Message) (context.Context, context.CancelFunc) {
-	parent := m.Context()
-	ctx := context.WithoutCancel(parent)
-	if dl, ok := parent.Deadline(); ok {
-		return context.WithDeadline(ctx, dl)
-	}
-	return ctx, func() {}
-}
-
-// The adapters' ExchangeBroker methods translate the router's types to each broker's.
-var (
-	_ ExchangeBroker      = amqpBroker{}
-	_ ExchangeBroker      = memoryBroker{}
-	_ outputQueueDeclarer = amqpBroker{}
-	_ outputQueueDeclarer = memoryBroker{}
-)
-
-func (a amqpBroker) DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error {
-	return a.Broker.DeclareExchange(ctx, exchange, amqp.ExchangeKind(kind), adopt)
-}
-
-func (a amqpBroker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
-	bs := make([]amqp.Binding, len(bindings))
-	for i, b := range bindings {
-		bs[i] = amqp.Binding{Exchange: b.Exchange, Kind: amqp.ExchangeKind(b.Kind), Keys: b.Keys, Headers: b.Headers, MatchAny: b.MatchAny}
-	}
-	return a.Broker.DeclareSubscription(ctx, queue, bs, adopt)
-}
-
-func (m memoryBroker) DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error {
-	return m.Broker.DeclareExchange(ctx, exchange, binding.Kind(kind), adopt)
-}
-
-func (m memoryBroker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
-	bs := make([]binding.Binding, len(bindings))
-	for i, b := range bindings {
-		bs[i] = binding.Binding{Exchange: b.Exchange, Kind: binding.Kind(b.Kind), Keys: b.Keys, Headers: b.Headers, MatchAny: b.MatchAny}
-	}
-	return m.Broker.DeclareSubscription(ctx, queue, bs, adopt)
-}
-
-// outputQueueDeclarer declares a queue the stack only publishes to; the brokers of FromAMQP
-// and Embedded implement it.
-type outputQueueDeclarer interface {
-	DeclareOutputQueue(ctx context.Context, queue string) error
-}
-
 // declareQueue declares queue for Run: a queue the stack only publishes to gets no
-// dead-letter queue of its own when the broker can do that (its consumer's declaration
-// adds one); every other queue gets its failure paths.
+// dead-letter queue of its own (its consumer's declaration adds one); every other queue
+// gets its failure paths.
 func (s *Stack) declareQueue(ctx context.Context, queue string) error {
-	d, ok := s.broker.(outputQueueDeclarer)
-	if !ok || !s.onlyOutput(queue) {
-		return s.broker.DeclareQueue(ctx, queue)
+	if s.onlyOutput(queue) {
+		return s.broker.DeclareOutputQueue(ctx, queue)
 	}
-	return d.DeclareOutputQueue(ctx, queue)
+	return s.broker.DeclareQueue(ctx, queue)
 }
 
 func (s *Stack) onlyOutput(queue string) bool {

@@ -14,14 +14,11 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/sluice-go/sluice/internal/memory"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
-
-// plainBroker hides the embedded broker's exchanges: a Broker without ExchangeBroker.
-type plainBroker struct{ router.Broker }
 
 func TestSubscriptionRegistrationErrors(t *testing.T) {
 	mem := memory.New(memory.Config{Logger: silentLogger})
@@ -35,33 +32,27 @@ func TestSubscriptionRegistrationErrors(t *testing.T) {
 		want   error
 	}{
 		{
-			name:   "broker without exchanges",
-			broker: plainBroker{router.FromMemory(mem)},
-			opts:   []router.HandlerOption{router.WithSubscription(router.Binding{Exchange: "orders"})},
-			want:   router.ErrNoExchanges,
-		},
-		{
 			name:   "output queue and output exchange",
-			broker: router.FromMemory(mem),
+			broker: mem,
 			output: "out",
 			opts:   []router.HandlerOption{router.WithOutputExchange(router.Output{Exchange: "events"})},
 			want:   router.ErrSubscription,
 		},
 		{
 			name:   "output exchange without a name",
-			broker: router.FromMemory(mem),
+			broker: mem,
 			opts:   []router.HandlerOption{router.WithOutputExchange(router.Output{})},
 			want:   router.ErrSubscription,
 		},
 		{
 			name:   "subscription with partitions",
-			broker: router.FromMemory(mem),
+			broker: mem,
 			opts:   []router.HandlerOption{router.WithSubscription(router.Binding{Exchange: "orders"}), router.WithPartitions(2)},
 			want:   router.ErrSubscription,
 		},
 		{
 			name:   "binding without an exchange",
-			broker: router.FromMemory(mem),
+			broker: mem,
 			opts:   []router.HandlerOption{router.WithSubscription(router.Binding{Keys: []string{"a"}})},
 			want:   router.ErrSubscription,
 		},
@@ -101,7 +92,7 @@ func TestSubscriptionAndExchangeOutputOnTheEmbeddedBroker(t *testing.T) {
 	mem := memory.New(memory.Config{Logger: silentLogger})
 	t.Cleanup(func() { _ = mem.Close() })
 	ctx := context.Background()
-	s, err := router.New(router.FromMemory(mem), router.Config{Logger: silentLogger})
+	s, err := router.New(mem, router.Config{Logger: silentLogger})
 	require.NoError(t, err)
 	require.NoError(t, s.HandleWithOutput("fraud", "fraud.checks", "", func(m *message.Message) ([]*message.Message, error) {
 		ok := message.NewMessage("ok-"+m.UUID, m.Payload)
@@ -141,7 +132,7 @@ func TestExchangeOutputIsTraced(t *testing.T) {
 	require.NoError(t, err)
 	mem := memory.New(memory.Config{Logger: silentLogger})
 	t.Cleanup(func() { _ = mem.Close() })
-	s, err := router.New(router.FromMemory(mem), router.Config{Logger: silentLogger, Telemetry: in})
+	s, err := router.New(mem, router.Config{Logger: silentLogger, Telemetry: in})
 	require.NoError(t, err)
 	require.NoError(t, s.HandleWithOutput("h", "in", "", func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-"+m.UUID, nil)}, nil

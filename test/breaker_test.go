@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -28,12 +29,12 @@ type breakerDeliveries struct {
 	per   map[string]int
 }
 
-func (d *breakerDeliveries) Subscriber(concurrency, prefetch int) message.Subscriber {
-	return countingSubscriber{Subscriber: d.Broker.Subscriber(concurrency, prefetch), d: d}
+func (d *breakerDeliveries) Subscriber(opts broker.SubscribeOptions) broker.Subscriber {
+	return countingSubscriber{Subscriber: d.Broker.Subscriber(opts), d: d}
 }
 
 type countingSubscriber struct {
-	message.Subscriber
+	broker.Subscriber
 	d *breakerDeliveries
 }
 

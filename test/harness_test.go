@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/memory"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
@@ -91,14 +91,13 @@ func rabbitEnv(t testing.TB) *env {
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	return &env{name: "rabbitmq", broker: router.FromAMQP(b), amqp: b, rabbit: r}
+	return &env{name: "rabbitmq", broker: b, amqp: b, rabbit: r}
 }
 
 func memoryEnv(t testing.TB) *env {
-	broker := router.Embedded(testLogger())
-	b := broker.(interface{ Embedded() *memory.Broker }).Embedded()
+	b := memory.New(memory.Config{Logger: testLogger()})
 	t.Cleanup(func() { _ = b.Close() })
-	return &env{name: "memory", broker: broker, mem: b}
+	return &env{name: "memory", broker: b, mem: b}
 }
 
 // onEachBroker runs scenario on RabbitMQ and on the embedded broker.

@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/failure"
@@ -48,12 +49,12 @@ type hostileDeliveries struct {
 	ids map[[32]byte][]string
 }
 
-func (c *hostileDeliveries) Subscriber(concurrency, prefetch int) message.Subscriber {
-	return &hostileSubscriber{Subscriber: c.Broker.Subscriber(concurrency, prefetch), c: c}
+func (c *hostileDeliveries) Subscriber(opts broker.SubscribeOptions) broker.Subscriber {
+	return &hostileSubscriber{Subscriber: c.Broker.Subscriber(opts), c: c}
 }
 
 type hostileSubscriber struct {
-	message.Subscriber
+	broker.Subscriber
 	c *hostileDeliveries
 }
 
@@ -237,7 +238,7 @@ func startHostileStack(t *testing.T) *hostileStack {
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: logger})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	counter := &hostileDeliveries{Broker: router.FromAMQP(b), ids: map[[32]byte][]string{}}
+	counter := &hostileDeliveries{Broker: b, ids: map[[32]byte][]string{}}
 	e := &env{name: "rabbitmq", broker: counter, amqp: b, rabbit: r}
 
 	queue := e.newQueue(t, "test.hostile")

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -90,7 +91,7 @@ func TestIdempotencyThroughTheStack(t *testing.T) {
 			dup := paymentRequest(fmt.Sprintf("dup-%d", d), fmt.Sprintf("pay-%d", orig), d%2 == 0)
 			msgs = append(msgs[:at], append([]*message.Message{dup}, msgs[at:]...)...)
 		}
-		require.NoError(t, e.broker.Publisher().Publish(queue, msgs...))
+		require.NoError(t, broker.QueuePublisher(e.broker).Publish(queue, msgs...))
 
 		// settle also waits a little after: no late redelivery may charge twice.
 		settle(t, func() bool {

@@ -45,7 +45,8 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 	// The broker is telemetry's depth source as it is, through the router's wrapper too.
-	src, ok := router.FromAMQP(b).(telemetry.DepthSource)
+	var rb router.Broker = b
+	src, ok := rb.(telemetry.DepthSource)
 	require.True(t, ok)
 
 	require.Eventually(t, func() bool {
@@ -62,7 +63,7 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	_, err = src.QueueDepth(ctx, queue)
 	require.NoError(t, err)
 
-	state, ok := router.FromAMQP(b).(telemetry.ConnectionState)
+	state, ok := rb.(telemetry.ConnectionState)
 	require.True(t, ok)
 	assert.True(t, state.Connected())
 	assert.Zero(t, state.Reconnects())

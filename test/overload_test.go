@@ -19,6 +19,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -126,17 +127,14 @@ func (c *handoffCounter) DeadLetter(ctx context.Context, queue string, msg *mess
 	return nil
 }
 
-func (c *handoffCounter) Subscriber(concurrency, prefetch int) message.Subscriber {
-	inner := c.Broker.Subscriber(concurrency, prefetch)
-	counting := countingSub{Subscriber: inner, c: c}
-	if p, ok := inner.(router.Pauser); ok {
-		return pausableCountingSub{countingSub: counting, Pauser: p}
-	}
-	return counting
+func (c *handoffCounter) Subscriber(opts broker.SubscribeOptions) broker.Subscriber {
+	return countingSub{Subscriber: c.Broker.Subscriber(opts), c: c}
 }
 
+// countingSub counts deliveries; its Pause and Resume are the subscriber's, so the stack
+// still pauses it.
 type countingSub struct {
-	message.Subscriber
+	broker.Subscriber
 	c *handoffCounter
 }
 
@@ -157,12 +155,6 @@ func (s countingSub) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 	}()
 	return out, nil
-}
-
-// pausableCountingSub keeps the subscriber's Pause and Resume visible to the stack.
-type pausableCountingSub struct {
-	countingSub
-	router.Pauser
 }
 
 // outageDep is a dependency that is down for outage from its first call, then up; it
@@ -248,7 +240,7 @@ func outageScenario(t testing.TB, e *env, backlog int, outage, openTimeout time.
 	for i := range backlog {
 		batch = append(batch, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "m-%06d", i)))
 		if len(batch) == cap(batch) || i == backlog-1 {
-			require.NoError(t, e.broker.Publisher().Publish(q, batch...))
+			require.NoError(t, broker.QueuePublisher(e.broker).Publish(q, batch...))
 			batch = batch[:0]
 		}
 	}
@@ -488,7 +480,7 @@ func degradationScenario(t testing.TB, e *env, rate int, degraded time.Duration,
 		}
 		require.NoError(t, s.Handle("charge", q, dep.handle, opts...))
 	})
-	pub := e.broker.Publisher()
+	pub := broker.QueuePublisher(e.broker)
 	messages := 0
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -597,7 +589,7 @@ func TestOverload_AdaptivePolicyUnderALoadStep(t *testing.T) {
 	}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("charge", q, handle))
 	})
-	pub := e.broker.Publisher()
+	pub := broker.QueuePublisher(e.broker)
 	publish := func(n int) {
 		for range n {
 			require.NoError(t, pub.Publish(q, message.NewMessage(watermill.NewUUID(), []byte("x"))))

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -110,7 +111,7 @@ func TestPipeline_UnroutableOutputIsRetriedNeverLost(t *testing.T) {
 			t.Cleanup(func() { assert.NoError(t, closeSteps()) })
 			runPlainRouter(t, func(r *message.Router) {
 				r.AddMiddleware(mws...)
-				r.AddHandler("receipts", q, e.broker.Subscriber(1, 1), outQ, e.amqp.Publisher(), output(calls))
+				r.AddHandler("receipts", q, e.broker.Subscriber(broker.SubscribeOptions{Concurrency: 1, Prefetch: 1}), outQ, e.amqp.Publisher(), output(calls))
 			})
 		}},
 	}
@@ -148,7 +149,7 @@ func TestPipeline_IdempotencyAloneInPlainRouterKeepsTheMessage(t *testing.T) {
 	var calls atomic.Int64
 	r := runPlainRouter(t, func(r *message.Router) {
 		r.AddMiddleware(g.Middleware)
-		r.AddHandler("receipts", q, e.broker.Subscriber(1, 1), outQ, e.amqp.Publisher(),
+		r.AddHandler("receipts", q, e.broker.Subscriber(broker.SubscribeOptions{Concurrency: 1, Prefetch: 1}), outQ, e.amqp.Publisher(),
 			func(msg *message.Message) ([]*message.Message, error) {
 				calls.Add(1)
 				return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte("receipt"))}, nil
@@ -212,7 +213,7 @@ func TestPipeline_WatermillTimeoutIsAHandlerFailure(t *testing.T) {
 				runPlainRouter(t, func(r *message.Router) {
 					r.AddMiddleware(wmiddleware.Timeout(deadline))
 					r.AddMiddleware(mws...)
-					r.AddNoPublisherHandler("h", q, e.broker.Subscriber(1, 1), func(m *message.Message) error {
+					r.AddNoPublisherHandler("h", q, e.broker.Subscriber(broker.SubscribeOptions{Concurrency: 1, Prefetch: 1}), func(m *message.Message) error {
 						_, err := h(m)
 						return err
 					})
@@ -318,7 +319,7 @@ func TestPipeline_WatermillMiddlewareComposes(t *testing.T) {
 				runPlainRouter(t, func(r *message.Router) {
 					r.AddMiddleware(tt.setup.user...)
 					r.AddMiddleware(mws...)
-					r.AddHandler("h", q, e.broker.Subscriber(1, 1), outQ, e.amqp.Publisher(), h)
+					r.AddHandler("h", q, e.broker.Subscriber(broker.SubscribeOptions{Concurrency: 1, Prefetch: 1}), outQ, e.amqp.Publisher(), h)
 				})
 			} else {
 				start(t, e, router.Config{Retry: pipelineRetry(maxRetries), Middleware: tt.setup.user}, func(s *router.Stack) {
@@ -433,7 +434,7 @@ func TestPipeline_PublishBeforeRun(t *testing.T) {
 	var handled atomic.Int64
 	require.NoError(t, s.Handle("h", q, func(*message.Message) error { handled.Add(1); return nil }))
 
-	err = e.broker.Publisher().Publish(q, message.NewMessage(watermill.NewUUID(), []byte("early")))
+	err = broker.QueuePublisher(e.broker).Publish(q, message.NewMessage(watermill.NewUUID(), []byte("early")))
 	require.ErrorIs(t, err, amqp.ErrUnroutable)
 	assert.ErrorContains(t, err, fmt.Sprintf("no queue %q", q))
 	assert.ErrorContains(t, err, "Stack.Declare")
@@ -441,7 +442,7 @@ func TestPipeline_PublishBeforeRun(t *testing.T) {
 	declareCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, s.Declare(declareCtx))
-	require.NoError(t, e.broker.Publisher().Publish(q, message.NewMessage(watermill.NewUUID(), []byte("early"))))
+	require.NoError(t, broker.QueuePublisher(e.broker).Publish(q, message.NewMessage(watermill.NewUUID(), []byte("early"))))
 
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)

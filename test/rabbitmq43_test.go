@@ -36,7 +36,7 @@ func quorumEnv(t *testing.T) *env {
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger(), QueueType: amqp.QueueQuorum, NackBackoffMax: 20 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	return &env{name: "rabbitmq", broker: router.FromAMQP(b), amqp: b, rabbit: r}
+	return &env{name: "rabbitmq", broker: b, amqp: b, rabbit: r}
 }
 
 // RabbitMQ 4.x counts only basic.reject (and connection loss) toward a quorum queue's

@@ -100,7 +100,7 @@ func TestPasswordNeverInLogsOrErrors(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 
-	e := &env{name: "rabbitmq", broker: router.FromAMQP(b), amqp: b, rabbit: r}
+	e := &env{name: "rabbitmq", broker: b, amqp: b, rabbit: r}
 	queue := e.newQueue(t, "test.security")
 	handled := make(chan string, 16)
 	cfg := router.Config{Logger: logger, Retry: retry.Config{MaxRetries: 1, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter}}
@@ -404,7 +404,7 @@ func TestTLSConnection(t *testing.T) {
 		// The test's own producer and counter use the node's plain port.
 		rabbit := node.Rabbit(t)
 
-		e := &env{name: "rabbitmq-tls", broker: router.FromAMQP(b), amqp: b, rabbit: rabbit}
+		e := &env{name: "rabbitmq-tls", broker: b, amqp: b, rabbit: rabbit}
 		queue := testenv.Name("test.tls")
 		got := make(chan *message.Message, 1)
 		start(t, e, router.Config{Logger: logger}, func(s *router.Stack) {

@@ -38,7 +38,7 @@ func TestShutdownWithHandlersInFlightLosesNothing(t *testing.T) {
 		defer cancel()
 		b, err := amqp.New(ctx, amqp.Config{URLs: []string{r.URL}, Logger: testLogger(), DrainTimeout: 500 * time.Millisecond})
 		require.NoError(t, err)
-		s, err := router.New(router.FromAMQP(b), router.Config{Logger: testLogger(), Concurrency: 4, CloseTimeout: 2 * time.Second})
+		s, err := router.New(b, router.Config{Logger: testLogger(), Concurrency: 4, CloseTimeout: 2 * time.Second})
 		require.NoError(t, err)
 		started := make(chan string, total)
 		var fmu sync.Mutex

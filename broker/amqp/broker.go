@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -99,8 +100,8 @@ func (b *Broker) DeclareDelays(ctx context.Context, max time.Duration) error {
 	return b.cascadeUpTo(ctx, digitsFor(delayUnits(min(max, MaxDelay))))
 }
 
-// Subscriber returns a subscriber with opts. Close closes it with the broker.
-func (b *Broker) Subscriber(opts SubscribeOptions) *Subscriber {
+// Subscriber returns a subscriber (a *Subscriber) with opts. Close closes it with the broker.
+func (b *Broker) Subscriber(opts SubscribeOptions) broker.Subscriber {
 	s := newSubscriber(b.conn, b.cfg, opts)
 	s.redeclare = b.redeclare
 	b.subsMu.Lock()

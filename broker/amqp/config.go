@@ -30,8 +30,8 @@ const defaultAckDelay = time.Millisecond
 // environment, the program passes the URL it read (AMQP_URL in sluice's own commands).
 var ErrNoURL = errors.New("amqp: no broker URL configured: set Config.URLs (sluice reads no environment variable; the program passes AMQP_URL's value)")
 
-// Config configures a Broker. The zero value connects to AMQP_URL (or
-// amqp://guest:guest@127.0.0.1:5672/) with classic queues and a quorum delay cascade.
+// Config configures a Broker. URLs is required; the other zero values give classic queues
+// and a quorum delay cascade.
 type Config struct {
 	// URLs are the nodes to connect to, tried in order and failed over between. Required:
 	// New refuses none with ErrNoURL (the library reads no environment; a program that

@@ -3,6 +3,7 @@ package amqp
 import (
 	"context"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/membership"
 )
 
@@ -13,7 +14,11 @@ import (
 // intervals by default); one that closes its membership says goodbye and leaves the lists
 // at once. Heartbeats expire in the broker after Expiry, so a slow listener is not misled
 // by old ones. It returns once the listening queue is bound, so the first heartbeats are
-// heard. (The types are in internal/membership: only sluice's router joins.)
-func (b *Broker) Join(ctx context.Context, queue string, cfg membership.Config) (*membership.Membership, error) {
-	return membership.Join(ctx, b.conn.channel, ErrClosed, queue, cfg)
+// heard.
+func (b *Broker) Join(ctx context.Context, queue string, cfg broker.MembershipConfig) (broker.Membership, error) {
+	m, err := membership.Join(ctx, b.conn.channel, ErrClosed, queue, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
 }

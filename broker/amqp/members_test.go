@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/membership"
 	"github.com/sluice-go/sluice/internal/testenv"
@@ -16,7 +17,7 @@ import (
 
 func TestJoin_RefusesBadConfig(t *testing.T) {
 	b := newBroker(t, amqp.Config{})
-	for _, cfg := range []membership.Config{
+	for _, cfg := range []broker.MembershipConfig{
 		{Interval: -time.Second},
 		{Interval: time.Second, Expiry: time.Second},
 	} {
@@ -31,14 +32,14 @@ func TestJoin_RefusesBadConfig(t *testing.T) {
 func TestMembership_JoinLeaveKill(t *testing.T) {
 	const interval, expiry = 100 * time.Millisecond, 400 * time.Millisecond
 	queue := testenv.Name("test.members")
-	join := func(id string) (*amqp.Broker, *membership.Membership) {
+	join := func(id string) (*amqp.Broker, broker.Membership) {
 		b := newBroker(t, amqp.Config{})
-		m, err := b.Join(context.Background(), queue, membership.Config{ID: id, Interval: interval, Expiry: expiry})
+		m, err := b.Join(context.Background(), queue, broker.MembershipConfig{ID: id, Interval: interval, Expiry: expiry})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.Close() })
 		return b, m
 	}
-	converged := func(want []string, ms ...*membership.Membership) func() bool {
+	converged := func(want []string, ms ...broker.Membership) func() bool {
 		return func() bool {
 			for _, m := range ms {
 				if !slices.Equal(m.Members(), want) {

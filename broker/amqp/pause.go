@@ -31,7 +31,7 @@ func (s *Subscriber) Resume(limit int) { s.gate.Set(false, limit) }
 func (s *Subscriber) Paused() bool { return s.gate.State().Paused }
 
 // optsFor returns the settings a consumer uses in st.
-func (o SubscribeOptions) optsFor(st pausegate.State) SubscribeOptions {
+func optsFor(o SubscribeOptions, st pausegate.State) SubscribeOptions {
 	if st.Limit > 0 {
 		o.Concurrency = min(o.Concurrency, st.Limit)
 		o.Prefetch = st.Limit

@@ -67,12 +67,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 			defer cancel()
 		}
 	}
-	err := p.PublishTo(ctx, "", topic, messages...)
-	if errors.Is(err, ErrUnroutable) {
-		// The usual cause: publishing before the consumer declared its queue.
-		return fmt.Errorf("%w (no queue %q: declare it first with Broker.DeclareQueue or router.Stack.Declare; Stack.Run declares its handlers' queues)", err, topic)
-	}
-	return err
+	return withQueueHint(p.PublishTo(ctx, "", topic, messages...), topic)
 }
 
 // PublishContext publishes messages to the queue named topic (through the default

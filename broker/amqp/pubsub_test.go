@@ -15,6 +15,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -266,7 +267,7 @@ type suiteSubscriber struct {
 	s    *suiteEnv
 	b    *amqp.Broker
 	c    *closer
-	sub  *amqp.Subscriber
+	sub  broker.Subscriber
 	once sync.Once
 }
 

@@ -13,21 +13,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice/broker"
 	hdr "github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/pausegate"
 )
 
-// SubscribeOptions tune one subscription.
-type SubscribeOptions struct {
-	// Concurrency is how many deliveries are handed out at once, each waiting for its own
-	// ack. Zero means 1.
-	Concurrency int
-	// Prefetch is the channel's QoS prefetch count. Zero means Concurrency; a smaller
-	// value is raised to Concurrency.
-	Prefetch int
-}
+// SubscribeOptions tune one subscription: package broker's, which both brokers take.
+type SubscribeOptions = broker.SubscribeOptions
 
-func (o SubscribeOptions) normalized() SubscribeOptions {
+func normalized(o SubscribeOptions) SubscribeOptions {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 1
 	}
@@ -64,7 +58,7 @@ type Subscriber struct {
 }
 
 func newSubscriber(conn *connection, cfg Config, opts SubscribeOptions) *Subscriber {
-	return &Subscriber{conn: conn, opts: opts.normalized(), cfg: cfg, logger: cfg.Logger, closing: make(chan struct{})}
+	return &Subscriber{conn: conn, opts: normalized(opts), cfg: cfg, logger: cfg.Logger, closing: make(chan struct{})}
 }
 
 // Subscribe starts consuming queue. The channel closes when ctx is done or Close is called,
@@ -169,7 +163,7 @@ func (s *Subscriber) stopping(ctx context.Context) bool {
 // consumeOnce consumes on one channel until it closes or the subscriber stops. When the
 // channel closes under running handlers it returns at once and leaves them to orphans.
 func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *message.Message, st pausegate.State, orphans *sync.WaitGroup) error {
-	opts := s.opts.optsFor(st)
+	opts := optsFor(s.opts, st)
 	waitCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

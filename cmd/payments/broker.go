@@ -14,25 +14,25 @@ import (
 	"github.com/sluice-go/sluice/router"
 )
 
-// connectBroker is router.Connect with AMQP_URL and the queue type of AMQP_QUEUE_TYPE
+// connectBroker is amqp.Connect with AMQP_URL and the queue type of AMQP_QUEUE_TYPE
 // (quorum on a cluster, so the queues survive a node). Without AMQP_URL it is the embedded
 // broker when cfg.embeddedFallback says so (the demo), and an error otherwise (serve).
 func connectBroker(ctx context.Context, cfg config, logger *slog.Logger) (router.Broker, error) {
 	url := os.Getenv("AMQP_URL")
 	if url == "" {
 		if !cfg.embeddedFallback {
-			return nil, fmt.Errorf("%w; set AMQP_URL ('payments demo' runs on the embedded broker without it)", router.ErrNoAMQPURL)
+			return nil, fmt.Errorf("%w; set AMQP_URL ('payments demo' runs on the embedded broker without it)", amqp.ErrNoURL)
 		}
-		return router.ConnectOrEmbedded(ctx, "", logger)
+		return amqp.ConnectOrEmbedded(ctx, "", logger)
 	}
 	if cfg.queueType == "" {
-		return router.Connect(ctx, url, logger)
+		return amqp.Connect(ctx, url, logger)
 	}
 	b, err := amqp.New(ctx, amqp.Config{URLs: amqpurl.Split(url), Logger: logger, QueueType: amqp.QueueType(cfg.queueType)})
 	if err != nil {
 		return nil, err
 	}
-	return router.FromAMQP(b), nil
+	return b, nil
 }
 
 // publishRequest publishes a payment request: to the queue, or, when the service runs
@@ -40,24 +40,16 @@ func connectBroker(ctx context.Context, cfg config, logger *slog.Logger) (router
 // publish so that one instance sees every request of a payment.
 func publishRequest(ctx context.Context, b router.Broker, pub message.Publisher, cfg config, m *message.Message) error {
 	if cfg.exchange != "" {
-		eb, ok := b.(router.ExchangeBroker)
-		if !ok {
-			return fmt.Errorf("the %s broker cannot publish to exchanges", b.Name())
-		}
-		return eb.PublishToExchange(ctx, cfg.exchange, cfg.bindingKey, m)
+		return b.PublishToExchange(ctx, cfg.exchange, cfg.bindingKey, m)
 	}
 	if cfg.partitions == 0 {
 		return pub.Publish(cfg.queue, m)
-	}
-	pp, ok := b.(router.PartitionPublisher)
-	if !ok {
-		return fmt.Errorf("the %s broker cannot publish to partitions", b.Name())
 	}
 	key, err := example_payment.KeyFunc(m)
 	if err != nil || key == "" {
 		key = m.UUID // a body without a payment_id is dead-lettered whichever partition it is in
 	}
-	return pp.PublishPartitioned(ctx, cfg.queue, key, m)
+	return b.PublishPartitioned(ctx, cfg.queue, key, m)
 }
 
 // watchSuccesses returns the queue the demo reads success events from: the output queue,
@@ -67,11 +59,7 @@ func watchSuccesses(ctx context.Context, b router.Broker, cfg config) (string, e
 	if cfg.outputExchange == "" {
 		return cfg.output, nil
 	}
-	eb, ok := b.(router.ExchangeBroker)
-	if !ok {
-		return "", fmt.Errorf("the %s broker cannot subscribe to exchanges", b.Name())
-	}
 	queue := cfg.outputExchange + ".demo"
-	err := eb.DeclareSubscription(ctx, queue, []router.Binding{{Exchange: cfg.outputExchange, Kind: router.Topic, Keys: []string{succeededRoutingKey}}}, false)
+	err := b.DeclareSubscription(ctx, queue, []router.Binding{{Exchange: cfg.outputExchange, Kind: router.Topic, Keys: []string{succeededRoutingKey}}}, false)
 	return queue, err
 }

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/broker/amqp"
 )
 
 // serve without AMQP_URL refuses to start (it used to consume from the embedded broker,
@@ -24,7 +24,7 @@ func TestConnectBroker_EmbeddedOnlyWhenAsked(t *testing.T) {
 
 	cfg.embeddedFallback = false
 	_, err = connectBroker(context.Background(), cfg, newLogger(0))
-	require.ErrorIs(t, err, router.ErrNoAMQPURL)
+	require.ErrorIs(t, err, amqp.ErrNoURL)
 	assert.ErrorContains(t, err, "set AMQP_URL")
 
 	assert.Equal(t, 1, run([]string{"serve"}), "payments serve exits with an error")

@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/paymentdemo"
@@ -195,7 +196,7 @@ func demo(ctx context.Context, cfg config, args []string) int {
 		fmt.Fprintln(os.Stderr, "payments demo: watch", cfg.outputExchange+":", err)
 		return 1
 	}
-	sub := svc.broker.Subscriber(4, 32)
+	sub := svc.broker.Subscriber(broker.SubscribeOptions{Concurrency: 4, Prefetch: 32})
 	events, err := sub.Subscribe(runCtx, watched)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments demo: watch", watched+":", err)

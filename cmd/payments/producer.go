@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/failover"
 	"github.com/sluice-go/sluice/internal/amqpurl"
@@ -22,7 +23,7 @@ import (
 // request the brokers cannot take is kept on disk instead of failing. closeFn releases
 // what it opened (not b).
 func producerPublisher(ctx context.Context, cfg config, b router.Broker, logger *slog.Logger) (pub message.Publisher, closeFn func(), err error) {
-	pub = b.Publisher()
+	pub = broker.QueuePublisher(b)
 	var closers []func() error
 	closeFn = func() {
 		for i := len(closers) - 1; i >= 0; i-- {

@@ -64,7 +64,7 @@ func (s *secondary) run(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	stack, err := s.newStack(router.FromAMQP(s.cluster.Broker()))
+	stack, err := s.newStack(s.cluster.Broker())
 	if err != nil {
 		s.logger.Error("payments: cannot consume the secondary cluster", "error", err)
 		return fmt.Errorf("secondary cluster: %w", err)

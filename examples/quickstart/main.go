@@ -19,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -50,7 +51,7 @@ func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
 		return fmt.Errorf("telemetry: %w", err)
 	}
 
-	broker, err := router.Connect(ctx, os.Getenv("AMQP_URL"), logger) // RabbitMQ at AMQP_URL
+	broker, err := amqp.Connect(ctx, os.Getenv("AMQP_URL"), logger) // RabbitMQ at AMQP_URL
 	if err != nil {
 		return fmt.Errorf("connect to RabbitMQ: %w", err)
 	}

@@ -142,7 +142,7 @@ func TestGroupRows(t *testing.T) {
 			name: "the same parent in two packages is two groups",
 			results: []result{
 				res("github.com/sluice-go/sluice/broker/amqp", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p50-late-ms": 200}),
-				res("github.com/sluice-go/sluice/internal/memory", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p50-late-ms": 0.8}),
+				res("github.com/sluice-go/sluice/broker/memory", "BenchmarkDelayAccuracy/sluice", map[string]float64{"p50-late-ms": 0.8}),
 			},
 			want: []row{
 				{benchmark: "broker/amqp DelayAccuracy", unit: "p50-late-ms", sluice: "200.0", refs: []string{"", ""}, ratios: []string{"", ""}},

@@ -25,7 +25,7 @@ const (
 
 // MetadataExchange and MetadataRoutingKey are the message metadata keys that say which
 // exchange and routing key a message was published with (or, on a delivery, came from):
-// broker/amqp's marshaler and internal/memory both use them, so handlers read one pair.
+// broker/amqp's marshaler and broker/memory both use them, so handlers read one pair.
 const (
 	MetadataExchange   = "amqp-exchange"
 	MetadataRoutingKey = "amqp-routing-key"

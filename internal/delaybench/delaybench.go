@@ -1,5 +1,5 @@
 // Package delaybench measures how exactly a broker delays messages, for the
-// DelayAccuracy benchmarks of broker/amqp and internal/memory: the same measurement on both
+// DelayAccuracy benchmarks of broker/amqp and broker/memory: the same measurement on both
 // brokers, so their figures compare.
 package delaybench
 

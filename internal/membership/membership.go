@@ -18,6 +18,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -32,23 +33,10 @@ const (
 	defaultMemberExpiry = 3
 )
 
-// Config configures Join. The zero value gives the defaults named on each field.
-type Config struct {
-	// ID names this instance among the others; it must be unique. Empty means a random
-	// one.
-	ID string
-	// Interval is how often the instance announces itself. Zero means DefaultInterval.
-	Interval time.Duration
-	// Expiry is how long a member stays listed after its last heartbeat: a killed
-	// instance (no goodbye) leaves the list within Expiry. Zero means 3
-	// intervals; it must exceed Interval.
-	Expiry time.Duration
-	// OnBroadcast, when set, receives what the other members Broadcast, on the listening
-	// loop (keep it short). Nil means broadcasts are dropped.
-	OnBroadcast func(from string, body []byte)
-}
+// Config configures Join: package broker's MembershipConfig, which Broker.Join takes.
+type Config = broker.MembershipConfig
 
-func (c *Config) setDefaults() error {
+func setDefaults(c *Config) error {
 	if c.ID == "" {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
@@ -91,7 +79,7 @@ type Opener func(ctx context.Context) (*amqp.Channel, error)
 // on channels from open; an error matching closed stops the reopening after a connection
 // loss. It returns once the listening queue is bound, so the first heartbeats are heard.
 func Join(ctx context.Context, open Opener, closed error, queue string, cfg Config) (*Membership, error) {
-	if err := cfg.setDefaults(); err != nil {
+	if err := setDefaults(&cfg); err != nil {
 		return nil, err
 	}
 	m := &Membership{open: open, closed: closed, queue: queue, cfg: cfg, seen: map[string]time.Time{}, changed: make(chan struct{}),

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -41,7 +42,7 @@ func TestOperate_ReadinessFollowsConsumptionAndPauses(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, p) })
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	broker := router.Embedded(logger)
+	broker := memory.New(memory.Config{Logger: logger})
 	t.Cleanup(func() { _ = broker.Close() })
 	breakers, err := breaker.New(breaker.Config{ConsecutiveFailures: 2, OpenTimeout: 200 * time.Millisecond, Logger: logger})
 	require.NoError(t, err)

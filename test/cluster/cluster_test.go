@@ -254,7 +254,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 	n := newNames("cluster.retry")
 	n.cleanup(t, urls[0])
 	b := newBroker(t, urls)
-	s, err := router.New(router.FromAMQP(b), router.Config{
+	s, err := router.New(b, router.Config{
 		Logger: testLogger(),
 		Retry:  retry.Config{MaxRetries: 3, InitialDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond, Jitter: retry.NoJitter},
 	})

@@ -387,7 +387,7 @@ func startStack(t *testing.T, cfg amqp.Config, rcfg router.Config, build func(b 
 	defer cancel()
 	b, err := amqp.New(ctx, cfg)
 	require.NoError(t, err)
-	s, err := router.New(router.FromAMQP(b), rcfg)
+	s, err := router.New(b, rcfg)
 	require.NoError(t, err)
 	build(b, s)
 	runCtx, stop := context.WithCancel(context.Background())

@@ -74,7 +74,7 @@ func run() error {
 	defer guard.Close()
 	// The retry policy is the suite's (test/faults retryConfig): the delay cascade both
 	// consumers of the queue declare must match.
-	s, err := router.New(router.FromAMQP(b), router.Config{
+	s, err := router.New(b, router.Config{
 		Logger:      logger,
 		Retry:       retry.Config{MaxRetries: 3, InitialDelay: 2 * time.Second, Multiplier: 1, Jitter: -1},
 		Idempotency: guard,

@@ -8,8 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/delaybench"
-	"github.com/sluice-go/sluice/internal/memory"
 )
 
 // BenchmarkDelayAccuracy is broker/amqp's BenchmarkDelayAccuracy on the embedded broker:

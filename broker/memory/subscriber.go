@@ -8,17 +8,16 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/pausegate"
 )
 
-// SubscribeOptions tune one subscription; they mean what they mean for RabbitMQ.
-type SubscribeOptions struct {
-	// Concurrency is how many messages are handed out at once. Zero means 1.
-	Concurrency int
-}
+// SubscribeOptions tune one subscription: package broker's, which both brokers take. The
+// embedded broker has no prefetch: Prefetch is ignored.
+type SubscribeOptions = broker.SubscribeOptions
 
 // Subscriber returns a subscriber with opts.
-func (b *Broker) Subscriber(opts SubscribeOptions) message.Subscriber {
+func (b *Broker) Subscriber(opts SubscribeOptions) broker.Subscriber {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 1
 	}

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -19,6 +20,15 @@ func (b *Broker) Publish(topic string, messages ...*message.Message) error {
 		q.push(copyMessage(m), false)
 	}
 	return nil
+}
+
+// PublishConfirmed is Publish within ctx: an in-process push is confirmed once it is in
+// the queue, so ctx only refuses a publish it has already ended.
+func (b *Broker) PublishConfirmed(ctx context.Context, queue string, messages ...*message.Message) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("publish to queue %q: %w", queue, err)
+	}
+	return b.Publish(queue, messages...)
 }
 
 // Publisher returns the broker itself, which implements message.Publisher.

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/internal/memory"
+	"github.com/sluice-go/sluice/broker/memory"
 )
 
 // A subscriber (or broker) closing while a handler holds a message gives the handler

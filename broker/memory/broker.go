@@ -1,4 +1,4 @@
-// Package memory is sluice's embedded broker, used when no AMQP_URL is set: in-process
+// Package memory is sluice's embedded broker, for demos and tests: in-process
 // queues with the same semantics the stack relies on from RabbitMQ — competing consumers,
 // acks and requeue on nack, a dead-letter queue per queue, and delayed re-delivery by a
 // scheduler (one timer goroutine; no handler ever sleeps). Nothing survives the process.
@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/sluice-go/sluice/broker"
 )
 
 // Config's zero values.
@@ -50,7 +52,16 @@ type Broker struct {
 	wg      sync.WaitGroup
 }
 
-// New starts an embedded broker.
+// The embedded broker is everything the stack requires (package broker). It has no
+// broker.ConsumerCounter or broker.Joiner: in one process no other instance competes for a
+// partition.
+var (
+	_ broker.Broker     = (*Broker)(nil)
+	_ broker.Subscriber = (*subscriber)(nil)
+)
+
+// New starts an embedded broker: nothing outside the process can publish to it, and its
+// messages die with the process.
 func New(cfg Config) *Broker {
 	if cfg.NackBackoffMax <= 0 {
 		cfg.NackBackoffMax = defaultNackBackoffMax
@@ -66,10 +77,6 @@ func New(cfg Config) *Broker {
 	go b.runScheduler()
 	return b
 }
-
-// Embedded returns b itself: router.Embedded's broker embeds it, so sluice's own tests reach
-// the broker behind a router.Broker through an interface assertion.
-func (b *Broker) Embedded() *Broker { return b }
 
 // Name returns "memory".
 func (b *Broker) Name() string { return "memory" }

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/internal/memory"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/internal/memory"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

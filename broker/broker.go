@@ -1,0 +1,223 @@
+// Package broker declares what sluice's stack needs from a message broker, one capability
+// per interface, each with one method and one signature. Both of sluice's brokers,
+// broker/amqp (RabbitMQ) and broker/memory (the embedded one), implement Broker, checked
+// at compile time beside each of them; a third broker implements the same interfaces and
+// the stack (package router) runs on it unchanged.
+//
+// Broker is the contract the stack requires. ConsumerCounter and Joiner are capabilities a
+// broker may add: the stack uses them when they are there (claiming partitions at start,
+// rebalancing partitions between instances) and says so in the option that needs them.
+// The embedded broker lives in one process, where no other instance competes for a
+// partition, so it has neither.
+//
+// The router never asserts a broker's concrete type: what it cannot get through these
+// interfaces, it does not use.
+package broker
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/binding"
+)
+
+// Broker is everything the stack (router.New) requires of a broker.
+type Broker interface {
+	Namer
+	QueueDeclarer
+	OutputQueueDeclarer
+	PartitionDeclarer
+	ExchangeDeclarer
+	SubscriptionDeclarer
+	ConfirmedPublisher
+	PartitionPublisher
+	ExchangePublisher
+	Delayer
+	DeadLetterer
+	Consumer
+	DepthReader
+	io.Closer
+}
+
+// Namer names the messaging system.
+type Namer interface {
+	// Name is the messaging system ("rabbitmq", "memory"), as telemetry reports it.
+	Name() string
+}
+
+// QueueDeclarer declares a consumed queue with its failure paths.
+type QueueDeclarer interface {
+	// DeclareQueue declares queue with its dead-letter queue and its route back from the
+	// delay, so that retries and dead letters have somewhere to go.
+	DeclareQueue(ctx context.Context, queue string) error
+}
+
+// OutputQueueDeclarer declares a queue the stack only publishes to.
+type OutputQueueDeclarer interface {
+	// DeclareOutputQueue declares queue without failure paths of its own: its consumer's
+	// DeclareQueue adds them.
+	DeclareOutputQueue(ctx context.Context, queue string) error
+}
+
+// PartitionDeclarer declares a key-partitioned queue (router.WithPartitions).
+type PartitionDeclarer interface {
+	// DeclarePartitioned declares queue as partitions queues (topology.Partition) with
+	// their shared dead-letter queue and delay routes.
+	DeclarePartitioned(ctx context.Context, queue string, partitions int) error
+}
+
+// ExchangeDeclarer declares an exchange the stack publishes or subscribes to.
+type ExchangeDeclarer interface {
+	// DeclareExchange declares exchange of kind with sluice's alternate exchange
+	// sluice.unrouted, or, with adopt, uses an existing one as it is.
+	DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error
+}
+
+// SubscriptionDeclarer declares a subscriber's queue and its bindings.
+type SubscriptionDeclarer interface {
+	// DeclareSubscription declares queue with its failure paths, the bindings' exchanges
+	// and the bindings (adopting what exists, with adopt).
+	DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error
+}
+
+// ConfirmedPublisher publishes to a queue and waits for the broker's confirms.
+type ConfirmedPublisher interface {
+	// PublishConfirmed publishes messages to queue and returns once every one is
+	// confirmed, or with ctx's error when ctx ends first.
+	PublishConfirmed(ctx context.Context, queue string, messages ...*message.Message) error
+}
+
+// PartitionPublisher publishes to a partitioned queue.
+type PartitionPublisher interface {
+	// PublishPartitioned publishes messages to queue's partition for key, confirmed.
+	PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error
+}
+
+// ExchangePublisher publishes to an exchange.
+type ExchangePublisher interface {
+	// PublishToExchange publishes messages to exchange with routingKey, confirmed.
+	PublishToExchange(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error
+}
+
+// Delayer delivers a message again after a delay (the retry step's hand-off).
+type Delayer interface {
+	// Delay delivers a copy of msg to queue after d; it returns once the copy is
+	// confirmed.
+	Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error
+}
+
+// DeadLetterer publishes to a queue's dead-letter queue (the poison step's hand-off).
+type DeadLetterer interface {
+	// DeadLetter publishes msg to queue's dead-letter queue; it returns once confirmed.
+	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
+}
+
+// Consumer makes subscribers.
+type Consumer interface {
+	// Subscriber returns a subscriber with opts.
+	Subscriber(opts SubscribeOptions) Subscriber
+}
+
+// DepthReader reads a queue's depth (telemetry's depth watcher, the overload guard).
+type DepthReader interface {
+	// QueueDepth returns queue's messages and consumers; a queue that does not exist is
+	// an error wrapping sluice.ErrQueueNotFound.
+	QueueDepth(ctx context.Context, queue string) (sluice.QueueDepth, error)
+}
+
+// ConsumerCounter counts a queue's consumers. A broker that has it lets the instances of
+// a partitioned handler claim partitions one at a time at start (router.WithPartitions).
+type ConsumerCounter interface {
+	// ConsumerCount returns how many consumers queue has.
+	ConsumerCount(ctx context.Context, queue string) (int, error)
+}
+
+// Joiner keeps a membership of the instances consuming one queue, for
+// router.WithRebalancing.
+type Joiner interface {
+	// Join starts announcing this instance among queue's members and listening to the
+	// others; it returns once the first announcements can be heard.
+	Join(ctx context.Context, queue string, cfg MembershipConfig) (Membership, error)
+}
+
+// SubscribeOptions tune one subscription. The zero value means one message at a time.
+type SubscribeOptions struct {
+	// Concurrency is how many messages are handed out at once, each waiting for its own
+	// ack. Zero means 1.
+	Concurrency int
+	// Prefetch is how many deliveries the broker may send ahead (RabbitMQ's QoS prefetch
+	// count). Zero means Concurrency; a smaller value is raised to Concurrency. A broker
+	// without prefetch ignores it.
+	Prefetch int
+}
+
+// Subscriber is a Watermill subscriber that can stop taking deliveries and take them
+// again (the breaker's pause).
+type Subscriber interface {
+	message.Subscriber
+	// Pause returns deliveries not yet with a handler to their queue and lets the others
+	// finish.
+	Pause()
+	// Resume takes deliveries again: with a positive limit only that many at once, with
+	// zero all of them.
+	Resume(limit int)
+	// Paused reports whether Pause was called after the last Resume.
+	Paused() bool
+}
+
+// Membership is one instance's view of the instances consuming a queue (Joiner).
+type Membership interface {
+	// ID names this instance among the members.
+	ID() string
+	// Members lists the members heard recently, this one included.
+	Members() []string
+	// Changed is closed at the next change of Members.
+	Changed() <-chan struct{}
+	// Broadcast sends body to the other members' MembershipConfig.OnBroadcast.
+	Broadcast(ctx context.Context, body []byte) error
+	// Close leaves the membership: the others hear it at once.
+	Close() error
+}
+
+// MembershipConfig configures Joiner.Join. The zero value gives the defaults named on
+// each field.
+type MembershipConfig struct {
+	// ID names this instance among the others; it must be unique. Empty means a random
+	// one.
+	ID string
+	// Interval is how often the instance announces itself. Zero means 500 ms.
+	Interval time.Duration
+	// Expiry is how long a member stays listed after its last announcement: a killed
+	// instance (no goodbye) leaves the list within Expiry. Zero means 3 intervals; it
+	// must exceed Interval.
+	Expiry time.Duration
+	// OnBroadcast, when set, receives what the other members Broadcast, on the listening
+	// loop (keep it short). Nil means broadcasts are dropped.
+	OnBroadcast func(from string, body []byte)
+}
+
+// ExchangeKind is an exchange's type, as in AMQP.
+type ExchangeKind = binding.Kind
+
+// Exchange kinds.
+const (
+	// Topic routes on dot-separated binding keys; * is one word, # zero or more.
+	Topic = binding.Topic
+	// Direct routes on the exact binding key.
+	Direct = binding.Direct
+	// Fanout sends every message to every bound queue.
+	Fanout = binding.Fanout
+	// Headers routes on header (metadata) values.
+	Headers = binding.Headers
+)
+
+// Binding binds a queue to an exchange; both brokers accept and refuse the same ones
+// (Validate).
+type Binding = binding.Binding
+
+// ErrBinding means a Binding is incomplete or contradicts its exchange kind.
+var ErrBinding = binding.ErrInvalid
