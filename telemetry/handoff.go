@@ -11,22 +11,19 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// Delayer hands a message to the broker to be delivered to queue after d. It has the
-// shape of the retry step's broker interface, which this package does not import.
-type Delayer interface {
-	Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error
-}
+// Delayer hands a message to the broker to be delivered to queue after d: package
+// broker's capability, as the retry step takes it.
+type Delayer = broker.Delayer
 
-// DeadLetterer publishes a message to queue's dead-letter queue. It has the shape of the
-// poison step's broker interface, which this package does not import.
-type DeadLetterer interface {
-	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
-}
+// DeadLetterer publishes a message to queue's dead-letter queue: package broker's
+// capability, as the poison step takes it.
+type DeadLetterer = broker.DeadLetterer
 
 // WrapDelayer returns a Delayer that starts a producer span "send sluice.delay" (a child
 // of ctx's span, which is the consumer span of the attempt that failed) and injects the

@@ -15,16 +15,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
-// Delayer hands a message to the broker so it is delivered to queue after d, confirmed.
-type Delayer interface {
-	Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error
-}
+// Delayer hands a message to the broker so it is delivered to queue after d, confirmed:
+// package broker's capability.
+type Delayer = broker.Delayer
 
 // DeadLetterFunc publishes msg's dead-letter copy for reason to queue's DLQ, confirmed, and
 // returns the copy it published (its record).

@@ -35,6 +35,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/failure"
@@ -49,10 +50,8 @@ const maxStackBytes = 16 << 10
 var ErrNoDeadLetterer = errors.New("poison: Config.DeadLetterer is required")
 
 // DeadLetterer publishes a message to queue's dead-letter queue and returns only once the
-// broker confirmed it.
-type DeadLetterer interface {
-	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
-}
+// broker confirmed it. It is package broker's capability.
+type DeadLetterer = broker.DeadLetterer
 
 // Event describes one dead-lettered message, for OnDeadLetter.
 type Event struct {

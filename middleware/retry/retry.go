@@ -39,6 +39,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/failure"
@@ -63,10 +64,8 @@ var (
 )
 
 // Delayer hands a message to the broker so it is delivered to queue after d. It returns
-// only once the broker confirmed the copy.
-type Delayer interface {
-	Delay(ctx context.Context, queue string, d time.Duration, msg *message.Message) error
-}
+// only once the broker confirmed the copy. It is package broker's capability.
+type Delayer = broker.Delayer
 
 // Event describes one retry or deferral, for OnRetry.
 type Event struct {
