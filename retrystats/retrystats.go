@@ -218,6 +218,8 @@ type TypeStats struct {
 	Handler, ErrorType string
 	// Window is the time the counts cover.
 	Window time.Duration
+	// Other is true when the type is not tracked and the counts are OtherType's.
+	Other bool
 	// Messages is how many messages failed with the type; Retries how many retries were
 	// spent on it.
 	Messages, Retries int64
@@ -285,6 +287,7 @@ func (s *Stats) Type(handler, errType string) TypeStats {
 	sr := h.types[errType]
 	if sr == nil && len(h.types) >= s.cfg.MaxTypes {
 		sr = h.types[OtherType]
+		ts.Other = true
 	}
 	if sr != nil {
 		sr.sum(epoch, &ts)

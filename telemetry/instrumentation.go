@@ -98,6 +98,10 @@ func WithEventLog(logger *slog.Logger, limit LogLimit) Option {
 //   - sluice.retries, sluice.dead_letters (counters; queue, handler, error.type);
 //   - sluice.idempotency.hits (counter; queue, handler);
 //   - sluice.retry.delay (histogram, seconds; queue, handler);
+//   - sluice.retry.outcomes (counter; handler, error.type, outcome) and
+//     sluice.retry.recovery.attempt (histogram; handler, error.type): per error type, the
+//     messages that failed with it, the retries spent on it and how retried messages
+//     ended (retryoutcome.go; package retrystats keeps the same counts over a window);
 //   - sluice.handler.duration (histogram, seconds; queue, handler, outcome);
 //   - sluice.messages.in_flight (up-down counter; queue, handler);
 //   - sluice.breaker.state (gauge; breaker), see RegisterBreakerState;
@@ -132,6 +136,7 @@ type Instrumentation struct {
 	consumedByQueue sync.Map // queue -> *queueCount
 
 	mm       messagingMetrics // messaging.go
+	ro       retryOutcomes    // retryoutcome.go
 	errTypes *errorTypes      // errortype.go
 	events   *eventLog        // eventlog.go
 
@@ -191,6 +196,9 @@ func New(opts ...Option) (*Instrumentation, error) {
 		return nil, err
 	}
 	if err := in.createFlowInstruments(); err != nil {
+		return nil, err
+	}
+	if err := in.createRetryOutcomeInstruments(); err != nil {
 		return nil, err
 	}
 	if err := in.createEventLog(o.logger, o.logLimit); err != nil {

@@ -31,8 +31,9 @@ type attemptReport struct {
 // step (which calls it once per attempt, after the attempt's hand-off) and to the
 // idempotency step (for a duplicate). The observation is recorded with the attempt's span
 // and metrics when Middleware, outside, finishes the attempt; an observation for a context
-// Middleware did not start is ignored.
+// Middleware did not start is ignored, but for the retry outcome metrics, recorded at once.
 func (in *Instrumentation) Observe(ctx context.Context, o disposition.Outcome) {
+	in.observeRetry(ctx, o)
 	a, ok := ctx.Value(attemptKey{}).(*attemptState)
 	if !ok {
 		return

@@ -419,7 +419,7 @@ func (o *observedPayments) checkAlertRules(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(data, &rules))
 	require.Len(t, rules.Groups, 1)
-	assert.Len(t, rules.Groups[0].Rules, 8)
+	assert.Len(t, rules.Groups[0].Rules, 9)
 	require.Eventually(t, func() bool {
 		data, err := prom.get(t, "/api/v1/rules", url.Values{})
 		if err != nil || json.Unmarshal(data, &rules) != nil {

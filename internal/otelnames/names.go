@@ -80,6 +80,13 @@ const (
 const (
 	// MetricRetryDelay is the broker-side delay each retry was given (seconds).
 	MetricRetryDelay = "sluice.retry.delay"
+	// MetricRetryOutcomes counts, per handler and error type, the messages that failed
+	// with it and how their retries ended (disposition.RetryEventOf): outcome "failed",
+	// "retried" (a retry spent), "recovered", "exhausted", "permanent", "discarded",
+	// "dead_lettered", "retry_unlikely".
+	MetricRetryOutcomes = "sluice.retry.outcomes"
+	// MetricRetryRecoveryAttempt is the attempt at which a retried message recovered.
+	MetricRetryRecoveryAttempt = "sluice.retry.recovery.attempt"
 )
 
 // MetricAttrErrorType labels retries, dead letters and failed operations. Its values are

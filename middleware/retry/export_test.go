@@ -4,3 +4,6 @@ package retry
 const DefaultBudgetRatio = defaultBudgetRatio
 const DefaultBudgetWindow = defaultBudgetWindow
 const DefaultMinRetriesPerSecond = defaultMinRetriesPerSecond
+
+// Explored is explored, for the learned policy's tests.
+var Explored = explored

@@ -20,6 +20,12 @@
 //     than MaxTotalAge, then DeadLetter (a Permanent ErrDeferralExpired);
 //   - an inner step's own decision (the breaker's disposition.ReturnUnprocessedError): as decided.
 //
+// Opt-in, the learned policy (Config.Learned, learned.go) stops retrying an error type whose
+// retried messages have not been recovering, judged from the step's outcome statistics
+// (Config.Stats, package retrystats): such a failure is dead-lettered at once with reason
+// retry_unlikely and the evidence ("0 of 312 recovered in the last hour"), fed to Decide as
+// data (disposition.Policy.Unlikely).
+//
 // The disposition is carried out in one place (package internal/carry): the failure record
 // is built once, the one hand-off it needs is confirmed (the delayed copy, or the dead
 // letter through the poison step, Config.DeadLetter, which New requires), then the
@@ -46,6 +52,7 @@ import (
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/middleware/poison"
+	"github.com/sluice-go/sluice/retrystats"
 )
 
 // Errors the step returns for the poison step.
@@ -107,6 +114,15 @@ type Config struct {
 	// Observer, if not nil, is told the outcome of every attempt (package disposition),
 	// once, after its hand-off.
 	Observer disposition.Observer
+	// Stats, if not nil, counts the step's outcomes per handler and error type over a
+	// sliding window (package retrystats): it is observed like Observer, and the learned
+	// policy (Learned) reads it. Nil means none, unless Learned is set: then New makes one
+	// with retrystats' defaults (Retry.Stats returns it).
+	Stats *retrystats.Stats
+	// Learned, if not nil, stops retrying error types whose retries have not been
+	// recovering, with the evidence in the dead letter (see Learned). Nil means the
+	// policy above applies to every error type.
+	Learned *Learned
 	// OnRetry is called after each confirmed retry or deferral hand-off, for logs.
 	OnRetry func(Event)
 	// Overload, when set, adds a retry budget, a limit on concurrent retries and an
@@ -165,6 +181,20 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.Learned != nil {
+		l := *c.Learned // the caller's value is left as it was
+		if err := l.setDefaults(); err != nil {
+			return err
+		}
+		c.Learned = &l
+		if c.Stats == nil {
+			s, err := retrystats.New(retrystats.Config{})
+			if err != nil {
+				return err
+			}
+			c.Stats = s
+		}
+	}
 	return nil
 }
 
@@ -172,6 +202,7 @@ func (c *Config) setDefaults() error {
 type Retry struct {
 	cfg     Config
 	carrier *carry.Carrier
+	learner *learner // nil without Config.Learned
 }
 
 // New returns the retry step, or an error naming the invalid setting. cfg is a value: New
@@ -182,6 +213,12 @@ func New(cfg Config) (*Retry, error) {
 	}
 	r := &Retry{cfg: cfg}
 	var obs disposition.Observers
+	if cfg.Stats != nil {
+		obs = append(obs, cfg.Stats)
+	}
+	if cfg.Learned != nil {
+		r.learner = &learner{cfg: *cfg.Learned, stats: cfg.Stats, logger: cfg.Logger, stopped: map[learnKey]bool{}}
+	}
 	if cfg.Observer != nil {
 		obs = append(obs, cfg.Observer)
 	}
@@ -292,6 +329,10 @@ func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error) disposi
 		plan = r.plan(ctx, a.Queue, a.Dependency)
 		policy.MaxRetries = plan.MaxRetries
 		policy.Backoff = func(n int) time.Duration { return stretch(r.Backoff(n), plan) }
+		if r.learner != nil {
+			// The learned view goes into Decide as data, like the rest of the policy.
+			policy.Unlikely = r.learner.judge(ctx, message.HandlerNameFromCtx(ctx), sluice.ErrorType(err), a.Msg.UUID)
+		}
 	}
 	d := disposition.Decide(policy, hist, err)
 	if d.Kind == disposition.Retry && class == sluice.ClassRetryable {

@@ -1,0 +1,304 @@
+package retry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/middleware/poison"
+	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/retrystats"
+)
+
+// typed is a handler error naming its type.
+type typed string
+
+func (e typed) Error() string     { return string(e) + " failed" }
+func (e typed) ErrorType() string { return string(e) }
+
+// loop runs the retry step in a Watermill router over gochannel whose delay hands the
+// copy back to the queue at once: every message's whole journey, in memory.
+type loop struct {
+	t     *testing.T
+	pub   *gochannel.GoChannel
+	r     *retry.Retry
+	fixed atomic.Bool // the "upstream" dependency is fixed: its messages succeed
+
+	mu        sync.Mutex
+	succeeded map[string]int   // payload -> attempt
+	dead      map[string]error // payload -> dead-letter reason
+	calls     map[string]int   // payload -> handler calls
+}
+
+type loopDelayer struct{ l *loop }
+
+func (d loopDelayer) Delay(_ context.Context, queue string, _ time.Duration, msg *message.Message) error {
+	return d.l.pub.Publish(queue, msg)
+}
+
+type loopDead struct{ l *loop }
+
+func (d loopDead) DeadLetter(context.Context, string, *message.Message) error { return nil }
+
+func newLoop(t *testing.T, cfg retry.Config) *loop {
+	t.Helper()
+	l := &loop{t: t, succeeded: map[string]int{}, dead: map[string]error{}, calls: map[string]int{}}
+	logger := watermill.NopLogger{}
+	l.pub = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, logger)
+	p, err := poison.New(poison.Config{DeadLetterer: loopDead{l}, Logger: slog.New(slog.DiscardHandler), OnDeadLetter: func(ev poison.Event) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.dead[ev.MessageID] = ev.Err
+	}})
+	require.NoError(t, err)
+	cfg.DeadLetter, cfg.Delayer = p, loopDelayer{l}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Jitter = retry.NoJitter
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = 3
+	}
+	l.r, err = retry.New(cfg)
+	require.NoError(t, err)
+
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	require.NoError(t, err)
+	router.AddConsumerHandler(handlerName, queueName, l.pub, func(msg *message.Message) error {
+		_, err := l.r.Middleware(l.handle)(msg)
+		return err
+	})
+	done := make(chan error, 1)
+	go func() { done <- router.Run(context.Background()) }()
+	<-router.Running()
+	t.Cleanup(func() {
+		require.NoError(t, router.Close())
+		require.NoError(t, <-done)
+		require.NoError(t, l.pub.Close())
+	})
+	return l
+}
+
+// handle fails by the payload's kind: "upstream" never recovers (once fixed, it recovers
+// at attempt 2), "timeout" recovers at attempt 2, "permanent" is Permanent.
+func (l *loop) handle(msg *message.Message) ([]*message.Message, error) {
+	kind, _, _ := strings.Cut(string(msg.Payload), "-")
+	attempt := sluice.RetryCount(msg.Metadata) + 1
+	l.mu.Lock()
+	l.calls[msg.UUID]++
+	l.mu.Unlock()
+	var err error
+	switch kind {
+	case "upstream":
+		// Fixed, the dependency fails as a transient one does: once.
+		if !l.fixed.Load() || attempt < 2 {
+			err = typed("upstream")
+		}
+	case "timeout":
+		if attempt < 2 {
+			err = typed("timeout")
+		}
+	case "permanent":
+		err = sluice.Permanent(typed("bad_record"))
+	}
+	if err == nil {
+		l.mu.Lock()
+		l.succeeded[msg.UUID] = attempt
+		l.mu.Unlock()
+	}
+	return nil, err
+}
+
+// send publishes n messages of kind and waits until every one ended; it returns their ids.
+func (l *loop) send(kind string, n int) []string {
+	l.t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "%s-%d", kind, i))
+		ids[i] = msg.UUID
+		require.NoError(l.t, l.pub.Publish(queueName, msg))
+	}
+	require.Eventually(l.t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, id := range ids {
+			_, ok := l.succeeded[id]
+			_, dead := l.dead[id]
+			if !ok && !dead {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 5*time.Millisecond)
+	return ids
+}
+
+// tally is what happened to a set of messages.
+type tally struct{ succeeded, exhausted, unlikely, permanent, calls int }
+
+func (l *loop) tally(ids []string) tally {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var t tally
+	for _, id := range ids {
+		t.calls += l.calls[id]
+		if _, ok := l.succeeded[id]; ok {
+			t.succeeded++
+			continue
+		}
+		switch err := l.dead[id]; {
+		case errors.Is(err, disposition.ErrRetryUnlikely):
+			t.unlikely++
+		case errors.Is(err, disposition.ErrRetriesExhausted):
+			t.exhausted++
+		default:
+			t.permanent++
+		}
+	}
+	return t
+}
+
+// With enough evidence that "upstream" never recovers, its messages are dead-lettered at
+// once with the evidence in the record; "timeout" keeps being retried; a Permanent error
+// is dead-lettered as ever.
+func TestLearned_StopsRetryingWhatNeverRecovers(t *testing.T) {
+	l := newLoop(t, retry.Config{Learned: &retry.Learned{MinEvidence: 20, Explore: retry.NoExplore}})
+	first := l.send("upstream", 20)
+	assert.Equal(t, tally{exhausted: 20, calls: 20 * 4}, l.tally(first), "too little evidence: the base policy")
+
+	later := l.send("upstream", 30)
+	assert.Equal(t, tally{unlikely: 30, calls: 30}, l.tally(later), "dead-lettered at their first failure")
+	l.mu.Lock()
+	reason := l.dead[later[0]]
+	l.mu.Unlock()
+	assert.Contains(t, reason.Error(), "retry_unlikely: 0 of 20 recovered in the last hour (error type upstream)")
+	assert.Equal(t, "upstream", sluice.ErrorType(reason), "the record keeps the type")
+
+	timeouts := l.send("timeout", 30)
+	assert.Equal(t, tally{succeeded: 30, calls: 60}, l.tally(timeouts), "a recovering type is retried")
+	perm := l.send("permanent", 5)
+	assert.Equal(t, tally{permanent: 5, calls: 5}, l.tally(perm))
+
+	v := l.r.LearnedView(handlerName, "upstream")
+	assert.True(t, v.Stopped, v.Reason)
+	assert.EqualValues(t, 20, v.Ended)
+	assert.EqualValues(t, 30, v.Unlikely)
+	assert.False(t, l.r.LearnedView(handlerName, "timeout").Stopped)
+}
+
+// A share of a stopped type's messages still follows the base policy; when the
+// dependency is fixed, their recoveries make the type retried again.
+func TestLearned_ExploresAndResumesAfterTheFix(t *testing.T) {
+	l := newLoop(t, retry.Config{Learned: &retry.Learned{MinEvidence: 20, Explore: 0.2}})
+	l.send("upstream", 40) // evidence, part of it from explored messages
+	require.True(t, l.r.LearnedView(handlerName, "upstream").Stopped)
+
+	ids := l.send("upstream", 200)
+	var explored int
+	for _, id := range ids {
+		if retry.Explored(id, 0.2) {
+			explored++
+		}
+	}
+	got := l.tally(ids)
+	assert.Equal(t, explored, got.exhausted, "the explored share followed the base policy")
+	assert.Equal(t, 200-explored, got.unlikely)
+	assert.InDelta(t, 40, explored, 25, "about 20%% of 200")
+
+	l.fixed.Store(true)
+	// The explored share recovers at attempt 2; once recoveries reach 1%, every message
+	// of the type is retried again.
+	require.Eventually(t, func() bool {
+		l.send("upstream", 10)
+		return !l.r.LearnedView(handlerName, "upstream").Stopped
+	}, 30*time.Second, time.Millisecond)
+}
+
+// The policy does nothing for a type with too little evidence, however badly it does.
+func TestLearned_TooLittleEvidence(t *testing.T) {
+	l := newLoop(t, retry.Config{Learned: &retry.Learned{MinEvidence: 1000}})
+	ids := l.send("upstream", 30)
+	assert.Equal(t, tally{exhausted: 30, calls: 30 * 4}, l.tally(ids))
+	v := l.r.LearnedView(handlerName, "upstream")
+	assert.False(t, v.Stopped)
+	assert.Contains(t, v.Reason, "too little evidence (30 of 1000")
+}
+
+// Types past the statistics' MaxTypes are never judged: _OTHER mixes them.
+func TestLearned_NeverJudgesOther(t *testing.T) {
+	stats, err := retrystats.New(retrystats.Config{MaxTypes: 1})
+	require.NoError(t, err)
+	l := newLoop(t, retry.Config{Stats: stats, Learned: &retry.Learned{MinEvidence: 5, Explore: retry.NoExplore}})
+	l.send("timeout", 5)
+	ids := l.send("upstream", 20)
+	assert.Equal(t, tally{exhausted: 20, calls: 20 * 4}, l.tally(ids))
+	v := l.r.LearnedView(handlerName, "upstream")
+	assert.True(t, v.Other)
+	assert.False(t, v.Stopped, v.Reason)
+}
+
+func TestLearned_Validation(t *testing.T) {
+	tests := []struct {
+		name    string
+		learned retry.Learned
+		want    string
+		check   func(t *testing.T, l retry.Learned)
+	}{
+		{name: "zero is the defaults", check: func(t *testing.T, l retry.Learned) {
+			assert.EqualValues(t, 50, l.MinEvidence)
+			assert.Equal(t, 0.01, l.UnlikelyBelow)
+			assert.Equal(t, 0.05, l.Explore)
+		}},
+		{name: "NoExplore", learned: retry.Learned{Explore: retry.NoExplore}, check: func(t *testing.T, l retry.Learned) {
+			assert.Zero(t, l.Explore)
+		}},
+		{name: "negative evidence", learned: retry.Learned{MinEvidence: -1}, want: "MinEvidence -1"},
+		{name: "threshold 1", learned: retry.Learned{UnlikelyBelow: 1}, want: "UnlikelyBelow 1"},
+		{name: "explore all", learned: retry.Learned{Explore: 1}, want: "Explore 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := newRetry(retry.Config{Delayer: &fakeDelayer{}, Learned: &tt.learned})
+			if tt.want != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.want)
+				return
+			}
+			require.NoError(t, err)
+			tt.check(t, *r.Config().Learned)
+			assert.NotNil(t, r.Stats(), "statistics made for the policy")
+		})
+	}
+}
+
+// The statistics add no allocation to the success path of a message that never failed.
+func TestStats_SuccessPathAllocatesNothingMore(t *testing.T) {
+	stats, err := retrystats.New(retrystats.Config{})
+	require.NoError(t, err)
+	ok := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	allocs := func(cfg retry.Config) float64 {
+		cfg.Delayer = &fakeDelayer{}
+		cfg.Observer = disposition.ObserverFunc(func(context.Context, disposition.Outcome) {})
+		r, err := newRetry(cfg)
+		require.NoError(t, err)
+		step := r.Middleware(ok)
+		msg := message.NewMessage("m-1", []byte("x"))
+		return testing.AllocsPerRun(1000, func() { _, _ = step(msg) })
+	}
+	without := allocs(retry.Config{})
+	with := allocs(retry.Config{Stats: stats, Learned: &retry.Learned{}})
+	assert.Equal(t, without, with)
+	assert.Empty(t, stats.Snapshot())
+}
