@@ -164,7 +164,8 @@ func TestBreaker_OutageThenRecovery(t *testing.T) {
 				},
 			},
 		}, func(s *router.Stack) {
-			require.NoError(t, s.Handle("charge", q, dep.handle, router.WithBreaker("gateway")))
+			// Deferral, not pause: the scenario counts the broker-side deferrals.
+			require.NoError(t, s.Handle("charge", q, dep.handle, router.WithBreaker("gateway"), router.WithDeferWhileOpen()))
 		})
 
 		for i := range messages {
