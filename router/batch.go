@@ -2,22 +2,18 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/router/internal/batch"
 )
 
 // ErrBatchResults is the (retryable) failure of every message of a batch whose handler
 // returned a number of results other than the number of messages: no message can be
 // told apart from another, so none is acked.
-var ErrBatchResults = errors.New("router: batch handler returned a wrong number of results")
+var ErrBatchResults = batch.ErrResults
 
 // BatchHandlerFunc handles a batch of messages at once (one bulk database write) and
 // returns one error per message, in the order of msgs: nil for a success, else any error
@@ -31,14 +27,11 @@ type BatchHandlerFunc func(ctx context.Context, msgs []*message.Message) []error
 // BatchResult is the outcome of one message of a batch with outputs: Err as for
 // BatchHandlerFunc, Out the messages it produces, published (confirmed) before that
 // message is acked.
-type BatchResult struct {
-	Err error
-	Out []*message.Message
-}
+type BatchResult = batch.Result
 
 // BatchOutputHandlerFunc is a BatchHandlerFunc whose messages produce outputs; it returns
 // one BatchResult per message, in the order of msgs.
-type BatchOutputHandlerFunc func(ctx context.Context, msgs []*message.Message) []BatchResult
+type BatchOutputHandlerFunc = batch.HandlerFunc
 
 // batchConfig is WithBatch's; the zero value means no batching.
 type batchConfig struct {
@@ -107,122 +100,11 @@ func (s *Stack) HandleBatchWithOutput(name, queue, outputTopic string, h BatchOu
 	if bc.wait == 0 {
 		bc.wait = defaultBatchWait
 	}
-	b := &batcher{h: h, cfg: bc, queue: queue, name: name, tel: s.cfg.Telemetry}
+	var tr batch.Tracer
+	if s.cfg.Telemetry != nil {
+		tr = s.cfg.Telemetry
+	}
+	b := batch.New(h, batch.Config{Size: bc.size, Wait: bc.wait}, queue, name, tr)
 	all := append([]HandlerOption{WithConcurrency(bc.size), batchHandler}, opts...)
-	return s.add(name, queue, outputTopic, b.handle, all)
-}
-
-// batcher collects the messages that reach the innermost step into batches.
-type batcher struct {
-	h           BatchOutputHandlerFunc
-	cfg         batchConfig
-	queue, name string
-	tel         *telemetry.Instrumentation
-
-	mu      sync.Mutex
-	pending []batchItem
-	timer   *time.Timer
-	gen     uint64 // counts batches taken, so a late timer does not take the next one
-}
-
-type batchItem struct {
-	msg  *message.Message
-	done chan BatchResult
-}
-
-// handle is the innermost handler of each message: it joins the pending batch, runs the
-// batch when it is full (the timer runs it otherwise) and returns the message's result.
-func (b *batcher) handle(msg *message.Message) ([]*message.Message, error) {
-	it := batchItem{msg: msg, done: make(chan BatchResult, 1)}
-	b.mu.Lock()
-	b.pending = append(b.pending, it)
-	var full []batchItem
-	switch {
-	case len(b.pending) >= b.cfg.size:
-		full = b.take()
-	case len(b.pending) == 1:
-		gen := b.gen
-		b.timer = time.AfterFunc(b.cfg.wait, func() { b.flush(gen) })
-	}
-	b.mu.Unlock()
-	if full != nil {
-		b.run(full)
-	}
-	r := <-it.done
-	return r.Out, r.Err
-}
-
-// take returns the pending batch and starts the next; b.mu is held.
-func (b *batcher) take() []batchItem {
-	items := b.pending
-	b.pending = nil
-	b.gen++
-	if b.timer != nil {
-		b.timer.Stop()
-		b.timer = nil
-	}
-	return items
-}
-
-// flush runs batch gen if it is still pending once its wait is over.
-func (b *batcher) flush(gen uint64) {
-	b.mu.Lock()
-	if b.gen != gen || len(b.pending) == 0 {
-		b.mu.Unlock()
-		return
-	}
-	items := b.take()
-	b.mu.Unlock()
-	b.run(items)
-}
-
-// run calls the handler with items and gives each its result.
-func (b *batcher) run(items []batchItem) {
-	msgs := make([]*message.Message, len(items))
-	for i, it := range items {
-		msgs[i] = it.msg
-	}
-	ctx := msgs[0].Context()
-	end := func(error) {}
-	if b.tel != nil {
-		ctx, end = b.tel.StartBatch(ctx, b.queue, b.name, msgs)
-	}
-	res, err := b.call(ctx, msgs)
-	if err != nil && len(msgs) > 1 {
-		// Which message panicked is unknown: each one alone finds out.
-		res = make([]BatchResult, len(msgs))
-		for i := range msgs {
-			one, perr := b.call(ctx, msgs[i:i+1])
-			if perr != nil {
-				one = []BatchResult{{Err: perr}}
-			}
-			res[i] = one[0]
-		}
-	} else if err != nil {
-		res = []BatchResult{{Err: err}}
-	}
-	end(err)
-	for i, it := range items {
-		it.done <- res[i]
-	}
-}
-
-// call calls the handler once, turning a panic into a RecoveredPanicError (as the
-// single-message recoverer does) and a wrong number of results into ErrBatchResults for
-// each message.
-func (b *batcher) call(ctx context.Context, msgs []*message.Message) (res []BatchResult, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			res, err = nil, fmt.Errorf("batch handler %q on %d message(s): %w", b.name, len(msgs), middleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())})
-		}
-	}()
-	res = b.h(ctx, msgs)
-	if len(res) != len(msgs) {
-		bad := fmt.Errorf("%w: handler %q returned %d for %d message(s)", ErrBatchResults, b.name, len(res), len(msgs))
-		res = make([]BatchResult, len(msgs))
-		for i := range res {
-			res[i].Err = bad
-		}
-	}
-	return res, nil
+	return s.add(name, queue, outputTopic, b.Handle, all)
 }

@@ -2,8 +2,6 @@ package router
 
 import (
 	"slices"
-
-	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // What operations wiring (telemetry/otelsetup.Operate) reads of a stack: whether it
@@ -34,17 +32,7 @@ func (s *Stack) PausedHandlers() []string {
 func (s *Stack) ConsumedQueues() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := slices.Clone(s.queues)
-	for _, sub := range s.subscribed {
-		out = append(out, sub.queue)
-	}
-	for _, p := range s.parted {
-		for k := 0; k < p.partitions; k++ {
-			out = append(out, topology.Partition(p.queue, k))
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	return s.plan.Consumed()
 }
 
 // Broker returns the broker the stack consumes from and hands off to.

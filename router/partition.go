@@ -1,16 +1,16 @@
 package router
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/router/internal/claim"
+	"github.com/sluice-go/sluice/router/internal/rebalance"
 )
 
 // ErrPartitions is returned for a negative partition count.
@@ -48,12 +48,6 @@ func partitionHandlerName(name string, k int) string { return name + "#" + strco
 // broker's; every Broker is one.
 type PartitionPublisher = broker.PartitionPublisher
 
-// partitioned is a queue consumed as partitions.
-type partitioned struct {
-	queue      string
-	partitions int
-}
-
 // addPartitioned registers one handler per partition; s.mu is held.
 func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.HandlerFunc, hc handlerConfig) error {
 	if hc.partitions < 0 {
@@ -68,11 +62,11 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 	}
 	s.names[name] = true
 	if outputTopic != "" {
-		s.outputs = append(s.outputs, outputTopic)
+		s.plan.Output(outputTopic)
 	}
-	s.parted = append(s.parted, partitioned{queue: queue, partitions: hc.partitions})
-	var claim *claimer
-	var reb *rebalancer
+	s.plan.Partitioned(queue, hc.partitions)
+	var claimer *claim.Claimer
+	var reb *rebalance.Rebalancer
 	if hc.rebalance {
 		r, err := s.newRebalancer(name, queue, hc)
 		if err != nil {
@@ -80,37 +74,21 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 		}
 		reb = r
 	} else if counter, ok := s.broker.(broker.ConsumerCounter); ok {
-		claim = newClaimer(queue, hc.partitions, counter, partitionClaimInterval, s.logger)
+		claimer = claim.New(queue, hc.partitions, counter, claim.Interval, s.logger)
 	}
 	for k, hname := range names {
 		s.names[hname] = true
 		stack := s.compose(h, outputTopic, hc)
 		var sub message.Subscriber = s.subscriber(hc)
 		if reb != nil {
-			sub = &rebalancedSubscriber{inner: sub, reb: reb, k: k, logger: s.logger, closing: make(chan struct{})}
-		} else if claim != nil {
-			sub = &claimedSubscriber{inner: sub, claim: claim, k: k, logger: s.logger, closing: make(chan struct{})}
+			sub = reb.Subscriber(sub, k, s.logger)
+		} else if claimer != nil {
+			sub = claimer.Subscriber(sub, k, s.logger)
 		}
 		s.router.AddConsumerHandler(hname, topology.Partition(queue, k), sub, func(m *message.Message) error {
 			_, err := stack(m)
 			return err
 		})
-	}
-	return nil
-}
-
-// declarePartitioned declares every partitioned queue, before anything consumes.
-func (s *Stack) declarePartitioned(ctx context.Context) error {
-	s.mu.Lock()
-	parted := append([]partitioned(nil), s.parted...)
-	s.mu.Unlock()
-	for _, p := range parted {
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := s.broker.DeclarePartitioned(dctx, p.queue, p.partitions)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("declare queue %q as %d partitions: %w", p.queue, p.partitions, err)
-		}
 	}
 	return nil
 }

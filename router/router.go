@@ -19,7 +19,7 @@
 //     handler's, duplicates never reach them and the messages they return are published;
 //     outside the breaker, so a validation or auth failure does not count against the
 //     dependency
-//  7. breaker — while open, the call is not made; the handler pauses (pause.go) or, with
+//  7. breaker — while open, the call is not made; the handler pauses (router/internal/pause) or, with
 //     WithDeferWhileOpen, the message is deferred
 //  8. timeout — the handler's context carries a deadline
 //  9. the handler, whose own panic becomes an error carrying its stack, so retry treats it
@@ -29,6 +29,13 @@
 // Watermill's middleware.Timeout wherever it is added, is a retryable failure; only the
 // router's or subscriber's shutdown (the message's context cancelled) gives a message back
 // to the broker without using an attempt.
+//
+// The stack orders the steps and runs the handlers. What a handler's options add lives in
+// packages of their own under router/internal, each composed through a small interface:
+// batch (HandleBatch's batches), claim (WithPartitions' start-up claiming), rebalance and
+// handover (WithRebalancing and its hand-over of done idempotency keys), pause (a breaker's
+// pause), declare (what Run declares). The broker is reached through package broker's
+// contract alone.
 //
 // Options that cannot take effect are errors at registration: WithIdempotencyKey without
 // Config.Idempotency and WithBreaker without Config.Breakers make Handle fail.
@@ -51,6 +58,8 @@ import (
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router/internal/declare"
+	"github.com/sluice-go/sluice/router/internal/pause"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -132,10 +141,10 @@ type handlerConfig struct {
 
 	sub subscription // WithSubscription, WithAdopt, WithOutputExchange (subscription.go)
 
-	deferWhileOpen bool             // WithDeferWhileOpen (pause.go)
-	pause          *pauseController // set by add (pause.go)
-	batch          batchConfig      // WithBatch (batch.go)
-	batched        bool             // registered by HandleBatch (batch.go)
+	deferWhileOpen bool              // WithDeferWhileOpen (pause.go)
+	pause          *pause.Controller // set by add (pause.go)
+	batch          batchConfig       // WithBatch (batch.go)
+	batched        bool              // registered by HandleBatch (batch.go)
 
 	rebalance bool          // WithRebalancing (rebalance.go)
 	heartbeat time.Duration // WithRebalancing (rebalance.go)
@@ -162,7 +171,10 @@ func WithBreaker(dependency string) HandlerOption {
 	return func(c *handlerConfig) { c.breaker, c.breakerSet = dependency, true }
 }
 
-// Stack is a running set of handlers behind sluice's steps.
+// Stack is a running set of handlers behind sluice's steps. It orders the steps and runs
+// the handlers; what a handler's options add (pausing, partitions, batching, exchanges)
+// comes from packages of their own (router/internal/...), composed through the broker
+// contract, the declaration plan and the stack's parts.
 type Stack struct {
 	cfg    Config
 	broker Broker
@@ -171,20 +183,12 @@ type Stack struct {
 	retry  *retry.Retry
 	poison *poison.Poison
 	output message.Publisher
-	gauge  metric.Registration
 
 	mu      sync.Mutex
 	names   map[string]bool
-	queues  []string
-	outputs []string
-	parted  []partitioned // partition.go
 	started bool
-
-	subscribed   []subscribed     // subscription.go
-	outExchanges []outputExchange // subscription.go
-
-	overload    overloadState          // pause.go
-	rebalancers map[string]*rebalancer // rebalance.go
+	plan    declare.Plan // what Run declares
+	parts   []part       // what the options and the configuration hold until Close
 }
 
 // New builds a stack on b.
@@ -252,7 +256,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	if err != nil {
 		return nil, err
 	}
-	var gauge metric.Registration
+	var gauge metric.Registration // the breaker state metric, a part of the stack
 	if cfg.Telemetry != nil && cfg.Breakers != nil {
 		reg := cfg.Breakers
 		gauge, err = cfg.Telemetry.RegisterBreakerState(func() map[string]int {
@@ -272,7 +276,10 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, gauge: gauge, names: map[string]bool{}}
+	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{}}
+	if gauge != nil {
+		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
+	}
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)
 	}
@@ -318,10 +325,10 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	}
 	s.names[name] = true
 	if plain {
-		s.queues = append(s.queues, queue)
+		s.plan.Queue(queue)
 	}
 	if outputTopic != "" {
-		s.outputs = append(s.outputs, outputTopic)
+		s.plan.Output(outputTopic)
 	}
 	sub := s.subscriber(hc)
 	hc.pause = s.pauseFor(name, hc, sub)
@@ -351,20 +358,9 @@ func (s *Stack) Run(ctx context.Context) error {
 // refused as unroutable.
 func (s *Stack) Declare(ctx context.Context) error {
 	s.mu.Lock()
-	queues := append(append([]string(nil), s.queues...), s.outputs...)
+	plan := s.plan.Copy()
 	s.mu.Unlock()
-	for _, q := range queues {
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := s.declareQueue(dctx, q) // subscription.go
-		cancel()
-		if err != nil {
-			return fmt.Errorf("declare queue %q: %w", q, err)
-		}
-	}
-	if err := s.declarePartitioned(ctx); err != nil {
-		return err
-	}
-	return s.declareExchanges(ctx)
+	return plan.Declare(ctx, s.broker)
 }
 
 // Running is closed once every handler consumes.
@@ -374,10 +370,6 @@ func (s *Stack) Running() chan struct{} { return s.router.Running() }
 // subscribers. Messages not finished are returned to the broker and redelivered later. The
 // broker itself stays open: its owner closes it.
 func (s *Stack) Close() error {
-	s.closeOverload()
-	err := s.router.Close()
-	if s.gauge != nil {
-		_ = s.gauge.Unregister()
-	}
-	return err
+	s.closeParts()
+	return s.router.Close()
 }

@@ -1,11 +1,8 @@
 package router
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -88,13 +85,6 @@ type subscription struct {
 
 func (s subscription) wanted() bool { return len(s.bindings) > 0 || s.adopt || s.output != nil }
 
-// subscribed is a queue Run declares through Broker.DeclareSubscription.
-type subscribed struct {
-	queue    string
-	bindings []Binding
-	adopt    bool
-}
-
 // registerExchanges checks the handler's exchange options and records what Run declares.
 // It reports whether the queue is a plain one, for Broker.DeclareQueue. s.mu is held.
 func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerConfig) (plain bool, err error) {
@@ -109,7 +99,7 @@ func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerCon
 		if sub.output.Exchange == "" {
 			return false, fmt.Errorf("%w: handler %q has an output exchange without a name", ErrSubscription, name)
 		}
-		s.outExchanges = append(s.outExchanges, outputExchange{Output: *sub.output, adopt: sub.adopt})
+		s.plan.OutputExchange(sub.output.Exchange, sub.output.Kind, sub.adopt)
 	}
 	if len(sub.bindings) == 0 && !sub.adopt {
 		return true, nil
@@ -122,43 +112,8 @@ func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerCon
 			return false, fmt.Errorf("%w: handler %q binds to an exchange without a name", ErrSubscription, name)
 		}
 	}
-	s.subscribed = append(s.subscribed, subscribed{queue: queue, bindings: sub.bindings, adopt: sub.adopt})
+	s.plan.Subscription(queue, sub.bindings, sub.adopt)
 	return false, nil
-}
-
-type outputExchange struct {
-	Output
-	adopt bool
-}
-
-// declareExchanges declares every subscribed queue with its bindings, and every output
-// exchange, before anything consumes.
-func (s *Stack) declareExchanges(ctx context.Context) error {
-	s.mu.Lock()
-	subs := append([]subscribed(nil), s.subscribed...)
-	outs := append([]outputExchange(nil), s.outExchanges...)
-	s.mu.Unlock()
-	if len(subs) == 0 && len(outs) == 0 {
-		return nil
-	}
-	eb := s.broker
-	for _, sub := range subs {
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := eb.DeclareSubscription(dctx, sub.queue, sub.bindings, sub.adopt)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("declare subscription of queue %q: %w", sub.queue, err)
-		}
-	}
-	for _, o := range outs {
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := eb.DeclareExchange(dctx, o.Exchange, o.Kind, o.adopt)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("declare output exchange %q: %w", o.Exchange, err)
-		}
-	}
-	return nil
 }
 
 // exchangeOutputs publishes the handler's output to out's exchange, confirmed, before the
@@ -222,27 +177,3 @@ func (p exchangePublisher) Publish(exchange string, messages ...*message.Message
 }
 
 func (exchangePublisher) Close() error { return nil }
-
-// declareQueue declares queue for Run: a queue the stack only publishes to gets no
-// dead-letter queue of its own (its consumer's declaration adds one); every other queue
-// gets its failure paths.
-func (s *Stack) declareQueue(ctx context.Context, queue string) error {
-	if s.onlyOutput(queue) {
-		return s.broker.DeclareOutputQueue(ctx, queue)
-	}
-	return s.broker.DeclareQueue(ctx, queue)
-}
-
-func (s *Stack) onlyOutput(queue string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !slices.Contains(s.outputs, queue) || slices.Contains(s.queues, queue) {
-		return false
-	}
-	for _, sub := range s.subscribed {
-		if sub.queue == queue {
-			return false
-		}
-	}
-	return true
-}

@@ -1,4 +1,8 @@
-package router
+// Package claim decides when an instance subscribes to each partition of a partitioned
+// queue, by the rule router.WithPartitions states, on a broker that counts consumers
+// (broker.ConsumerCounter): the instances started together share the partitions rather
+// than the fastest taking them all.
+package claim
 
 import (
 	"context"
@@ -13,17 +17,17 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// partitionClaimInterval is how often an instance claims one more free partition; see
-// WithPartitions.
-const partitionClaimInterval = 500 * time.Millisecond
+// Interval is how often an instance claims one more free partition; see
+// router.WithPartitions.
+const Interval = 500 * time.Millisecond
 
-// claimer decides when this instance subscribes to each partition of one queue, by the
-// rule [WithPartitions] states: at once, as a standby, to partitions another instance
+// Claimer decides when this instance subscribes to each partition of one queue, by the
+// rule router.WithPartitions states: at once, as a standby, to partitions another instance
 // holds; free ones one per interval while it holds no more than the others together. A
 // partition left free for claimTimeout is taken whatever the shares, so a miscount (two
 // instances claiming the same partition at once, both counting it) cannot leave a
 // partition unconsumed.
-type claimer struct {
+type Claimer struct {
 	queue      string
 	partitions int
 	counter    broker.ConsumerCounter
@@ -39,8 +43,10 @@ type claimer struct {
 	wg        sync.WaitGroup
 }
 
-func newClaimer(queue string, partitions int, counter broker.ConsumerCounter, interval time.Duration, logger *slog.Logger) *claimer {
-	c := &claimer{
+// New returns the claimer of queue's partitions, surveying counter every interval (give up
+// on a partition's turn after 3 intervals free).
+func New(queue string, partitions int, counter broker.ConsumerCounter, interval time.Duration, logger *slog.Logger) *Claimer {
+	c := &Claimer{
 		queue: queue, partitions: partitions, counter: counter,
 		interval: interval, timeout: 3 * interval, logger: logger,
 		turns: make([]chan struct{}, partitions), stop: make(chan struct{}),
@@ -51,11 +57,11 @@ func newClaimer(queue string, partitions int, counter broker.ConsumerCounter, in
 	return c
 }
 
-// turn is closed once partition k may be subscribed to.
-func (c *claimer) turn(k int) <-chan struct{} { return c.turns[k] }
+// Turn is closed once partition k may be subscribed to.
+func (c *Claimer) Turn(k int) <-chan struct{} { return c.turns[k] }
 
-// start runs the claim loop, once, until every partition is released, ctx ends or close.
-func (c *claimer) start(ctx context.Context) {
+// Start runs the claim loop, once, until every partition is released, ctx ends or close.
+func (c *Claimer) Start(ctx context.Context) {
 	c.startOnce.Do(func() {
 		c.wg.Add(1)
 		go func() {
@@ -65,13 +71,13 @@ func (c *claimer) start(ctx context.Context) {
 	})
 }
 
-// close stops the claim loop and waits for it.
-func (c *claimer) close() {
+// Close stops the claim loop and waits for it.
+func (c *Claimer) Close() {
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.wg.Wait()
 }
 
-func (c *claimer) run(ctx context.Context) {
+func (c *Claimer) run(ctx context.Context) {
 	pending := make(map[int]bool, c.partitions)
 	for k := 0; k < c.partitions; k++ {
 		pending[k] = true
@@ -125,7 +131,7 @@ func (c *claimer) run(ctx context.Context) {
 
 // survey counts the partitions that have a consumer (held) and says which pending ones
 // have none (free).
-func (c *claimer) survey(ctx context.Context, pending map[int]bool) (held int, free map[int]bool, err error) {
+func (c *Claimer) survey(ctx context.Context, pending map[int]bool) (held int, free map[int]bool, err error) {
 	free = map[int]bool{}
 	for k := 0; k < c.partitions; k++ {
 		n, err := c.counter.ConsumerCount(ctx, topology.Partition(c.queue, k))
@@ -149,12 +155,17 @@ func pick(set map[int]bool) int {
 	return keys[rand.IntN(len(keys))]
 }
 
+// Subscriber returns inner, subscribing to partition k once the claimer lets it.
+func (c *Claimer) Subscriber(inner message.Subscriber, k int, logger *slog.Logger) message.Subscriber {
+	return &claimedSubscriber{inner: inner, claim: c, k: k, logger: logger, closing: make(chan struct{})}
+}
+
 // claimedSubscriber subscribes to partition k once the claimer lets it. Subscribe returns
 // at once (Watermill subscribes its handlers one after the other, and Running waits for
 // all), and forwards what the partition delivers.
 type claimedSubscriber struct {
 	inner  message.Subscriber
-	claim  *claimer
+	claim  *Claimer
 	k      int
 	logger *slog.Logger
 
@@ -165,13 +176,13 @@ type claimedSubscriber struct {
 
 func (s *claimedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	out := make(chan *message.Message)
-	s.claim.start(ctx)
+	s.claim.Start(ctx)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer close(out)
 		select {
-		case <-s.claim.turn(s.k):
+		case <-s.claim.Turn(s.k):
 		case <-ctx.Done():
 			return
 		case <-s.closing:
@@ -211,7 +222,7 @@ func (s *claimedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 // Close stops the claim loop and the partition's subscription, and waits for both.
 func (s *claimedSubscriber) Close() error {
 	s.closeOnce.Do(func() { close(s.closing) })
-	s.claim.close()
+	s.claim.Close()
 	err := s.inner.Close()
 	s.wg.Wait()
 	return err

@@ -1,8 +1,9 @@
-package router_test
+package claim_test
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/router/internal/claim"
 )
 
 // fakeSAC plays RabbitMQ's single active consumer on quorum queues: the first consumer of a
@@ -54,7 +55,7 @@ func (f *fakeSAC) active() (active, subscribed map[string]int) {
 // the claimer lets it; the returned channel is closed once every partition is subscribed.
 func startInstance(t *testing.T, f *fakeSAC, name string, partitions int, interval time.Duration) <-chan struct{} {
 	t.Helper()
-	c := router.NewClaimer("q", partitions, f, interval)
+	c := claim.New("q", partitions, f, interval, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() {
 		cancel()

@@ -1,4 +1,7 @@
-package router
+// Package handover shares the done idempotency keys of one instance of a rebalanced
+// handler (router.WithRebalancing) with the others, so that the new owner of a moved
+// partition knows what its previous owner completed.
+package handover
 
 import (
 	"context"
@@ -12,24 +15,23 @@ import (
 	"github.com/sluice-go/sluice/middleware/idempotency"
 )
 
-// keyStore is the idempotency step that keeps its keys in an idempotency.Store (the
-// idempotency.Guard), whose done keys a rebalanced handler hands over.
-type keyStore interface {
-	Store() *idempotency.Store
-}
-
-// keyHandover shares the done idempotency keys of one instance with the others of a
+// Keys shares the done idempotency keys of one instance with the others of a
 // rebalanced handler, through the membership's broadcast (RabbitMQ), in the store's
 // snapshot format: a done key is a fact whichever partition it belongs to, so every
 // receiver loads all of it, and the new owner of a moved partition knows the keys its
 // previous owner completed.
-type keyHandover struct {
+type Keys struct {
 	store  *idempotency.Store
 	logger *slog.Logger
 }
 
+// New returns the hand-over of store's done keys; failures are logged to logger.
+func New(store *idempotency.Store, logger *slog.Logger) *Keys {
+	return &Keys{store: store, logger: logger}
+}
+
 // snapshot returns the store's done keys in the snapshot format.
-func (h *keyHandover) snapshot() ([]byte, error) {
+func (h *Keys) snapshot() ([]byte, error) {
 	dir, err := os.MkdirTemp("", "sluice-handover-")
 	if err != nil {
 		return nil, fmt.Errorf("hand over idempotency keys: %w", err)
@@ -42,9 +44,9 @@ func (h *keyHandover) snapshot() ([]byte, error) {
 	return os.ReadFile(path)
 }
 
-// send broadcasts the done keys; a failure is logged, the cost being double work on the
-// new owner.
-func (h *keyHandover) send(ctx context.Context, m broker.Membership, queue string) {
+// Send broadcasts the done keys to queue's members; a failure is logged, the cost being
+// double work on the new owner.
+func (h *Keys) Send(ctx context.Context, m broker.Membership, queue string) {
 	body, err := h.snapshot()
 	if err == nil {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -56,8 +58,8 @@ func (h *keyHandover) send(ctx context.Context, m broker.Membership, queue strin
 	}
 }
 
-// receive loads a snapshot another instance sent.
-func (h *keyHandover) receive(from string, body []byte) {
+// Receive loads a snapshot another instance sent (broker.MembershipConfig.OnBroadcast).
+func (h *Keys) Receive(from string, body []byte) {
 	dir, err := os.MkdirTemp("", "sluice-handover-")
 	if err == nil {
 		defer os.RemoveAll(dir)

@@ -1,0 +1,142 @@
+// Package declare holds what a stack's Run declares before anything consumes — consumed
+// and output queues, partitioned queues, subscriptions with their bindings, output
+// exchanges — and declares it through the broker contract, in that order.
+package declare
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/topology"
+)
+
+// timeout bounds each declaration.
+const timeout = 30 * time.Second
+
+// Plan is what Run declares. The zero value is an empty plan; it is safe for concurrent
+// use only under its owner's lock (the stack's).
+type Plan struct {
+	queues    []string // consumed plain queues
+	outputs   []string // output queues
+	parted    []partitioned
+	subscribe []subscription
+	exchanges []exchange
+}
+
+type partitioned struct {
+	queue      string
+	partitions int
+}
+
+type subscription struct {
+	queue    string
+	bindings []broker.Binding
+	adopt    bool
+}
+
+type exchange struct {
+	name  string
+	kind  broker.ExchangeKind
+	adopt bool
+}
+
+// Queue adds a consumed queue, declared with its failure paths.
+func (p *Plan) Queue(queue string) { p.queues = append(p.queues, queue) }
+
+// Output adds a queue the stack publishes to.
+func (p *Plan) Output(queue string) { p.outputs = append(p.outputs, queue) }
+
+// Partitioned adds queue consumed as partitions.
+func (p *Plan) Partitioned(queue string, partitions int) {
+	p.parted = append(p.parted, partitioned{queue: queue, partitions: partitions})
+}
+
+// Subscription adds a subscriber's queue with its bindings (adopting what exists, with
+// adopt).
+func (p *Plan) Subscription(queue string, bindings []broker.Binding, adopt bool) {
+	p.subscribe = append(p.subscribe, subscription{queue: queue, bindings: bindings, adopt: adopt})
+}
+
+// OutputExchange adds an exchange the stack publishes to.
+func (p *Plan) OutputExchange(name string, kind broker.ExchangeKind, adopt bool) {
+	p.exchanges = append(p.exchanges, exchange{name: name, kind: kind, adopt: adopt})
+}
+
+// Copy returns a copy of p to declare without the owner's lock.
+func (p *Plan) Copy() Plan {
+	return Plan{
+		queues: slices.Clone(p.queues), outputs: slices.Clone(p.outputs), parted: slices.Clone(p.parted),
+		subscribe: slices.Clone(p.subscribe), exchanges: slices.Clone(p.exchanges),
+	}
+}
+
+// Declare declares everything in p through b: the queues (an output queue nobody here
+// consumes gets no failure paths of its own: its consumer's declaration adds them), the
+// partitioned queues, the subscriptions, the output exchanges.
+func (p Plan) Declare(ctx context.Context, b broker.Broker) error {
+	for _, q := range append(slices.Clone(p.queues), p.outputs...) {
+		err := within(ctx, func(ctx context.Context) error {
+			if p.onlyOutput(q) {
+				return b.DeclareOutputQueue(ctx, q)
+			}
+			return b.DeclareQueue(ctx, q)
+		})
+		if err != nil {
+			return fmt.Errorf("declare queue %q: %w", q, err)
+		}
+	}
+	for _, pq := range p.parted {
+		if err := within(ctx, func(ctx context.Context) error { return b.DeclarePartitioned(ctx, pq.queue, pq.partitions) }); err != nil {
+			return fmt.Errorf("declare queue %q as %d partitions: %w", pq.queue, pq.partitions, err)
+		}
+	}
+	for _, sub := range p.subscribe {
+		if err := within(ctx, func(ctx context.Context) error { return b.DeclareSubscription(ctx, sub.queue, sub.bindings, sub.adopt) }); err != nil {
+			return fmt.Errorf("declare subscription of queue %q: %w", sub.queue, err)
+		}
+	}
+	for _, ex := range p.exchanges {
+		if err := within(ctx, func(ctx context.Context) error { return b.DeclareExchange(ctx, ex.name, ex.kind, ex.adopt) }); err != nil {
+			return fmt.Errorf("declare output exchange %q: %w", ex.name, err)
+		}
+	}
+	return nil
+}
+
+func within(ctx context.Context, declare func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return declare(ctx)
+}
+
+// onlyOutput says whether queue is published to here and consumed nowhere here.
+func (p Plan) onlyOutput(queue string) bool {
+	if !slices.Contains(p.outputs, queue) || slices.Contains(p.queues, queue) {
+		return false
+	}
+	for _, sub := range p.subscribe {
+		if sub.queue == queue {
+			return false
+		}
+	}
+	return true
+}
+
+// Consumed returns the queues the handlers consume, each once, sorted: plain and
+// subscribed queues, and each partition of a partitioned one.
+func (p *Plan) Consumed() []string {
+	out := slices.Clone(p.queues)
+	for _, sub := range p.subscribe {
+		out = append(out, sub.queue)
+	}
+	for _, pq := range p.parted {
+		for k := 0; k < pq.partitions; k++ {
+			out = append(out, topology.Partition(pq.queue, k))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
