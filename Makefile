@@ -36,7 +36,7 @@ test-cluster:
 
 ## bench: every benchmark, three rounds, then one table of sluice beside its reference (medians)
 bench:
-	$(GO) run ./internal/benchtable -rounds $(BENCH_ROUNDS) $(BENCH_RECORD) -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
+	$(GO) run ./internal/benchkit/benchtable -rounds $(BENCH_ROUNDS) $(BENCH_RECORD) -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
 
 ## bench-record: make bench, and the table replaces the "Latest generated table" of BENCHMARKS.md
 bench-record:

@@ -20,8 +20,8 @@ import (
 // own OTEL_* variables as the OpenTelemetry specification asks.
 var mayReadEnvironment = []string{
 	"cmd/", "examples/", "test/", "tools/",
-	"internal/testenv/", "internal/benchenv/", "internal/benchtable/", "internal/delaybench/",
-	"internal/testsummary/", "internal/dlqfill/",
+	"internal/testkit/testenv/", "internal/benchkit/benchenv/", "internal/benchkit/benchtable/", "internal/benchkit/delaybench/",
+	"internal/testkit/testsummary/", "internal/testkit/dlqfill/",
 	"telemetry/otelsetup/",
 }
 

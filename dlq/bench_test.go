@@ -14,10 +14,10 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/benchenv"
-	"github.com/sluice-go/sluice/internal/dlqfill"
+	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
 	hdr "github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/dlqfill"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/dlqfill"
+	"github.com/sluice-go/sluice/internal/testkit/dlqfill"
 )
 
 // panicAccount and panicLedger are two panic sites; recovered runs one under Watermill's

@@ -17,8 +17,8 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/dlqfill"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/testkit/dlqfill"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

@@ -25,10 +25,10 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/internal/benchenv"
+	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/steptest"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/steptest"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -39,7 +39,7 @@ import (
 )
 
 // Benchmarks of the whole stack, every message 1 KiB and persistent. Sub-benchmarks named
-// sluice, raw and watermill under one parent are one comparison; internal/benchtable
+// sluice, raw and watermill under one parent are one comparison; internal/benchkit/benchtable
 // (make bench) puts them side by side. The RabbitMQ ones need the local broker; their
 // figures are comparable within one run only (the broker and the 2 cores are shared).
 //

@@ -24,9 +24,9 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/benchenv"
-	"github.com/sluice-go/sluice/internal/delaybench"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
+	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"

@@ -21,7 +21,7 @@
 #   scripts/rabbitmq4.sh ctl NAME ARGS...     rabbitmqctl -n NAME@HOST ARGS... inside the chroot
 #   scripts/rabbitmq4.sh plugins NAME ARGS... rabbitmq-plugins -n NAME@HOST ARGS...
 #   scripts/rabbitmq4.sh run ARGS...          run ARGS inside the chroot as the rabbitmq user,
-#                                             with the node environment (for internal/testenv)
+#                                             with the node environment (for internal/testkit/testenv)
 #   scripts/rabbitmq4.sh mount | release      mount /proc, /dev, /sys into the chroot; undo it
 #                                             when no process runs there any more
 #   scripts/rabbitmq4.sh root                 print the chroot's path

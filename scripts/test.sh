@@ -97,7 +97,7 @@ fi
 
 git status --porcelain >"$work/dirty-before" 2>/dev/null || : >"$work/dirty-before"
 summary="$work/testsummary"
-"$GO" build -o "$summary" ./internal/testsummary || exit 1
+"$GO" build -o "$summary" ./internal/testkit/testsummary || exit 1
 
 # The broker-facing contract suites, which part 2 runs on 3.10 beside part 1's 4.3.
 contract="./test/ ./broker/... ./dlq/... ./router/... ./cmd/... ./examples/..."

@@ -21,11 +21,11 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/demo/paymentdemo"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/paymentdemo"
-	"github.com/sluice-go/sluice/internal/paymentsim"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

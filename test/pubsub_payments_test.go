@@ -17,8 +17,8 @@ import (
 
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/handlers/example_payment"
-	"github.com/sluice-go/sluice/internal/paymentsim"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

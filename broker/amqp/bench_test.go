@@ -12,15 +12,15 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/benchenv"
-	"github.com/sluice-go/sluice/internal/delaybench"
+	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
+	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
 	hdr "github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Benchmarks against the local RabbitMQ, every message benchenv.Payload (1 KiB) and
-// persistent, one comparison per parent benchmark (see internal/benchenv). Figures of one run are comparable with each other,
+// persistent, one comparison per parent benchmark (see internal/benchkit/benchenv). Figures of one run are comparable with each other,
 // never with another machine's or another moment's: the broker is shared.
 
 // publishInFlight is how many confirms may be outstanding at once in both shapes: the

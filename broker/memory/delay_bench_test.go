@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/internal/delaybench"
+	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
 )
 
 // BenchmarkDelayAccuracy is broker/amqp's BenchmarkDelayAccuracy on the embedded broker:

@@ -21,8 +21,8 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
-	"github.com/sluice-go/sluice/internal/paymentdemo"
-	"github.com/sluice-go/sluice/internal/paymentsim"
+	"github.com/sluice-go/sluice/internal/demo/paymentdemo"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	sluice "github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/paymentsim"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 )
 
 // Error types of the gateway's refusals, as sluice.ErrorType reports them.

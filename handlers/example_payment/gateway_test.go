@@ -13,7 +13,7 @@ import (
 
 	sluice "github.com/sluice-go/sluice"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
-	"github.com/sluice-go/sluice/internal/paymentsim"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 )
 
 func request(paymentID, source string) ep.Request {

@@ -15,8 +15,8 @@ import (
 
 	sluice "github.com/sluice-go/sluice"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/paymentsim"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

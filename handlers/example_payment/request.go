@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	sluice "github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 	"github.com/sluice-go/sluice/internal/failure"
-	"github.com/sluice-go/sluice/internal/paymentsim"
 )
 
 // Error types of the requests this handler refuses, as sluice.ErrorType reports them.

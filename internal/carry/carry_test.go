@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/steptest"
+	"github.com/sluice-go/sluice/internal/testkit/steptest"
 )
 
 var (

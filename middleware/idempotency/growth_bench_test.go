@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/sluice-go/sluice/internal/benchenv"
+	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 )
 

@@ -5,7 +5,7 @@ package faults
 import (
 	"testing"
 
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
 
 // TestNetworkFaults runs the scenarios that leave the node itself alone (the fault is in

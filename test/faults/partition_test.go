@@ -24,7 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
 
 // netTicktime is the cluster's Erlang net_ticktime: a node whose peers went silent is

@@ -19,7 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/dlq"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
 
 // secrets a producer put in a payload and in headers; none may reach a page or an API

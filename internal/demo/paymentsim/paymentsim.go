@@ -1,6 +1,6 @@
 // Package paymentsim holds the knobs of handlers/example_payment's simulated card gateway
 // (its test tokens and the rate-limit refusal) and the wire names the example, its demo
-// traffic (internal/paymentdemo), cmd/payments and the end-to-end tests share. They are the
+// traffic (internal/demo/paymentdemo), cmd/payments and the end-to-end tests share. They are the
 // simulation's internals, not part of what a reader of the example needs.
 package paymentsim
 

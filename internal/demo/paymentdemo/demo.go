@@ -10,7 +10,7 @@ import (
 	"strconv"
 
 	"github.com/sluice-go/sluice/handlers/example_payment"
-	"github.com/sluice-go/sluice/internal/paymentsim"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 )
 
 // ErrorTypePanic is the error type the expectations assume the stack's recoverer records

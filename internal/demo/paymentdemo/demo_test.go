@@ -13,8 +13,8 @@ import (
 
 	sluice "github.com/sluice-go/sluice"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
-	"github.com/sluice-go/sluice/internal/paymentdemo"
-	"github.com/sluice-go/sluice/internal/paymentsim"
+	"github.com/sluice-go/sluice/internal/demo/paymentdemo"
+	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 )
 
 var allKinds = []paymentdemo.Kind{

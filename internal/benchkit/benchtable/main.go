@@ -1,7 +1,7 @@
 // Command benchtable runs a `go test -bench` command, streams its output, and then prints
 // one table in which each sluice figure stands beside its references and the ratio.
 //
-//	go run ./internal/benchtable [-rounds N] -- go test -run '^$' -bench . -benchmem ./...
+//	go run ./internal/benchkit/benchtable [-rounds N] -- go test -run '^$' -bench . -benchmem ./...
 //
 // Convention: the sub-benchmarks "sluice", "raw" (plain amqp091-go) and "watermill"
 // (watermill-amqp or Watermill's own middleware) under one parent benchmark are one

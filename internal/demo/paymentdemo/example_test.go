@@ -3,7 +3,7 @@ package paymentdemo_test
 import (
 	"fmt"
 
-	"github.com/sluice-go/sluice/internal/paymentdemo"
+	"github.com/sluice-go/sluice/internal/demo/paymentdemo"
 )
 
 // An end-to-end test publishes each request's Body and checks, per payment ID, that the

@@ -96,7 +96,7 @@ func rabbitmq4() (launcher, error) {
 			chrootErr = fmt.Errorf("cannot locate the module root")
 			return
 		}
-		root := filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+		root := filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 		script := filepath.Join(root, "scripts", "rabbitmq4.sh")
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()

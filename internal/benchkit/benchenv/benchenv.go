@@ -1,7 +1,7 @@
 // Package benchenv holds what the RabbitMQ benchmarks of several packages share: the
 // message they send, the broker and queues they measure on, and how they report a rate.
 // Sub-benchmarks named sluice, raw and watermill under one parent are one comparison;
-// internal/benchtable (make bench) puts them side by side.
+// internal/benchkit/benchtable (make bench) puts them side by side.
 package benchenv
 
 import (
@@ -13,7 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/internal/testenv"
+	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 

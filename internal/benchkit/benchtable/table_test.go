@@ -146,7 +146,7 @@ func TestGroupRows(t *testing.T) {
 			},
 			want: []row{
 				{benchmark: "broker/amqp DelayAccuracy", unit: "p50-late-ms", sluice: "200.0", refs: []string{"", ""}, ratios: []string{"", ""}},
-				{benchmark: "internal/memory DelayAccuracy", unit: "p50-late-ms", sluice: "0.8", refs: []string{"", ""}, ratios: []string{"", ""}},
+				{benchmark: "broker/memory DelayAccuracy", unit: "p50-late-ms", sluice: "0.8", refs: []string{"", ""}, ratios: []string{"", ""}},
 			},
 		},
 		{

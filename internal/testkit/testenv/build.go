@@ -69,5 +69,5 @@ func ModuleRoot(t testing.TB) string {
 	if !ok {
 		t.Fatal("cannot locate the module root")
 	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
