@@ -172,3 +172,33 @@ func TestRouterAssertsNoConcreteBroker(t *testing.T) {
 	}
 	assert.Greater(t, checked, 5, "router's files were read")
 }
+
+// Issue 35: internal/ listed product plumbing and test tooling side by side. Test and
+// benchmark tooling live in internal/testkit and internal/benchkit, and no library
+// package compiles them.
+func TestLibraryCompilesNoTestTooling(t *testing.T) {
+	graph, _ := depGraph(t, "./...")
+	for pkg, imports := range graph {
+		if !strings.HasPrefix(pkg, "github.com/sluice-go/sluice") || isTooling(pkg) {
+			continue
+		}
+		for _, imp := range imports {
+			if isTooling(imp) {
+				t.Errorf("%s (library code) imports test tooling %s", pkg, imp)
+			}
+		}
+	}
+	assert.Contains(t, graph, "github.com/sluice-go/sluice/internal/testkit/testenv", "the tooling is where this test looks")
+}
+
+// isTooling says whether pkg is test or benchmark tooling, or a program or test package
+// that may use it.
+func isTooling(pkg string) bool {
+	rel := strings.TrimPrefix(pkg, "github.com/sluice-go/sluice/")
+	for _, prefix := range []string{"internal/testkit/", "internal/benchkit/", "test/", "cmd/", "examples/", "tools/"} {
+		if strings.HasPrefix(rel, prefix) || rel+"/" == prefix {
+			return true
+		}
+	}
+	return false
+}
