@@ -131,7 +131,12 @@ func TestConsumerTimeout(t *testing.T) {
 		"the consumer's stop is logged with the broker's reason (%s); logs:\n%s", stopSign, logs.String())
 	closedAfter := time.Since(started)
 	t.Logf("RabbitMQ %s: consumer stopped (%s) %s after the delivery (consumer_timeout %s, tick %s)", testenv.Version(), stopSign, closedAfter.Round(time.Millisecond), consumerTimeout, tickInterval)
-	assert.GreaterOrEqual(t, closedAfter, consumerTimeout, "not before consumer_timeout")
+	// The broker starts its clock when the queue hands the delivery out, a moment before
+	// the handler sees it (4.3's quorum queue stamps the checkout on the leader), so the
+	// client-side span may fall short of consumer_timeout by that hand-over; a CI run saw
+	// 2.999 s for 3 s. Anything earlier than the margin would be a stop before the timeout.
+	const handOver = 100 * time.Millisecond
+	assert.GreaterOrEqual(t, closedAfter, consumerTimeout-handOver, "not before consumer_timeout (less the hand-over of %s)", handOver)
 
 	// Consumption resumes while the slow handler still runs, and the redelivery of the
 	// slow message meets its key in flight.
