@@ -144,6 +144,28 @@ type Joiner interface {
 	Join(ctx context.Context, queue string, cfg MembershipConfig) (Membership, error)
 }
 
+// Journaler keeps append-only journals that outlive the process and are read by every
+// instance: the idempotency step journals its done keys on one (RabbitMQ: a stream). A
+// broker that has it lets the stack restore idempotency keys after a crash and share them
+// between instances; the embedded broker loses everything with its process, so it has none.
+type Journaler interface {
+	// Journal returns the journal name, keeping records for at least retention (older
+	// ones may be dropped). It is declared on first use.
+	Journal(name string, retention time.Duration) Journal
+}
+
+// Journal is one append-only journal (Journaler).
+type Journal interface {
+	// Append stores body as one record and returns once the broker has confirmed it.
+	Append(ctx context.Context, body []byte) error
+	// Follow calls deliver with every record stored since since (and possibly a few
+	// older), in order, then caughtUp once every record stored before Follow was called
+	// has been delivered, then goes on delivering new records until ctx ends, when it
+	// returns ctx's error. It rides out connection losses and a deleted journal by itself;
+	// deliver and caughtUp run on Follow's goroutine.
+	Follow(ctx context.Context, since time.Time, deliver func(body []byte), caughtUp func()) error
+}
+
 // SubscribeOptions tune one subscription. The zero value means one message at a time.
 type SubscribeOptions struct {
 	// Concurrency is how many messages are handed out at once, each waiting for its own

@@ -78,6 +78,7 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 	}
 	for k, hname := range names {
 		s.names[hname] = true
+		hc.journal = topology.Partition(queue, k)
 		stack := s.compose(h, outputTopic, hc)
 		var sub message.Subscriber = s.subscriber(hc)
 		if reb != nil {

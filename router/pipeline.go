@@ -73,7 +73,11 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 		if s.cfg.Telemetry != nil {
 			obs = append(obs, s.cfg.Telemetry)
 		}
-		mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
+		if sl := s.journalSlot(hc, obs); sl != nil {
+			mws = append(mws, sl.middleware)
+		} else {
+			mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
+		}
 	}
 	if outputTopic == "" && hc.sub.output != nil {
 		mws = append(mws, s.exchangeOutputs(*hc.sub.output)) // subscription.go

@@ -132,6 +132,7 @@ type Idempotency interface {
 type HandlerOption func(*handlerConfig)
 
 type handlerConfig struct {
+	journal     string // the consumed queue, naming its idempotency journal (journal.go)
 	concurrency int
 	prefetch    int
 	keyFunc     func(*message.Message) (string, error)
@@ -187,8 +188,9 @@ type Stack struct {
 	mu      sync.Mutex
 	names   map[string]bool
 	started bool
-	plan    declare.Plan // what Run declares
-	parts   []part       // what the options and the configuration hold until Close
+	plan    declare.Plan   // what Run declares
+	parts   []part         // what the options and the configuration hold until Close
+	slots   []*journalSlot // idempotency steps Run restores before consuming (journal.go)
 }
 
 // New builds a stack on b.
@@ -332,6 +334,7 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	}
 	sub := s.subscriber(hc)
 	hc.pause = s.pauseFor(name, hc, sub)
+	hc.journal = queue
 	stack := s.compose(h, outputTopic, hc)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
@@ -347,6 +350,9 @@ func (s *Stack) Run(ctx context.Context) error {
 	s.started = true
 	s.mu.Unlock()
 	if err := s.Declare(ctx); err != nil {
+		return err
+	}
+	if err := s.restoreJournals(ctx); err != nil {
 		return err
 	}
 	return s.router.Run(ctx)

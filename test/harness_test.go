@@ -33,7 +33,7 @@ type env struct {
 func (e *env) newQueue(t testing.TB, prefix string) string {
 	q := testenv.Name(prefix)
 	if e.rabbit != nil {
-		e.rabbit.DeleteQueues(q, topology.DLQ(q))
+		e.rabbit.DeleteQueues(q, topology.DLQ(q), topology.IdempotencyJournal(q))
 	}
 	return q
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-go/sluice/handlers/example_payment"
@@ -46,6 +47,9 @@ type config struct {
 	// maxKeys bounds the idempotency store (IDEMPOTENCY_MAX_KEYS; 0: the store's default,
 	// 1,000,000 keys, some 41 MB).
 	maxKeys int
+	// noJournal turns the idempotency journal off (IDEMPOTENCY_JOURNAL=off): keys then
+	// live in this process only, and a crash forgets them.
+	noJournal bool
 	// embeddedFallback runs on the embedded broker when AMQP_URL is unset (the demo);
 	// serve turns it off, so a deployment missing AMQP_URL fails to start.
 	embeddedFallback bool
@@ -72,6 +76,7 @@ func loadConfig() (config, error) {
 		managementURL: os.Getenv("RABBITMQ_MANAGEMENT_URL"),
 
 		idempotencySnapshot: os.Getenv("IDEMPOTENCY_SNAPSHOT"),
+		noJournal:           strings.EqualFold(os.Getenv("IDEMPOTENCY_JOURNAL"), "off"),
 	}
 	var err error
 	if c.retry.MaxRetries, err = envInt("RETRY_MAX_RETRIES", 5); err != nil {

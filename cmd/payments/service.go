@@ -99,9 +99,13 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		_ = svc.close()
 		return nil, err
 	}
-	// Requests are idempotent by payment_id (the handler's key function). The store can
-	// survive a graceful restart through IDEMPOTENCY_SNAPSHOT; a crash forgets it.
+	// Requests are idempotent by payment_id (the handler's key function). On RabbitMQ the
+	// done keys are journaled on a stream (sluice.idempotency.<queue>) and restored at
+	// start, so a crash or another instance forgets none; IDEMPOTENCY_JOURNAL=off keeps
+	// them in this process only (IDEMPOTENCY_SNAPSHOT then survives a graceful restart).
 	guard, err := idempotency.New(idempotency.Config{
+		DisableJournal:   cfg.noJournal,
+		Logger:           logger,
 		SnapshotPath:     cfg.idempotencySnapshot,
 		SnapshotInterval: cfg.snapshotEvery,
 		MaxKeys:          cfg.maxKeys,

@@ -23,6 +23,8 @@ const (
 	PartitionInfix = ".p"
 	// MembersPrefix names the fanout exchange of a partitioned handler's instances.
 	MembersPrefix = "sluice.members."
+	// IdempotencyPrefix names a queue's journal of done idempotency keys (a stream).
+	IdempotencyPrefix = "sluice.idempotency."
 )
 
 // Names shared by every queue of a vhost.
@@ -56,6 +58,12 @@ func Partition(queue string, k int) string { return queue + PartitionInfix + str
 // to, with the partition key as routing key. It has the queue's own name: exchanges and
 // queues are separate namespaces, and a producer needs to know only one name.
 func PartitionExchange(queue string) string { return queue }
+
+// IdempotencyJournal returns the stream that journals the done idempotency keys of the
+// handler consuming queue (a partition, for a partitioned handler): sluice.idempotency.Q.
+// It is named after the queue rather than the handler because a queue's consumers are one
+// service's instances, while two services on a vhost may well name their handlers alike.
+func IdempotencyJournal(queue string) string { return IdempotencyPrefix + queue }
 
 // Members returns the fanout exchange over which the instances of queue's partitioned
 // handler announce themselves: sluice.members.Q.

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -85,6 +86,16 @@ type Config struct {
 	// It runs on the handler's goroutine and must be quick.
 	OnDuplicate func(msg *message.Message, key string)
 
+	// DisableJournal turns the journal off (see Guard.Journaled): the stack then keeps
+	// keys in this process's memory only, and a crash (SIGKILL, OOM kill, lost node) forgets
+	// every key done since the last snapshot, as does another instance, which never saw
+	// them; duplicates arriving after that run again. Zero: the step journals its done keys
+	// whenever the stack's broker keeps journals (RabbitMQ streams).
+	DisableJournal bool
+
+	// Logger receives journal failures. Nil: slog.Default().
+	Logger *slog.Logger
+
 	// Now is the clock, for tests of TTL and lease expiry. Nil: time.Now.
 	Now func() time.Time
 }
@@ -104,6 +115,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 }
 

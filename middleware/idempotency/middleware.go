@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -48,11 +49,29 @@ type Guard struct {
 	closeOnce sync.Once
 
 	// Keys whose outputs the router still publishes wait for its ack (completeOnAck).
-	waitMu  sync.Mutex
-	closed  bool
-	closing chan struct{}
-	waiters sync.WaitGroup
+	waitMu   sync.Mutex
+	closed   bool
+	closing  chan struct{}
+	waiters  sync.WaitGroup
+	journals []journalStop // Journaled's goroutines, stopped by Close
+
+	jst journalStats
+	// unjournaled holds keys done here whose journal record was not confirmed: their
+	// message was deferred, and its redelivery journals the key before acking.
+	unjournaledMu sync.Mutex
+	unjournaled   map[digest]record
+	failLog       atomic.Int64 // when the last journal failure was logged (Unix ns)
 }
+
+// journalStop ends one Journaled's goroutines.
+type journalStop struct {
+	cancel func()
+	done   <-chan struct{}
+}
+
+// ErrClosed is returned by Journaled after Close, and by a journal append the Close
+// interrupted.
+var ErrClosed = errors.New("idempotency: guard closed")
 
 // New returns a Guard with a new Store configured by cfg; with cfg.SnapshotPath set, the
 // snapshot is loaded now if the file exists, and written by Close.
@@ -96,6 +115,20 @@ func (g *Guard) Stats() Stats {
 	st := g.store.Stats()
 	st.KeyErrors = g.keyErrors.Load()
 	st.NoKey = g.noKey.Load()
+	st.Journal = JournalStats{
+		Restoring:       int(g.jst.restoring.Load()),
+		Restored:        g.jst.restored.Load(),
+		RestoreDuration: time.Duration(g.jst.restoreNanos.Load()),
+		Applied:         g.jst.applied.Load(),
+		Appended:        g.jst.appended.Load(),
+		Batches:         g.jst.batches.Load(),
+		Failures:        g.jst.failures.Load(),
+		Skipped:         g.jst.skipped.Load(),
+		Lag:             time.Duration(g.jst.lagNanos.Load()),
+	}
+	g.unjournaledMu.Lock()
+	st.Journal.Unconfirmed = len(g.unjournaled)
+	g.unjournaledMu.Unlock()
 	return st
 }
 
@@ -108,6 +141,10 @@ func (g *Guard) Close() error {
 		close(g.closing)
 		g.waitMu.Unlock()
 		g.waiters.Wait()
+		for _, j := range g.journals {
+			j.cancel()
+			<-j.done
+		}
 		if g.stop != nil {
 			close(g.stop)
 			<-g.stopped
@@ -119,7 +156,7 @@ func (g *Guard) Close() error {
 // Middleware is the idempotency step with Config.KeyFunc, for a plain Watermill router:
 // r.AddMiddleware(g.Middleware). See NewMiddleware.
 func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return g.wrap(h, g.cfg.KeyFunc, nil)
+	return g.wrap(h, g.cfg.KeyFunc, nil, nil)
 }
 
 // NewMiddleware returns the idempotency step as a watermill message.HandlerMiddleware whose
@@ -154,11 +191,13 @@ func (g *Guard) NewMiddleware(keyFunc func(*message.Message) (string, error), ob
 		obs = disposition.Observers(observers)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
-		return g.wrap(h, keyFunc, obs)
+		return g.wrap(h, keyFunc, obs, nil)
 	}
 }
 
-func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (string, error), obs disposition.Observer) message.HandlerFunc {
+// wrap is the step over h; with jd, keys done are journaled before their message is
+// acknowledged.
+func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (string, error), obs disposition.Observer, jd *journaled) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		key, source, err := deriveKey(msg, keyFunc)
 		if err != nil {
@@ -170,9 +209,15 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			return h(msg)
 		}
 		ctx := msg.Context()
-		lease, status, remaining := g.store.begin(scopedDigest(message.HandlerNameFromCtx(ctx), source, key))
+		d := scopedDigest(message.HandlerNameFromCtx(ctx), source, key)
+		lease, status, remaining := g.store.begin(d)
 		switch status {
 		case keyDone:
+			if jd != nil {
+				if err := g.journalPending(ctx, jd, d); err != nil {
+					return nil, err
+				}
+			}
 			if g.cfg.OnDuplicate != nil {
 				g.cfg.OnDuplicate(msg, key)
 			}
@@ -210,8 +255,19 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 		}()
 		out, err := h(msg)
 		succeeded = err == nil
-		if succeeded && len(out) > 0 {
-			pending = g.completeOnAck(msg, lease)
+		switch {
+		case succeeded && len(out) > 0:
+			pending = g.completeOnAck(msg, lease, jd)
+		case succeeded && jd != nil:
+			// The key stays in flight until its record is confirmed, so a duplicate
+			// arriving meanwhile is deferred, not acknowledged on an unjournaled key.
+			pending = true
+			rec := g.store.doneRecord(lease)
+			jerr := jd.append(ctx, rec)
+			g.store.completeAs(lease, rec)
+			if jerr != nil {
+				return nil, g.unconfirmed(rec, jerr)
+			}
 		}
 		return out, err
 	}
@@ -257,7 +313,7 @@ func keyAttrs(key, source string) []attribute.KeyValue {
 // completeOnAck marks lease done when the router acks msg and releases it when the router
 // nacks it, or when the Guard closes first. It reports false, leaving the lease to the
 // caller, when the Guard is closed already.
-func (g *Guard) completeOnAck(msg *message.Message, lease Lease) bool {
+func (g *Guard) completeOnAck(msg *message.Message, lease Lease, jd *journaled) bool {
 	g.waitMu.Lock()
 	defer g.waitMu.Unlock()
 	if g.closed {
@@ -268,7 +324,19 @@ func (g *Guard) completeOnAck(msg *message.Message, lease Lease) bool {
 		defer g.waiters.Done()
 		select {
 		case <-msg.Acked():
-			g.store.Complete(lease)
+			if jd == nil {
+				g.store.Complete(lease)
+				return
+			}
+			// The router publishes the outputs after this step, so the record can only
+			// follow the ack here (see Journaled).
+			rec := g.store.doneRecord(lease)
+			g.store.completeAs(lease, rec)
+			ctx, cancel := context.WithTimeout(context.Background(), journalAfterAckTimeout)
+			defer cancel()
+			if err := jd.append(ctx, rec); err != nil {
+				g.logJournalFailure(err)
+			}
 		case <-msg.Nacked():
 			g.store.Release(lease)
 		case <-g.closing:

@@ -169,6 +169,51 @@ func (s *Store) Complete(l Lease) {
 	sh.insert(record{key: l.key, exp: exp}, now)
 }
 
+// doneRecord is the record Complete would write for l now, for the journal to carry
+// before the store is changed.
+func (s *Store) doneRecord(l Lease) record {
+	return record{key: l.key, exp: (s.now().UnixNano()+s.ttl)&^1 | 1}
+}
+
+// completeAs ends l as Complete does, with rec's expiry (the one journaled).
+func (s *Store) completeAs(l Lease, rec record) {
+	if l.token == 0 {
+		return
+	}
+	now := s.now().UnixNano()
+	sh := s.shardOf(l.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.sweep(now, sweepBudget)
+	sh.st.completed++
+	if slot := sh.ix.find(l.key, &sh.q); slot >= 0 {
+		sh.q.at(sh.ix.seq(slot)).exp = rec.exp
+		return
+	}
+	sh.insert(rec, now)
+}
+
+// markDone records a journaled key as done until rec's expiry, unless the store knows it
+// done for longer. A key in flight here is marked done too: its work happened elsewhere,
+// and this attempt's Release then leaves it done. Records arrive oldest first, so when
+// the journal holds more than MaxKeys the newest are the ones kept.
+func (s *Store) markDone(rec record, now int64) {
+	if !rec.live(now) {
+		return
+	}
+	sh := s.shardOf(rec.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.sweep(now, sweepBudget)
+	if slot := sh.ix.find(rec.key, &sh.q); slot >= 0 {
+		if r := sh.q.at(sh.ix.seq(slot)); !r.done() || r.until() < rec.until() {
+			r.exp = rec.exp
+		}
+		return
+	}
+	sh.insert(rec, now)
+}
+
 // Release gives the leased key up without marking it, so that the next attempt runs. It
 // does nothing if the key is no longer held under this lease (it ran out and another
 // holder took the key, or the key completed).
@@ -246,6 +291,32 @@ type Stats struct {
 	KeyErrors uint64
 	// NoKey counts messages with no key at all, handled without idempotency (Guard only).
 	NoKey uint64
+	// Journal counts the journal's work (Guard only; zero without Guard.Journaled).
+	Journal JournalStats
+}
+
+// JournalStats counts what a Guard's journals did (Guard.Journaled).
+type JournalStats struct {
+	// Restoring is how many journals have not caught up yet: the stack does not consume
+	// their handlers meanwhile.
+	Restoring int
+	// Restored counts the records read while restoring.
+	Restored int64
+	// RestoreDuration is the longest restore, from Journaled to caught up.
+	RestoreDuration time.Duration
+	// Applied counts every record read (restore, own appends and other instances').
+	Applied int64
+	// Appended counts records confirmed by the broker, in Batches journal messages.
+	Appended, Batches int64
+	// Failures counts appends that failed (their messages were deferred).
+	Failures int64
+	// Skipped counts journal messages that were not record batches (corrupt, foreign).
+	Skipped int64
+	// Lag is the age of the last record read after the restore: how long a key done on
+	// one instance took to be known here.
+	Lag time.Duration
+	// Unconfirmed is how many keys are done here but not journaled yet.
+	Unconfirmed int
 }
 
 // Stats returns the store's counters.

@@ -1,0 +1,299 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/broker"
+)
+
+// Journal limits. A stream keeps whole segments: the small segment size lets retention
+// drop old records soon after they pass their age, instead of 500 MB at a time.
+const (
+	// JournalMaxBytes bounds a journal stream's size beside its age (x-max-length-bytes):
+	// 1 GiB holds some 40 million keys at the idempotency step's 24 bytes a key.
+	JournalMaxBytes = 1 << 30
+	// journalSegmentBytes is x-stream-max-segment-size-bytes.
+	journalSegmentBytes = 8 << 20
+	// journalPrefetch is the stream consumer's prefetch (a stream consumer must set one).
+	journalPrefetch = 1000
+	// journalRetry is the pause before Follow consumes again after losing its consumer.
+	journalRetry = 500 * time.Millisecond
+	// journalContentType marks a journal record.
+	journalContentType = "application/vnd.sluice.journal"
+	// headerJournalMarker marks a Follow's own position marker, not a record.
+	headerJournalMarker = "x-sluice-journal-marker"
+)
+
+// errJournalCancelled is a journal consumer cancelled by RabbitMQ.
+var errJournalCancelled = errors.New("consumer cancelled by RabbitMQ")
+
+// ErrJournalDeclare wraps a failure to declare a journal stream.
+var ErrJournalDeclare = errors.New("amqp: declare journal stream")
+
+// Journal returns the RabbitMQ stream name as a journal (broker.Journaler): records are
+// persistent messages appended with publisher confirms through the broker's publisher, and
+// read with a stream consumer (x-stream-offset) on the consuming connection. The stream is
+// declared on first use with x-max-age retention and JournalMaxBytes; a stream deleted under
+// a running journal is declared again, logged at error level and counted (JournalStats).
+func (b *Broker) Journal(name string, retention time.Duration) broker.Journal {
+	return &streamJournal{b: b, name: name, retention: retention}
+}
+
+var _ broker.Journaler = (*Broker)(nil)
+
+type streamJournal struct {
+	b         *Broker
+	name      string
+	retention time.Duration
+	declared  atomic.Bool
+
+	recreated atomic.Int64
+	resumed   atomic.Int64
+}
+
+// JournalStats counts what a journal had to repair.
+type JournalStats struct {
+	// Recreated counts the times the stream was found deleted and declared again.
+	Recreated int64
+	// Resumed counts the times Follow consumed again after losing its consumer
+	// (connection loss, broker restart, stream deleted).
+	Resumed int64
+}
+
+// JournalStatsOf returns what j had to repair, and false when j did not come from
+// Broker.Journal.
+func JournalStatsOf(j broker.Journal) (JournalStats, bool) {
+	sj, ok := j.(*streamJournal)
+	if !ok {
+		return JournalStats{}, false
+	}
+	return JournalStats{Recreated: sj.recreated.Load(), Resumed: sj.resumed.Load()}, true
+}
+
+func (j *streamJournal) args() amqp.Table {
+	// x-max-age takes whole seconds with a unit; round up so retention is never shorter.
+	secs := max(int64((j.retention+time.Second-1)/time.Second), 1)
+	return amqp.Table{
+		"x-queue-type":                    "stream",
+		"x-max-age":                       fmt.Sprintf("%ds", secs),
+		"x-max-length-bytes":              int64(JournalMaxBytes),
+		"x-stream-max-segment-size-bytes": int64(journalSegmentBytes),
+	}
+}
+
+// declare declares the stream, reporting whether it had to be created. A passive declare
+// first tells a missing stream (created now, loudly when it existed before) from one that
+// is there.
+func (j *streamJournal) declare(ctx context.Context) (created bool, err error) {
+	ch, err := j.b.conn.channel(ctx)
+	if err != nil {
+		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
+	}
+	if _, perr := ch.QueueDeclarePassive(j.name, true, false, false, false, nil); perr == nil {
+		_ = ch.Close()
+		j.declared.Store(true)
+		return false, nil
+	} else if e := new(amqp.Error); !errors.As(perr, &e) || e.Code != amqp.NotFound {
+		_ = ch.Close()
+		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, perr)
+	}
+	// The passive declare's 404 closed the channel.
+	ch, err = j.b.conn.channel(ctx)
+	if err != nil {
+		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(j.name, true, false, false, false, j.args()); err != nil {
+		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
+	}
+	if j.declared.Swap(true) {
+		j.recreated.Add(1)
+		j.b.cfg.Logger.Error("idempotency journal stream was deleted under a running service; declared it again (records before the deletion are lost: keys done only there are forgotten)",
+			"stream", j.name)
+	}
+	return true, nil
+}
+
+func (j *streamJournal) ensure(ctx context.Context) error {
+	if j.declared.Load() {
+		return nil
+	}
+	_, err := j.declare(ctx)
+	return err
+}
+
+// Append publishes body to the stream, confirmed. A stream deleted meanwhile makes the
+// publish unroutable: it is declared again and the record published once more.
+func (j *streamJournal) Append(ctx context.Context, body []byte) error {
+	return j.publish(ctx, amqp.Publishing{
+		ContentType:  journalContentType,
+		DeliveryMode: amqp.Persistent,
+		Timestamp:    time.Now(),
+		Body:         body,
+	})
+}
+
+func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error {
+	if err := j.ensure(ctx); err != nil {
+		return err
+	}
+	err := j.b.pub.publishRaw(ctx, "", j.name, []amqp.Publishing{pub})
+	if errors.Is(err, ErrUnroutable) {
+		if _, derr := j.declare(ctx); derr != nil {
+			return errors.Join(err, derr)
+		}
+		err = j.b.pub.publishRaw(ctx, "", j.name, []amqp.Publishing{pub})
+	}
+	if err != nil {
+		return fmt.Errorf("append to journal %q: %w", j.name, err)
+	}
+	return nil
+}
+
+// Follow reads the stream from since (a timestamp offset: RabbitMQ starts at the chunk
+// holding it, so a few older records may come first), then tails it. Knowing when it has
+// caught up needs a position: Follow appends a marker of its own, and what precedes the
+// marker was stored before Follow was called. After a lost consumer it resumes after the
+// last offset it delivered, or from the start of a stream that had to be declared again.
+func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp func()) error {
+	marker := uuid.NewString()
+	if err := j.publish(ctx, amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		Headers:      amqp.Table{headerJournalMarker: marker},
+	}); err != nil {
+		return err
+	}
+	// A timestamp offset before the epoch (a zero since) makes RabbitMQ deliver nothing.
+	var first any = since
+	if since.Unix() <= 0 {
+		first = "first"
+	}
+	var (
+		next      any   = first // x-stream-offset of the next consume
+		last      int64 = -1
+		caught    bool
+		firstPass = true
+	)
+	for {
+		if !firstPass {
+			j.resumed.Add(1)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(journalRetry):
+			}
+		}
+		firstPass = false
+		created, err := j.declare(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			j.b.cfg.Logger.Warn("idempotency journal: cannot declare its stream; trying again", "stream", j.name, "error", err)
+			continue
+		}
+		if created && last >= 0 {
+			// A new stream numbers its offsets from 0 again.
+			next, last = "first", -1
+		}
+		if created && !caught {
+			// The marker went with the deleted stream: nothing before it can be read.
+			caught = true
+			caughtUp()
+		}
+		err = j.consume(ctx, next, &last, marker, &caught, deliver, caughtUp)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, errJournalCancelled) {
+			// RabbitMQ cancels a stream's consumers when the stream is deleted; whoever
+			// declares it again (this process or another instance), its offsets start
+			// from 0, so read it from its start. Records read twice are harmless.
+			next, last = "first", -1
+			j.b.cfg.Logger.Warn("idempotency journal: RabbitMQ cancelled the stream consumer (stream deleted?); reading the stream again from its start",
+				"stream", j.name, "error", err)
+			continue
+		}
+		j.b.cfg.Logger.Warn("idempotency journal: lost its stream consumer; consuming again after the last record read",
+			"stream", j.name, "last_offset", last, "error", err)
+		if last >= 0 {
+			next = last + 1
+		}
+	}
+}
+
+func (j *streamJournal) consume(ctx context.Context, from any, last *int64, marker string, caught *bool, deliver func([]byte), caughtUp func()) error {
+	ch, err := j.b.conn.channel(ctx)
+	if err != nil {
+		return err
+	}
+	if err := ch.Qos(journalPrefetch, 0, false); err != nil {
+		_ = ch.Close()
+		return fmt.Errorf("qos on journal %q: %w", j.name, err)
+	}
+	// Not ConsumeWithContext: its basic.cancel on ctx's end races the Close below.
+	deliveries, err := ch.Consume(j.name, "", false, false, false, false, amqp.Table{"x-stream-offset": from})
+	if err != nil {
+		_ = ch.Close()
+		return fmt.Errorf("consume journal %q: %w", j.name, err)
+	}
+	defer func() {
+		// amqp091 hands deliveries over unbuffered: until they are drained, its reader
+		// cannot take the channel.close-ok, and Close would wait forever.
+		go func() {
+			for range deliveries {
+			}
+		}()
+		closed := make(chan struct{})
+		go func() {
+			_ = ch.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(closeTimeout):
+			// A node that stopped answering: the connection's loss ends the close.
+		}
+	}()
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := ch.NotifyCancel(make(chan string, 1))
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e := <-closed:
+			return fmt.Errorf("journal %q channel closed: %w", j.name, errorOrNil(e))
+		case tag := <-cancelled:
+			return fmt.Errorf("journal %q consumer %s: %w", j.name, tag, errJournalCancelled)
+		case d, ok := <-deliveries:
+			if !ok {
+				return fmt.Errorf("journal %q: deliveries ended", j.name)
+			}
+			off, _ := d.Headers["x-stream-offset"].(int64)
+			if off <= *last {
+				_ = d.Ack(false)
+				continue
+			}
+			*last = off
+			if m, isMarker := d.Headers[headerJournalMarker].(string); isMarker {
+				if m == marker && !*caught {
+					*caught = true
+					caughtUp()
+				}
+			} else {
+				deliver(d.Body)
+			}
+			// A stream consumer's ack only grants credit; one per prefetch's worth is enough.
+			if off%(journalPrefetch/4) == 0 || len(deliveries) == 0 {
+				_ = d.Ack(true)
+			}
+		}
+	}
+}

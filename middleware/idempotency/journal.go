@@ -1,0 +1,318 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/disposition"
+)
+
+// A journal record batch, little-endian: the snapshot's records, framed to be checked
+// alone.
+//
+//	magic   [4]byte  "sikj"
+//	count   uint32
+//	count × { digest [16]byte; expires int64 (Unix ns) }
+//	crc     uint32   CRC-32C of everything before it
+const (
+	journalMagic      = "sikj"
+	journalHeaderSize = 4 + 4
+	// maxJournalBatch bounds the records one stream message carries (24 KiB of them).
+	maxJournalBatch = 1024
+)
+
+// ErrJournal is wrapped by the deferral of a message whose work is done but whose
+// journal record was not confirmed: the message is not acknowledged until it is.
+var ErrJournal = errors.New("idempotency: journal record not confirmed")
+
+// ErrJournalRecord is counted (Stats.JournalSkipped), never returned: a journal message
+// that is not a record batch of this package is skipped.
+var ErrJournalRecord = errors.New("idempotency: not a journal record batch")
+
+// journalAfterAckTimeout bounds the append that follows the ack of a message with
+// outputs the router publishes (a plain Watermill router).
+const journalAfterAckTimeout = 30 * time.Second
+
+// failLogEvery spaces the journal failure logs of an outage.
+const failLogEvery = 10 * time.Second
+
+// maxUnjournaled bounds the keys remembered as done-but-not-journaled; past it a key's
+// redelivery is acknowledged as a duplicate without a record (logged).
+const maxUnjournaled = 100_000
+
+// journalRetryDeferral is how long a message whose record could not be journaled waits
+// broker-side before its next try.
+const journalRetryDeferral = time.Second
+
+func encodeBatch(recs []record) []byte {
+	b := make([]byte, journalHeaderSize, journalHeaderSize+len(recs)*snapshotRecordSize+4)
+	copy(b, journalMagic)
+	binary.LittleEndian.PutUint32(b[4:], uint32(len(recs)))
+	for _, r := range recs {
+		b = append(b, r.key[:]...)
+		b = binary.LittleEndian.AppendUint64(b, uint64(r.until()))
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
+}
+
+func decodeBatch(b []byte) ([]record, error) {
+	if len(b) < journalHeaderSize+4 || string(b[:4]) != journalMagic {
+		return nil, fmt.Errorf("%w: %d bytes without the %q header", ErrJournalRecord, len(b), journalMagic)
+	}
+	n := int(binary.LittleEndian.Uint32(b[4:]))
+	if want := journalHeaderSize + n*snapshotRecordSize + 4; n > maxJournalBatch || len(b) != want {
+		return nil, fmt.Errorf("%w: %d records claimed in %d bytes", ErrJournalRecord, n, len(b))
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if c := crc32.Checksum(body, crcTable); c != sum {
+		return nil, fmt.Errorf("%w: checksum %08x, computed %08x", ErrJournalRecord, sum, c)
+	}
+	recs := make([]record, n)
+	for i := range recs {
+		o := journalHeaderSize + i*snapshotRecordSize
+		recs[i].key = digest(b[o : o+16])
+		recs[i].exp = int64(binary.LittleEndian.Uint64(b[o+16:]))&^1 | 1
+	}
+	return recs, nil
+}
+
+// journalStats are the Guard's journal counters (Stats).
+type journalStats struct {
+	restored     atomic.Int64 // records applied before the first caught-up
+	restoreNanos atomic.Int64 // the longest restore
+	applied      atomic.Int64 // records applied in all
+	appended     atomic.Int64 // records confirmed
+	batches      atomic.Int64 // stream messages appended
+	failures     atomic.Int64 // appends that failed
+	skipped      atomic.Int64 // journal messages that were not record batches
+	lagNanos     atomic.Int64 // the last record's age when applied
+	restoring    atomic.Int64 // journals not caught up yet
+}
+
+// journaled is one handler's journal: a group committer appending done keys and a follower
+// applying everyone's.
+type journaled struct {
+	g    *Guard
+	j    broker.Journal
+	reqs chan *appendReq
+	done chan struct{} // both goroutines ended
+}
+
+type appendReq struct {
+	rec    record
+	result chan error
+}
+
+// Journaled returns the idempotency step (as NewMiddleware) keeping its done keys on j as
+// well as in memory, after restoring from j every key done within the TTL: it returns
+// once that restore has caught up, so consume only after it. The step then acknowledges a
+// message only once the record of its key is confirmed by the broker; records of
+// concurrent attempts share one journal message. It follows j until Close, so a key done
+// by another instance sharing j is known here too.
+//
+// With Config.DisableJournal it is NewMiddleware, j unused. The stack (package router)
+// calls it for every handler when its broker keeps journals (broker.Journaler), with
+// journal sluice.idempotency.<queue>.
+func (g *Guard) Journaled(ctx context.Context, jr broker.Journaler, name string, keyFunc func(*message.Message) (string, error), observers ...disposition.Observer) (message.HandlerMiddleware, error) {
+	if g.cfg.DisableJournal || jr == nil {
+		return g.NewMiddleware(keyFunc, observers...), nil
+	}
+	jd, err := g.follow(ctx, name, jr.Journal(name, g.cfg.TTL))
+	if err != nil {
+		return nil, err
+	}
+	if keyFunc == nil {
+		keyFunc = g.cfg.KeyFunc
+	}
+	var obs disposition.Observer
+	if len(observers) > 0 {
+		obs = disposition.Observers(observers)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return g.wrap(h, keyFunc, obs, jd)
+	}, nil
+}
+
+// follow starts j's follower and committer and waits for the restore to catch up.
+func (g *Guard) follow(ctx context.Context, name string, j broker.Journal) (*journaled, error) {
+	g.waitMu.Lock()
+	if g.closed {
+		g.waitMu.Unlock()
+		return nil, ErrClosed
+	}
+	jd := &journaled{g: g, j: j, reqs: make(chan *appendReq, maxJournalBatch), done: make(chan struct{})}
+	runCtx, cancel := context.WithCancel(context.Background())
+	g.journals = append(g.journals, journalStop{cancel: cancel, done: jd.done})
+	g.waitMu.Unlock()
+
+	caught := make(chan struct{})
+	start := time.Now()
+	restoredBefore := g.jst.restored.Load()
+	g.jst.restoring.Add(1)
+	var restoring atomic.Bool
+	restoring.Store(true)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		jd.commit(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		_ = j.Follow(runCtx, g.cfg.Now().Add(-g.cfg.TTL), func(body []byte) {
+			g.apply(body, restoring.Load())
+		}, func() {
+			restoring.Store(false)
+			g.jst.restoring.Add(-1)
+			if d := time.Since(start); d > time.Duration(g.jst.restoreNanos.Load()) {
+				g.jst.restoreNanos.Store(int64(d))
+			}
+			close(caught)
+		})
+	}()
+	go func() {
+		wg.Wait()
+		close(jd.done)
+	}()
+	select {
+	case <-caught:
+		g.cfg.Logger.Info("idempotency keys restored from the journal", "journal", name,
+			"keys", g.jst.restored.Load()-restoredBefore, "took", time.Since(start).Round(time.Millisecond))
+		return jd, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("idempotency: restore from journal: %w", ctx.Err())
+	}
+}
+
+// apply adds a batch's live records as done keys.
+func (g *Guard) apply(body []byte, restoring bool) {
+	recs, err := decodeBatch(body)
+	if err != nil {
+		g.jst.skipped.Add(1)
+		return
+	}
+	now := g.cfg.Now().UnixNano()
+	for _, r := range recs {
+		g.store.markDone(r, now)
+	}
+	g.jst.applied.Add(int64(len(recs)))
+	if restoring {
+		g.jst.restored.Add(int64(len(recs)))
+	} else if len(recs) > 0 {
+		// A record is written when its key is done, TTL before it expires.
+		g.jst.lagNanos.Store(now - (recs[len(recs)-1].until() - int64(g.cfg.TTL)))
+	}
+}
+
+// commit appends queued records until ctx ends: whatever queued while one append waited
+// for its confirm goes out in the next, as one message.
+func (jd *journaled) commit(ctx context.Context) {
+	batch := make([]*appendReq, 0, maxJournalBatch)
+	recs := make([]record, 0, maxJournalBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-jd.reqs:
+			batch = append(batch[:0], r)
+		}
+	drain:
+		for len(batch) < maxJournalBatch {
+			select {
+			case r := <-jd.reqs:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		recs = recs[:0]
+		for _, r := range batch {
+			recs = append(recs, r.rec)
+		}
+		err := jd.j.Append(ctx, encodeBatch(recs))
+		if err != nil {
+			jd.g.jst.failures.Add(1)
+		} else {
+			jd.g.jst.batches.Add(1)
+			jd.g.jst.appended.Add(int64(len(recs)))
+		}
+		for _, r := range batch {
+			r.result <- err
+		}
+	}
+}
+
+// append journals rec and waits for its confirm, or for ctx.
+func (jd *journaled) append(ctx context.Context, rec record) error {
+	req := &appendReq{rec: rec, result: make(chan error, 1)}
+	select {
+	case jd.reqs <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-jd.done:
+		return ErrClosed
+	}
+	select {
+	case err := <-req.result:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-jd.done:
+		return ErrClosed
+	}
+}
+
+// unconfirmed remembers rec as done here but not journaled, and returns the deferral
+// that keeps its message unacknowledged until a redelivery journals it.
+func (g *Guard) unconfirmed(rec record, err error) error {
+	g.logJournalFailure(err)
+	g.unjournaledMu.Lock()
+	if g.unjournaled == nil {
+		g.unjournaled = make(map[digest]record)
+	}
+	if len(g.unjournaled) < maxUnjournaled {
+		g.unjournaled[rec.key] = rec
+	}
+	g.unjournaledMu.Unlock()
+	return sluice.Defer(journalRetryDeferral, fmt.Errorf("%w: %w", ErrJournal, err))
+}
+
+// journalPending journals d if it is done here but its record was never confirmed; an
+// error is the deferral to return instead of acknowledging the duplicate.
+func (g *Guard) journalPending(ctx context.Context, jd *journaled, d digest) error {
+	g.unjournaledMu.Lock()
+	rec, ok := g.unjournaled[d]
+	g.unjournaledMu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := jd.append(ctx, rec); err != nil {
+		g.logJournalFailure(err)
+		return sluice.Defer(journalRetryDeferral, fmt.Errorf("%w: %w", ErrJournal, err))
+	}
+	g.unjournaledMu.Lock()
+	delete(g.unjournaled, d)
+	g.unjournaledMu.Unlock()
+	return nil
+}
+
+// logJournalFailure logs a failed append, at most once per failLogEvery.
+func (g *Guard) logJournalFailure(err error) {
+	now := time.Now().UnixNano()
+	last := g.failLog.Load()
+	if now-last < int64(failLogEvery) || !g.failLog.CompareAndSwap(last, now) {
+		return
+	}
+	g.cfg.Logger.Error("idempotency: journal record not confirmed; messages whose work is done are deferred, not acknowledged, until it is",
+		"error", err, "failures", g.jst.failures.Load())
+}

@@ -1,0 +1,85 @@
+package router
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/topology"
+)
+
+// JournalingIdempotency is an Idempotency that also keeps its done keys on a broker's
+// journal (idempotency.Guard does). When the stack's broker keeps journals
+// (broker.Journaler: RabbitMQ), Run gives every handler's step the journal
+// sluice.idempotency.<queue> of the queue it consumes (one per partition of a partitioned
+// handler) and waits until
+// each has restored the keys done within their TTL before consuming; /readyz (Config.Health)
+// says "restoring" meanwhile. Middlewares, for a router of the user's own, does not journal.
+type JournalingIdempotency interface {
+	Idempotency
+	// Journaled returns the step keeping its done keys on jr's journal name, once it has
+	// restored them.
+	Journaled(ctx context.Context, jr broker.Journaler, name string, key func(*message.Message) (string, error), observers ...disposition.Observer) (message.HandlerMiddleware, error)
+}
+
+// journalSlot holds a handler's journaled idempotency step until Run has restored it: the
+// handler is composed at registration, its journal read only when the stack runs.
+type journalSlot struct {
+	name string
+	key  func(*message.Message) (string, error)
+	obs  []disposition.Observer
+	next message.HandlerFunc // the steps below idempotency
+	step message.HandlerFunc // set by restoreJournals, before any message arrives
+}
+
+func (sl *journalSlot) middleware(next message.HandlerFunc) message.HandlerFunc {
+	sl.next = next
+	return func(m *message.Message) ([]*message.Message, error) { return sl.step(m) }
+}
+
+// journalSlot returns a slot for hc's idempotency step when it journals, else nil.
+func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journalSlot {
+	if hc.journal == "" {
+		return nil
+	}
+	if _, ok := s.broker.(broker.Journaler); !ok {
+		return nil
+	}
+	if _, ok := s.cfg.Idempotency.(JournalingIdempotency); !ok {
+		return nil
+	}
+	sl := &journalSlot{name: hc.journal, key: hc.keyFunc, obs: obs}
+	s.slots = append(s.slots, sl)
+	return sl
+}
+
+// restoreJournals restores every handler's idempotency journal, one after the other.
+func (s *Stack) restoreJournals(ctx context.Context) error {
+	s.mu.Lock()
+	slots := s.slots
+	s.mu.Unlock()
+	if len(slots) == 0 {
+		return nil
+	}
+	ji := s.cfg.Idempotency.(JournalingIdempotency)
+	jr := s.broker.(broker.Journaler)
+	const pauser = "idempotency"
+	if s.cfg.Health != nil {
+		s.cfg.Health.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
+		defer s.cfg.Health.Resume(pauser)
+	}
+	for _, sl := range slots {
+		if sl.step != nil {
+			continue // a second Run
+		}
+		mw, err := ji.Journaled(ctx, jr, topology.IdempotencyJournal(sl.name), sl.key, sl.obs...)
+		if err != nil {
+			return fmt.Errorf("router: idempotency journal of queue %q: %w", sl.name, err)
+		}
+		sl.step = mw(sl.next)
+	}
+	return nil
+}
