@@ -332,6 +332,10 @@ func (o *observedPayments) checkMetrics(t *testing.T) {
 		{`sum(messaging_client_sent_messages_total{messaging_destination_name="sluice.delay",messaging_operation_name="send"})`, retries, 0},
 		{fmt.Sprintf(`sum(messaging_client_sent_messages_total{messaging_destination_name="%s.dlq"})`, queue), deadLetters, 0},
 		{fmt.Sprintf(`sum(messaging_client_sent_messages_total{messaging_destination_name=%q})`, output), succeeded + 1, 0},
+		// Every payment charged (the duplicate's original included) was journaled, once.
+		{`sum(sluice_idempotency_journal_appended_total)`, succeeded + 1, 0},
+		{`sum(sluice_idempotency_journal_failures_total)`, 0, 0},
+		{`sum(sluice_idempotency_journal_restoring)`, 0, 0},
 		{`sum(sluice_ready)`, 1, 0},
 		{`sum(sluice_connection_up)`, 1, 0},
 	}

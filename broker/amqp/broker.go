@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -41,6 +42,8 @@ type Broker struct {
 	subs   []*Subscriber
 
 	declared sync.Map // queue name -> struct{}: declared by DeclareQueue
+
+	journalsRecreated atomic.Int64 // journal.go
 }
 
 // errNotDeclared is redeclare's answer for a queue this broker did not declare (a

@@ -58,6 +58,10 @@ type streamJournal struct {
 	resumed   atomic.Int64
 }
 
+// JournalsRecreated counts the journal streams (of every Journal of b) found deleted under
+// a running journal and declared again.
+func (b *Broker) JournalsRecreated() int64 { return b.journalsRecreated.Load() }
+
 // JournalStats counts what a journal had to repair.
 type JournalStats struct {
 	// Recreated counts the times the stream was found deleted and declared again.
@@ -115,6 +119,7 @@ func (j *streamJournal) declare(ctx context.Context) (created bool, err error) {
 	}
 	if j.declared.Swap(true) {
 		j.recreated.Add(1)
+		j.b.journalsRecreated.Add(1)
 		j.b.cfg.Logger.Error("idempotency journal stream was deleted under a running service; declared it again (records before the deletion are lost: keys done only there are forgotten)",
 			"stream", j.name)
 	}

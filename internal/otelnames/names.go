@@ -99,6 +99,24 @@ const (
 	MetricConnectionUp = "sluice.connection.up"
 	// MetricReconnects counts connections re-established after a loss.
 	MetricReconnects = "sluice.connection.reconnects"
+	// MetricJournalRestoredKeys is the number of idempotency keys the last restores read.
+	MetricJournalRestoredKeys = "sluice.idempotency.journal.restored_keys"
+	// MetricJournalRestoreDuration is the longest restore of an idempotency journal.
+	MetricJournalRestoreDuration = "sluice.idempotency.journal.restore_duration"
+	// MetricJournalRestoring is the number of idempotency journals not caught up yet.
+	MetricJournalRestoring = "sluice.idempotency.journal.restoring"
+	// MetricJournalAppended counts idempotency journal records confirmed by the broker.
+	MetricJournalAppended = "sluice.idempotency.journal.appended"
+	// MetricJournalFailures counts idempotency journal appends that failed.
+	MetricJournalFailures = "sluice.idempotency.journal.failures"
+	// MetricJournalSkipped counts journal messages that were not record batches.
+	MetricJournalSkipped = "sluice.idempotency.journal.skipped"
+	// MetricJournalLag is how old the last record from the journal was when applied.
+	MetricJournalLag = "sluice.idempotency.journal.lag"
+	// MetricJournalUnconfirmed is the number of keys done but not journaled yet.
+	MetricJournalUnconfirmed = "sluice.idempotency.journal.unconfirmed"
+	// MetricJournalRecreated counts journal streams found deleted and declared again.
+	MetricJournalRecreated = "sluice.idempotency.journal.recreated"
 )
 
 // Queue depth metrics, read from the broker by a telemetry.DepthWatcher.
