@@ -57,11 +57,47 @@ const (
 
 var benchLogger = slog.New(slog.DiscardHandler)
 
+// benchConsumeSluice is BenchmarkConsume's sluice variant with cfg.
+func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
+	r := testenv.NewRabbit(b)
+	br := benchenv.Broker(b, url)
+	q := benchenv.SluiceQueue(b, r, br, "bench.consume.sluice")
+	benchPrefill(b, r, q, b.N)
+	count := benchCountTo(b.N)
+	stack := benchStack(b, br, cfg, true)
+	if err := stack.Handle("bench", q, func(*message.Message) error {
+		count.handled()
+		return nil
+	}, router.WithConcurrency(benchConcurrency), router.WithPrefetch(benchPrefetch)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	benchRun(b, stack, count, func(b *testing.B) { benchReportRate(b, count) })
+}
+
+// BenchmarkConsumeWithoutJournal is BenchmarkConsume's sluice variant with the
+// idempotency journal off (idempotency.Config.DisableJournal): BenchmarkConsume/sluice
+// journals every key, as a service on RabbitMQ does by default, so the two side by side
+// are the journal's cost.
+func BenchmarkConsumeWithoutJournal(b *testing.B) {
+	url := testenv.AMQPURL(b)
+	b.Run("sluice", func(b *testing.B) {
+		guard, err := idempotency.New(idempotency.Config{DisableJournal: true, Logger: benchLogger})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = guard.Close() })
+		benchConsumeSluice(b, url, router.Config{Idempotency: guard})
+	})
+}
+
 // BenchmarkConsume drains a queue pre-filled with b.N messages (outside the timer) through a
 // handler that succeeds, with prefetch benchPrefetch and benchConcurrency messages at a
 // time; msgs/s is the rate from the first message handled to the last (benchReportRate):
 //   - sluice: router.New on the RabbitMQ broker, the full stack, WithConcurrency and
-//     WithPrefetch;
+//     WithPrefetch, the idempotency journal on (the default; BenchmarkConsumeWithoutJournal
+//     turns it off);
 //   - raw: amqp091-go, one channel, benchConcurrency goroutines receiving and acking;
 //   - watermill: watermill-amqp's subscriber (NewDurableQueueConfig) under a plain
 //     Watermill router. Its subscriber hands out one message at a time per subscription,
@@ -69,23 +105,7 @@ var benchLogger = slog.New(slog.DiscardHandler)
 //     benchPrefetch/benchConcurrency: the same concurrency and total prefetch.
 func BenchmarkConsume(b *testing.B) {
 	url := testenv.AMQPURL(b)
-	b.Run("sluice", func(b *testing.B) {
-		r := testenv.NewRabbit(b)
-		br := benchenv.Broker(b, url)
-		q := benchenv.SluiceQueue(b, r, br, "bench.consume.sluice")
-		benchPrefill(b, r, q, b.N)
-		count := benchCountTo(b.N)
-		stack := benchStack(b, br, router.Config{}, true)
-		if err := stack.Handle("bench", q, func(*message.Message) error {
-			count.handled()
-			return nil
-		}, router.WithConcurrency(benchConcurrency), router.WithPrefetch(benchPrefetch)); err != nil {
-			b.Fatal(err)
-		}
-		b.ReportAllocs()
-		b.ResetTimer()
-		benchRun(b, stack, count, func(b *testing.B) { benchReportRate(b, count) })
-	})
+	b.Run("sluice", func(b *testing.B) { benchConsumeSluice(b, url, router.Config{}) })
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		q := benchenv.PlainQueue(b, r, "bench.consume.raw")
@@ -356,7 +376,7 @@ func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bo
 		cfg.Breakers = reg
 	}
 	if cfg.Idempotency == nil {
-		guard, err := idempotency.New(idempotency.Config{})
+		guard, err := idempotency.New(idempotency.Config{Logger: benchLogger})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,5 +1,7 @@
 package idempotency
 
+import "time"
+
 // Aliases for the package's external tests.
 const DefaultInFlightDeferral = defaultInFlightDeferral
 const MaxMaxKeys = maxMaxKeys
@@ -14,3 +16,15 @@ const (
 	Done     = keyDone
 	InFlight = keyInFlight
 )
+
+// JournalBatch encodes the records of keys (as the step scopes them for handler, from
+// idempotency-key metadata), done until exp, as one journal message.
+func JournalBatch(handler string, keys []string, exp time.Time) []byte {
+	recs := make([]record, len(keys))
+	for i, k := range keys {
+		recs[i] = record{key: scopedDigest(handler, sourceMetadata, k), exp: exp.UnixNano()&^1 | 1}
+	}
+	return encodeBatch(recs)
+}
+
+const MaxJournalBatch = maxJournalBatch

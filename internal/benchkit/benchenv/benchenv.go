@@ -44,7 +44,7 @@ func Broker(b *testing.B, url string) *amqp.Broker {
 func SluiceQueue(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, prefix string) string {
 	b.Helper()
 	q := testenv.Name(prefix)
-	r.DeleteQueues(q, topology.DLQ(q))
+	r.DeleteQueues(q, topology.DLQ(q), topology.IdempotencyJournal(q))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := br.DeclareQueue(ctx, q); err != nil {
