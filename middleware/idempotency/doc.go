@@ -17,37 +17,58 @@
 // broker. Any error, a deferral from below, or a panic releases the key, so the retry runs.
 // A lease whose holder died runs out, and the key can be taken again.
 //
-// # Guarantees with one instance
+// # The journal
 //
-// While a key is remembered (inside its TTL, not evicted for capacity, process not
-// restarted), the handler's work for it succeeds at most once, and never runs in two
-// attempts at the same time: a concurrent duplicate is deferred, never waited for. With
-// sluice's at-least-once delivery, that is exactly-once processing per key. Memory is bounded by
-// Config.MaxKeys; at a steady R messages per second the store remembers a key for
-// min(TTL, MaxKeys/R).
+// On RabbitMQ the stack (package router) gives each handler's step a journal: the stream
+// sluice.idempotency.<queue> (one per partition of a partitioned handler), declared with
+// x-max-age = TTL and a 1 GiB size bound. When a key becomes done, its record (the 128-bit
+// digest and its expiry, never the key) is appended with publisher confirms, and the
+// message is acknowledged only once the record is confirmed; records of attempts that
+// finish together share one stream message. Before a handler consumes, its step reads the
+// journal from now minus TTL into memory (Guard.Journaled; /readyz says "restoring"
+// meanwhile); it then follows the journal, so a key done on another instance is known here
+// too. Lookups stay in memory. Config.DisableJournal turns it off. The embedded broker
+// (broker/memory) loses its queues with the process, so it keeps no journal.
 //
-// What it does not guarantee, even with one instance:
-//   - a crash forgets every key completed since the last snapshot (all of them without
-//     Config.SnapshotPath; the snapshot is written on Close only) and every key in flight.
-//     A message whose handler had done its work but which was not yet acknowledged when
-//     the process died is redelivered and runs again. Handlers with external side effects
-//     should also pass the key on (a payment gateway's idempotency key, a unique constraint).
+// # Guarantees
+//
+// With the journal, a key done and acknowledged is never run again within its TTL: not
+// after a crash (SIGKILL, OOM kill, a lost node) and restart, not on another instance of
+// the service, not on a partition's new owner after a rebalance, unless the journal's
+// retention (TTL, or the size bound) dropped its record, or MaxKeys newer keys evicted it
+// here. The handler's work for a key succeeds at most once, and never in two attempts at
+// the same time on one instance: a concurrent duplicate is deferred, never waited for.
+// With sluice's at-least-once delivery, that is exactly-once processing per key.
+//
+// What it does not guarantee:
+//   - the one window left: a handler whose work is done but whose journal record was not
+//     yet confirmed when the process died. Its message was not acknowledged, so it is
+//     redelivered and runs again. Handlers with external side effects should also pass
+//     the key on (a payment gateway's idempotency key, a unique constraint).
+//   - duplicates in flight on two instances at the same instant are not locked across
+//     instances: each may run before either's record arrives at the other (within the
+//     journal lag, about a millisecond on one host). Partition by key
+//     (router.WithPartitions) where that matters.
+//   - while the journal cannot be written (stream unavailable, publishes nacked), a
+//     message whose work is done is deferred broker-side instead of acknowledged, and its
+//     key stays done here, so its redelivery is journaled and acknowledged without running
+//     the handler again (Stats.Journal.Unconfirmed, sluice.idempotency.journal.failures).
 //   - an attempt that outlives its lease loses the key: a duplicate may then run beside it.
 //     Keep Lease above the handler timeout.
-//   - a duplicate arriving after TTL, or after MaxKeys newer keys, runs again.
+//   - a duplicate arriving after TTL, or after MaxKeys newer keys, runs again. Memory is
+//     bounded by MaxKeys; at a steady R messages per second the store remembers a key for
+//     min(TTL, MaxKeys/R).
+//   - behind router.Middlewares in a router of the user's own, or Guard.Middleware, there
+//     is no journal: keys live in this process (see below).
 //
-// # Several instances
+// # Without the journal
 //
-// The store is per process. RabbitMQ spreads a queue's messages over all its consumers,
-// so a duplicate may reach another instance, which has never seen the key, and run again
-// there (also at the same time as the original). In-memory idempotency stays correct when
-// scaling out only if every key is consumed by one instance: partition by key (a
-// consistent-hash exchange, or producers routing by a hash of the key to N queues) and
-// declare each partition queue with single-active-consumer (x-single-active-consumer), so
-// one instance at a time consumes a partition. When a partition fails over, the new
-// consumer starts without the old one's keys (unless it loads a snapshot the old one
-// wrote), so duplicates around a failover can still run again. Where that is not
-// acceptable, the handler's side effect must itself be idempotent.
+// With Config.DisableJournal, on the embedded broker, or in a plain Watermill router, the
+// store is per process: a crash forgets every key completed since the last snapshot (all
+// of them without Config.SnapshotPath), and a duplicate that reaches another instance,
+// which never saw its key, runs again there. Then in-memory idempotency stays correct
+// across instances only if every key is consumed by one instance: partition by key and
+// declare each partition with single-active-consumer.
 //
 // # Cost
 //
