@@ -16,6 +16,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"io"
 	"time"
 
@@ -154,9 +155,14 @@ type Journaler interface {
 	Journal(name string, retention time.Duration) Journal
 }
 
+// ErrBlocked is wrapped by Journal.Append's error while the broker blocks publishing (a
+// RabbitMQ memory or disk alarm): the append was not attempted.
+var ErrBlocked = errors.New("broker: publishing blocked by a resource alarm")
+
 // Journal is one append-only journal (Journaler).
 type Journal interface {
-	// Append stores body as one record and returns once the broker has confirmed it.
+	// Append stores body as one record and returns once the broker has confirmed it; while
+	// the broker blocks publishing it returns at once with an error wrapping ErrBlocked.
 	Append(ctx context.Context, body []byte) error
 	// Follow calls deliver with every record stored since since (and possibly a few
 	// older), in order, then caughtUp once every record stored before Follow was called

@@ -1,19 +1,25 @@
 package test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 )
 
 // journalRun is one payment service scenario's queues and its requests.
@@ -166,4 +172,68 @@ func restoredLine(logs string) string {
 		}
 	}
 	return "(no restore logged)"
+}
+
+// A broker restart mid-run (a node of the test's own, stopped and started with its data):
+// the journal's appends and its follower resume by themselves, the follower from after its
+// last offset, and a Guard started after the restart restores every key from before and
+// after it.
+func TestIdempotencyJournal_BrokerRestart(t *testing.T) {
+	testenv.AMQPURL(t)
+	node := testenv.StartNode(t, testenv.NodeOptions{})
+	ctx := context.Background()
+	connect := func() *amqp.Broker {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		b, err := amqp.New(cctx, amqp.Config{URLs: []string{node.URL()}, Logger: testLogger()})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
+	guard := func() *idempotency.Guard {
+		g, err := idempotency.New(idempotency.Config{Logger: testLogger()})
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, g.Close()) })
+		return g
+	}
+	name := topology.IdempotencyJournal(testenv.Name("journal.restart"))
+	var calls atomic.Int64
+	charge := func(*message.Message) ([]*message.Message, error) { calls.Add(1); return nil, nil }
+	step := func(g *idempotency.Guard, b *amqp.Broker) message.HandlerFunc {
+		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		mw, err := g.Journaled(rctx, b, name, nil)
+		require.NoError(t, err)
+		return mw(charge)
+	}
+	run := func(h message.HandlerFunc, from, to int) {
+		for i := from; i < to; i++ {
+			m := message.NewMessage(fmt.Sprintf("m-%d-%d", i, calls.Load()), nil)
+			m.Metadata.Set(sluice.HeaderIdempotencyKey, fmt.Sprintf("pay-%d", i))
+			_, err := h(m)
+			require.NoError(t, err, "key pay-%d", i)
+		}
+	}
+
+	writer, follower := guard(), guard()
+	w := step(writer, connect())
+	step(follower, connect())
+	run(w, 0, 100)
+	require.Eventually(t, func() bool { return follower.Stats().Journal.Applied >= 100 }, 10*time.Second, 10*time.Millisecond)
+
+	node.Stop()
+	require.NoError(t, node.Start())
+	restartedAt := time.Now()
+	run(w, 100, 200) // each waits for the reconnect and its confirm
+	t.Logf("RabbitMQ %s: 100 more keys journaled within %s of the node's return (the first waits for the reconnect)", testenv.Version(), time.Since(restartedAt).Round(time.Millisecond))
+	require.Eventually(t, func() bool { return follower.Stats().Journal.Applied >= 200 }, 60*time.Second, 20*time.Millisecond,
+		"the follower resumed after the restart (applied %d)", follower.Stats().Journal.Applied)
+	assert.EqualValues(t, 200, calls.Load())
+
+	later := guard()
+	l := step(later, connect())
+	assert.EqualValues(t, 200, later.Stats().Journal.Restored, "every key from before and after the restart restored")
+	run(l, 0, 200)
+	assert.EqualValues(t, 200, calls.Load(), "no key run again after the restart")
+	assert.EqualValues(t, 200, later.Stats().Hits)
 }

@@ -137,6 +137,11 @@ func (j *streamJournal) ensure(ctx context.Context) error {
 // Append publishes body to the stream, confirmed. A stream deleted meanwhile makes the
 // publish unroutable: it is declared again and the record published once more.
 func (j *streamJournal) Append(ctx context.Context, body []byte) error {
+	// Under a memory or disk alarm a publish would wait for the alarm to clear; the caller
+	// decides what to do meanwhile (the idempotency step keeps consuming: see Journaled).
+	if err := j.b.pubConn.blockedErr(); err != nil {
+		return fmt.Errorf("append to journal %q: %w: %w", j.name, broker.ErrBlocked, err)
+	}
 	return j.publish(ctx, amqp.Publishing{
 		ContentType:  journalContentType,
 		DeliveryMode: amqp.Persistent,
@@ -156,6 +161,9 @@ func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error 
 		}
 		err = j.b.pub.publishRaw(ctx, "", j.name, []amqp.Publishing{pub})
 	}
+	if errors.Is(err, ErrBlocked) {
+		return fmt.Errorf("append to journal %q: %w: %w", j.name, broker.ErrBlocked, err)
+	}
 	if err != nil {
 		return fmt.Errorf("append to journal %q: %w", j.name, err)
 	}
@@ -169,11 +177,24 @@ func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error 
 // last offset it delivered, or from the start of a stream that had to be declared again.
 func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp func()) error {
 	marker := uuid.NewString()
-	if err := j.publish(ctx, amqp.Publishing{
-		DeliveryMode: amqp.Persistent,
-		Headers:      amqp.Table{headerJournalMarker: marker},
-	}); err != nil {
-		return err
+	for {
+		err := j.publish(ctx, amqp.Publishing{
+			DeliveryMode: amqp.Persistent,
+			Headers:      amqp.Table{headerJournalMarker: marker},
+		})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// A resource alarm, a node restarting: the restore waits, it does not fail.
+		j.b.cfg.Logger.Warn("idempotency journal: cannot append its restore marker; trying again", "stream", j.name, "error", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(journalRetry):
+		}
 	}
 	// A timestamp offset before the epoch (a zero since) makes RabbitMQ deliver nothing.
 	var first any = since

@@ -101,6 +101,7 @@ type journalStats struct {
 	skipped      atomic.Int64 // journal messages that were not record batches
 	lagNanos     atomic.Int64 // the last record's age when applied
 	restoring    atomic.Int64 // journals not caught up yet
+	blockedAcks  atomic.Int64 // messages acked unjournaled under a resource alarm
 }
 
 // journaled is one handler's journal: a group committer appending done keys and a follower
@@ -228,10 +229,16 @@ func (g *Guard) apply(body []byte, restoring bool) {
 func (jd *journaled) commit(ctx context.Context) {
 	batch := make([]*appendReq, 0, maxJournalBatch)
 	recs := make([]record, 0, maxJournalBatch)
+	// Records left unconfirmed (an alarm, a failed append) are retried this often.
+	retry := time.NewTicker(journalRetryDeferral)
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-retry.C:
+			jd.g.flushPending(ctx, jd)
+			continue
 		case r := <-jd.reqs:
 			batch = append(batch[:0], r)
 		}
@@ -281,18 +288,32 @@ func (jd *journaled) append(ctx context.Context, rec record) error {
 	}
 }
 
-// unconfirmed remembers rec as done here but not journaled, and returns the deferral
-// that keeps its message unacknowledged until a redelivery journals it.
-func (g *Guard) unconfirmed(rec record, err error) error {
+// pendingRecord is a done key's record not confirmed by its journal yet.
+type pendingRecord struct {
+	rec record
+	jd  *journaled
+}
+
+// unconfirmed remembers rec as done here but not journaled, for jd's committer to append
+// later. While the broker blocks publishing (a memory or disk alarm) the message is
+// acknowledged anyway: RabbitMQ wants its queues drained, and the key is known here, so
+// only the crash guarantee waits for the alarm to clear. Any other failure returns the
+// deferral that keeps the message unacknowledged until a redelivery or the committer
+// journals it.
+func (g *Guard) unconfirmed(jd *journaled, rec record, err error) error {
 	g.logJournalFailure(err)
 	g.unjournaledMu.Lock()
 	if g.unjournaled == nil {
-		g.unjournaled = make(map[digest]record)
+		g.unjournaled = make(map[digest]pendingRecord)
 	}
 	if len(g.unjournaled) < maxUnjournaled {
-		g.unjournaled[rec.key] = rec
+		g.unjournaled[rec.key] = pendingRecord{rec: rec, jd: jd}
 	}
 	g.unjournaledMu.Unlock()
+	if errors.Is(err, broker.ErrBlocked) {
+		g.jst.blockedAcks.Add(1)
+		return nil
+	}
 	return sluice.Defer(journalRetryDeferral, fmt.Errorf("%w: %w", ErrJournal, err))
 }
 
@@ -300,19 +321,52 @@ func (g *Guard) unconfirmed(rec record, err error) error {
 // error is the deferral to return instead of acknowledging the duplicate.
 func (g *Guard) journalPending(ctx context.Context, jd *journaled, d digest) error {
 	g.unjournaledMu.Lock()
-	rec, ok := g.unjournaled[d]
+	p, ok := g.unjournaled[d]
 	g.unjournaledMu.Unlock()
 	if !ok {
 		return nil
 	}
-	if err := jd.append(ctx, rec); err != nil {
+	if err := jd.append(ctx, p.rec); err != nil {
 		g.logJournalFailure(err)
+		if errors.Is(err, broker.ErrBlocked) {
+			return nil // as in unconfirmed: the committer journals it after the alarm
+		}
 		return sluice.Defer(journalRetryDeferral, fmt.Errorf("%w: %w", ErrJournal, err))
 	}
 	g.unjournaledMu.Lock()
 	delete(g.unjournaled, d)
 	g.unjournaledMu.Unlock()
 	return nil
+}
+
+// flushPending appends up to a batch of jd's unconfirmed records, dropping those
+// confirmed.
+func (g *Guard) flushPending(ctx context.Context, jd *journaled) {
+	g.unjournaledMu.Lock()
+	var recs []record
+	for _, p := range g.unjournaled {
+		if p.jd == jd {
+			recs = append(recs, p.rec)
+			if len(recs) == maxJournalBatch {
+				break
+			}
+		}
+	}
+	g.unjournaledMu.Unlock()
+	if len(recs) == 0 {
+		return
+	}
+	if err := jd.j.Append(ctx, encodeBatch(recs)); err != nil {
+		g.jst.failures.Add(1)
+		return
+	}
+	g.jst.batches.Add(1)
+	g.jst.appended.Add(int64(len(recs)))
+	g.unjournaledMu.Lock()
+	for _, r := range recs {
+		delete(g.unjournaled, r.key)
+	}
+	g.unjournaledMu.Unlock()
 }
 
 // logJournalFailure logs a failed append, at most once per failLogEvery.

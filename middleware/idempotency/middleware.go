@@ -59,7 +59,7 @@ type Guard struct {
 	// unjournaled holds keys done here whose journal record was not confirmed: their
 	// message was deferred, and its redelivery journals the key before acking.
 	unjournaledMu sync.Mutex
-	unjournaled   map[digest]record
+	unjournaled   map[digest]pendingRecord
 	failLog       atomic.Int64 // when the last journal failure was logged (Unix ns)
 }
 
@@ -125,6 +125,7 @@ func (g *Guard) Stats() Stats {
 		Failures:        g.jst.failures.Load(),
 		Skipped:         g.jst.skipped.Load(),
 		Lag:             time.Duration(g.jst.lagNanos.Load()),
+		BlockedAcks:     g.jst.blockedAcks.Load(),
 	}
 	g.unjournaledMu.Lock()
 	st.Journal.Unconfirmed = len(g.unjournaled)
@@ -266,7 +267,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			jerr := jd.append(ctx, rec)
 			g.store.completeAs(lease, rec)
 			if jerr != nil {
-				return nil, g.unconfirmed(rec, jerr)
+				return nil, g.unconfirmed(jd, rec, jerr)
 			}
 		}
 		return out, err

@@ -317,6 +317,10 @@ type JournalStats struct {
 	Lag time.Duration
 	// Unconfirmed is how many keys are done here but not journaled yet.
 	Unconfirmed int
+	// BlockedAcks counts messages acknowledged before their record was journaled because
+	// the broker blocked publishing (a memory or disk alarm); their records follow once it
+	// clears.
+	BlockedAcks int64
 }
 
 // Stats returns the store's counters.
