@@ -53,6 +53,9 @@
 //     message whose work is done is deferred broker-side instead of acknowledged, and its
 //     key stays done here, so its redelivery is journaled and acknowledged without running
 //     the handler again (Stats.Journal.Unconfirmed, sluice.idempotency.journal.failures).
+//     Under a memory or disk alarm (broker.ErrBlocked) the message is acknowledged instead,
+//     so the queues drain, and the record follows once the alarm clears: a crash during
+//     the alarm forgets those keys (Stats.Journal.BlockedAcks).
 //   - an attempt that outlives its lease loses the key: a duplicate may then run beside it.
 //     Keep Lease above the handler timeout.
 //   - a duplicate arriving after TTL, or after MaxKeys newer keys, runs again. Memory is
