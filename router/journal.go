@@ -28,6 +28,8 @@ type JournalingIdempotency interface {
 // journalSlot holds a handler's journaled idempotency step until Run has restored it: the
 // handler is composed at registration, its journal read only when the stack runs.
 type journalSlot struct {
+	ji   JournalingIdempotency
+	jr   broker.Journaler
 	name string
 	key  func(*message.Message) (string, error)
 	obs  []disposition.Observer
@@ -45,13 +47,15 @@ func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journ
 	if hc.journal == "" {
 		return nil
 	}
-	if _, ok := s.broker.(broker.Journaler); !ok {
+	jr, ok := s.broker.(broker.Journaler)
+	if !ok {
 		return nil
 	}
-	if _, ok := s.cfg.Idempotency.(JournalingIdempotency); !ok {
+	ji, ok := s.cfg.Idempotency.(JournalingIdempotency)
+	if !ok {
 		return nil
 	}
-	sl := &journalSlot{name: hc.journal, key: hc.keyFunc, obs: obs}
+	sl := &journalSlot{ji: ji, jr: jr, name: hc.journal, key: hc.keyFunc, obs: obs}
 	s.slots = append(s.slots, sl)
 	return sl
 }
@@ -64,8 +68,6 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 	if len(slots) == 0 {
 		return nil
 	}
-	ji := s.cfg.Idempotency.(JournalingIdempotency)
-	jr := s.broker.(broker.Journaler)
 	const pauser = "idempotency"
 	if s.cfg.Health != nil {
 		s.cfg.Health.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
@@ -75,7 +77,7 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 		if sl.step != nil {
 			continue // a second Run
 		}
-		mw, err := ji.Journaled(ctx, jr, topology.IdempotencyJournal(sl.name), sl.key, sl.obs...)
+		mw, err := sl.ji.Journaled(ctx, sl.jr, topology.IdempotencyJournal(sl.name), sl.key, sl.obs...)
 		if err != nil {
 			return fmt.Errorf("router: idempotency journal of queue %q: %w", sl.name, err)
 		}

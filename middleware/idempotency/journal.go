@@ -39,10 +39,6 @@ var ErrJournal = errors.New("idempotency: journal record not confirmed")
 // that is not a record batch of this package is skipped.
 var ErrJournalRecord = errors.New("idempotency: not a journal record batch")
 
-// journalCommitters is how many appends of one journal may wait for their confirms at
-// once.
-const journalCommitters = 1
-
 // journalAfterAckTimeout bounds the append that follows the ack of a message with
 // outputs the router publishes (a plain Watermill router).
 const journalAfterAckTimeout = 30 * time.Second
@@ -169,14 +165,11 @@ func (g *Guard) follow(ctx context.Context, name string, j broker.Journal) (*jou
 	var wg sync.WaitGroup
 	// One committer: measured with 4 (appends in flight together, smaller batches), the
 	// full stack consumed 30% slower (BenchmarkConsume, 8 handlers at a time).
-	for range journalCommitters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			jd.commit(runCtx)
-		}()
-	}
-	wg.Add(1)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		jd.commit(runCtx)
+	}()
 	go func() {
 		defer wg.Done()
 		_ = j.Follow(runCtx, g.cfg.Now().Add(-g.cfg.TTL), func(body []byte) {
