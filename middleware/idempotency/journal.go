@@ -132,16 +132,7 @@ func (g *Guard) Journaled(ctx context.Context, jr broker.Journaler, name string,
 	if err != nil {
 		return nil, err
 	}
-	if keyFunc == nil {
-		keyFunc = g.cfg.KeyFunc
-	}
-	var obs disposition.Observer
-	if len(observers) > 0 {
-		obs = disposition.Observers(observers)
-	}
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return g.wrap(h, keyFunc, obs, jd)
-	}, nil
+	return g.middleware(keyFunc, observers, jd), nil
 }
 
 // follow starts j's follower and committer and waits for the restore to catch up.

@@ -184,6 +184,12 @@ func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // A message with no key at all (no metadata, no key function result, empty id) is handled
 // without idempotency.
 func (g *Guard) NewMiddleware(keyFunc func(*message.Message) (string, error), observers ...disposition.Observer) message.HandlerMiddleware {
+	return g.middleware(keyFunc, observers, nil)
+}
+
+// middleware is the step with keyFunc (Config.KeyFunc when nil) and observers, journaled
+// on jd when it is not nil.
+func (g *Guard) middleware(keyFunc func(*message.Message) (string, error), observers []disposition.Observer, jd *journaled) message.HandlerMiddleware {
 	if keyFunc == nil {
 		keyFunc = g.cfg.KeyFunc
 	}
@@ -192,7 +198,7 @@ func (g *Guard) NewMiddleware(keyFunc func(*message.Message) (string, error), ob
 		obs = disposition.Observers(observers)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
-		return g.wrap(h, keyFunc, obs, nil)
+		return g.wrap(h, keyFunc, obs, jd)
 	}
 }
 
