@@ -2,7 +2,9 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -60,7 +62,7 @@ func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journ
 	return sl
 }
 
-// restoreJournals restores every handler's idempotency journal, one after the other.
+// restoreJournals restores every handler's idempotency journal.
 func (s *Stack) restoreJournals(ctx context.Context) error {
 	s.mu.Lock()
 	slots := s.slots
@@ -73,15 +75,26 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 		s.cfg.Health.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
 		defer s.cfg.Health.Resume(pauser)
 	}
-	for _, sl := range slots {
+	// All at once: a partitioned handler has a journal per partition, and the instances
+	// started together claim partitions only once consuming, so the restore's length
+	// should not grow with the partitions (nor differ much between instances).
+	errs := make([]error, len(slots))
+	var wg sync.WaitGroup
+	for i, sl := range slots {
 		if sl.step != nil {
 			continue // a second Run
 		}
-		mw, err := sl.ji.Journaled(ctx, sl.jr, topology.IdempotencyJournal(sl.name), sl.key, sl.obs...)
-		if err != nil {
-			return fmt.Errorf("router: idempotency journal of queue %q: %w", sl.name, err)
-		}
-		sl.step = mw(sl.next)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mw, err := sl.ji.Journaled(ctx, sl.jr, topology.IdempotencyJournal(sl.name), sl.key, sl.obs...)
+			if err != nil {
+				errs[i] = fmt.Errorf("router: idempotency journal of queue %q: %w", sl.name, err)
+				return
+			}
+			sl.step = mw(sl.next)
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
