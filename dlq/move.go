@@ -42,11 +42,17 @@ type mover struct {
 	probe   *amqp.Channel // for passive declares, which close their channel on 404
 	// byID: the selector names ids, and the result counts the moves of each.
 	byID bool
+	// edit is the edit under way, and archive where its original goes.
+	edit    *editing
+	archive string
 }
 
 // count adds a committed (or, in a dry run, selected) move of id to res.
 func (m *mover) count(res *Result, id string) {
 	res.Moved++
+	if len(res.IDs) < auditIDs {
+		res.IDs = append(res.IDs, id)
+	}
 	if !m.byID {
 		return
 	}
@@ -60,7 +66,7 @@ func (m *mover) count(res *Result, id string) {
 func (m *mover) moved(rec Record) Moved {
 	mv := Moved{ID: rec.ID, ErrorType: rec.ErrorType, GroupID: rec.GroupID}
 	switch m.op {
-	case opReplay:
+	case opReplay, opEdit:
 		mv.Destination, mv.ReplayCount = rec.OriginalQueue, rec.Replays+1
 		switch {
 		case m.to != "":
@@ -80,16 +86,25 @@ func (m *mover) moved(rec Record) Moved {
 
 // publishing is what a move publishes for d.
 func (m *mover) publishing(it item) amqp.Publishing {
-	if m.op == opReplay {
-		return replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination)
+	if m.op == opReplay || m.op == opEdit {
+		pub := replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination)
+		if m.edit != nil {
+			pub = m.edit.publishing(it.d, pub, m)
+		}
+		return pub
 	}
-	pub := originalPublishing(it.d)
+	return archivedPublishing(it.d, m.now)
+}
+
+// archivedPublishing is d as Q.dlq.archive keeps it: unchanged, with x-archived-at.
+func archivedPublishing(d amqp.Delivery, now time.Time) amqp.Publishing {
+	pub := originalPublishing(d)
 	kept := pub.Headers
 	pub.Headers = make(amqp.Table, len(kept)+1)
 	for k, v := range kept {
 		pub.Headers[k] = v
 	}
-	pub.Headers[headerArchivedAt] = failure.FormatTime(m.now)
+	pub.Headers[headerArchivedAt] = failure.FormatTime(now)
 	return pub
 }
 
@@ -105,7 +120,7 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 	}
 	ch := batch[0].ch
 	missing := map[string]error{}
-	if !m.o.skipDestinationCheck && m.to == "" && m.op == opReplay {
+	if !m.o.skipDestinationCheck && m.to == "" && (m.op == opReplay || m.op == opEdit) {
 		// One check per destination and batch, just before its publishes.
 		for _, it := range batch {
 			if it.keep {
@@ -141,6 +156,12 @@ func (m *mover) commit(batch []item, res *Result, prog *progressor) error {
 			if err := ch.Publish("", it.moved.Destination, true, false, m.publishing(it)); err != nil {
 				return fmt.Errorf("publish message %q to %q: %w", it.moved.ID, it.moved.Destination, err)
 			}
+			if m.op == opEdit {
+				// The original, in the same transaction as its edited copy.
+				if err := ch.Publish("", m.archive, true, false, archivedPublishing(it.d, m.now)); err != nil {
+					return fmt.Errorf("publish message %q to %q: %w", it.moved.ID, m.archive, err)
+				}
+			}
 		}
 		if err := ch.Ack(it.d.DeliveryTag, false); err != nil {
 			return fmt.Errorf("acknowledge message %q in %q: %w", it.moved.ID, m.source, err)
@@ -160,6 +181,11 @@ drain:
 	for {
 		select {
 		case ret := <-m.returns[ch]:
+			if m.op == opEdit && ret.RoutingKey == m.archive {
+				// The archive was deleted after ensureArchive: the original must not go
+				// with its returned copy. Put it back, as for a returned edited copy.
+				ret.RoutingKey = sent[0].moved.Destination
+			}
 			if i := findReturned(sent, returned, ret); i >= 0 {
 				returned[i] = ret
 			}
@@ -183,6 +209,9 @@ drain:
 		}
 		moved++
 		m.count(res, it.moved.ID)
+		if m.edit != nil {
+			res.Destination = it.moved.Destination
+		}
 		if m.o.OnMoved != nil {
 			m.o.OnMoved(it.moved)
 		}
@@ -256,8 +285,8 @@ func (m *mover) checkDestination(queue string) error {
 }
 
 // ensureArchive declares Q.dlq.archive when it does not exist (see dlqwire.DefaultRetention).
-func (m *mover) ensureArchive(opts Options) error {
-	err := m.checkDestination(m.to)
+func (m *mover) ensureArchive(name string, opts Options) error {
+	err := m.checkDestination(name)
 	if err == nil || !isDestinationMissing(err) {
 		return err
 	}
@@ -275,8 +304,8 @@ func (m *mover) ensureArchive(opts Options) error {
 	}
 	defer ch.Close()
 	args := amqp.Table(topology.DeadLetterArgs(string(qt), map[string]any{"x-message-ttl": retention.Milliseconds()}))
-	if _, err := ch.QueueDeclare(m.to, true, false, false, false, args); err != nil {
-		return fmt.Errorf("declare archive %q (type %s, retention %s): %w", m.to, qt, retention, err)
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		return fmt.Errorf("declare archive %q (type %s, retention %s): %w", name, qt, retention, err)
 	}
 	return nil
 }

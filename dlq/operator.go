@@ -34,6 +34,12 @@ type Operator struct {
 	// OnMoved, when set, is called for each message once its batch committed (in a dry
 	// run: for each message that would move), in queue order.
 	OnMoved func(Moved)
+	// Actor names who acts in the audit trail (see AuditEvent.Actor): the console sets
+	// "console:<token name>". Empty means DefaultActor(), the OS user and host.
+	Actor string
+	// AuditExchange is the durable fanout exchange every action is recorded on, bound to
+	// a durable queue of the same name (see AuditEvent). Empty means "sluice.audit".
+	AuditExchange string
 	// Pace is a test hook: each batch's transaction waits this long after its publishes
 	// and acknowledgements, before the commit, so that a test can kill the process while
 	// a transaction is open. Zero (the default) means no wait.
@@ -99,6 +105,9 @@ type Result struct {
 	Scanned int `json:"scanned"`
 	Matched int `json:"matched"`
 	Moved   int `json:"moved"`
+	// IDs are the ids of the first 100 messages moved, in queue order (none for a purge
+	// of a whole queue, which RabbitMQ does in one queue.purge).
+	IDs []string `json:"ids,omitempty"`
 	// MovedByID, when the selector names ids, counts the messages moved of each: more
 	// than 1 when several messages of the source share the id, and all of them moved.
 	MovedByID map[string]int `json:"moved_by_id,omitempty"`
@@ -121,13 +130,19 @@ type Failure struct {
 	Err         error  `json:"-"`
 }
 
+// Every operation but a dry run is an action the audit trail records (see AuditEvent): when
+// its "started" record cannot be written, it does not run and its error matches
+// ErrAuditUnavailable.
+
 // Replay sends the messages of queue's DLQ (or archive) that sel selects to their original
 // queue, or to opts.To, with their retry state reset (see ReplayPublishing). Errors match
 // ErrNothingSelected, ErrMessageNotFound (an id of sel is missing), sluice.ErrQueueNotFound (no
 // such DLQ) or ErrDestinationNotFound (a destination queue is missing: those messages
 // stay, the others move).
 func (o *Operator) Replay(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
-	return o.run(ctx, opReplay, queue, sel, opts)
+	return o.act(ctx, opReplay, queue, sel, opts, func() (Result, error) {
+		return o.run(ctx, opReplay, queue, sel, opts)
+	})
 }
 
 // Archive moves the messages of queue's DLQ that sel selects, unchanged, to
@@ -137,23 +152,37 @@ func (o *Operator) Archive(ctx context.Context, queue string, sel Selector, opts
 	if opts.From == FromArchive {
 		return Result{Op: opArchive, Queue: queue}, errors.New("dlq: archived messages are archived already")
 	}
-	return o.run(ctx, opArchive, queue, sel, opts)
+	return o.act(ctx, opArchive, queue, sel, opts, func() (Result, error) {
+		return o.run(ctx, opArchive, queue, sel, opts)
+	})
 }
 
 // Purge deletes the messages of queue's DLQ (or archive) that sel selects. With sel.All
 // it empties the queue in one queue.purge; messages another client holds unacknowledged
 // at that moment are not ready and survive.
 func (o *Operator) Purge(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
-	if sel.All && !opts.DryRun {
-		return o.purgeAll(ctx, queue, opts.From)
+	return o.act(ctx, opPurge, queue, sel, opts, func() (Result, error) {
+		if sel.All && !opts.DryRun {
+			return o.purgeAll(ctx, queue, opts.From)
+		}
+		return o.run(ctx, opPurge, queue, sel, opts)
+	})
+}
+
+// act runs fn, the operation op on queue, audited, once sel is valid: a selector that
+// selects nothing is refused before anything is recorded.
+func (o *Operator) act(ctx context.Context, op, queue string, sel Selector, opts Options, fn func() (Result, error)) (Result, error) {
+	if err := sel.Validate(); err != nil {
+		return Result{Op: op, Queue: queue, Source: opts.From.Name(queue), DryRun: opts.DryRun}, err
 	}
-	return o.run(ctx, opPurge, queue, sel, opts)
+	return o.audited(ctx, op, queue, opts.From.Name(queue), sel.String(), opts.DryRun, fn)
 }
 
 const (
 	opReplay  = "replay"
 	opArchive = "archive"
 	opPurge   = "purge"
+	opEdit    = "edit"
 )
 
 func (o *Operator) purgeAll(ctx context.Context, queue string, src Source) (Result, error) {
@@ -180,6 +209,11 @@ func (o *Operator) purgeAll(ctx context.Context, queue string, src Source) (Resu
 }
 
 func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts Options) (Result, error) {
+	return o.runWith(ctx, op, queue, sel, opts, nil)
+}
+
+// runWith is run with the mover adjusted by configure (an edit's).
+func (o *Operator) runWith(ctx context.Context, op, queue string, sel Selector, opts Options, configure func(*mover)) (Result, error) {
 	start := time.Now()
 	res := Result{Op: op, Queue: queue, Source: opts.From.Name(queue), DryRun: opts.DryRun}
 	if err := sel.Validate(); err != nil {
@@ -199,13 +233,21 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 	m := &mover{o: o, op: op, queue: queue, source: res.Source, to: opts.To, now: now(o.Now), returns: map[*amqp.Channel]<-chan amqp.Return{},
 		byID: len(sel.IDs) > 0}
 	defer m.closeProbe()
+	if configure != nil {
+		configure(m)
+	}
 	switch {
 	case op == opArchive:
 		m.to = archiveName(queue)
 		if !opts.DryRun {
-			if err := m.ensureArchive(opts); err != nil {
+			if err := m.ensureArchive(m.to, opts); err != nil {
 				return res, err
 			}
+		}
+	case op == opEdit:
+		m.archive = archiveName(queue)
+		if err := m.ensureArchive(m.archive, opts); err != nil {
+			return res, err
 		}
 	case op == opReplay && opts.To != "":
 		if err := m.checkDestination(opts.To); err != nil {
@@ -276,13 +318,19 @@ func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts
 		res.Scanned++
 		rec := selectionRecord(d, queue, res.Scanned, m.now)
 		var it item
-		if sel.Match(rec) {
+		// An edit takes the first message with its id; later copies stay.
+		if sel.Match(rec) && (op != opEdit || res.Matched == 0) {
 			res.Matched++
 			prog.scanned(1, true)
 			if len(sel.IDs) > 0 {
 				found[rec.ID] = true
 			}
 			it = item{d: d, ch: dch, moved: m.moved(rec)}
+			if m.edit != nil {
+				if err := m.edit.check(d); err != nil {
+					return finish(err)
+				}
+			}
 			if it.moved.IgnoredOrigin {
 				res.IgnoredOrigins++
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -187,7 +188,49 @@ type UnroutedReplay struct {
 // for is routed back to sluice.unrouted by the exchange's alternate exchange, at the tail:
 // a run reads only the events present at its start, so it never loops. With dry, nothing
 // changes and Replayed says what would be published.
+// It is Operator.ReplayUnrouted by the DefaultActor: recorded in the audit trail.
 func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSelector, dry bool) (UnroutedReplay, error) {
+	return NewOperator(conn).ReplayUnrouted(ctx, sel, dry)
+}
+
+// String spells sel as the CLI's flags do.
+func (sel UnroutedSelector) String() string {
+	var parts []string
+	if sel.Exchange != "" {
+		parts = append(parts, "--exchange "+sel.Exchange)
+	}
+	if sel.RoutingKey != "" {
+		parts = append(parts, "--routing-key "+sel.RoutingKey)
+	}
+	for _, id := range sel.IDs {
+		parts = append(parts, "--id "+id)
+	}
+	if len(parts) == 0 {
+		return "--all"
+	}
+	return strings.Join(parts, " ")
+}
+
+// ReplayUnrouted is the package's ReplayUnrouted, recorded in the audit trail as the action
+// "replay-unrouted" by o.Actor (a dry run is not recorded).
+func (o *Operator) ReplayUnrouted(ctx context.Context, sel UnroutedSelector, dry bool) (UnroutedReplay, error) {
+	out := UnroutedReplay{DryRun: dry, Replayed: []UnroutedEvent{}}
+	_, err := o.audited(ctx, opReplayUnrouted, unroutedQueue, unroutedQueue, sel.String(), dry, func() (Result, error) {
+		var err error
+		out, err = replayUnrouted(ctx, o.conn, sel, dry)
+		res := Result{Op: opReplayUnrouted, Queue: unroutedQueue, Moved: len(out.Replayed)}
+		for _, ev := range out.Replayed[:min(len(out.Replayed), auditIDs)] {
+			res.IDs = append(res.IDs, ev.ID)
+		}
+		return res, err
+	})
+	return out, err
+}
+
+// opReplayUnrouted is the audit trail's name of ReplayUnrouted.
+const opReplayUnrouted = "replay-unrouted"
+
+func replayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSelector, dry bool) (UnroutedReplay, error) {
 	res := UnroutedReplay{DryRun: dry, Replayed: []UnroutedEvent{}}
 	ch, total, err := openUnrouted(conn)
 	if err != nil {

@@ -24,6 +24,7 @@ var dlqCommands = []command{
 	{name: "groups", summary: "failure groups: messages that failed the same way, largest first", run: runDLQGroups},
 	{name: "replay", summary: "send messages back to their original queue, retries reset", run: runDLQReplay},
 	{name: "archive", summary: "move messages to Q.dlq.archive, kept for a retention period", run: runDLQArchive},
+	{name: "edit", summary: "correct one message's payload or headers and replay it; the original is archived", run: runDLQEdit},
 	{name: "purge", summary: "delete messages of the DLQ (needs --yes)", run: runDLQPurge},
 	{name: "unrouted", summary: "list and replay events no queue was bound for (sluice.unrouted)", run: runUnrouted},
 }

@@ -1,6 +1,7 @@
 // Command sluice is the operator CLI of the sluice framework.
 //
-//	sluice dlq list|show|stats|groups|replay|archive|purge --queue Q ...
+//	sluice dlq list|show|stats|groups|replay|archive|purge|edit --queue Q ...
+//	sluice audit [--queue Q] [--since D]
 //	sluice trace <message-id | trace-id>
 //	sluice console [--addr 127.0.0.1:8090] [--queue Q]...
 //
@@ -34,6 +35,7 @@ import (
 var commands = []command{
 	{name: "dlq", summary: "inspect, replay and purge dead-letter queues", run: runDLQ},
 	{name: "trace", summary: "draw a message's life (attempts, delays, outcome) from Jaeger", run: runTrace},
+	{name: "audit", summary: "list the audit trail of operator actions (who replayed, archived, purged or edited what)", run: runAudit},
 	{name: "console", summary: "serve the operator console (web pages and a JSON API) on 127.0.0.1:8090", run: runConsole},
 }
 

@@ -42,6 +42,9 @@ const (
 	UnroutedExchange = "sluice.unrouted"
 	// UnroutedQueue keeps what UnroutedExchange receives.
 	UnroutedQueue = "sluice.unrouted"
+	// Audit is the durable fanout exchange every operator action is recorded on, and the
+	// durable queue bound to it that keeps the records.
+	Audit = "sluice.audit"
 )
 
 // DLQ returns the dead-letter queue of queue: Q.dlq. A partitioned queue's partitions share
