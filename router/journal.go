@@ -17,9 +17,11 @@ import (
 // journal (idempotency.Guard does). When the stack's broker keeps journals
 // (broker.Journaler: RabbitMQ), Run gives every handler's step the journal
 // sluice.idempotency.<queue> of the queue it consumes (one per partition of a partitioned
-// handler) and waits until
-// each has restored the keys done within their TTL before consuming; /readyz (Config.Health)
-// says "restoring" meanwhile. Middlewares, for a router of the user's own, does not journal.
+// handler). Consuming starts at once (a partitioned handler claims its partitions as
+// early as its peers), but no message is handled until every journal has restored the keys
+// done within their TTL: a message that arrives meanwhile waits, unacknowledged, and is
+// returned unprocessed when the stack closes first. /readyz (Config.Health) says
+// "restoring" meanwhile. Middlewares, for a router of the user's own, does not journal.
 type JournalingIdempotency interface {
 	Idempotency
 	// Journaled returns the step keeping its done keys on jr's journal name, once it has
@@ -36,12 +38,38 @@ type journalSlot struct {
 	key  func(*message.Message) (string, error)
 	obs  []disposition.Observer
 	next message.HandlerFunc // the steps below idempotency
-	step message.HandlerFunc // set by restoreJournals, before any message arrives
+	// ready is closed once restoreJournals has set step (nil when the restore failed);
+	// closing is closed by Stack.Close.
+	ready   chan struct{}
+	closing <-chan struct{}
+	step    message.HandlerFunc
 }
+
+// ErrRestoring is the reason of a message returned unprocessed because the stack closed
+// (or its restore failed) before its idempotency journal was restored.
+var ErrRestoring = errors.New("router: idempotency journal not restored")
 
 func (sl *journalSlot) middleware(next message.HandlerFunc) message.HandlerFunc {
 	sl.next = next
-	return func(m *message.Message) ([]*message.Message, error) { return sl.step(m) }
+	return func(m *message.Message) ([]*message.Message, error) {
+		select {
+		case <-sl.ready:
+		default:
+			// Claimed before the journal is read: wait, holding the message, rather than
+			// handle it without the keys a peer or an earlier run marked done.
+			select {
+			case <-sl.ready:
+			case <-sl.closing:
+				return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: the stack is closing", ErrRestoring, sl.name))
+			case <-m.Context().Done():
+				return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: %w", ErrRestoring, sl.name, m.Context().Err()))
+			}
+		}
+		if sl.step == nil {
+			return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: the restore failed", ErrRestoring, sl.name))
+		}
+		return sl.step(m)
+	}
 }
 
 // journalSlot returns a slot for hc's idempotency step when it journals, else nil.
@@ -57,7 +85,8 @@ func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journ
 	if !ok {
 		return nil
 	}
-	sl := &journalSlot{ji: ji, jr: jr, name: hc.journal, key: hc.keyFunc, obs: obs}
+	sl := &journalSlot{ji: ji, jr: jr, name: hc.journal, key: hc.keyFunc, obs: obs,
+		ready: make(chan struct{}), closing: s.closing}
 	s.slots = append(s.slots, sl)
 	return sl
 }
@@ -81,12 +110,15 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 	errs := make([]error, len(slots))
 	var wg sync.WaitGroup
 	for i, sl := range slots {
-		if sl.step != nil {
+		select {
+		case <-sl.ready:
 			continue // a second Run
+		default:
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer close(sl.ready)
 			mw, err := sl.ji.Journaled(ctx, sl.jr, topology.IdempotencyJournal(sl.name), sl.key, sl.obs...)
 			if err != nil {
 				errs[i] = fmt.Errorf("router: idempotency journal of queue %q: %w", sl.name, err)

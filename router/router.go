@@ -190,7 +190,12 @@ type Stack struct {
 	started bool
 	plan    declare.Plan   // what Run declares
 	parts   []part         // what the options and the configuration hold until Close
-	slots   []*journalSlot // idempotency steps Run restores before consuming (journal.go)
+	slots   []*journalSlot // idempotency steps Run restores before handling (journal.go)
+	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
+	closing     chan struct{}
+	closeOnce   sync.Once
+	stopRestore context.CancelFunc
+	restoreDone chan struct{}
 }
 
 // New builds a stack on b.
@@ -278,7 +283,8 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{}}
+	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{},
+		closing: make(chan struct{})}
 	if gauge != nil {
 		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
 	}
@@ -352,10 +358,44 @@ func (s *Stack) Run(ctx context.Context) error {
 	if err := s.Declare(ctx); err != nil {
 		return err
 	}
-	if err := s.restoreJournals(ctx); err != nil {
+	s.mu.Lock()
+	journals := len(s.slots)
+	s.mu.Unlock()
+	if journals == 0 {
+		return s.router.Run(ctx)
+	}
+	// Consume and restore at once (see JournalingIdempotency); the restore ends with Run.
+	restoreCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	restored, done := make(chan error, 1), make(chan struct{})
+	s.mu.Lock()
+	s.stopRestore, s.restoreDone = cancel, done
+	s.mu.Unlock()
+	go func() {
+		defer close(done)
+		restored <- s.restoreJournals(restoreCtx)
+	}()
+	ran := make(chan error, 1)
+	go func() { ran <- s.router.Run(ctx) }()
+	select {
+	case err := <-restored:
+		select {
+		case <-s.closing:
+			return <-ran // Close ended the restore: not a failure
+		default:
+		}
+		if err != nil {
+			// The messages waiting for the restore go back unprocessed.
+			_ = s.router.Close()
+			<-ran
+			return err
+		}
+		return <-ran
+	case err := <-ran:
+		cancel()
+		<-restored
 		return err
 	}
-	return s.router.Run(ctx)
 }
 
 // Declare declares the queues of the handlers registered so far — consumed queues with
@@ -376,6 +416,14 @@ func (s *Stack) Running() chan struct{} { return s.router.Running() }
 // subscribers. Messages not finished are returned to the broker and redelivered later. The
 // broker itself stays open: its owner closes it.
 func (s *Stack) Close() error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.mu.Lock()
+	stop, done := s.stopRestore, s.restoreDone
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
 	s.closeParts()
 	return s.router.Close()
 }
