@@ -28,12 +28,26 @@ Q.dlq) and sluice.unrouted, each queue's failure groups, one failed message with
 its retry timeline from Jaeger, and replay, archive and purge of a message or a
 group; the same as JSON under /api/v1/.
 
-It listens on 127.0.0.1 unless --addr names another address; then every request
-must carry SLUICE_CONSOLE_TOKEN (Authorization: Bearer <token>, or ?token=<token>
-once in a browser). With RABBITMQ_MANAGEMENT_URL (http://user:pass@host:15672)
-it also lists every queue of the vhost that has a Q.dlq, with unacknowledged
-counts. Reads AMQP_URL, JAEGER_QUERY_URL (default ` + jaeger.DefaultQueryURL + `,
-"off" for none), JAEGER_UI_URL (links to Jaeger's UI) and SLUICE_CONSOLE_TOKEN.`
+Which queues: with RABBITMQ_MANAGEMENT_URL (http://user:pass@host:15672) it lists
+every queue of the vhost that has a Q.dlq, with unacknowledged counts. Without
+--queue and without RABBITMQ_MANAGEMENT_URL it tries the management API where
+RabbitMQ serves it by default: http on port 15672 of AMQP_URL's host, with
+AMQP_URL's credentials and vhost (2s timeout; a failure is retried at most every
+30s, and the overview shows it, password masked, with the remedies: --queue Q,
+or enable the rabbitmq_management plugin, or set RABBITMQ_MANAGEMENT_URL).
+
+Access: it listens on 127.0.0.1 unless --addr names another address; then every
+request must carry a token (Authorization: Bearer <token>, or ?token=<token> once
+in a browser). SLUICE_CONSOLE_TOKEN holds operator tokens (read and act),
+SLUICE_CONSOLE_READ_TOKEN read-only tokens (every page and GET; every POST is
+refused with 403). Each is a comma-separated list of tokens, "name:secret" or a
+bare secret (named "operator" or "reader"), e.g. alice:s1,bob:s2; the name is who
+acts in the audit trail (console:<name>). Without any token (loopback only)
+there is no access control: anyone on this machine can act.
+
+Reads AMQP_URL, RABBITMQ_MANAGEMENT_URL, JAEGER_QUERY_URL (default ` + jaeger.DefaultQueryURL + `,
+"off" for none), JAEGER_UI_URL (links to Jaeger's UI), SLUICE_CONSOLE_TOKEN and
+SLUICE_CONSOLE_READ_TOKEN.`
 
 // stringList is a repeatable flag.
 type stringList []string
@@ -70,13 +84,21 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 	if len(pos) > 0 {
 		return usageErrorf("sluice console: unexpected argument %q", pos[0])
 	}
-	token := e.getenv("SLUICE_CONSOLE_TOKEN")
+	token, readToken := e.getenv("SLUICE_CONSOLE_TOKEN"), e.getenv("SLUICE_CONSOLE_READ_TOKEN")
+	operators, err := console.ParseTokens(token, console.DefaultOperatorName)
+	if err != nil {
+		return usageErrorf("sluice console: SLUICE_CONSOLE_TOKEN: %v", err)
+	}
+	readers, err := console.ParseTokens(readToken, console.DefaultReaderName)
+	if err != nil {
+		return usageErrorf("sluice console: SLUICE_CONSOLE_READ_TOKEN: %v", err)
+	}
 	loopback, err := isLoopback(*addr)
 	if err != nil {
 		return usageErrorf("sluice console: --addr %q: %v", *addr, err)
 	}
-	if !loopback && token == "" {
-		return usageErrorf("sluice console: --addr %s is reachable from other machines: set SLUICE_CONSOLE_TOKEN to the token every request must carry (or listen on 127.0.0.1)", *addr)
+	if !loopback && len(operators)+len(readers) == 0 {
+		return usageErrorf("sluice console: --addr %s is reachable from other machines: set SLUICE_CONSOLE_TOKEN to the operator token every request must carry, or SLUICE_CONSOLE_READ_TOKEN for read-only access (or listen on 127.0.0.1)", *addr)
 	}
 
 	amqpURL := e.getenv("AMQP_URL")
@@ -98,11 +120,18 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 		jaegerURL = ""
 	}
 	mgmtURL := e.getenv("RABBITMQ_MANAGEMENT_URL")
+	var discoveryURL string
+	if len(queues) == 0 && mgmtURL == "" {
+		// Neither queues nor the management API named: look for the API where RabbitMQ
+		// serves it by default. DiscoveryTarget only fails on a URL Dial took, so hardly.
+		discoveryURL, _, _ = console.DiscoveryTarget(urls[0])
+	}
 	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
 	c, err := console.New(console.Config{
 		Conn: conn, Queues: queues, JaegerQueryURL: jaegerURL, JaegerUIURL: e.getenv("JAEGER_UI_URL"),
-		ManagementURL: mgmtURL, VHost: vhostOf(urls[0]),
-		Service: service, Token: token, Secrets: append(urls, jaegerURL, mgmtURL), Logger: logger,
+		ManagementURL: mgmtURL, DiscoveryURL: discoveryURL, VHost: vhostOf(urls[0]),
+		Service: service, Token: token, ReadToken: readToken,
+		Secrets: append(urls, jaegerURL, mgmtURL, discoveryURL), Logger: logger,
 	})
 	if err != nil {
 		return fmt.Errorf("sluice console: %w", err)
@@ -115,9 +144,13 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 	if loopback {
 		fmt.Fprintf(e.stdout, "sluice console: http://%s/ (this machine only)\n", ln.Addr())
 	} else {
-		fmt.Fprintf(e.stdout, "sluice console: http://%s/ is reachable from other machines: every request must carry SLUICE_CONSOLE_TOKEN (Authorization: Bearer <token>, or ?token=<token> once in a browser)\n", ln.Addr())
+		fmt.Fprintf(e.stdout, "sluice console: http://%s/ is reachable from other machines: every request must carry SLUICE_CONSOLE_TOKEN or SLUICE_CONSOLE_READ_TOKEN (Authorization: Bearer <token>, or ?token=<token> once in a browser)\n", ln.Addr())
 	}
+	fmt.Fprintf(e.stdout, "sluice console: %s\n", accessLine(operators, readers))
 	fmt.Fprintf(e.stdout, "sluice console: RabbitMQ %s, Jaeger %s\n", mask.URL(strings.TrimSpace(urls[0])), orNone(jaegerURL))
+	if discoveryURL != "" {
+		fmt.Fprintf(e.stdout, "sluice console: no --queue and no RABBITMQ_MANAGEMENT_URL: discovering queues through the management API at %s\n", mask.URL(discoveryURL))
+	}
 
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
@@ -133,6 +166,24 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 		err = serr
 	}
 	return err
+}
+
+// accessLine says who may do what: the names of the tokens, never their secrets.
+func accessLine(operators, readers []console.Token) string {
+	if len(operators)+len(readers) == 0 {
+		return "no access control: anyone on this machine can act"
+	}
+	names := func(ts []console.Token) string {
+		if len(ts) == 0 {
+			return "none"
+		}
+		n := make([]string, len(ts))
+		for i, t := range ts {
+			n[i] = t.Name
+		}
+		return strings.Join(n, ", ")
+	}
+	return "operators: " + names(operators) + "; read-only: " + names(readers)
 }
 
 // isLoopback reports whether addr's host only accepts connections from this machine. An

@@ -41,13 +41,22 @@ func (req ActionRequest) selector() (dlq.Selector, error) {
 	return dlq.Selector{IDs: req.IDs, Group: req.Group}, nil
 }
 
-// act runs op on the messages req selects in queue's DLQ.
+// ActionResult is the body of a successful POST /api/v1/queues/{queue}/{op}: the
+// operation's result and who did it, as the audit trail names them.
+type ActionResult struct {
+	dlq.Result
+	// Actor is "console:<token name>" ("console:loopback" without access control).
+	Actor string `json:"actor"`
+}
+
+// act runs op on the messages req selects in queue's DLQ, as the identity in ctx.
 func (s *Server) act(ctx context.Context, queue, op string, req ActionRequest) (dlq.Result, error) {
 	sel, err := req.selector()
 	if err != nil {
 		return dlq.Result{}, err
 	}
 	o := dlq.NewOperator(s.cfg.Conn)
+	o.Actor = identityOf(ctx).Actor()
 	switch op {
 	case "replay":
 		return o.Replay(ctx, queue, sel, dlq.Options{})

@@ -146,5 +146,5 @@ func (s *Server) apiAction(w http.ResponseWriter, r *http.Request) {
 		s.apiFail(w, r, err)
 		return
 	}
-	s.writeJSON(w, http.StatusOK, res)
+	s.writeJSON(w, http.StatusOK, ActionResult{Result: res, Actor: identityOf(r.Context()).Actor()})
 }

@@ -12,6 +12,7 @@
 package console
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
@@ -23,7 +24,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -54,8 +54,16 @@ type Config struct {
 	Queues []string
 	// ManagementURL, when set, is RabbitMQ's management API (http://user:pass@host:15672):
 	// the overview then also lists every queue of VHost with a Q.dlq, and unacknowledged
-	// counts. Empty means AMQP only (see Queues).
+	// counts. Empty means AMQP only (see Queues), or DiscoveryURL.
 	ManagementURL string
+	// DiscoveryURL, used when ManagementURL is empty, is where the management API may be
+	// (DiscoveryTarget derives it from the AMQP URL): the overview tries it with a short
+	// timeout (DiscoveryTimeout) and, when it answers, lists the queues it finds as with
+	// ManagementURL and says where they came from; when it does not, the overview says
+	// why and how to name queues, and it is not tried again for DiscoveryRetry.
+	DiscoveryURL string
+	// DiscoveryRetry is how long a failed discovery is remembered. Zero means 30s.
+	DiscoveryRetry time.Duration
 	// VHost is the virtual host the management API lists. Empty means "/".
 	VHost string
 	// JaegerQueryURL is Jaeger's query API. Empty means no Jaeger: message pages say the
@@ -66,9 +74,16 @@ type Config struct {
 	// Service is the service whose traces are searched by message id when a record carries
 	// no traceparent. Empty means "payments", the example service.
 	Service string
-	// Token, when set, is required on every request (Authorization: Bearer, or ?token= once,
-	// which a cookie then remembers). Empty means no access control: loopback use only.
+	// Token holds the operator tokens (SLUICE_CONSOLE_TOKEN): comma-separated, each
+	// "name:secret" or a bare secret named "operator" (see ParseTokens). An operator reads
+	// and acts. When Token or ReadToken is set, every request must carry one of their
+	// tokens (Authorization: Bearer, or ?token= once, which a cookie then remembers). Both
+	// empty means no access control, everyone an operator: loopback use only.
 	Token string
+	// ReadToken holds the read-only tokens (SLUICE_CONSOLE_READ_TOKEN), in Token's syntax,
+	// a bare secret named "reader": every page and every GET, and every POST refused with
+	// 403 (ReadOnlyMessage).
+	ReadToken string
 	// Secrets are texts (AMQP URLs) masked in every error the console shows.
 	Secrets []string
 	// Logger logs failed requests. Nil means slog.Default().
@@ -81,6 +96,8 @@ type Config struct {
 // Server is the console's http.Handler.
 type Server struct {
 	cfg     Config
+	creds   []credential
+	disc    discovery
 	csrf    string
 	pages   map[string]*template.Template
 	handler http.Handler
@@ -100,11 +117,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
+	if cfg.DiscoveryRetry <= 0 {
+		cfg.DiscoveryRetry = defaultDiscoveryRetry
+	}
+	creds, err := credentials(cfg)
+	if err != nil {
+		return nil, err
+	}
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return nil, fmt.Errorf("console: csrf token: %w", err)
 	}
-	s := &Server{cfg: cfg, csrf: hex.EncodeToString(raw[:])}
+	s := &Server{cfg: cfg, creds: creds, csrf: hex.EncodeToString(raw[:])}
 	if err := s.parseTemplates(); err != nil {
 		return nil, err
 	}
@@ -147,40 +171,24 @@ func (s *Server) routes() http.Handler {
 	return http.NewCrossOriginProtection().Handler(mux)
 }
 
-// ServeHTTP checks the access token, sets the security headers and serves the console.
+// ServeHTTP checks the access token, sets the security headers and serves the console, with
+// the request's Identity in its context. A read-only identity may only GET.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
-	if s.cfg.Token != "" && !s.authorized(w, r) {
+	id, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), identityKey{}, id))
+	if !id.Operator() && !safeMethod(r.Method) {
+		s.readOnly(w, r)
 		return
 	}
 	s.handler.ServeHTTP(w, r)
-}
-
-// authorized reports whether r carries the access token; a token given as ?token= is
-// remembered in a cookie and the browser sent on without it, so it leaves the address bar.
-func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
-	if q := r.URL.Query().Get("token"); q != "" && equal(q, s.cfg.Token) && r.Method == http.MethodGet {
-		http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: q, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-		u := *r.URL
-		v := u.Query()
-		v.Del("token")
-		u.RawQuery = v.Encode()
-		http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
-		return false
-	}
-	if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(b, s.cfg.Token) {
-		return true
-	}
-	if c, err := r.Cookie(tokenCookie); err == nil && equal(c.Value, s.cfg.Token) {
-		return true
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="sluice console"`)
-	http.Error(w, "sluice console: this console needs SLUICE_CONSOLE_TOKEN: send it as Authorization: Bearer <token>, or open the page once with ?token=<token>", http.StatusUnauthorized)
-	return false
 }
 
 func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
@@ -190,7 +198,7 @@ func (s *Server) validCSRF(token string) bool { return token != "" && equal(toke
 
 // mask hides the configured secrets in text.
 func (s *Server) mask(text string) string {
-	return mask.Text(text, s.cfg.Secrets...)
+	return mask.Text(text, append([]string{s.cfg.ManagementURL, s.cfg.DiscoveryURL}, s.cfg.Secrets...)...)
 }
 
 func formatTime(t time.Time) string {

@@ -17,10 +17,15 @@ import (
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
 
-// groupsOf returns the failure groups the API reports for fx's queue.
-func groupsOf(t *testing.T, fx *fixture) []dlq.Group {
+// groupsOf returns the failure groups the API reports for fx's queue, asked with header
+// (an access token) if given.
+func groupsOf(t *testing.T, fx *fixture, header ...http.Header) []dlq.Group {
 	t.Helper()
-	code, body := fx.get(t, "/api/v1/queues/"+fx.queue+"/groups")
+	var h http.Header
+	if len(header) > 0 {
+		h = header[0]
+	}
+	code, body := fx.do(t, http.MethodGet, "/api/v1/queues/"+fx.queue+"/groups", "", h)
 	require.Equal(t, http.StatusOK, code, body)
 	var out struct {
 		Groups []struct {
@@ -37,9 +42,9 @@ func groupsOf(t *testing.T, fx *fixture) []dlq.Group {
 	return gs
 }
 
-func groupOf(t *testing.T, fx *fixture, errorType string) string {
+func groupOf(t *testing.T, fx *fixture, errorType string, header ...http.Header) string {
 	t.Helper()
-	for _, g := range groupsOf(t, fx) {
+	for _, g := range groupsOf(t, fx, header...) {
 		if g.ErrorType == errorType {
 			return g.ID
 		}

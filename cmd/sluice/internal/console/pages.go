@@ -18,9 +18,16 @@ import (
 )
 
 // render executes page with data into a buffer first, so a template error cannot leave
-// half a page.
-func (s *Server) render(w http.ResponseWriter, code int, page string, data map[string]any) {
+// half a page. Every page gets the CSRF token and who is signed in (r's Identity).
+func (s *Server) render(w http.ResponseWriter, r *http.Request, code int, page string, data map[string]any) {
 	data["CSRF"] = s.csrf
+	id := identityOf(r.Context())
+	data["Identity"] = id
+	data["CanAct"] = id.Operator()
+	data["ReadOnlyMessage"] = ReadOnlyMessage
+	if id.Open {
+		data["NoAccessControl"] = noAccessControl
+	}
 	var b bytes.Buffer
 	if err := s.pages[page].Execute(&b, data); err != nil {
 		s.cfg.Logger.Error("console template failed", "page", page, "error", err)
@@ -37,7 +44,7 @@ func (s *Server) pageFail(w http.ResponseWriter, r *http.Request, err error) {
 	if code >= 500 {
 		s.cfg.Logger.Error("console request failed", "path", r.URL.Path, "error", s.mask(err.Error()))
 	}
-	s.render(w, code, "error", map[string]any{"Title": http.StatusText(code), "Status": code, "Error": s.mask(err.Error()), "Queue": r.PathValue("queue")})
+	s.render(w, r, code, "error", map[string]any{"Title": http.StatusText(code), "Status": code, "Error": s.mask(err.Error()), "Queue": r.PathValue("queue")})
 }
 
 func (s *Server) overviewPage(w http.ResponseWriter, r *http.Request) {
@@ -48,7 +55,7 @@ func (s *Server) overviewPage(w http.ResponseWriter, r *http.Request) {
 		s.pageFail(w, r, err)
 		return
 	}
-	s.render(w, http.StatusOK, "overview", map[string]any{"Title": "Queues", "Overview": ov})
+	s.render(w, r, http.StatusOK, "overview", map[string]any{"Title": "Queues", "Overview": ov, "DiscoveryRetry": s.cfg.DiscoveryRetry.String()})
 }
 
 func (s *Server) queuePage(w http.ResponseWriter, r *http.Request) {
@@ -71,7 +78,7 @@ func (s *Server) queuePage(w http.ResponseWriter, r *http.Request) {
 		data["Group"] = g
 		data["Messages"] = recs
 	}
-	s.render(w, http.StatusOK, "queue", data)
+	s.render(w, r, http.StatusOK, "queue", data)
 }
 
 func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
@@ -84,7 +91,7 @@ func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := rec.Display()
-	s.render(w, http.StatusOK, "message", map[string]any{
+	s.render(w, r, http.StatusOK, "message", map[string]any{
 		"Title": id, "Queue": queue, "Record": d.Record, "Display": d, "Positions": positionsOf(all),
 		"Download": downloadPath(queue, rec), "MaskingNote": dlq.MaskingNote, "PreviewBytes": dlq.PreviewBytes,
 		"HeaderKeys": slices.Sorted(maps.Keys(d.Record.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": Ops,
@@ -192,7 +199,7 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, topology.DLQ(queue), dlq.ErrNothingSelected))
 		return
 	}
-	s.render(w, http.StatusOK, "confirm", map[string]any{
+	s.render(w, r, http.StatusOK, "confirm", map[string]any{
 		"Title": "Confirm " + op, "Queue": queue, "DLQ": topology.DLQ(queue), "Archive": topology.Archive(queue),
 		"Op": op, "ID": r.FormValue("id"), "Group": req.Group, "Count": n,
 	})
@@ -201,7 +208,7 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 // actionForm runs the action a confirmation page posted.
 func (s *Server) actionForm(w http.ResponseWriter, r *http.Request) {
 	if !s.validCSRF(r.PostFormValue("csrf")) {
-		s.render(w, http.StatusForbidden, "error", map[string]any{"Title": "Forbidden", "Status": http.StatusForbidden,
+		s.render(w, r, http.StatusForbidden, "error", map[string]any{"Title": "Forbidden", "Status": http.StatusForbidden,
 			"Error": "this form lacks the console's CSRF token: open the page again and confirm from there"})
 		return
 	}
@@ -226,5 +233,6 @@ func (s *Server) actionForm(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		code = status(err)
 	}
-	s.render(w, code, "result", map[string]any{"Title": verb(op), "Queue": queue, "Op": op, "Verb": verb(op), "Result": res, "Error": errText, "Group": req.Group, "IDs": req.IDs})
+	s.render(w, r, code, "result", map[string]any{"Title": verb(op), "Queue": queue, "Op": op, "Verb": verb(op), "Result": res, "Error": errText, "Group": req.Group, "IDs": req.IDs,
+		"Actor": identityOf(r.Context()).Actor()})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/sluice-go/sluice/internal/mask"
 	"github.com/sluice-go/sluice/internal/topology"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -45,6 +46,17 @@ type Overview struct {
 	Unrouted *int `json:"unrouted"`
 	// ManagementError says why the management API could not be read, when it is set.
 	ManagementError string `json:"management_error,omitempty"`
+	// DiscoveredAt is the management API (password masked) the queues were discovered
+	// through, when the console was given neither queues nor a management URL and the
+	// API at the AMQP host answered.
+	DiscoveredAt string `json:"discovered_at,omitempty"`
+	// DiscoveryURL is where the management API was looked for (password masked), when
+	// it was: both when the discovery worked (then DiscoveredAt is the same) and when it
+	// failed.
+	DiscoveryURL string `json:"discovery_url,omitempty"`
+	// DiscoveryError says why that discovery failed (masked); the overview then names the
+	// remedies.
+	DiscoveryError string `json:"discovery_error,omitempty"`
 	// Skipped are the configured queues without a Q.dlq: not sluice's topology.
 	Skipped []string `json:"skipped,omitempty"`
 }
@@ -97,11 +109,21 @@ func (s *Server) overview(ctx context.Context) (Overview, error) {
 	ov := Overview{Queues: []QueueStats{}}
 	queues := slices.Clone(s.cfg.Queues)
 	var mgmt map[string]mgmtQueue
-	if s.cfg.ManagementURL != "" {
+	switch {
+	case s.cfg.ManagementURL != "":
 		var err error
-		if mgmt, err = s.managementQueues(ctx); err != nil {
+		if mgmt, err = s.managementQueues(ctx, s.cfg.ManagementURL, managementTimeout); err != nil {
 			// The AMQP counts still work: say why unacked is missing and go on.
 			ov.ManagementError = s.mask(err.Error())
+		}
+		queues = append(queues, sluiceQueues(mgmt, topology.DLQ)...)
+	case s.cfg.DiscoveryURL != "":
+		var err error
+		ov.DiscoveryURL = mask.URL(s.cfg.DiscoveryURL)
+		if mgmt, err = s.discover(ctx); err != nil {
+			ov.DiscoveryError = s.mask(err.Error())
+		} else {
+			ov.DiscoveredAt = ov.DiscoveryURL
 		}
 		queues = append(queues, sluiceQueues(mgmt, topology.DLQ)...)
 	}
