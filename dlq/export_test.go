@@ -1,6 +1,12 @@
 package dlq
 
-import "github.com/sluice-go/sluice/internal/dlqwire"
+import (
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/dlqwire"
+)
 
 // SkipDestinationCheck lets r publish to a missing queue, so that the publish is returned
 // at commit and the restore path runs.
@@ -18,8 +24,10 @@ var (
 	NewReplayer      = newReplayer
 	NewUnroutedEvent = newUnroutedEvent
 	Purge            = purgeQueue
-	ReplayPublishing = replayPublishing
-	MaskError        = dlqwire.MaskError
+	ReplayPublishing = func(d amqp091.Delivery, n int, now time.Time, source, dest string) amqp091.Publishing {
+		return replayPublishing(d, n, now, source, dest, 0)
+	}
+	MaskError = dlqwire.MaskError
 )
 
 // Unexported types and constants, under the names the external tests use.

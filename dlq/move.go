@@ -87,7 +87,7 @@ func (m *mover) moved(rec Record) Moved {
 // publishing is what a move publishes for d.
 func (m *mover) publishing(it item) amqp.Publishing {
 	if m.op == opReplay || m.op == opEdit {
-		pub := replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination)
+		pub := replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination, m.o.conn.Config.FrameSize)
 		if m.edit != nil {
 			pub = m.edit.publishing(it.d, pub, m)
 		}

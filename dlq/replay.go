@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice"
+	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 )
@@ -106,28 +107,33 @@ func resetHeader(key string) bool {
 // replayEntryType is the type of the history entry a replay adds.
 const replayEntryType = "replay"
 
-// replayPublishing returns the publishing that replays d from source to dest at now: its
-// body, properties and headers, less the ones ResetHeader names, with x-replay-count set to
-// replayCount (as a string, like sluice's other counters), x-replayed-at to now and a
-// replay entry added to x-retry-history. Expiration and user-id are not carried, as in
-// broker/amqp.Marshaler.
-func replayPublishing(d amqp.Delivery, replayCount int, now time.Time, source, dest string) amqp.Publishing {
-	hdrs := make(amqp.Table, len(d.Headers)+2)
-	for k, v := range d.Headers {
-		if !resetHeader(k) && !strings.EqualFold(k, headers.ReplayCount) {
-			hdrs[k] = v
+// replayPublishing returns the publishing that replays d from source to dest at now,
+// built by broker/amqp's Marshaler from the delivery as the stack would read it, so a
+// replayed copy carries what any copy sluice publishes carries (no expiration or user-id,
+// no CC/BCC or header RabbitMQ owns, typed headers restored, a header frame that fits
+// frameMax): its body, properties and headers, less the ones resetHeader names, with
+// x-replay-count set to replayCount (as a string, like sluice's other counters),
+// x-replayed-at to now and a replay entry added to x-retry-history.
+func replayPublishing(d amqp.Delivery, replayCount int, now time.Time, source, dest string, frameMax int) amqp.Publishing {
+	msg, _ := sluiceamqp.Marshaler{}.Unmarshal(d)
+	md := msg.Metadata
+	for k := range md {
+		if resetHeader(k) || strings.EqualFold(k, headers.ReplayCount) {
+			delete(md, k)
 		}
 	}
-	hdrs[headers.ReplayCount] = strconv.Itoa(replayCount)
-	hdrs[headers.ReplayedAt] = failure.FormatTime(now)
+	md.Set(headers.ReplayCount, strconv.Itoa(replayCount))
+	md.Set(headers.ReplayedAt, failure.FormatTime(now))
 	// The queue the copy is consumed from, whatever an older record said.
-	hdrs[sluice.HeaderOriginalQueue] = dest
+	md.Set(sluice.HeaderOriginalQueue, dest)
 	prev, _ := d.Headers[sluice.HeaderRetryHistory].(string)
-	hdrs[sluice.HeaderRetryHistory] = failure.AppendHistory(message.Metadata{sluice.HeaderRetryHistory: prev}, failure.HistoryEntry{
+	md.Set(sluice.HeaderRetryHistory, failure.AppendHistory(message.Metadata{sluice.HeaderRetryHistory: prev}, failure.HistoryEntry{
 		At: now.UTC(), Type: replayEntryType, Message: "replayed from " + source + " to " + dest,
-	})
-	pub := originalPublishing(d)
-	pub.Headers = hdrs
+	}))
+	pub, _ := sluiceamqp.Marshaler{FrameMax: frameMax}.Marshal(msg) // never fails
+	if d.Timestamp.IsZero() {
+		pub.Timestamp = time.Time{} // Marshal stamps a message that had none; a replay keeps it as it was
+	}
 	return pub
 }
 
