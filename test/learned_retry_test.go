@@ -1,0 +1,166 @@
+package test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/router"
+)
+
+// learnedError is a typed failure of the learned-policy test.
+type learnedError struct{ typ string }
+
+func (e learnedError) Error() string     { return e.typ + ": upstream said no" }
+func (e learnedError) ErrorType() string { return e.typ }
+
+// TestLearnedRetry is issue 36's point 6 on RabbitMQ: a stack with the learned policy
+// dead-letters an error type that never recovers once it has the evidence, with the
+// evidence in the dead letter's record; keeps retrying a type that recovers; resumes
+// retrying the first type once its dependency is fixed; and its statistics match a ledger
+// of what the test sent.
+func TestLearnedRetry(t *testing.T) {
+	e := rabbitEnv(t)
+	queue := e.newQueue(t, "learned")
+	stats, err := retrystats.New(retrystats.Config{})
+	require.NoError(t, err)
+	const minEvidence = 20
+	var fixed atomic.Bool
+	var mu sync.Mutex
+	calls := map[string]int{}
+	succeeded := map[string]int{}
+	s := start(t, e, router.Config{Retry: retry.Config{
+		MaxRetries: 3, InitialDelay: 20 * time.Millisecond, MaxDelay: 50 * time.Millisecond, Jitter: retry.NoJitter,
+		Stats: stats, Learned: &retry.Learned{MinEvidence: minEvidence, Explore: 0.2},
+	}}, func(s *router.Stack) {
+		require.NoError(t, s.Handle("charge", queue, func(m *message.Message) error {
+			kind, _, _ := strings.Cut(string(m.Payload), "-")
+			mu.Lock()
+			calls[m.UUID]++
+			attempt := calls[m.UUID]
+			mu.Unlock()
+			var err error
+			switch kind {
+			case "upstream": // never recovers, until fixed: then once, like a timeout
+				if !fixed.Load() || attempt < 2 {
+					err = learnedError{"upstream_broken"}
+				}
+			case "timeout": // recovers at attempt 2
+				if attempt < 2 {
+					err = learnedError{"gateway_timeout"}
+				}
+			}
+			if err == nil {
+				mu.Lock()
+				succeeded[m.UUID] = attempt
+				mu.Unlock()
+			}
+			return err
+		}))
+	})
+	_ = s
+
+	// dead maps the DLQ's ids to their records, read as they arrive.
+	dead := map[string]*message.Message{}
+	send := func(kind string, n int) []string {
+		t.Helper()
+		ids := make([]string, n)
+		for i := range ids {
+			m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "%s-%d", kind, i))
+			ids[i] = m.UUID
+			e.publish(t, queue, m)
+		}
+		require.Eventually(t, func() bool {
+			for _, m := range e.dlq(t, queue) {
+				dead[m.UUID] = m
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, id := range ids {
+				_, ok := succeeded[id]
+				if _, gone := dead[id]; !ok && !gone {
+					return false
+				}
+			}
+			return true
+		}, 60*time.Second, 20*time.Millisecond, "every %s message ended", kind)
+		return ids
+	}
+	type tally struct{ succeeded, exhausted, unlikely, calls int }
+	count := func(ids []string) tally {
+		mu.Lock()
+		defer mu.Unlock()
+		var tl tally
+		for _, id := range ids {
+			tl.calls += calls[id]
+			if _, ok := succeeded[id]; ok {
+				tl.succeeded++
+				continue
+			}
+			if strings.HasPrefix(dead[id].Metadata.Get(sluice.HeaderErrorMessage), "retry_unlikely") {
+				tl.unlikely++
+			} else {
+				tl.exhausted++
+			}
+		}
+		return tl
+	}
+	// Too little evidence: the base policy, 4 calls each.
+	first := send("upstream", minEvidence)
+	assert.Equal(t, tally{exhausted: minEvidence, calls: 4 * minEvidence}, count(first))
+
+	// Evidence enough: dead-lettered at the first failure, but the explored share (20%,
+	// chosen by message id), which still follows the base policy.
+	later := send("upstream", 50)
+	got := count(later)
+	x := got.exhausted
+	assert.Equal(t, tally{exhausted: x, unlikely: 50 - x, calls: 4*x + (50 - x)}, got)
+	assert.InDelta(t, 10, x, 9, "about 20%% of 50 explored")
+	for _, id := range later {
+		rec := dead[id]
+		if !strings.HasPrefix(rec.Metadata.Get(sluice.HeaderErrorMessage), "retry_unlikely") {
+			continue
+		}
+		assert.Contains(t, rec.Metadata.Get(sluice.HeaderErrorMessage), fmt.Sprintf("retry_unlikely: 0 of %d recovered in the last hour (error type upstream_broken)", minEvidence),
+			"the evidence is in the record")
+		assert.Equal(t, "upstream_broken", rec.Metadata.Get(sluice.HeaderErrorType), "the record keeps the type, so a replay works as usual")
+		break
+	}
+
+	// A type that recovers keeps being retried.
+	timeouts := send("timeout", 30)
+	assert.Equal(t, tally{succeeded: 30, calls: 60}, count(timeouts))
+
+	// The statistics match the ledger.
+	up := stats.Type("charge", "upstream_broken")
+	assert.EqualValues(t, minEvidence+50, up.Messages, "messages that failed with the type")
+	assert.EqualValues(t, 3*(minEvidence+x), up.Retries, "3 retries for each message the base policy ran")
+	assert.EqualValues(t, minEvidence+x, up.Exhausted)
+	assert.EqualValues(t, 50-x, up.Unlikely)
+	assert.Zero(t, up.Recovered)
+	to := stats.Type("charge", "gateway_timeout")
+	assert.EqualValues(t, 30, to.Messages)
+	assert.EqualValues(t, 30, to.Recovered)
+	assert.Equal(t, 2, to.RecoveryAttempt(0.5), "median recovery at attempt 2")
+
+	// The dependency is fixed: the explored messages recover, and the type is retried again.
+	fixed.Store(true)
+	var resumedAfter int
+	require.Eventually(t, func() bool {
+		resumedAfter += 10
+		ids := send("upstream", 10)
+		return count(ids).unlikely == 0 && count(ids).succeeded == 10
+	}, 120*time.Second, 10*time.Millisecond, "retries of upstream_broken resumed after the fix")
+	t.Logf("upstream_broken retried again after %d messages sent once fixed", resumedAfter)
+}
