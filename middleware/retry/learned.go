@@ -53,11 +53,14 @@ const (
 //
 // Its safety rules: it never retries what the base policy would not (a Permanent error
 // is dead-lettered as before, a Discard discarded, a Defer deferred); it never drops a
-// message (it only dead-letters); it does nothing for a type with fewer than MinEvidence
-// ended messages, nor for the types counted together as retrystats.OtherType; and it keeps
+// message (it only dead-letters); it does not judge a type with fewer than MinEvidence
+// ended messages, nor the types counted together as retrystats.OtherType; and it keeps
 // exploring: a share Explore of a stopped type's messages (chosen by message id, so a
 // message is explored on all its attempts) still follows the base policy, so a dependency
-// that heals shows in their recoveries and the type is retried again.
+// that heals shows in their recoveries and the type is retried again. Once stopped, a type
+// stays stopped while its explored messages show no recovery, even when the window then
+// holds fewer than MinEvidence ended messages (its own dead letters are no evidence); with
+// NoExplore it is judged afresh then.
 //
 // The zero value uses the defaults named on each field.
 type Learned struct {
@@ -126,6 +129,13 @@ func (l *learner) view(handler, errType string) View {
 	switch {
 	case errType == retrystats.OtherType || ts.Other:
 		v.Reason = "not judged: counted with other types past the statistics' MaxTypes"
+	case ts.Ended < l.cfg.MinEvidence && l.cfg.Explore > 0 && l.isStopped(handler, errType) && ts.RecoveryRate() < l.cfg.UnlikelyBelow:
+		// Its own dead letters are no evidence, so once stopped the window thins to the
+		// explored messages: they alone decide until one recovers. Judging the type
+		// afresh would spend MinEvidence more messages' retries every window.
+		v.Stopped = true
+		v.Reason = fmt.Sprintf("dead-lettered at once (%.0f%% explored): no recovery among the explored messages since it stopped: %s",
+			l.cfg.Explore*100, ts.Evidence())
 	case ts.Ended < l.cfg.MinEvidence:
 		v.Reason = fmt.Sprintf("retried: too little evidence (%d of %d messages needed ended in the window)", ts.Ended, l.cfg.MinEvidence)
 	case ts.RecoveryRate() >= l.cfg.UnlikelyBelow:
@@ -135,6 +145,12 @@ func (l *learner) view(handler, errType string) View {
 		v.Reason = fmt.Sprintf("dead-lettered at once (%.0f%% explored): %s", l.cfg.Explore*100, ts.Evidence())
 	}
 	return v
+}
+
+func (l *learner) isStopped(handler, errType string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stopped[learnKey{handler, errType}]
 }
 
 // judge returns the evidence that retrying the failure of msgID with errType is unlikely

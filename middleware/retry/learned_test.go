@@ -226,6 +226,41 @@ func TestLearned_ExploresAndResumesAfterTheFix(t *testing.T) {
 	}, 30*time.Second, time.Millisecond)
 }
 
+// Once stopped, a type stays stopped as the window ages past the evidence that stopped it:
+// its own dead letters are no evidence, so judging it afresh would spend MinEvidence more
+// messages' retries every window. Only an explored message's recovery resumes it.
+func TestLearned_StaysStoppedAsTheEvidenceAges(t *testing.T) {
+	var now atomic.Int64
+	now.Store(time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC).UnixNano())
+	stats, err := retrystats.New(retrystats.Config{Window: time.Minute, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	require.NoError(t, err)
+	l := newLoop(t, retry.Config{Stats: stats, Learned: &retry.Learned{MinEvidence: 20, Explore: 0.2}})
+	l.send("upstream", 20)
+	l.send("upstream", 10) // judged stopped
+	require.True(t, l.r.LearnedView(handlerName, "upstream").Stopped)
+
+	now.Add(int64(2 * time.Minute)) // the 20 messages' evidence is out of the window
+	ids := l.send("upstream", 50)
+	var explored int
+	for _, id := range ids {
+		if retry.Explored(id, 0.2) {
+			explored++
+		}
+	}
+	got := l.tally(ids)
+	assert.Equal(t, 50-explored, got.unlikely, "still dead-lettered at once")
+	assert.Equal(t, explored, got.exhausted, "the explored share followed the base policy")
+	v := l.r.LearnedView(handlerName, "upstream")
+	assert.True(t, v.Stopped, v.Reason)
+	assert.Less(t, v.Ended, int64(20), "below the evidence minimum, and still stopped")
+
+	l.fixed.Store(true)
+	require.Eventually(t, func() bool {
+		l.send("upstream", 10)
+		return !l.r.LearnedView(handlerName, "upstream").Stopped
+	}, 30*time.Second, time.Millisecond, "an explored recovery resumes it")
+}
+
 // The policy does nothing for a type with too little evidence, however badly it does.
 func TestLearned_TooLittleEvidence(t *testing.T) {
 	l := newLoop(t, retry.Config{Learned: &retry.Learned{MinEvidence: 1000}})
