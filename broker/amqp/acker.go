@@ -41,6 +41,11 @@ type acker struct {
 	wake    chan struct{}
 	stop    chan struct{}
 	stopped chan struct{}
+	// gated counts the deliveries whose ack waits for a gate (see gate); close waits for
+	// them, up to gateGrace, then closes gateStop to end their waits.
+	gated     sync.WaitGroup
+	gateGrace time.Duration
+	gateStop  chan struct{}
 
 	// Owned by the run goroutine.
 	hi    uint64              // highest settled tag seen
@@ -59,7 +64,7 @@ func newAcker(ch acknowledger, batch int, delay time.Duration, logger *slog.Logg
 	a := &acker{
 		ch: ch, batch: batch, delay: delay, logger: logger, queue: queue,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
-		gaps: make(map[uint64]struct{}),
+		gaps: make(map[uint64]struct{}), gateStop: make(chan struct{}),
 	}
 	if batch == 1 {
 		close(a.stopped) // nothing to gather: no goroutine
@@ -67,6 +72,16 @@ func newAcker(ch acknowledger, batch int, delay time.Duration, logger *slog.Logg
 	}
 	go a.run()
 	return a
+}
+
+// gate runs wait, a step's broker.HoldAck, off the caller's goroutine, then settle with
+// its result; close waits for it. Meanwhile tag is unsettled, a gap no multiple ack covers.
+func (a *acker) gate(wait func(stop <-chan struct{}) error, settle func(error)) {
+	a.gated.Add(1)
+	go func() {
+		defer a.gated.Done()
+		settle(wait(a.gateStop))
+	}()
 }
 
 // ack queues tag's basic.ack.
@@ -109,6 +124,19 @@ func (a *acker) settle(tag uint64, ack bool) {
 // close sends every queued ack and stops the goroutine. Call it after the last settle and
 // before the channel closes.
 func (a *acker) close() {
+	gated := make(chan struct{})
+	go func() {
+		a.gated.Wait()
+		close(gated)
+	}()
+	grace := time.NewTimer(a.gateGrace)
+	select {
+	case <-gated:
+	case <-grace.C:
+		close(a.gateStop) // the held acks give their messages back
+		<-gated
+	}
+	grace.Stop()
 	if a.batch > 1 {
 		close(a.stop)
 	}

@@ -221,6 +221,7 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	// open, the delivery channel closes once the handlers return.
 	cancelledBy := ch.NotifyCancel(make(chan string, 1))
 	acks := newAcker(ch, (opts.Prefetch-opts.Concurrency)/2, s.cfg.AckDelay, s.logger, queue)
+	acks.gateGrace = s.cfg.DrainTimeout
 	back := &returns{changed: st.Changed}
 	// Every message's context is a child of this one, built once and not per delivery.
 	msgBase := context.WithoutCancel(ctx)
@@ -317,6 +318,7 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 	msg := unmarshal(d)
 	msgCtx, cancel := context.WithCancel(msgBase)
 	defer cancel()
+	msgCtx, gate := broker.WithAckGate(msgCtx)
 	msg.SetContext(msgCtx)
 
 	// Given back unhandled (closing): a nack, which RabbitMQ 4.x does not count as a
@@ -354,9 +356,18 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 		select {
 		case <-msg.Acked():
 			s.nacks.Store(0)
+			if wait := gate.Held(); wait != nil {
+				// A step holds the ack (its journal record's confirm): the worker takes
+				// the next delivery meanwhile.
+				acks.gate(wait, s.released(acks, d, msg.UUID))
+				return
+			}
 			acks.ack(d.DeliveryTag)
 			return
 		case <-msg.Nacked():
+			if wait := gate.Held(); wait != nil {
+				acks.gate(wait, func(error) {}) // it settles the step's own state; the nack stands
+			}
 			if s.requeueLater(d, msg, chClosed, gateChanged) {
 				acks.nacked(d.DeliveryTag)
 			}
@@ -372,15 +383,37 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 			cancel()
 			select {
 			case <-msg.Acked():
+				if wait := gate.Held(); wait != nil {
+					acks.gate(wait, s.released(acks, d, msg.UUID))
+					return
+				}
 				acks.ack(d.DeliveryTag)
 				return
 			case <-msg.Nacked():
+				if wait := gate.Held(); wait != nil {
+					acks.gate(wait, func(error) {})
+				}
 			case <-time.After(time.Second):
 			}
 			s.logger.Warn("handler did not finish within the drain timeout; message returned to the queue", "message_id", msg.UUID)
 			giveBack()
 			return
 		}
+	}
+}
+
+// released settles d once a held ack's wait (broker.HoldAck) returned: an ack, or, when
+// the wait failed, a nack with requeue (the step's work was not confirmed, so the message
+// is not done; a nack is not a failed delivery on RabbitMQ 4.x).
+func (s *Subscriber) released(acks *acker, d amqp.Delivery, id string) func(error) {
+	return func(err error) {
+		if err == nil {
+			acks.ack(d.DeliveryTag)
+			return
+		}
+		s.logger.Debug("held ack failed; message returned to the queue", "message_id", id, "error", err)
+		_ = d.Nack(false, true)
+		acks.nacked(d.DeliveryTag)
 	}
 }
 

@@ -254,13 +254,9 @@ func (jd *journaled) commit(ctx context.Context) {
 
 // append journals rec and waits for its confirm, or for ctx.
 func (jd *journaled) append(ctx context.Context, rec record) error {
-	req := &appendReq{rec: rec, result: make(chan error, 1)}
-	select {
-	case jd.reqs <- req:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-jd.done:
-		return ErrClosed
+	req, err := jd.send(ctx, rec)
+	if err != nil {
+		return err
 	}
 	select {
 	case err := <-req.result:
@@ -269,6 +265,35 @@ func (jd *journaled) append(ctx context.Context, rec record) error {
 		return ctx.Err()
 	case <-jd.done:
 		return ErrClosed
+	}
+}
+
+// send queues rec for the committer.
+func (jd *journaled) send(ctx context.Context, rec record) (*appendReq, error) {
+	req := &appendReq{rec: rec, result: make(chan error, 1)}
+	select {
+	case jd.reqs <- req:
+		return req, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-jd.done:
+		return nil, ErrClosed
+	}
+}
+
+// errAckReleased is the result of a held ack's wait that its subscriber ended (closing).
+var errAckReleased = errors.New("idempotency: the subscriber stopped waiting for the journal record")
+
+// await returns req's confirm: the committer answers every request it took, and jd.done
+// closes when it stopped; stop (nil: never) ends the wait first.
+func (jd *journaled) await(req *appendReq, stop <-chan struct{}) error {
+	select {
+	case err := <-req.result:
+		return err
+	case <-jd.done:
+		return ErrClosed
+	case <-stop:
+		return errAckReleased
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/otelnames"
@@ -270,10 +271,17 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			// arriving meanwhile is deferred, not acknowledged on an unjournaled key.
 			pending = true
 			rec := g.store.doneRecord(lease)
-			jerr := jd.append(ctx, rec)
-			g.store.completeAs(lease, rec)
-			if jerr != nil {
-				return nil, g.unconfirmed(jd, rec, jerr)
+			req, jerr := jd.send(ctx, rec)
+			if jerr == nil && broker.HoldAck(ctx, func(stop <-chan struct{}) error { return g.journaledDone(jd, lease, rec, jd.await(req, stop)) }) {
+				// The subscriber acknowledges once the record is confirmed, and the
+				// handler's slot takes the next message meanwhile.
+				return out, nil
+			}
+			if jerr == nil {
+				jerr = jd.await(req, nil)
+			}
+			if err := g.journaledDone(jd, lease, rec, jerr); err != nil {
+				return nil, err
 			}
 		}
 		return out, err
@@ -315,6 +323,17 @@ func keyAttrs(key, source string) []attribute.KeyValue {
 		attribute.String("idempotency.key", failure.Truncate(key, maxKeyAttr)),
 		attribute.String("idempotency.key_source", source),
 	}
+}
+
+// journaledDone completes lease once its record's append returned jerr: nil to acknowledge
+// the message, else what unconfirmed says (the deferral that keeps it unacknowledged until
+// the record is journaled; nil under a resource alarm).
+func (g *Guard) journaledDone(jd *journaled, lease Lease, rec record, jerr error) error {
+	g.store.completeAs(lease, rec)
+	if jerr != nil {
+		return g.unconfirmed(jd, rec, jerr)
+	}
+	return nil
 }
 
 // completeOnAck marks lease done when the router acks msg and releases it when the router
