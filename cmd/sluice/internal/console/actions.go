@@ -5,23 +5,58 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
 )
 
-// Ops are the actions the console offers on a message or a group.
+// Ops are the actions the console offers on a message, a selection or a group of a DLQ.
 var Ops = []string{"replay", "archive", "purge"}
+
+// ArchiveOps are the actions it offers on archived messages: restore (a replay from
+// Q.dlq.archive to the message's original queue) and purge.
+var ArchiveOps = []string{"restore", "purge"}
+
+// knownOp reports whether op is an action the console runs.
+func knownOp(op string) bool { return slices.Contains(Ops, op) || slices.Contains(ArchiveOps, op) }
+
+// opsFor returns the actions offered on the messages of src.
+func opsFor(src dlq.Source) []string {
+	if src == dlq.FromArchive {
+		return ArchiveOps
+	}
+	return Ops
+}
 
 // ErrBadRequest means an action named no op the console knows, or not exactly one of a
 // message id and a group.
 var ErrBadRequest = errors.New("bad request")
 
+// Sources a request names: "dlq" (or empty) and "archive".
+const (
+	sourceDLQ     = "dlq"
+	sourceArchive = "archive"
+)
+
+// parseSource reads a request's source ("", "dlq" or "archive").
+func parseSource(v string) (dlq.Source, error) {
+	switch v {
+	case "", sourceDLQ:
+		return dlq.FromDLQ, nil
+	case sourceArchive:
+		return dlq.FromArchive, nil
+	}
+	return dlq.FromDLQ, fmt.Errorf("source %q is not dlq or archive: %w", v, ErrBadRequest)
+}
+
 // ActionRequest is the body of POST /api/v1/queues/{queue}/{op}: one or more message ids,
-// or one group.
+// or one group, of the DLQ or (Source "archive") of the archive.
 type ActionRequest struct {
 	IDs   []string `json:"ids,omitempty"`
 	Group string   `json:"group,omitempty"`
+	// Source is "dlq" (or empty) or "archive". A restore always reads the archive.
+	Source string `json:"source,omitempty"`
 }
 
 // selector returns the dlq.Selector of req, refusing anything but ids or one group: the
@@ -49,33 +84,63 @@ type ActionResult struct {
 	Actor string `json:"actor"`
 }
 
-// act runs op on the messages req selects in queue's DLQ, as the identity in ctx.
+// operator returns an Operator acting as the identity in ctx, recording on the
+// configured audit exchange.
+func (s *Server) operator(ctx context.Context) *dlq.Operator {
+	o := dlq.NewOperator(s.cfg.Conn)
+	o.Actor = identityOf(ctx).Actor()
+	o.AuditExchange = s.cfg.AuditExchange
+	return o
+}
+
+// inspector returns an Inspector reading src.
+func (s *Server) inspector(src dlq.Source) *dlq.Inspector {
+	i := dlq.NewInspector(s.cfg.Conn)
+	i.From = src
+	return i
+}
+
+// act runs op on the messages req selects in queue's DLQ (or archive), as the identity in
+// ctx.
 func (s *Server) act(ctx context.Context, queue, op string, req ActionRequest) (dlq.Result, error) {
 	sel, err := req.selector()
 	if err != nil {
 		return dlq.Result{}, err
 	}
-	o := dlq.NewOperator(s.cfg.Conn)
-	o.Actor = identityOf(ctx).Actor()
+	src, err := parseSource(req.Source)
+	if err != nil {
+		return dlq.Result{}, err
+	}
+	o := s.operator(ctx)
 	switch op {
 	case "replay":
-		return o.Replay(ctx, queue, sel, dlq.Options{})
+		return o.Replay(ctx, queue, sel, dlq.Options{From: src})
+	case "restore":
+		return o.Replay(ctx, queue, sel, dlq.Options{From: dlq.FromArchive})
 	case "archive":
+		if src == dlq.FromArchive {
+			return dlq.Result{}, fmt.Errorf("archived messages are archived already (restore or purge them): %w", ErrBadRequest)
+		}
 		return o.Archive(ctx, queue, sel, dlq.Options{})
 	case "purge":
-		return o.Purge(ctx, queue, sel, dlq.Options{})
+		return o.Purge(ctx, queue, sel, dlq.Options{From: src})
 	}
-	return dlq.Result{}, fmt.Errorf("unknown action %q (want replay, archive or purge): %w", op, ErrBadRequest)
+	return dlq.Result{}, fmt.Errorf("unknown action %q (want replay, archive, purge or restore): %w", op, ErrBadRequest)
 }
 
 // status maps an error of a read or an action to its HTTP status.
 func status(err error) int {
+	var tooLarge *http.MaxBytesError
 	switch {
-	case errors.Is(err, ErrBadRequest), errors.Is(err, dlq.ErrNoSelector):
+	case errors.As(err, &tooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrBadRequest), errors.Is(err, dlq.ErrNoSelector), errors.Is(err, dlq.ErrEditRefused):
 		return http.StatusBadRequest
 	case errors.Is(err, sluice.ErrQueueNotFound), errors.Is(err, dlq.ErrMessageNotFound),
 		errors.Is(err, dlq.ErrNothingSelected), errors.Is(err, errNotSluice):
 		return http.StatusNotFound
+	case errors.Is(err, dlq.ErrAuditUnavailable):
+		return http.StatusServiceUnavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
 	}
@@ -87,6 +152,8 @@ func verb(op string) string {
 	switch op {
 	case "replay":
 		return "Replayed"
+	case "restore":
+		return "Restored"
 	case "archive":
 		return "Archived"
 	case "purge":

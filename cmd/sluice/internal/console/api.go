@@ -3,18 +3,13 @@ package console
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/sluice-go/sluice/internal/topology"
 
 	"github.com/sluice-go/sluice/dlq"
 )
-
-// maxListed bounds the messages a group's listing returns.
-const maxListed = 200
 
 // apiError is the body of every API error.
 type apiError struct {
@@ -68,7 +63,14 @@ func (s *Server) apiQueues(w http.ResponseWriter, r *http.Request) {
 func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
-	groups, err := dlq.NewInspector(s.cfg.Conn).Groups(ctx, r.PathValue("queue"))
+	src, err := parseSource(r.URL.Query().Get("source"))
+	if err != nil {
+		s.apiFail(w, r, err)
+		return
+	}
+	queue := r.PathValue("queue")
+	var total int
+	groups, err := s.inspector(src).Groups(ctx, queue)
 	if err != nil {
 		s.apiFail(w, r, err)
 		return
@@ -76,35 +78,35 @@ func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 	if groups == nil {
 		groups = []dlq.Group{}
 	}
-	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "dlq": topology.DLQ(r.PathValue("queue")), "groups": groups})
-}
-
-// groupMessages returns the summaries of up to maxListed messages of group in queue's DLQ
-// (all when group is empty), and the DLQ's depth. Only summaries are kept: 200 dead
-// letters of 20 MB each cost no more memory than one.
-func (s *Server) groupMessages(ctx context.Context, queue, group string) ([]dlq.Summary, int, error) {
-	recs := []dlq.Summary{}
-	total, err := dlq.NewInspector(s.cfg.Conn).Messages(ctx, queue, dlq.Selector{Group: group}, func(rec dlq.Record) bool {
-		recs = append(recs, rec.Summary())
-		return len(recs) < maxListed
-	})
-	if err == nil && group != "" && len(recs) == 0 {
-		err = errors.Join(dlq.ErrNothingSelected, errors.New("no message of group "+group+" in "+topology.DLQ(queue)))
+	for _, g := range groups {
+		total += g.Count
 	}
-	return recs, total, err
+	s.writeJSON(w, http.StatusOK, map[string]any{"queue": queue, "dlq": topology.DLQ(queue), "source": src.Name(queue), "total": total, "groups": groups})
 }
 
+// apiMessages lists one page of a DLQ's (or archive's) messages, filtered as the queue
+// page filters them: ?source=archive, ?group=, ?error_type=, ?older_than=, ?q=, ?page=.
 func (s *Server) apiMessages(w http.ResponseWriter, r *http.Request) {
+	f, err := parseFilter(r)
+	if err != nil {
+		s.apiFail(w, r, err)
+		return
+	}
 	ctx, cancel := s.ctx(r)
 	defer cancel()
-	recs, total, err := s.groupMessages(ctx, r.PathValue("queue"), r.URL.Query().Get("group"))
+	queue := r.PathValue("queue")
+	l, err := s.listMessages(ctx, queue, f)
 	if err != nil {
 		s.apiFail(w, r, err)
 		return
 	}
 	// Summaries only: 200 messages of 20 MB each stay a small response; a message's
 	// headers and payload preview are at .../messages/{id}.
-	s.writeJSON(w, http.StatusOK, map[string]any{"queue": r.PathValue("queue"), "total": total, "messages": recs})
+	s.writeJSON(w, http.StatusOK, struct {
+		Queue  string `json:"queue"`
+		Source string `json:"source"`
+		Listing
+	}{queue, f.Source.Name(queue), l})
 }
 
 func (s *Server) apiMessage(w http.ResponseWriter, r *http.Request) {
@@ -116,7 +118,7 @@ func (s *Server) apiMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := rec.Display()
-	d.Download = downloadPath(r.PathValue("queue"), rec)
+	d.Download = downloadPath(r.PathValue("queue"), rec, sourceOf(r))
 	s.writeJSON(w, http.StatusOK, d)
 }
 
@@ -128,8 +130,8 @@ func (s *Server) apiAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op := r.PathValue("op")
-	if !slices.Contains(Ops, op) {
-		s.writeJSON(w, http.StatusNotFound, apiError{Error: "unknown action " + op + " (want replay, archive or purge)", Status: http.StatusNotFound})
+	if !knownOp(op) {
+		s.writeJSON(w, http.StatusNotFound, apiError{Error: "unknown action " + op + " (want replay, archive, purge or restore)", Status: http.StatusNotFound})
 		return
 	}
 	var req ActionRequest

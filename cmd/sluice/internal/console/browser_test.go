@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -87,27 +88,32 @@ func into[T any](p *T, a chromedp.Action[T]) chromedp.Action[chromedp.Void] {
 }
 
 // TestBrowser clicks through the console in a real Chromium: the overview (whose script
-// refreshes it), a queue's groups, a group's messages, one message, a hostile message
-// whose markup must stay text, and the replay of a group through its confirmation.
+// refreshes it), a queue's groups (refreshed by the script too) and their messages (selected
+// with the script's checkboxes), one message with its timeline drawn as SVG bars (from a
+// fake Jaeger, so the picture is the same wherever it runs; TestTimelineFromJaeger reads
+// the real one), a hostile message whose markup must stay text, the edit-and-retry of a
+// message through its diff preview, the audit trail, and the replay of a group through its
+// confirmation.
 func TestBrowser(t *testing.T) {
-	tr := newTracing(t)
-	fx := newFixture(t, tr.configure)
+	fj := newFakeJaeger(t, "order-1001")
+	fx := newFixture(t, func(c *console.Config) {
+		fj.configure(c)
+		c.JaegerUIURL = "http://jaeger.example:16686/"
+	})
+	fj.setQueue(fx.queue)
 	ctx := browser(t)
-	tr.deadLetter(t, fx, "order-1001", `{"order":"order-1001","amount":42}`, gatewayDown())
+	fx.deadLetter(t, "order-1001", `{"order":"order-1001","amount":42}`, gatewayDown(), fj.tracedMetadata(nil))
 	for _, id := range []string{"order-1002", "order-1003"} {
 		fx.deadLetter(t, id, `{"order":"`+id+`","amount":42}`, gatewayDown(), map[string]string{"tenant": "acme"})
 	}
 	fx.deadLetter(t, "order-666", hostile, typedError{"invalid_amount", "amount " + hostile + " is not a number"}, map[string]string{"x-note": hostile})
+	fx.deadLetter(t, "order-3001", `{"order":"order-3001","amount":-42,"currency":"EUR"}`, typedError{"invalid_amount", "amount must be positive"},
+		jsonMD(map[string]string{"tenant": "acme"}))
 	gateway := groupOf(t, fx, "gateway_down")
-	// Spans reach Jaeger a moment after they are flushed: wait until the first message's
-	// page has its timeline, so its screenshot shows one.
-	require.Eventually(t, func() bool {
-		_, body := fx.get(t, "/queues/"+fx.queue+"/messages/order-1001")
-		return strings.Contains(body, `class="waterfall"`)
-	}, 20*time.Second, 250*time.Millisecond)
 	dlqName := topology.DLQ(fx.queue)
 
-	var refreshed, title, payload, result string
+	var refreshed, groupsRefreshed, selected, title, payload, result, actor, audit string
+	var attempts int
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(fx.srv.URL+"/"),
 		chromedp.WaitVisible(chromedp.CSS(`#queues`)),
@@ -119,21 +125,36 @@ func TestBrowser(t *testing.T) {
 			fx.deadLetter(t, "order-2001", `{}`, typedError{"timeout", "deadline exceeded"}, nil)
 			return nil
 		}),
-		chromedp.Poll[chromedp.Void](`document.querySelector('tr[data-queue="`+fx.queue+`"] [data-field="dlq"]').textContent === "5"`, chromedp.WithPollingTimeout(15*time.Second)),
+		chromedp.Poll[chromedp.Void](`document.querySelector('tr[data-queue="`+fx.queue+`"] [data-field="dlq"]').textContent === "6"`, chromedp.WithPollingTimeout(15*time.Second)),
 		chromedp.Click(chromedp.CSS(`tr[data-queue="`+fx.queue+`"] a`)),
 		chromedp.WaitVisible(chromedp.CSS(`#groups`)),
 		chromedp.Click(chromedp.CSS(`tr[data-group="`+gateway+`"] a.group`)),
 		chromedp.WaitVisible(chromedp.CSS(`#messages`)),
+		// The groups' counts follow the DLQ without a reload.
+		chromedp.Func(func(context.Context, *chromedp.Target) error {
+			fx.deadLetter(t, "order-1004", `{"order":"order-1004","amount":42}`, gatewayDown(), nil)
+			return nil
+		}),
+		chromedp.Poll[chromedp.Void](`document.querySelector('tr[data-group="`+gateway+`"] [data-field="count"]').textContent === "4"`, chromedp.WithPollingTimeout(15*time.Second)),
+		into(&groupsRefreshed, chromedp.Text(chromedp.CSS(`#groups-refreshed`))),
+		chromedp.Click(chromedp.CSS(`#select-all`)),
+		into(&selected, chromedp.Text(chromedp.CSS(`#selected-count`))),
+		chromedp.Click(chromedp.CSS(`#select-all`)),
+		chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`),
 		screenshot(t, "console-groups.png"),
 		chromedp.Click(chromedp.CSS(`#messages a.message`)),
 		chromedp.WaitVisible(chromedp.CSS(`#payload`)),
 		into(&payload, chromedp.Text(chromedp.CSS(`#payload`))),
-		chromedp.WaitVisible(chromedp.CSS(`pre.waterfall`)),
+		chromedp.WaitVisible(chromedp.CSS(`svg.waterfall-chart`)),
+		into(&attempts, chromedp.Evaluate[int](`document.querySelectorAll("svg.waterfall-chart rect.bar[data-attempt]").length`)),
 		chromedp.ScrollIntoView(chromedp.CSS(`#timeline`)),
 		screenshot(t, "console-message.png"),
 	))
 	assert.Contains(t, refreshed, "Last refresh")
-	assert.Contains(t, payload, `"order":"order-1001"`)
+	assert.Contains(t, groupsRefreshed, "Last refresh")
+	assert.Equal(t, "3 selected", selected, "the list as loaded: a reload shows the new one")
+	assert.Contains(t, payload, `"order": "order-1001"`, "a JSON payload is shown indented")
+	assert.Equal(t, 3, attempts, "one bar per attempt")
 
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(fx.srv.URL+"/queues/"+fx.queue+"/messages/order-666"),
@@ -144,6 +165,38 @@ func TestBrowser(t *testing.T) {
 	assert.Equal(t, hostile, payload, "a hostile payload is shown as its text")
 	assert.NotContains(t, title, "pwned", "a hostile payload never runs")
 
+	// Edit and retry: change the payload, see the diff, confirm; the audit trail has it.
+	var diff string
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(fx.srv.URL+"/queues/"+fx.queue+"/messages/order-3001"),
+		chromedp.WaitVisible(chromedp.CSS(`#edit-payload`)),
+		chromedp.Click(chromedp.CSS(`#edit-link`)),
+		chromedp.SetValue(chromedp.CSS(`#edit-payload`), "{\n  \"order\": \"order-3001\",\n  \"amount\": 42,\n  \"currency\": \"EUR\"\n}"),
+		chromedp.SetValue(chromedp.CSS(`#edit-set`), "x-fixed-by=ops-ticket-812"),
+		chromedp.Click(chromedp.CSS(`#edit-preview`)),
+		chromedp.WaitVisible(chromedp.CSS(`#diff`)),
+		into(&diff, chromedp.Text(chromedp.CSS(`#diff`))),
+		chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`),
+		screenshot(t, "console-edit.png"),
+		chromedp.Click(chromedp.CSS(`#edit-confirm`)),
+		chromedp.WaitVisible(chromedp.CSS(`#edit-result`)),
+		into(&actor, chromedp.Text(chromedp.CSS(`#actor`))),
+		chromedp.Click(chromedp.CSS(`#nav-audit`)),
+		chromedp.WaitVisible(chromedp.CSS(`#audit`)),
+		into(&audit, chromedp.Text(chromedp.CSS(`#audit tbody`))),
+		screenshot(t, "console-audit.png"),
+	))
+	assert.Contains(t, diff, `"amount": -42,`)
+	assert.Contains(t, diff, `"amount": 42,`)
+	assert.Equal(t, "console:loopback", actor)
+	assert.Contains(t, audit, "edit")
+	assert.Contains(t, audit, "console:loopback")
+	require.Eventually(t, func() bool { return fx.rabbit.Count(fx.queue) == 1 }, 10*time.Second, 50*time.Millisecond)
+	edited, ok := fx.rabbit.Get(fx.queue)
+	require.True(t, ok)
+	assert.Equal(t, `{"order":"order-3001","amount":42,"currency":"EUR"}`, string(edited.Body))
+	assert.Equal(t, "ops-ticket-812", edited.Headers["x-fixed-by"])
+
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(fx.srv.URL+"/queues/"+fx.queue),
 		chromedp.WaitVisible(chromedp.CSS(`#groups`)),
@@ -153,7 +206,7 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#result`)),
 		into(&result, chromedp.Text(chromedp.CSS(`#result`))),
 	))
-	assert.True(t, strings.HasPrefix(result, "Replayed 3 of 3"), result)
-	require.Eventually(t, func() bool { return fx.rabbit.Count(fx.queue) == 3 }, 10*time.Second, 50*time.Millisecond)
+	assert.True(t, strings.HasPrefix(result, "Replayed 4 of 4"), result)
+	require.Eventually(t, func() bool { return fx.rabbit.Count(fx.queue) == 4 }, 10*time.Second, 50*time.Millisecond)
 	assert.Equal(t, 2, fx.rabbit.Count(dlqName), "the other groups stay")
 }

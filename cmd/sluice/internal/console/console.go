@@ -1,11 +1,13 @@
 // Package console is the web application behind `sluice console`: an overview of the queues
 // that use sluice's topology, their failure groups, one failed message with its retry
-// timeline from Jaeger, and replay, archive and purge of a message or a group, as HTML pages
-// and as a JSON API under /api/v1/.
+// timeline from Jaeger, replay, archive and purge of a message, a selection or a group,
+// edit-and-retry of one message, the archive (browsed and restored like the DLQ) and the
+// audit trail of every action, as HTML pages and as a JSON API under /api/v1/.
 //
 // Every page is rendered on the server with html/template, so failure records, headers and
 // payloads (which a producer controls) are escaped text, never markup; the only script is
-// the embedded overview poller, and a Content-Security-Policy forbids any other. Actions are
+// the embedded console.js (the overview's and the groups' pollers, the selection's
+// checkboxes), and a Content-Security-Policy forbids any other. Actions are
 // POSTs guarded twice against cross-site request forgery: net/http's CrossOriginProtection
 // refuses cross-origin browser requests, and each POST must carry the console's
 // per-process token (a hidden form field, or the X-CSRF-Token header of an API call).
@@ -24,6 +26,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -91,6 +94,10 @@ type Config struct {
 	// Timeout bounds one read against RabbitMQ and Jaeger (an action gets at least 10
 	// minutes). Zero means 30s.
 	Timeout time.Duration
+	// AuditExchange is the audit trail's exchange (and queue): every action is recorded
+	// on it and the audit page reads it (see dlq.Operator.AuditExchange). Empty means
+	// "sluice.audit".
+	AuditExchange string
 }
 
 // Server is the console's http.Handler.
@@ -141,8 +148,9 @@ func (s *Server) CSRFToken() string { return s.csrf }
 
 func (s *Server) parseTemplates() error {
 	s.pages = map[string]*template.Template{}
-	funcs := template.FuncMap{"ts": formatTime, "ago": ago, "path": url.PathEscape}
-	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error"} {
+	funcs := template.FuncMap{"ts": formatTime, "ago": ago, "path": url.PathEscape, "query": url.QueryEscape,
+		"add": func(a, b int) int { return a + b }, "fmtf": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) }}
+	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error", "edit", "edited", "audit"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("console: parse template %s: %w", page, err)
@@ -160,13 +168,18 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /queues/{queue}", s.queuePage)
 	mux.HandleFunc("GET /queues/{queue}/messages/{id}", s.messagePage)
 	mux.HandleFunc("GET /queues/{queue}/messages/{id}/payload", s.payloadDownload)
+	mux.HandleFunc("POST /queues/{queue}/messages/{id}/edit/preview", s.editPreview)
+	mux.HandleFunc("POST /queues/{queue}/messages/{id}/edit", s.editForm)
 	mux.HandleFunc("GET /queues/{queue}/confirm", s.confirmPage)
 	mux.HandleFunc("POST /queues/{queue}/actions", s.actionForm)
+	mux.HandleFunc("GET /audit", s.auditPage)
+	mux.HandleFunc("GET /api/v1/audit", s.apiAudit)
 	mux.HandleFunc("GET /api/v1/csrf", s.apiCSRF)
 	mux.HandleFunc("GET /api/v1/queues", s.apiQueues)
 	mux.HandleFunc("GET /api/v1/queues/{queue}/groups", s.apiGroups)
 	mux.HandleFunc("GET /api/v1/queues/{queue}/messages", s.apiMessages)
 	mux.HandleFunc("GET /api/v1/queues/{queue}/messages/{id}", s.apiMessage)
+	mux.HandleFunc("POST /api/v1/queues/{queue}/messages/{id}/edit", s.apiEdit)
 	mux.HandleFunc("POST /api/v1/queues/{queue}/{op}", s.apiAction)
 	return http.NewCrossOriginProtection().Handler(mux)
 }

@@ -29,8 +29,11 @@ const hostile = `<script>document.title="pwned"</script><img src=x onerror=alert
 // fixture is a queue with sluice's topology (declared by sluice's own broker), its DLQ
 // and a console serving it.
 type fixture struct {
-	rabbit  *testenv.Rabbit
-	queue   string
+	rabbit *testenv.Rabbit
+	queue  string
+	// audit is the console's audit exchange (and queue): the test's own, removed when it
+	// ends.
+	audit   string
 	srv     *httptest.Server
 	console *console.Server
 }
@@ -56,7 +59,15 @@ func newFixture(t *testing.T, mutate func(*console.Config)) *fixture {
 	conn, err := amqp091.Dial(r.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	cfg := console.Config{Conn: conn, Queues: []string{queue, "not.sluice.queue"}, Secrets: []string{r.URL}, Timeout: 20 * time.Second}
+	audit := testenv.Name("test.console.audit")
+	r.DeleteQueues(audit)
+	t.Cleanup(func() {
+		if ch, err := r.Conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(audit, false, false)
+			_ = ch.Close()
+		}
+	})
+	cfg := console.Config{Conn: conn, Queues: []string{queue, "not.sluice.queue"}, Secrets: []string{r.URL}, Timeout: 20 * time.Second, AuditExchange: audit}
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -64,7 +75,7 @@ func newFixture(t *testing.T, mutate func(*console.Config)) *fixture {
 	require.NoError(t, err)
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
-	return &fixture{rabbit: r, queue: queue, srv: srv, console: c}
+	return &fixture{rabbit: r, queue: queue, audit: audit, srv: srv, console: c}
 }
 
 type noDeadLetterer struct{}

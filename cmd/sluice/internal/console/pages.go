@@ -59,26 +59,50 @@ func (s *Server) overviewPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) queuePage(w http.ResponseWriter, r *http.Request) {
+	f, err := parseFilter(r)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	queue := r.PathValue("queue")
-	data := map[string]any{"Title": queue, "Queue": queue, "DLQ": topology.DLQ(queue), "Ops": Ops}
-	groups, err := dlq.NewInspector(s.cfg.Conn).Groups(ctx, queue)
+	data := map[string]any{"Title": queue, "Queue": queue, "DLQ": topology.DLQ(queue), "Source": f.Source.Name(queue),
+		"Archive": topology.Archive(queue), "Ops": opsFor(f.Source), "Filter": f, "SourceParam": f.SourceParam()}
+	groups, err := s.inspector(f.Source).Groups(ctx, queue)
 	if err != nil {
 		s.pageFail(w, r, err)
 		return
 	}
 	data["Groups"] = groups
-	if g := r.URL.Query().Get("group"); g != "" {
-		recs, _, err := s.groupMessages(ctx, queue, g)
-		if err != nil {
-			s.pageFail(w, r, err)
-			return
+	types := []string{}
+	total := 0
+	for _, g := range groups {
+		total += g.Count
+		if !slices.Contains(types, g.ErrorType) {
+			types = append(types, g.ErrorType)
 		}
-		data["Group"] = g
-		data["Messages"] = recs
 	}
+	slices.Sort(types)
+	if f.ErrorType != "" && !slices.Contains(types, f.ErrorType) {
+		types = append(types, f.ErrorType)
+	}
+	data["ErrorTypes"], data["GroupTotal"] = types, total
+	l, err := s.listMessages(ctx, queue, f)
+	if err != nil {
+		s.pageFail(w, r, err)
+		return
+	}
+	data["Listing"] = l
+	data["Group"] = f.Group
 	s.render(w, r, http.StatusOK, "queue", data)
+}
+
+// sourceOf is the source a message page or download names (?source=archive), the DLQ
+// when it names none or a wrong one.
+func sourceOf(r *http.Request) dlq.Source {
+	src, _ := parseSource(r.URL.Query().Get("source"))
+	return src
 }
 
 func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
@@ -90,17 +114,25 @@ func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
 		s.pageFail(w, r, err)
 		return
 	}
+	src := sourceOf(r)
 	d := rec.Display()
-	s.render(w, r, http.StatusOK, "message", map[string]any{
+	preview, pretty := prettyJSON(d.Preview, rec.Properties.ContentType, d.PayloadTruncated)
+	data := map[string]any{
 		"Title": id, "Queue": queue, "Record": d.Record, "Display": d, "Positions": positionsOf(all),
-		"Download": downloadPath(queue, rec), "MaskingNote": dlq.MaskingNote, "PreviewBytes": dlq.PreviewBytes,
-		"HeaderKeys": slices.Sorted(maps.Keys(d.Record.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": Ops,
-	})
+		"Download": downloadPath(queue, rec, src), "MaskingNote": dlq.MaskingNote, "PreviewBytes": dlq.PreviewBytes,
+		"HeaderKeys": slices.Sorted(maps.Keys(d.Record.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": opsFor(src),
+		"Preview": preview, "Pretty": pretty, "Archived": src == dlq.FromArchive, "Source": src.Name(queue),
+		"SourceParam": map[bool]string{true: sourceArchive}[src == dlq.FromArchive],
+	}
+	if src == dlq.FromDLQ {
+		data["Edit"] = newEditForm(rec, all)
+	}
+	s.render(w, r, http.StatusOK, "message", data)
 }
 
-// message reads the message a page or an API call names: its id, and with ?position=N
-// the one at that position when several messages hold the id (else the first). It returns
-// every message with the id too.
+// message reads the message a page or an API call names: its id in the DLQ (or, with
+// ?source=archive, the archive), and with ?position=N the one at that position when
+// several messages hold the id (else the first). It returns every message with the id too.
 func (s *Server) message(ctx context.Context, r *http.Request) (dlq.Record, []dlq.Record, error) {
 	queue, id := r.PathValue("queue"), r.PathValue("id")
 	pos := 0
@@ -111,7 +143,11 @@ func (s *Server) message(ctx context.Context, r *http.Request) (dlq.Record, []dl
 		}
 		pos = n
 	}
-	all, err := dlq.NewInspector(s.cfg.Conn).ShowAll(ctx, queue, id)
+	src, err := parseSource(r.URL.Query().Get("source"))
+	if err != nil {
+		return dlq.Record{}, nil, err
+	}
+	all, err := s.inspector(src).ShowAll(ctx, queue, id)
 	if err != nil {
 		return dlq.Record{}, nil, err
 	}
@@ -123,7 +159,7 @@ func (s *Server) message(ctx context.Context, r *http.Request) (dlq.Record, []dl
 			return rec, all, nil
 		}
 	}
-	return dlq.Record{}, nil, fmt.Errorf("message %q is not at position %d in %s: %w", id, pos, topology.DLQ(queue), dlq.ErrMessageNotFound)
+	return dlq.Record{}, nil, fmt.Errorf("message %q is not at position %d in %s: %w", id, pos, src.Name(queue), dlq.ErrMessageNotFound)
 }
 
 // positionsOf lists the positions of recs when there are several, for links to each.
@@ -139,8 +175,12 @@ func positionsOf(recs []dlq.Record) []int {
 }
 
 // downloadPath is where the console serves rec's exact payload.
-func downloadPath(queue string, rec dlq.Record) string {
-	return "/queues/" + url.PathEscape(queue) + "/messages/" + url.PathEscape(rec.ID) + "/payload?position=" + strconv.Itoa(rec.Position)
+func downloadPath(queue string, rec dlq.Record, src dlq.Source) string {
+	p := "/queues/" + url.PathEscape(queue) + "/messages/" + url.PathEscape(rec.ID) + "/payload?position=" + strconv.Itoa(rec.Position)
+	if src == dlq.FromArchive {
+		p += "&source=" + sourceArchive
+	}
+	return p
 }
 
 // payloadDownload serves a message's payload byte for byte, unmasked, as an attachment
@@ -162,12 +202,20 @@ func (s *Server) payloadDownload(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(rec.Payload)
 }
 
-// target reads the message id or group an action page is about.
+// target reads the message ids (one or several, from the selection's checkboxes) or the
+// group an action page is about, and its source.
 func target(r *http.Request) (ActionRequest, error) {
-	id, group := r.FormValue("id"), r.FormValue("group")
-	req := ActionRequest{Group: group}
-	if id != "" {
-		req.IDs = []string{id}
+	if err := r.ParseForm(); err != nil {
+		return ActionRequest{}, fmt.Errorf("form: %w: %w", err, ErrBadRequest)
+	}
+	req := ActionRequest{Group: r.Form.Get("group"), Source: r.Form.Get("source")}
+	for _, id := range r.Form["id"] {
+		if !slices.Contains(req.IDs, id) {
+			req.IDs = append(req.IDs, id)
+		}
+	}
+	if _, err := parseSource(req.Source); err != nil {
+		return req, err
 	}
 	_, err := req.selector()
 	return req, err
@@ -177,8 +225,8 @@ func target(r *http.Request) (ActionRequest, error) {
 // posts the form that does it.
 func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 	queue, op := r.PathValue("queue"), r.URL.Query().Get("op")
-	if !slices.Contains(Ops, op) {
-		s.pageFail(w, r, fmt.Errorf("unknown action %q (want replay, archive or purge): %w", op, ErrBadRequest))
+	if !knownOp(op) {
+		s.pageFail(w, r, fmt.Errorf("unknown action %q (want replay, archive, purge or restore): %w", op, ErrBadRequest))
 		return
 	}
 	req, err := target(r)
@@ -186,22 +234,31 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 		s.pageFail(w, r, err)
 		return
 	}
+	src, _ := parseSource(req.Source)
+	if op == "restore" {
+		src, req.Source = dlq.FromArchive, sourceArchive
+	}
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	// Count what the action would move, so the question says how many and a stale link
 	// (the group is gone) is a 404 before anyone confirms.
 	n := 0
-	if _, err := dlq.NewInspector(s.cfg.Conn).Messages(ctx, queue, dlq.Selector{IDs: req.IDs, Group: req.Group}, func(dlq.Record) bool { n++; return true }); err != nil {
+	if _, err := s.inspector(src).Messages(ctx, queue, dlq.Selector{IDs: req.IDs, Group: req.Group}, func(dlq.Record) bool { n++; return true }); err != nil {
 		s.pageFail(w, r, err)
 		return
 	}
 	if n == 0 {
-		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, topology.DLQ(queue), dlq.ErrNothingSelected))
+		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, src.Name(queue), dlq.ErrNothingSelected))
 		return
 	}
+	shown := req.IDs
+	if len(shown) > 20 {
+		shown = shown[:20]
+	}
 	s.render(w, r, http.StatusOK, "confirm", map[string]any{
-		"Title": "Confirm " + op, "Queue": queue, "DLQ": topology.DLQ(queue), "Archive": topology.Archive(queue),
-		"Op": op, "ID": r.FormValue("id"), "Group": req.Group, "Count": n,
+		"Title": "Confirm " + op, "Queue": queue, "DLQ": src.Name(queue), "Archive": topology.Archive(queue),
+		"Op": op, "IDs": req.IDs, "Shown": shown, "More": len(req.IDs) - len(shown), "Group": req.Group, "Count": n,
+		"SourceParam": req.Source,
 	})
 }
 

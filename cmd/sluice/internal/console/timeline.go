@@ -32,7 +32,9 @@ type Timeline struct {
 // DrawnTrace is one trace and its drawing.
 type DrawnTrace struct {
 	TraceID string
+	// Drawing is the text form (internal/waterfall); Chart the SVG bars.
 	Drawing string
+	Chart   *Chart
 	// UILink is the trace in Jaeger's UI, empty without Config.JaegerUIURL.
 	UILink string
 }
@@ -76,7 +78,7 @@ func (s *Server) timeline(ctx context.Context, rec dlq.Record) Timeline {
 		if err := waterfall.Render(&b, t, waterfall.Options{Width: waterfall.DefaultWidth, MessageID: rec.ID}); err != nil {
 			return Timeline{Missing: fmt.Sprintf("No timeline: drawing trace %s failed (%s).", t.TraceID, err)}
 		}
-		dt := DrawnTrace{TraceID: t.TraceID, Drawing: b.String()}
+		dt := DrawnTrace{TraceID: t.TraceID, Drawing: b.String(), Chart: newChart(t, rec.ID)}
 		if s.cfg.JaegerUIURL != "" {
 			dt.UILink = strings.TrimRight(s.cfg.JaegerUIURL, "/") + "/trace/" + t.TraceID
 		}
