@@ -2,6 +2,7 @@
 GO       ?= go
 PKGS     ?= ./...
 BENCH_ROUNDS ?= 3
+BENCH_BROKER ?= 4.3
 
 .PHONY: screenshots run test test-go test-chaos test-faults test-cluster bench bench-record lint clean jaeger-start jaeger-stop cluster-start cluster-stop
 
@@ -34,13 +35,14 @@ test-faults:
 test-cluster:
 	$(GO) test -race -count=1 -timeout 10m -v ./test/cluster/
 
-## bench: every benchmark, three rounds, then one table of sluice beside its reference (medians)
+## bench: every benchmark, three rounds, on RabbitMQ 4.3 (BENCH_BROKER=3.10 for the machine's
+## 3.10), then one table of sluice beside its reference (medians), headed by the broker's version
 bench:
-	$(GO) run ./internal/benchkit/benchtable -rounds $(BENCH_ROUNDS) $(BENCH_RECORD) -- $(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 -timeout 30m $(PKGS)
+	@GO="$(GO)" PKGS="$(PKGS)" BENCH_ROUNDS="$(BENCH_ROUNDS)" BENCH_BROKER="$(BENCH_BROKER)" ./scripts/bench.sh
 
-## bench-record: make bench, and the table replaces the "Latest generated table" of BENCHMARKS.md
+## bench-record: make bench, and the table replaces BENCHMARKS.md's generated table of that version
 bench-record:
-	@$(MAKE) bench BENCH_RECORD="-record BENCHMARKS.md"
+	@GO="$(GO)" PKGS="$(PKGS)" BENCH_ROUNDS="$(BENCH_ROUNDS)" BENCH_BROKER="$(BENCH_BROKER)" BENCH_RECORD=1 ./scripts/bench.sh
 
 ## lint: formatting and vet
 lint:

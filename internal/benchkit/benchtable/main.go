@@ -15,8 +15,9 @@
 // another's bad one. The exit status is that of the first round that failed, else 0.
 //
 // -record FILE also writes the table into FILE between the markers
-// <!-- benchtable:begin --> and <!-- benchtable:end --> (BENCHMARKS.md's "Latest generated
-// table"), with the date and the machine; the rest of FILE is kept.
+// <!-- benchtable:begin --> and <!-- benchtable:end --> (with -section S, the markers
+// named S: BENCHMARKS.md has one section per RabbitMQ version), with the date, the machine
+// and the broker's version as RabbitMQ at AMQP_URL reports it; the rest of FILE is kept.
 package main
 
 import (
@@ -28,7 +29,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/internal/mask"
 )
 
 func main() {
@@ -40,6 +46,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	rounds := fs.Int("rounds", 1, "run the command this many times; the table shows each figure's median")
 	recordTo := fs.String("record", "", "also write the table into this file, between its benchtable markers")
+	section := fs.String("section", "", "with -record, the markers' section name (\"RabbitMQ 4.3\"): one table per broker version")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -73,13 +80,31 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *recordTo != "" && len(p.results) > 0 {
-		if err := record(*recordTo, table.Bytes(), *rounds, time.Now()); err != nil {
+		if err := record(*recordTo, *section, brokerVersion(os.Getenv("AMQP_URL")), table.Bytes(), *rounds, time.Now()); err != nil {
 			fmt.Fprintf(stderr, "benchtable: %v\n", err)
 			return 1
 		}
 		fmt.Fprintf(stdout, "benchtable: table recorded in %s\n", *recordTo)
 	}
 	return status
+}
+
+// brokerVersion names the broker at url as it reports itself ("RabbitMQ 4.3.6").
+func brokerVersion(url string) string {
+	if url == "" {
+		url = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return "a broker whose version could not be read (" + mask.Text(err.Error(), url) + ")"
+	}
+	defer conn.Close()
+	product, _ := conn.Properties["product"].(string)
+	version, _ := conn.Properties["version"].(string)
+	if product == "" {
+		product = "the broker"
+	}
+	return strings.TrimSpace(product + " " + version)
 }
 
 // runOnce runs the command, streams its output and feeds it to p. It returns the

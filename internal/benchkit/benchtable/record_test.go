@@ -23,7 +23,7 @@ func TestRecord(t *testing.T) {
 		{
 			name: "first run replaces the placeholder and keeps the text around it",
 			doc:  "# Benchmarks\n\nintro\n\n" + recordBegin + "\nNo run recorded yet.\n" + recordEnd + "\n\nafter\n",
-			want: []string{"# Benchmarks\n\nintro\n\n" + recordBegin + "\n", "Measured 2026-12-02 01:30 UTC", "round(s).\n\n| benchmark | metric |", "| X | msgs/s |\n" + recordEnd + "\n\nafter\n"},
+			want: []string{"# Benchmarks\n\nintro\n\n" + recordBegin + "\n", "Measured 2026-12-02 01:30 UTC against RabbitMQ 4.3.6", "round(s).\n\n| benchmark | metric |", "| X | msgs/s |\n" + recordEnd + "\n\nafter\n"},
 		},
 		{
 			name: "a later run replaces the earlier table",
@@ -37,7 +37,7 @@ func TestRecord(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
 			require.NoError(t, os.WriteFile(path, []byte(tt.doc), 0o644))
-			err := record(path, table, 3, now)
+			err := record(path, "", "RabbitMQ 4.3.6", table, 3, now)
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr)
 				got, rerr := os.ReadFile(path)
@@ -62,6 +62,25 @@ func TestRecord(t *testing.T) {
 }
 
 func TestRecordMissingFile(t *testing.T) {
-	err := record(filepath.Join(t.TempDir(), "absent.md"), []byte("| x |"), 1, time.Now())
+	err := record(filepath.Join(t.TempDir(), "absent.md"), "", "RabbitMQ 4.3.6", []byte("| x |"), 1, time.Now())
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// Each broker version has its own section: recording one leaves the other's table alone.
+func TestRecordSection(t *testing.T) {
+	b43, e43 := markers("RabbitMQ 4.3")
+	b310, e310 := markers("RabbitMQ 3.10")
+	doc := b43 + "\nNo run recorded yet.\n" + e43 + "\n" + b310 + "\nMeasured earlier against RabbitMQ 3.10.8\n\n| old 3.10 |\n" + e310 + "\n"
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	require.NoError(t, os.WriteFile(path, []byte(doc), 0o644))
+	table := []byte("| X | msgs/s |\n")
+	require.NoError(t, record(path, "RabbitMQ 4.3", "RabbitMQ 4.3.6", table, 1, time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)))
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Contains(t, string(got), b43+"\nMeasured 2026-12-04 09:00 UTC against RabbitMQ 4.3.6")
+	assert.Contains(t, string(got), "| old 3.10 |", "the 3.10 table is kept")
+	assert.NotContains(t, string(got), "No run recorded yet")
+	err = record(path, "RabbitMQ 4.0", "RabbitMQ 4.0.9", table, 1, time.Now())
+	require.ErrorIs(t, err, errNoMarkers)
+	assert.Contains(t, err.Error(), "benchtable:begin RabbitMQ 4.0")
 }
