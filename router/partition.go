@@ -86,6 +86,7 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 		} else if claimer != nil {
 			sub = claimer.Subscriber(sub, k, s.logger)
 		}
+		s.consumes(hname, topology.Partition(queue, k))
 		s.router.AddConsumerHandler(hname, topology.Partition(queue, k), sub, func(m *message.Message) error {
 			_, err := stack(m)
 			return err

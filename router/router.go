@@ -188,9 +188,10 @@ type Stack struct {
 	mu      sync.Mutex
 	names   map[string]bool
 	started bool
-	plan    declare.Plan   // what Run declares
-	parts   []part         // what the options and the configuration hold until Close
-	slots   []*journalSlot // idempotency steps Run restores before handling (journal.go)
+	plan    declare.Plan      // what Run declares
+	parts   []part            // what the options and the configuration hold until Close
+	slots   []*journalSlot    // idempotency steps Run restores before handling (journal.go)
+	topics  map[string]string // the queue each Watermill handler consumes, for Describe
 	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
 	closing     chan struct{}
 	closeOnce   sync.Once
@@ -342,6 +343,7 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	hc.pause = s.pauseFor(name, hc, sub)
 	hc.journal = queue
 	stack := s.compose(h, outputTopic, hc)
+	s.consumes(name, queue)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
 		return err

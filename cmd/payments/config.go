@@ -59,6 +59,10 @@ type config struct {
 	outboxDir, secondaryURL string
 	// consumeSecondary makes the service consume the secondaryURL cluster too (serve).
 	consumeSecondary bool
+	// retryStatsWindow is how far back the retry statistics reach (RETRY_STATS_WINDOW,
+	// default 1h); RETRY_LEARNED=on sets retry.Learned (the learned retry policy, with its
+	// defaults) in retry.
+	retryStatsWindow time.Duration
 }
 
 func loadConfig() (config, error) {
@@ -99,6 +103,16 @@ func loadConfig() (config, error) {
 	}
 	if c.retry.Jitter == 0 {
 		c.retry.Jitter = retry.NoJitter // 0 in the environment means no jitter
+	}
+	if c.retryStatsWindow, err = envDuration("RETRY_STATS_WINDOW", time.Hour); err != nil {
+		return c, err
+	}
+	switch v := strings.ToLower(os.Getenv("RETRY_LEARNED")); v {
+	case "", "off", "0", "false":
+	case "on", "1", "true":
+		c.retry.Learned = &retry.Learned{}
+	default:
+		return c, fmt.Errorf("RETRY_LEARNED=%q: want on or off", v)
 	}
 	if c.snapshotEvery, err = envDuration("IDEMPOTENCY_SNAPSHOT_INTERVAL", time.Second); err != nil {
 		return c, err

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -81,6 +83,36 @@ func TestLoadConfigRetryJitter(t *testing.T) {
 			cfg, err := loadConfig()
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, cfg.retry.Jitter)
+		})
+	}
+}
+
+func TestLoadConfigRetryStatistics(t *testing.T) {
+	for _, tc := range []struct {
+		name, learned, window string
+		wantLearned           bool
+		wantWindow            time.Duration
+		wantErr               string
+	}{
+		{name: "unset: statistics over 1h, no learned policy", wantWindow: time.Hour},
+		{name: "learned on", learned: "on", wantLearned: true, wantWindow: time.Hour},
+		{name: "learned off", learned: "off", wantWindow: time.Hour},
+		{name: "a window", window: "10m", wantWindow: 10 * time.Minute},
+		{name: "a bad switch", learned: "maybe", wantErr: "RETRY_LEARNED"},
+		{name: "a bad window", window: "soon", wantErr: "RETRY_STATS_WINDOW"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("RETRY_LEARNED", tc.learned)
+			t.Setenv("RETRY_STATS_WINDOW", tc.window)
+			cfg, err := loadConfig()
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantLearned, cfg.retry.Learned != nil)
+			assert.Equal(t, tc.wantWindow, cfg.retryStatsWindow)
 		})
 	}
 }

@@ -7,9 +7,12 @@
 // Configuration comes from the environment: AMQP_URL (required by serve; unset, demo runs on
 // the embedded broker),
 // RETRY_MAX_RETRIES, RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, RETRY_MULTIPLIER, RETRY_JITTER,
+// RETRY_STATS_WINDOW (how far back the retry statistics reach, default 1h), RETRY_LEARNED
+// (on: the learned retry policy),
 // PAYMENTS_CONCURRENCY, PAYMENTS_QUEUE, PAYMENTS_OUTPUT_QUEUE, PAYMENTS_PARTITIONS (consume
 // as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), METRICS_ADDR
-// (/metrics, /healthz and /readyz), QUEUE_DEPTH_INTERVAL, RABBITMQ_MANAGEMENT_URL (queue depths
+// (/metrics, /healthz, /readyz, and the retry statistics and decision matrix on
+// /debug/sluice/retries and /debug/sluice/policy), QUEUE_DEPTH_INTERVAL, RABBITMQ_MANAGEMENT_URL (queue depths
 // with unacknowledged counts), OTEL_SERVICE_NAME and the standard OTEL_EXPORTER_OTLP_*
 // variables. The demo's producer publishes through an outbox in PAYMENTS_OUTBOX_DIR and fails
 // over to AMQP_SECONDARY_URL when they are set; with AMQP_SECONDARY_URL, serve consumes that

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
@@ -84,6 +85,15 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 
 	rcfg := cfg.retry
 	rcfg.OnRetry = h.onRetry
+	// Retry outcomes per error type over the last hour, served on METRICS_ADDR at
+	// /debug/sluice/retries (sluice retries reads them); RETRY_LEARNED=on also lets the
+	// learned policy stop retrying the types that never recover.
+	stats, err := retrystats.New(retrystats.Config{Window: cfg.retryStatsWindow})
+	if err != nil {
+		_ = svc.close()
+		return nil, fmt.Errorf("retry statistics: %w", err)
+	}
+	rcfg.Stats = stats
 	// The example's gateway declines and times out per payment, which says nothing about
 	// its health; only an outage-like rate at volume (95% of at least 200 calls in 30s)
 	// opens the breaker. Then calls stop for 5s and 10 probes test the way back.
@@ -173,6 +183,8 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		return nil, err
 	}
 	svc.stack = stack
+	// The retry statistics and the retry decision matrix (sluice retries, sluice policy).
+	providers.ServeStack(stack)
 	if cfg.consumeSecondary && cfg.secondaryURL != "" {
 		svc.secondary, err = newSecondary(cfg, logger, newStack)
 		if err != nil {

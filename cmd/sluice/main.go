@@ -37,6 +37,8 @@ var commands = []command{
 	{name: "trace", summary: "draw a message's life (attempts, delays, outcome) from Jaeger", run: runTrace},
 	{name: "audit", summary: "list the audit trail of operator actions (who replayed, archived, purged or edited what)", run: runAudit},
 	{name: "console", summary: "serve the operator console (web pages and a JSON API) on 127.0.0.1:8090", run: runConsole},
+	{name: "retries", summary: "show retry statistics per handler and error type (service endpoint or Prometheus)", run: runRetries},
+	{name: "policy", summary: "show the running service's retry decision matrix (--markdown for a runbook)", run: runPolicy},
 }
 
 // Exit codes.

@@ -69,7 +69,9 @@ type Operations struct {
 //     breaker has paused one of its handlers, and while the broker's connection is down;
 //   - sluice_connection_up and sluice_connection_reconnects_total from the broker;
 //   - sluice_queue_depth and sluice_queue_consumers of every consumed queue, its
-//     dead-letter queue and archive, and sluice.unrouted (the dashboard's DLQ panels).
+//     dead-letter queue and archive, and sluice.unrouted (the dashboard's DLQ panels);
+//   - for a stack that is a DebugStack (*router.Stack is), its retry statistics and retry
+//     decision matrix on RetriesPath and PolicyPath (ServeStack).
 //
 // Call it after the stack's handlers are registered and before Stack.Run; from then on
 // the service is not ready until Run consumes. Between Setup and Operate the Health has
@@ -92,6 +94,9 @@ func (p *Providers) Operate(cfg OperateConfig) (*Operations, error) {
 	}
 	health := p.Health()
 	stack := cfg.Stack
+	if ds, ok := stack.(DebugStack); ok {
+		p.ServeStack(ds)
+	}
 	health.AddReadyCheck("consumer", func() error {
 		if !stack.Consuming() {
 			return ErrNotConsuming

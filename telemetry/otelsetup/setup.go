@@ -1,6 +1,8 @@
 // Package otelsetup is what an application imports to run the OpenTelemetry SDK for
 // sluice: tracer and meter providers built from the OTEL_* environment, an OTLP span
-// exporter, a Prometheus registry, and an HTTP server for /metrics, /healthz and /readyz.
+// exporter, a Prometheus registry, and an HTTP server for /metrics, /healthz and /readyz
+// (and, once Providers.ServeStack gave it a stack, /debug/sluice/retries and
+// /debug/sluice/policy).
 // Package telemetry, which the library's core imports, depends on the OpenTelemetry API
 // only; a program that does not import otelsetup compiles no SDK, exporter, gRPC or
 // Prometheus client.
@@ -89,6 +91,7 @@ type Providers struct {
 	serveDone    chan struct{}
 	shutdownOnce sync.Once
 	shutdownErr  error
+	debug        debugMux // ServeStack's endpoints (debug.go)
 }
 
 // Setup builds the providers from cfg and the OTEL_* environment, installs them and the
@@ -285,6 +288,7 @@ func (p *Providers) serveMetrics(addr string) error {
 	mux.Handle("/metrics", p.MetricsHandler())
 	mux.Handle(telemetry.LivenessPath, p.health.LivenessHandler())
 	mux.Handle(telemetry.ReadinessPath, p.health.ReadinessHandler())
+	mux.Handle(DebugPrefix, &p.debug)
 	p.listener = ln
 	p.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	p.serveDone = make(chan struct{})
