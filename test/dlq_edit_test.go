@@ -61,7 +61,7 @@ func TestDLQEditPayment(t *testing.T) {
 			text string
 		}{
 			{"invalid JSON", []string{"--id", msgID, "--payload-file", file("broken.json", []byte(`{"payment_id": "x"`))}, 2, "not valid JSON"},
-			{"oversized payload", []string{"--id", msgID, "--payload-file", file("big.json", []byte(`"` + strings.Repeat("a", dlq.MaxEditPayload) + `"`))}, 2, "over the 1048576-byte limit"},
+			{"oversized payload", []string{"--id", msgID, "--payload-file", file("big.json", []byte(`"`+strings.Repeat("a", dlq.MaxEditPayload)+`"`))}, 2, "over the 1048576-byte limit"},
 			{"failure record header", []string{"--id", msgID, "--set-header", sluice.HeaderErrorType + "=none"}, 2, "cannot be edited"},
 			{"missing id", []string{"--id", "no-such-" + run, "--payload-file", file("ok.json", good)}, 3, "not found"},
 			{"no payload nor header", []string{"--id", msgID}, 2, "nothing to change"},
