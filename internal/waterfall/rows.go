@@ -67,11 +67,11 @@ func (d *drawing) table(b *strings.Builder) {
 		nameW = max(nameW, utf8.RuneCountInString(r.name))
 		offW = max(offW, len(fmtOffset(r.offset)))
 		if r.showDur {
-			durW = max(durW, len(fmtDuration(r.duration)))
+			durW = max(durW, len(FormatDuration(r.duration)))
 		}
 	}
 	axis := []rune(strings.Repeat(" ", d.width))
-	total := []rune(fmtDuration(d.total))
+	total := []rune(FormatDuration(d.total))
 	if len(total)+2 <= d.width {
 		axis[0] = '0'
 		copy(axis[d.width-len(total):], total)
@@ -80,7 +80,7 @@ func (d *drawing) table(b *strings.Builder) {
 	for _, r := range rows {
 		dur := ""
 		if r.showDur {
-			dur = fmtDuration(r.duration)
+			dur = FormatDuration(r.duration)
 		}
 		line := fmt.Sprintf("%s  %*s  %*s  │%s│", pad(r.name, nameW), offW, fmtOffset(r.offset), durW, dur, d.bar(r))
 		if r.detail != "" {

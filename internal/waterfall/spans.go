@@ -73,9 +73,9 @@ func waitGlyph(branch string) string {
 	return "┆  "
 }
 
-// fmtDuration formats d with three significant digits or so, the way people read
+// FormatDuration formats d with three significant digits or so, the way people read
 // waterfalls: 412µs, 5.16ms, 104.7ms, 1.25s, 2m05s.
-func fmtDuration(d time.Duration) string {
+func FormatDuration(d time.Duration) string {
 	switch {
 	case d < time.Millisecond:
 		return fmt.Sprintf("%dµs", d.Microseconds())
@@ -92,7 +92,7 @@ func fmtDuration(d time.Duration) string {
 	}
 }
 
-func fmtOffset(d time.Duration) string { return "+" + fmtDuration(d) }
+func fmtOffset(d time.Duration) string { return "+" + FormatDuration(d) }
 
 // pad left-aligns s in n characters (runes: every glyph used here is one cell wide).
 func pad(s string, n int) string {

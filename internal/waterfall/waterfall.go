@@ -157,7 +157,7 @@ func (d *drawing) header(b *strings.Builder) {
 		b.WriteString(upperFirst(strings.Join(about, " · ")) + "\n")
 	}
 	fmt.Fprintf(b, "Started %s · took %s · %s\n", d.start.UTC().Format("2006-01-02 15:04:05.000000 MST"),
-		fmtDuration(d.total), plural(len(d.t.Spans), "span", "spans"))
+		FormatDuration(d.total), plural(len(d.t.Spans), "span", "spans"))
 	missing := map[string]bool{}
 	for _, r := range d.t.Roots() {
 		if r.ParentSpanID != "" && !missing[r.ParentSpanID] {
@@ -167,7 +167,7 @@ func (d *drawing) header(b *strings.Builder) {
 	}
 	b.WriteString(d.outcome() + "\n")
 	for _, dl := range d.deadLetters {
-		line := fmt.Sprintf("Dead letter: sent to %s at +%s", dl.TagString("messaging.destination.name"), fmtDuration(dl.StartTime.Sub(d.start)))
+		line := fmt.Sprintf("Dead letter: sent to %s at +%s", dl.TagString("messaging.destination.name"), FormatDuration(dl.StartTime.Sub(d.start)))
 		if i, ok := d.attemptIndex[dl.ParentSpanID]; ok {
 			line += " by attempt " + d.attempts[i].TagString(string(otelnames.AttrAttempt))
 		}
@@ -177,7 +177,7 @@ func (d *drawing) header(b *strings.Builder) {
 		// A replay keeps the dead letter's trace context: the next attempt is its child.
 		for _, c := range d.children[dl.SpanID] {
 			if isSluiceAttempt(c) {
-				line += fmt.Sprintf(", replayed %s later", fmtDuration(c.StartTime.Sub(dl.StartTime.Add(dl.Duration))))
+				line += fmt.Sprintf(", replayed %s later", FormatDuration(c.StartTime.Sub(dl.StartTime.Add(dl.Duration))))
 				break
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/internal/waterfall"
 )
 
 // The graphical waterfall: one SVG row per span of a message's trace and one per wait in
@@ -98,7 +99,7 @@ func newChart(t jaeger.Trace, messageID string) *Chart {
 	c := &Chart{Width: chartWidth, AxisY: chartTop - 6}
 	for i := range 5 {
 		d := total * time.Duration(i) / 4
-		c.Ticks = append(c.Ticks, ChartTick{X: chartLeft + scale(d), Label: fmtDur(d), Class: map[int]string{0: "first", 4: "last"}[i]})
+		c.Ticks = append(c.Ticks, ChartTick{X: chartLeft + scale(d), Label: waterfall.FormatDuration(d), Class: map[int]string{0: "first", 4: "last"}[i]})
 	}
 	add := func(r ChartRow, from, dur time.Duration) {
 		if len(c.Rows) >= maxChartRows {
@@ -117,7 +118,7 @@ func newChart(t jaeger.Trace, messageID string) *Chart {
 		if r.DetailX > chartRight-220 {
 			r.DetailX, r.DetailEnd = r.X-6, true
 		}
-		r.Title = strings.TrimSpace(fmt.Sprintf("%s · +%s · %s %s", r.Label, fmtDur(from), fmtDur(dur), r.Detail))
+		r.Title = strings.TrimSpace(fmt.Sprintf("%s · +%s · %s %s", r.Label, waterfall.FormatDuration(from), waterfall.FormatDuration(dur), r.Detail))
 		c.Rows = append(c.Rows, r)
 	}
 	children := map[string][]jaeger.Span{}
@@ -145,7 +146,7 @@ func newChart(t jaeger.Trace, messageID string) *Chart {
 				case where == topology.DelayDestination:
 					r.Label = "waiting in the delay"
 					if asked, ok := delayMS(p); ok {
-						r.Detail = "asked " + fmtDur(asked) + ", waited " + fmtDur(wait)
+						r.Detail = "asked " + waterfall.FormatDuration(asked) + ", waited " + waterfall.FormatDuration(wait)
 						r.AskedW = scale(asked)
 					}
 				case strings.HasSuffix(where, topology.DeadLetterSuffix):
@@ -169,7 +170,7 @@ func newChart(t jaeger.Trace, messageID string) *Chart {
 			r.Label = "attempt " + r.Attempt
 			r.Detail = s.TagString(string(otelnames.AttrOutcome))
 			if d, ok := delayMS(s); ok && r.Detail == "retry" {
-				r.Detail += " in " + fmtDur(d)
+				r.Detail += " in " + waterfall.FormatDuration(d)
 			}
 			if messageID != "" && msg != "" && msg != messageID {
 				r.Detail += " · message " + msg
@@ -182,7 +183,7 @@ func newChart(t jaeger.Trace, messageID string) *Chart {
 		case s.TagString("messaging.destination.name") == topology.DelayDestination:
 			r.Kind = "delay"
 			if d, ok := delayMS(s); ok {
-				r.Detail = "delay " + fmtDur(d)
+				r.Detail = "delay " + waterfall.FormatDuration(d)
 			}
 		}
 		add(r, s.StartTime.Sub(start), s.Duration)
@@ -218,21 +219,4 @@ func delayMS(s jaeger.Span) (time.Duration, bool) {
 		return time.Duration(n * float64(time.Millisecond)), true
 	}
 	return 0, false
-}
-
-// fmtDur formats d short: 412µs, 5.2ms, 1.25s, 2m05s.
-func fmtDur(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "0"
-	case d < time.Millisecond:
-		return fmt.Sprintf("%dµs", d.Microseconds())
-	case d < time.Second:
-		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
-	case d < time.Minute:
-		return fmt.Sprintf("%.2fs", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	}
-	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
 }
