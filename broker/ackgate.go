@@ -22,10 +22,23 @@ type AckGate struct {
 
 type ackGateKey struct{}
 
+// gateCtx is a context carrying its gate in one allocation: every delivery gets one.
+type gateCtx struct {
+	context.Context
+	gate AckGate
+}
+
+func (c *gateCtx) Value(key any) any {
+	if key == (ackGateKey{}) {
+		return &c.gate
+	}
+	return c.Context.Value(key)
+}
+
 // WithAckGate returns ctx carrying a new gate, for a delivery's message context.
 func WithAckGate(ctx context.Context) (context.Context, *AckGate) {
-	g := &AckGate{}
-	return context.WithValue(ctx, ackGateKey{}, g), g
+	c := &gateCtx{Context: ctx}
+	return c, &c.gate
 }
 
 // HoldAck asks the subscriber of the message whose context is ctx to acknowledge it only

@@ -101,39 +101,51 @@ func openAudit(conn *amqp.Connection, exchange string) (*auditLog, error) {
 	if conn == nil {
 		return nil, ErrNoConnection
 	}
-	ch, err := conn.Channel()
+	ch, err := declareAudit(conn, exchange)
 	if err != nil {
-		return nil, fmt.Errorf("%w: open channel: %w", ErrAuditUnavailable, err)
-	}
-	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-		return nil, fmt.Errorf("%w: declare exchange %q: %w", ErrAuditUnavailable, exchange, err)
-	}
-	if _, err := ch.QueueDeclarePassive(exchange, true, false, false, false, nil); err != nil {
-		if !isNotFound(err) {
-			return nil, fmt.Errorf("%w: check queue %q: %w", ErrAuditUnavailable, exchange, err)
-		}
-		// The failed passive declare closed the channel.
-		if ch, err = conn.Channel(); err != nil {
-			return nil, fmt.Errorf("%w: open channel: %w", ErrAuditUnavailable, err)
-		}
-		args := amqp.Table{"x-max-length": int64(AuditMaxLength), "x-message-ttl": AuditRetention.Milliseconds()}
-		if _, err := ch.QueueDeclare(exchange, true, false, false, false, args); err != nil {
-			_ = ch.Close()
-			return nil, fmt.Errorf("%w: declare queue %q: %w", ErrAuditUnavailable, exchange, err)
-		}
-	}
-	if err := ch.QueueBind(exchange, "", exchange, false, nil); err != nil {
-		return nil, fmt.Errorf("%w: bind queue %q: %w", ErrAuditUnavailable, exchange, err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		return nil, fmt.Errorf("%w: confirm mode: %w", ErrAuditUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", ErrAuditUnavailable, err)
 	}
 	return &auditLog{
 		ch: ch, exchange: exchange,
 		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 2)),
 		returns:  ch.NotifyReturn(make(chan amqp.Return, 2)),
 	}, nil
+}
+
+// declareAudit declares exchange, and its queue when missing, and returns a confirm-mode
+// channel; on an error it leaves no channel open.
+func declareAudit(conn *amqp.Connection, exchange string) (ch *amqp.Channel, err error) {
+	if ch, err = conn.Channel(); err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	defer func() {
+		if err != nil && ch != nil {
+			_ = ch.Close() // a channel error closed it already; this is for the others
+		}
+	}()
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return ch, fmt.Errorf("declare exchange %q: %w", exchange, err)
+	}
+	if _, err := ch.QueueDeclarePassive(exchange, true, false, false, false, nil); err != nil {
+		if !isNotFound(err) {
+			return ch, fmt.Errorf("check queue %q: %w", exchange, err)
+		}
+		// The failed passive declare closed the channel.
+		if ch, err = conn.Channel(); err != nil {
+			return nil, fmt.Errorf("open channel: %w", err)
+		}
+		args := amqp.Table{"x-max-length": int64(AuditMaxLength), "x-message-ttl": AuditRetention.Milliseconds()}
+		if _, err := ch.QueueDeclare(exchange, true, false, false, false, args); err != nil {
+			return ch, fmt.Errorf("declare queue %q: %w", exchange, err)
+		}
+	}
+	if err := ch.QueueBind(exchange, "", exchange, false, nil); err != nil {
+		return ch, fmt.Errorf("bind queue %q: %w", exchange, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return ch, fmt.Errorf("confirm mode: %w", err)
+	}
+	return ch, nil
 }
 
 func (a *auditLog) close() { _ = a.ch.Close() }

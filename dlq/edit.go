@@ -108,7 +108,7 @@ func editReserved(key string) bool {
 	k := strings.ToLower(key)
 	if k == headers.UUID || k == sluice.HeaderOriginalQueue || k == headers.TraceParent || k == headers.TraceState ||
 		k == headers.ReplayCount || k == headers.ReplayedAt || k == headerArchivedAt || k == headers.Dropped ||
-		resetOnReplay[k] || headers.BrokerOwned(key) || headers.BrokerOwned(k) {
+		resetOnReplay[k] || headers.BrokerOwned(key) || headers.BrokerOwned(k) { // CC and BCC are upper case
 		return true
 	}
 	for _, p := range []string{"x-sluice-", "x-producer-", "sluice-", "x-retry-", "x-error-", "x-failed-"} {

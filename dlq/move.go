@@ -181,12 +181,7 @@ drain:
 	for {
 		select {
 		case ret := <-m.returns[ch]:
-			if m.op == opEdit && ret.RoutingKey == m.archive {
-				// The archive was deleted after ensureArchive: the original must not go
-				// with its returned copy. Put it back, as for a returned edited copy.
-				ret.RoutingKey = sent[0].moved.Destination
-			}
-			if i := findReturned(sent, returned, ret); i >= 0 {
+			if i := m.findReturned(sent, returned, ret); i >= 0 {
 				returned[i] = ret
 			}
 		default:
@@ -227,11 +222,16 @@ func (m *mover) kept(it item) item {
 	return it
 }
 
-// findReturned returns the index in sent of the message ret returns, or -1.
-func findReturned(sent []item, taken map[int]amqp.Return, ret amqp.Return) int {
+// findReturned returns the index in sent of the message ret returns, or -1. An edit's
+// original returned by the archive (deleted after ensureArchive) is its message's too: the
+// source copy is put back, as for a returned edited copy, so it never leaves with neither.
+func (m *mover) findReturned(sent []item, taken map[int]amqp.Return, ret amqp.Return) int {
 	id := dlqwire.MessageID(amqp.Delivery{Headers: ret.Headers, MessageId: ret.MessageId, Body: ret.Body})
 	for i, it := range sent {
-		if _, ok := taken[i]; !ok && it.moved.ID == id && it.moved.Destination == ret.RoutingKey {
+		if _, ok := taken[i]; ok || it.moved.ID != id || it.keep {
+			continue
+		}
+		if it.moved.Destination == ret.RoutingKey || (m.op == opEdit && ret.RoutingKey == m.archive) {
 			return i
 		}
 	}

@@ -29,7 +29,7 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	fs.Usage = func() {
 		w := fs.Output()
 		fmt.Fprintf(w, "Usage: sluice audit [--queue Q] [--since D] [--json]\n\n%s\n\nFlags:\n", auditAbout)
-		fs.PrintDefaults()
+		printFlags(w, fs, nil)
 		fmt.Fprintln(w, "\nRabbitMQ is reached at AMQP_URL (default "+amqpurl.Default+").")
 	}
 	for _, a := range args {

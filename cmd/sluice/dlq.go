@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/dlqwire"
@@ -58,16 +59,7 @@ func newDLQFlags(e *env, name, synopsis, about string) *dlqFlags {
 	f.fs.Usage = func() {
 		w := f.fs.Output()
 		fmt.Fprintf(w, "Usage: sluice dlq %s %s\n\n%s\n\nFlags:\n", name, synopsis, about)
-		f.fs.VisitAll(func(fl *flag.Flag) {
-			if f.hidden[fl.Name] {
-				return
-			}
-			typ, usage := flag.UnquoteUsage(fl)
-			if typ != "" {
-				typ = " " + typ
-			}
-			fmt.Fprintf(w, "  --%s%s\n    \t%s\n", fl.Name, typ, usage)
-		})
+		printFlags(w, f.fs, f.hidden)
 		fmt.Fprintln(w, "\nRabbitMQ is reached at AMQP_URL (default "+amqpurl.Default+").")
 		fmt.Fprintln(w, "Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found (or nothing selected).")
 	}
@@ -119,6 +111,20 @@ func (f *dlqFlags) parse(e *env, args []string, nargs int, argName string) ([]st
 // usageErrorf returns a usage error that names the command and where its usage is.
 func (f *dlqFlags) usageErrorf(format string, args ...any) error {
 	return usageErrorf("%s: %s (see '%s -h')", f.fs.Name(), fmt.Sprintf(format, args...), f.fs.Name())
+}
+
+// printFlags lists fs's flags with two dashes, but those hidden names.
+func printFlags(w io.Writer, fs *flag.FlagSet, hidden map[string]bool) {
+	fs.VisitAll(func(fl *flag.Flag) {
+		if hidden[fl.Name] {
+			return
+		}
+		typ, usage := flag.UnquoteUsage(fl)
+		if typ != "" {
+			typ = " " + typ
+		}
+		fmt.Fprintf(w, "  --%s%s\n    \t%s\n", fl.Name, typ, usage)
+	})
 }
 
 // connect dials AMQP_URL (a comma-separated list is tried in order).

@@ -40,7 +40,7 @@ func runPolicy(ctx context.Context, e *env, args []string) error {
 	fs.Usage = func() {
 		w := fs.Output()
 		fmt.Fprintf(w, "Usage: sluice policy [--handler H] [--markdown | --json]\n\n%s\n\nFlags:\n", policyAbout)
-		printFlags(w, fs)
+		printFlags(w, fs, nil)
 		fmt.Fprintln(w, "\nExit codes: 0 ok, 1 service unreachable or failing, 2 usage error, 3 no such handler.")
 	}
 	pos, err := parseInterleaved(e, fs, args)

@@ -74,7 +74,7 @@ func runRetries(ctx context.Context, e *env, args []string) error {
 	fs.Usage = func() {
 		w := fs.Output()
 		fmt.Fprintf(w, "Usage: sluice retries [--handler H] [--json] [--window D]\n\n%s\n\nFlags:\n", retriesAbout)
-		printFlags(w, fs)
+		printFlags(w, fs, nil)
 		fmt.Fprintln(w, "\nExit codes: 0 ok, 1 service or Prometheus unreachable or failing, 2 usage error.")
 	}
 	pos, err := parseInterleaved(e, fs, args)
@@ -128,7 +128,7 @@ func printRetries(w io.Writer, r retriesReport, handler string) error {
 	if r.Source == sourcePrometheus {
 		what = "Prometheus at " + r.URL
 	}
-	fmt.Fprintf(w, "Retry statistics from %s, over the last %s.\n", what, shortDuration(r.WindowDuration()))
+	fmt.Fprintf(w, "Retry statistics from %s, over the last %s.\n", what, router.Duration(r.WindowDuration()))
 	if l := r.Learned; l != nil {
 		fmt.Fprintf(w, "Learned retry policy: stops an error type below %g%% recovered, after %d ended messages; explores %g%%.\n",
 			l.UnlikelyBelow*100, l.MinEvidence, l.Explore*100)
@@ -437,27 +437,4 @@ func get(ctx context.Context, client *http.Client, u, what, accept string) ([]by
 		return nil, fmt.Errorf("sluice: %w", &httpError{url: mask.URL(u), status: resp.StatusCode, body: string(body)})
 	}
 	return body, nil
-}
-
-// printFlags lists fs's flags with two dashes, as the other commands do.
-func printFlags(w io.Writer, fs *flag.FlagSet) {
-	fs.VisitAll(func(fl *flag.Flag) {
-		typ, usage := flag.UnquoteUsage(fl)
-		if typ != "" {
-			typ = " " + typ
-		}
-		fmt.Fprintf(w, "  --%s%s\n    \t%s\n", fl.Name, typ, usage)
-	})
-}
-
-// shortDuration writes d without its zero units ("1h", "90m").
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = s[:len(s)-2]
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = s[:len(s)-2]
-	}
-	return s
 }
