@@ -169,8 +169,8 @@ func TestBrowser(t *testing.T) {
 	var diff string
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(fx.srv.URL+"/queues/"+fx.queue+"/messages/order-3001"),
-		chromedp.WaitVisible(chromedp.CSS(`#edit-payload`)),
 		chromedp.Click(chromedp.CSS(`#edit-link`)),
+		chromedp.WaitVisible(chromedp.CSS(`#edit-payload`)),
 		chromedp.SetValue(chromedp.CSS(`#edit-payload`), "{\n  \"order\": \"order-3001\",\n  \"amount\": 42,\n  \"currency\": \"EUR\"\n}"),
 		chromedp.SetValue(chromedp.CSS(`#edit-set`), "x-fixed-by=ops-ticket-812"),
 		chromedp.Click(chromedp.CSS(`#edit-preview`)),

@@ -91,6 +91,10 @@ type EditForm struct {
 	Note     string
 	// Set and Unset are the header fields' text (on a preview, as the operator gave them).
 	Set, Unset string
+	// Closed is true on a message page not asked for the editor (?edit=1): it shows a link
+	// to it instead, so the page stays as small as its bounded preview and carries no
+	// unmasked payload until an operator asks.
+	Closed bool
 }
 
 // editText returns rec's payload as the editor shows it.
@@ -110,14 +114,17 @@ func editText(rec dlq.Record) (text string, editable, pretty bool, note string) 
 	return text, true, false, ""
 }
 
-// newEditForm returns the form editing the first of all (the message an edit changes).
-func newEditForm(rec dlq.Record, all []dlq.Record) EditForm {
+// newEditForm returns the form editing the first of all (the message an edit changes);
+// closed, it holds no payload (see EditForm.Closed).
+func newEditForm(rec dlq.Record, all []dlq.Record, closed bool) EditForm {
 	first := rec
 	if len(all) > 0 {
 		first = all[0]
 	}
-	f := EditForm{ID: first.ID, Position: first.Position, Others: max(len(all)-1, 0)}
-	f.Payload, f.Editable, f.Pretty, f.Note = editText(first)
+	f := EditForm{ID: first.ID, Position: first.Position, Others: max(len(all)-1, 0), Closed: closed}
+	if !closed {
+		f.Payload, f.Editable, f.Pretty, f.Note = editText(first)
+	}
 	return f
 }
 
@@ -241,7 +248,7 @@ func (s *Server) editPreview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := all[0]
-	form := newEditForm(rec, all)
+	form := newEditForm(rec, all, false)
 	oldText := form.Payload
 	crlf := strings.NewReplacer("\r\n", "\n")
 	form.Set, form.Unset = crlf.Replace(r.PostFormValue("set_headers")), crlf.Replace(r.PostFormValue("unset_headers"))

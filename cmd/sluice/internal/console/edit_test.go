@@ -206,11 +206,16 @@ func TestEditForm(t *testing.T) {
 	t.Run("message page", func(t *testing.T) {
 		code, page := fx.do(t, http.MethodGet, "/queues/"+q+"/messages/f-1", "", bearer("s1"))
 		require.Equal(t, http.StatusOK, code, page)
+		assert.NotContains(t, page, `id="edit-payload"`, "the editor and its unmasked payload load only when asked for")
+		assert.Contains(t, page, `href="?edit=1#edit" id="edit-open"`)
+		code, page = fx.do(t, http.MethodGet, "/queues/"+q+"/messages/f-1?edit=1", "", bearer("s1"))
+		require.Equal(t, http.StatusOK, code, page)
 		assert.Contains(t, page, `id="edit-form"`)
 		assert.Contains(t, page, "<textarea name=\"payload\" id=\"edit-payload\" rows=\"14\" spellcheck=\"false\">\n{\n  &#34;id&#34;: &#34;f-1&#34;,\n  &#34;amount&#34;: -5,", "JSON is indented for editing")
-		code, page = fx.do(t, http.MethodGet, "/queues/"+q+"/messages/f-1", "", bearer("s2"))
+		code, page = fx.do(t, http.MethodGet, "/queues/"+q+"/messages/f-1?edit=1", "", bearer("s2"))
 		require.Equal(t, http.StatusOK, code, page)
 		assert.NotContains(t, page, `id="edit-form"`)
+		assert.NotContains(t, page, `id="edit-payload"`, "a read-only token never gets the editor's unmasked payload")
 		assert.Contains(t, page, `<button type="button" id="edit-preview" disabled title="`+html.EscapeString(console.ReadOnlyMessage)+`">Edit and retry</button>`)
 	})
 

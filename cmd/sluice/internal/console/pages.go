@@ -125,7 +125,7 @@ func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
 		"SourceParam": map[bool]string{true: sourceArchive}[src == dlq.FromArchive],
 	}
 	if src == dlq.FromDLQ {
-		data["Edit"] = newEditForm(rec, all)
+		data["Edit"] = newEditForm(rec, all, r.URL.Query().Get("edit") == "" || !identityOf(ctx).Operator())
 	}
 	s.render(w, r, http.StatusOK, "message", data)
 }
