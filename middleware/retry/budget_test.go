@@ -369,3 +369,68 @@ func TestOverload_NotifyRefusedStop(t *testing.T) {
 	assert.Greater(t, kept.Load(), before, "the listener not stopped still hears refusals")
 	assert.Equal(t, before, stopped.Load(), "the stopped listener hears nothing more")
 }
+
+// Issue 35: the overload protection learns what attempts ended in through the outcome hook
+// (Overload.Observe), as telemetry and retry statistics do. Only an acked attempt and a
+// retryable failure say something about the dependency; the plan of the next failure reads
+// them as its load.
+func TestOverload_ObservesOutcomes(t *testing.T) {
+	permanent := sluice.Permanent(errBoom)
+	tests := []struct {
+		name         string
+		outcome      disposition.Disposition
+		wantAttempts int64
+		wantRatio    float64
+	}{
+		{"ack", disposition.Disposition{Kind: disposition.Ack}, 1, 0},
+		{"retry", disposition.Disposition{Kind: disposition.Retry, Reason: errBoom}, 1, 1},
+		{"retries exhausted", disposition.Disposition{Kind: disposition.DeadLetter,
+			Reason: &retry.ExhaustedError{Retries: 5, Err: errBoom}}, 1, 1},
+		{"budget exhausted", disposition.Disposition{Kind: disposition.DeadLetter,
+			Reason: &retry.BudgetExhaustedError{Dependency: "gateway", Err: errBoom}}, 1, 1},
+		{"permanent", disposition.Disposition{Kind: disposition.DeadLetter, Reason: permanent}, 0, 0},
+		{"deferred", disposition.Disposition{Kind: disposition.Defer, Reason: sluice.Defer(time.Second, errBoom)}, 0, 0},
+		{"discarded", disposition.Disposition{Kind: disposition.Discard, Reason: sluice.Discard(errBoom)}, 0, 0},
+		{"failed hand-off", disposition.Disposition{Kind: disposition.GiveBack, Reason: errors.New("publish nacked")}, 0, 0},
+		{"another dependency", disposition.Disposition{Kind: disposition.Retry, Reason: errBoom}, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var seen []retry.Load
+			policy := retry.AdaptiveFunc(func(load retry.Load, plan retry.Adjustment) retry.Adjustment {
+				seen = append(seen, load)
+				return plan
+			})
+			r, o, _, _ := overloadStep(t, retry.OverloadConfig{BudgetRatio: -1, Policy: policy})
+			dep := "gateway"
+			if tt.name == "another dependency" {
+				dep = "ledger"
+			}
+			o.Observe(context.Background(), disposition.Outcome{Disposition: tt.outcome, Attempt: 1, Dependency: dep})
+
+			require.NoError(t, attempt(r, 1, failing(errBoom)))
+			require.Len(t, seen, 1)
+			assert.Equal(t, tt.wantAttempts, seen[0].Attempts, "attempts behind the failure ratio")
+			assert.InDelta(t, tt.wantRatio, seen[0].FailureRatio, 1e-9)
+		})
+	}
+}
+
+// A retry whose hand-off fails goes back to the queue and is counted when it is tried again,
+// not twice: the failed hand-off's attempt is left out of the failure ratio.
+func TestOverload_FailedHandOffNotCounted(t *testing.T) {
+	var seen []retry.Load
+	policy := retry.AdaptiveFunc(func(load retry.Load, plan retry.Adjustment) retry.Adjustment {
+		seen = append(seen, load)
+		return plan
+	})
+	r, _, d, _ := overloadStep(t, retry.OverloadConfig{BudgetRatio: -1, Policy: policy})
+	d.err = errors.New("publish nacked")
+	require.Error(t, attempt(r, 1, failing(errBoom)))
+	d.err = nil
+	require.NoError(t, attempt(r, 1, failing(errBoom)))
+	require.NoError(t, attempt(r, 1, failing(errBoom)))
+	require.Len(t, seen, 3)
+	assert.Equal(t, []int64{0, 0, 1}, []int64{seen[0].Attempts, seen[1].Attempts, seen[2].Attempts},
+		"only the retry that was handed off counts")
+}

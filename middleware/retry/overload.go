@@ -23,47 +23,54 @@ const (
 	attrBacklog    = attribute.Key("sluice.queue.backlog")
 )
 
-// call runs h for one attempt, counting it against its dependency: first attempts and
-// outcomes feed the budget and the failure ratio, and a retry past MaxConcurrentRetries is
-// deferred without calling h.
+// call runs h for one attempt. It is the overload protection's admission gate: a first
+// attempt deposits into its dependency's budget as it arrives (every request earns retries,
+// as in Finagle's retry budget, whatever it ends in), and a retry past MaxConcurrentRetries
+// is deferred without calling h. What the attempt ended in reaches the protection through
+// Observe, like every other observer of outcomes.
 func (r *Retry) call(h message.HandlerFunc, msg *message.Message, dep string) ([]*message.Message, error) {
 	o := r.cfg.Overload
 	if o == nil {
 		return h(msg)
 	}
-	ctx := msg.Context()
 	d := o.dependency(dep)
-	isRetry := sluice.RetryCount(msg.Metadata) > 0
-	if isRetry && o.cfg.MaxConcurrentRetries > 0 {
-		if d.retrying.Add(1) > int64(o.cfg.MaxConcurrentRetries) {
-			d.retrying.Add(-1)
-			o.refused(ctx, d, msg, RefusedConcurrency, false)
-			return nil, sluice.Defer(o.cfg.ConcurrencyDelay, fmt.Errorf("%w: %d already running against dependency %q",
-				ErrRetryConcurrency, o.cfg.MaxConcurrentRetries, d.name))
+	if sluice.RetryCount(msg.Metadata) > 0 {
+		if o.cfg.MaxConcurrentRetries > 0 {
+			if d.retrying.Add(1) > int64(o.cfg.MaxConcurrentRetries) {
+				d.retrying.Add(-1)
+				o.refused(msg.Context(), d, msg, RefusedConcurrency, false)
+				return nil, sluice.Defer(o.cfg.ConcurrencyDelay, fmt.Errorf("%w: %d already running against dependency %q",
+					ErrRetryConcurrency, o.cfg.MaxConcurrentRetries, d.name))
+			}
+			defer d.retrying.Add(-1)
 		}
-		defer d.retrying.Add(-1)
+	} else {
+		d.win.add(o.cfg.Now(), counts{first: 1})
 	}
 	d.inFlight.Add(1)
-	out, err := h(msg)
-	d.inFlight.Add(-1)
+	defer d.inFlight.Add(-1)
+	return h(msg)
+}
 
+// Observe is the overload protection as a disposition.Observer (the retry step gives it
+// every outcome it carries out): an acked attempt and a retryable failure, retried or
+// dead-lettered, feed the dependency's failure ratio. A deferral, a permanent failure and
+// a give-back (a failed hand-off, a paused breaker, a stopping consumer) say nothing
+// about the dependency's health and are not counted.
+func (o *Overload) Observe(_ context.Context, out disposition.Outcome) {
 	var c counts
-	switch sluice.ClassOf(err) {
-	case sluice.ClassNone:
+	switch d := out.Disposition; d.Kind {
+	case disposition.Ack:
 		c.attempts = 1
-	case sluice.ClassRetryable:
-		// A failed hand-off or a shutdown says nothing about the dependency.
-		if !disposition.IsGiveBack(err) && ctx.Err() == nil {
-			c.attempts, c.failures = 1, 1
+	case disposition.Retry, disposition.DeadLetter:
+		if sluice.ClassOf(d.Reason) != sluice.ClassRetryable {
+			return
 		}
+		c.attempts, c.failures = 1, 1
+	default:
+		return
 	}
-	if c.attempts > 0 && !isRetry {
-		c.first = 1
-	}
-	if c != (counts{}) {
-		d.win.add(o.cfg.Now(), c)
-	}
-	return out, err
+	o.dependency(out.Dependency).win.add(o.cfg.Now(), c)
 }
 
 // plan returns the retry plan of a failed attempt: the step's own, adapted by the policy.

@@ -219,6 +219,9 @@ func New(cfg Config) (*Retry, error) {
 	if cfg.Learned != nil {
 		r.learner = &learner{cfg: *cfg.Learned, stats: cfg.Stats, logger: cfg.Logger, stopped: map[learnKey]bool{}}
 	}
+	if cfg.Overload != nil {
+		obs = append(obs, cfg.Overload)
+	}
 	if cfg.Observer != nil {
 		obs = append(obs, cfg.Observer)
 	}
@@ -277,7 +280,7 @@ func (r *Retry) wrap(h message.HandlerFunc, dependency string) message.HandlerFu
 		if dep == "" && r.cfg.Overload != nil {
 			dep = dependencyOf(ctx, "")
 		}
-		out, err := r.call(h, msg, dep) // overload.go: budget, concurrency limit, load
+		out, err := r.call(h, msg, dep) // overload.go: the overload protection's admission
 		msg.SetContext(ctx)
 		if err == nil && r.carrier.Observer == nil {
 			return out, nil
