@@ -48,6 +48,11 @@ type Record struct {
 	ErrorType string `json:"error_type"`
 	// ErrorClass is x-error-class ("permanent", "retryable", ...).
 	ErrorClass string `json:"error_class,omitempty"`
+	// Reason is why the message was dead-lettered (x-dead-letter-reason: permanent,
+	// retries_exhausted, max_age, retry_unlikely, retry_budget_exhausted, ...; see
+	// disposition.DeadLetterReasonOf), or "rabbitmq.<reason>" for a message RabbitMQ
+	// dead-lettered itself; empty for a dead letter sluice of an older version wrote.
+	Reason string `json:"reason,omitempty"`
 	// ErrorMessage is x-error-message, else x-last-error-message.
 	ErrorMessage string `json:"error_message"`
 	// ErrorStack is a recovered panic's stack (x-error-stack).
@@ -116,6 +121,7 @@ func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		Handler:       md.Get(headers.Handler),
 		ErrorType:     md.Get(sluice.HeaderErrorType),
 		ErrorClass:    md.Get(headers.ErrorClass),
+		Reason:        md.Get(headers.DeadLetterReason),
 		ErrorMessage:  md.Get(sluice.HeaderErrorMessage),
 		ErrorStack:    md.Get(sluice.HeaderErrorStack),
 		FailedStage:   md.Get(headers.FailedStage),
@@ -153,6 +159,9 @@ func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 	if reason := md.Get("x-first-death-reason"); r.ErrorType == "" && reason != "" {
 		// RabbitMQ dead-lettered it (a quorum queue's delivery limit, a rejection, a TTL).
 		r.ErrorType = "rabbitmq." + reason
+		if r.Reason == "" {
+			r.Reason = r.ErrorType
+		}
 		if r.ErrorMessage == "" {
 			r.ErrorMessage = "dead-lettered by RabbitMQ (" + reason + ") from queue " + md.Get("x-first-death-queue")
 		}
@@ -223,7 +232,7 @@ func (r *Record) resolveOrigin(queue string) {
 }
 
 // selectionRecord is the part of NewRecord a Selector and a move need (id, original queue,
-// error type and message, stack, handler, group, failure time, replays), read straight
+// error type and message, stack, reason, handler, group, failure time, replays), read straight
 // from the AMQP headers: a bulk move reads every message of the DLQ, and decoding the
 // whole record cost it more than the move itself. It agrees with NewRecord on every field
 // it fills.
@@ -243,6 +252,7 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 		ErrorType:     h(sluice.HeaderErrorType),
 		ErrorMessage:  h(sluice.HeaderErrorMessage),
 		ErrorStack:    h(sluice.HeaderErrorStack),
+		Reason:        h(headers.DeadLetterReason),
 		Replays:       replayCount(h(headers.ReplayCount)),
 		Payload:       d.Body,
 	}
@@ -255,6 +265,9 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 	}
 	if reason := h("x-first-death-reason"); r.ErrorType == "" && reason != "" {
 		r.ErrorType = "rabbitmq." + reason
+		if r.Reason == "" {
+			r.Reason = r.ErrorType
+		}
 		if r.ErrorMessage == "" {
 			r.ErrorMessage = "dead-lettered by RabbitMQ (" + reason + ") from queue " + h("x-first-death-queue")
 		}
@@ -277,7 +290,7 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 func plainHeaders(t amqp.Table) bool {
 	for _, k := range []string{sluice.HeaderOriginalQueue, headers.Handler, sluice.HeaderErrorType,
 		sluice.HeaderErrorMessage, sluice.HeaderErrorStack, headers.ReplayCount, sluice.HeaderLastError,
-		sluice.HeaderLastErrorMessage, headers.FailedAt, "x-first-death-reason"} {
+		sluice.HeaderLastErrorMessage, headers.FailedAt, "x-first-death-reason", headers.DeadLetterReason} {
 		if v, ok := t[k]; ok {
 			if _, isString := v.(string); !isString {
 				return false

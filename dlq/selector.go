@@ -18,6 +18,9 @@ type Selector struct {
 	Group string
 	// ErrorType selects messages whose Record.ErrorType is exactly this.
 	ErrorType string
+	// Reason selects messages whose Record.Reason is exactly this: "retry_unlikely"
+	// selects what the learned retry policy stopped, to replay once the dependency heals.
+	Reason string
 	// OlderThan selects messages that failed at least this long ago; a message whose age
 	// is unknown is not selected.
 	OlderThan time.Duration
@@ -32,7 +35,7 @@ func (s Selector) Validate() error {
 	case s.OlderThan < 0:
 		return fmt.Errorf("dlq: negative age %s", s.OlderThan)
 	case s.All && s.filtered():
-		return errors.New("dlq: All cannot be combined with ids, a group, an error type or an age")
+		return errors.New("dlq: All cannot be combined with ids, a group, an error type, a reason or an age")
 	case !s.All && !s.filtered():
 		return ErrNoSelector
 	}
@@ -40,7 +43,7 @@ func (s Selector) Validate() error {
 }
 
 func (s Selector) filtered() bool {
-	return len(s.IDs) > 0 || s.Group != "" || s.ErrorType != "" || s.OlderThan != 0
+	return len(s.IDs) > 0 || s.Group != "" || s.ErrorType != "" || s.Reason != "" || s.OlderThan != 0
 }
 
 // Match reports whether r is selected.
@@ -55,6 +58,9 @@ func (s Selector) Match(r Record) bool {
 		return false
 	}
 	if s.ErrorType != "" && r.ErrorType != s.ErrorType {
+		return false
+	}
+	if s.Reason != "" && r.Reason != s.Reason {
 		return false
 	}
 	if s.OlderThan > 0 && (!r.HasAge || r.Age < s.OlderThan) {
@@ -77,6 +83,9 @@ func (s Selector) String() string {
 	}
 	if s.ErrorType != "" {
 		parts = append(parts, "--error-type "+s.ErrorType)
+	}
+	if s.Reason != "" {
+		parts = append(parts, "--reason "+s.Reason)
 	}
 	if s.OlderThan != 0 {
 		parts = append(parts, "--older-than "+s.OlderThan.String())

@@ -74,6 +74,7 @@ func (r Record) Display() Display {
 	out.OriginalQueue = bounded(r.OriginalQueue, HeaderValueBytes)
 	out.Handler = bounded(r.Handler, HeaderValueBytes)
 	out.ErrorType = bounded(r.ErrorType, HeaderValueBytes)
+	out.Reason = bounded(r.Reason, HeaderValueBytes)
 	// What a producer said (an origin not followed, x-producer-original-queue) is shown
 	// like any header value.
 	out.IgnoredOrigin = bounded(r.IgnoredOrigin, HeaderValueBytes)
@@ -181,6 +182,7 @@ type Summary struct {
 	FailedAt      *time.Time `json:"failed_at,omitempty"`
 	ErrorType     string     `json:"error_type"`
 	ErrorClass    string     `json:"error_class,omitempty"`
+	Reason        string     `json:"reason,omitempty"`
 	Error         string     `json:"error"`
 	Retries       int        `json:"retries"`
 	Replays       int        `json:"replays"`
@@ -195,7 +197,8 @@ func (r Record) Summary() Summary {
 	s := Summary{
 		ID: r.ID, Position: r.Position, GroupID: r.GroupID,
 		ErrorType: bounded(r.ErrorType, HeaderValueBytes), ErrorClass: bounded(r.ErrorClass, HeaderValueBytes),
-		Error: shortError(mask.Credentials(r.ErrorMessage), SummaryErrorBytes), Retries: r.Retries, Replays: r.Replays,
+		Reason: bounded(r.Reason, HeaderValueBytes),
+		Error:  shortError(mask.Credentials(r.ErrorMessage), SummaryErrorBytes), Retries: r.Retries, Replays: r.Replays,
 		OriginalQueue: bounded(r.OriginalQueue, HeaderValueBytes), Handler: bounded(r.Handler, HeaderValueBytes),
 		PayloadBytes: len(r.Payload),
 	}

@@ -205,7 +205,7 @@ func (c *dlqCLI) testReadOnly(t *testing.T) {
 		{name: "list --json", args: []string{"dlq", "list", "--queue", queue, "--json"}, check: checkDLQListJSON(queue, before)},
 		{name: "show", args: []string{"dlq", "show", "--queue", queue, "fail-2"}, check: func(t *testing.T, out string) {
 			for _, want := range []string{
-				"Message fail-2", "Record:", "error type:", "gateway_down (retryable)", "handler:", "dlq-cli",
+				"Message fail-2", "Record:", "error type:", "gateway_down (retryable)", "reason:", "retries_exhausted", "handler:", "dlq-cli",
 				"original queue:", "retries:", "history:", "attempt 2", "Properties:", "Headers:",
 				"x-error-type:", "x-failed-at:", "traceparent:", "00-4bf92f3577b34da6a3ce929d0e0e4736",
 				"Payload (", `{"payment":"fail-2"}`,
@@ -365,7 +365,7 @@ func (c *dlqCLI) testReplay(t *testing.T) {
 	}{
 		{name: "one id", args: []string{"--id", "perm-2"}, wantOut: "replayed 1 of 6 messages read from " + queue + ".dlq: perm-2",
 			processed: []string{"perm-2"}, dlqLeft: 5},
-		{name: "an error type", args: []string{"--error-type", "gateway_down"}, wantOut: "replayed 3 of 5 messages",
+		{name: "an error type and a reason", args: []string{"--error-type", "gateway_down", "--reason", "retries_exhausted"}, wantOut: "replayed 3 of 5 messages",
 			processed: []string{"perm-2", "fail-1", "fail-2", "fail-3"}, dlqLeft: 2},
 		{name: "all", args: []string{"--all"}, wantOut: "replayed 2 of 2 messages",
 			processed: []string{"perm-2", "fail-1", "fail-2", "fail-3", "perm-1", "perm-3"}, dlqLeft: 0},

@@ -179,12 +179,14 @@ func matrixRows(queue, victim string) []matrixRow {
 			},
 		},
 		{
-			name: "x-error-type, x-error-class, x-error-message and x-error-stack",
+			name: "x-error-type, x-error-class, x-dead-letter-reason, x-error-message and x-error-stack",
 			forged: amqp091.Table{sluice.HeaderErrorType: "forged", headers.ErrorClass: "discard",
+				headers.DeadLetterReason:  "retry_unlikely",
 				sluice.HeaderErrorMessage: "forged", sluice.HeaderErrorStack: "goroutine 1 [forged]"},
 			record: func(t *testing.T, r dlq.Record) {
 				assert.Equal(t, "gateway_down", r.ErrorType)
 				assert.Equal(t, "retryable", r.ErrorClass)
+				assert.Equal(t, "retries_exhausted", r.Reason)
 				assert.Contains(t, r.ErrorMessage, "503")
 				assert.Empty(t, r.ErrorStack, "no panic, no stack")
 			},

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -14,6 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
@@ -108,10 +113,13 @@ func TestLearnedRetry(t *testing.T) {
 				tl.succeeded++
 				continue
 			}
-			if strings.HasPrefix(dead[id].Metadata.Get(sluice.HeaderErrorMessage), "retry_unlikely") {
+			switch reason := dead[id].Metadata.Get(headers.DeadLetterReason); reason {
+			case disposition.ReasonRetryUnlikely:
 				tl.unlikely++
-			} else {
+			case disposition.ReasonRetriesExhausted:
 				tl.exhausted++
+			default:
+				t.Errorf("message %s dead-lettered with reason %q", id, reason)
 			}
 		}
 		return tl
@@ -129,7 +137,7 @@ func TestLearnedRetry(t *testing.T) {
 	assert.InDelta(t, 10, x, 9, "about 20%% of 50 explored")
 	for _, id := range later {
 		rec := dead[id]
-		if !strings.HasPrefix(rec.Metadata.Get(sluice.HeaderErrorMessage), "retry_unlikely") {
+		if rec.Metadata.Get(headers.DeadLetterReason) != disposition.ReasonRetryUnlikely {
 			continue
 		}
 		assert.Contains(t, rec.Metadata.Get(sluice.HeaderErrorMessage), fmt.Sprintf("retry_unlikely: 0 of %d recovered in the last hour (error type upstream_broken)", minEvidence),
@@ -163,4 +171,92 @@ func TestLearnedRetry(t *testing.T) {
 		return count(ids).unlikely == 0 && count(ids).succeeded == 10
 	}, 120*time.Second, 10*time.Millisecond, "retries of upstream_broken resumed after the fix")
 	t.Logf("upstream_broken retried again after %d messages sent once fixed", resumedAfter)
+}
+
+// Issue 36: once the dependency heals, the messages the learned policy stopped are found by
+// their dead-letter reason and replayed like any other dead letter; the ones whose retries
+// ran out stay where they are.
+func TestReplayRetryUnlikely(t *testing.T) {
+	e := rabbitEnv(t)
+	queue := e.newQueue(t, "learned-replay")
+	stats, err := retrystats.New(retrystats.Config{})
+	require.NoError(t, err)
+	const minEvidence = 5
+	var fixed atomic.Bool
+	var mu sync.Mutex
+	calls := map[string]int{}
+	charged := map[string]int{}
+	start(t, e, router.Config{Retry: retry.Config{
+		MaxRetries: 2, InitialDelay: 20 * time.Millisecond, MaxDelay: 50 * time.Millisecond, Jitter: retry.NoJitter,
+		Stats: stats, Learned: &retry.Learned{MinEvidence: minEvidence, Explore: retry.NoExplore},
+	}}, func(s *router.Stack) {
+		require.NoError(t, s.Handle("charge", queue, func(m *message.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls[m.UUID]++
+			if !fixed.Load() {
+				return learnedError{"upstream_broken"}
+			}
+			charged[m.UUID]++
+			return nil
+		}))
+	})
+	send := func(n, wantDead int) []string {
+		t.Helper()
+		ids := make([]string, n)
+		for i := range ids {
+			m := message.NewMessage(watermill.NewUUID(), []byte("charge"))
+			ids[i] = m.UUID
+			e.publish(t, queue, m)
+		}
+		require.Eventually(t, func() bool { return e.count(t, topology.DLQ(queue)) == wantDead },
+			60*time.Second, 20*time.Millisecond, "%d dead letters", wantDead)
+		return ids
+	}
+	exhausted := send(minEvidence, minEvidence)
+	stopped := send(10, minEvidence+10)
+	mu.Lock()
+	for _, id := range stopped {
+		assert.Equal(t, 1, calls[id], "stopped at the first failure")
+	}
+	mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ins := dlq.NewInspector(e.rabbit.Conn)
+	listing, err := ins.List(ctx, queue, 100)
+	require.NoError(t, err)
+	reasons := map[string]string{}
+	for _, r := range listing.Records {
+		reasons[r.ID] = r.Reason
+	}
+	for _, id := range exhausted {
+		assert.Equal(t, disposition.ReasonRetriesExhausted, reasons[id])
+	}
+	for _, id := range stopped {
+		assert.Equal(t, disposition.ReasonRetryUnlikely, reasons[id])
+	}
+
+	fixed.Store(true)
+	op := dlq.NewOperator(e.rabbit.Conn)
+	res, err := op.Replay(ctx, queue, dlq.Selector{Reason: disposition.ReasonRetryUnlikely}, dlq.Options{})
+	require.NoError(t, err)
+	assert.Len(t, res.IDs, 10)
+	assert.ElementsMatch(t, stopped, res.IDs)
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range stopped {
+			if charged[id] != 1 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 20*time.Millisecond, "every replayed message is charged once")
+	assert.Equal(t, minEvidence, e.count(t, topology.DLQ(queue)), "the exhausted ones stay in the DLQ")
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range exhausted {
+		assert.Zero(t, charged[id])
+	}
 }

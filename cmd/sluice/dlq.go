@@ -35,7 +35,7 @@ sluice's topology, named with --queue Q (with --archive: on Q.dlq.archive).
 list, show, stats and groups never consume or reorder the DLQ: they read
 without acknowledging, and RabbitMQ puts every message back in its place.
 replay, archive and purge select messages with --id, --group, --error-type,
---older-than or --all, and move them in batches, each one AMQP transaction.`
+--reason, --older-than or --all, and move them in batches, each one AMQP transaction.`
 
 func runDLQ(ctx context.Context, e *env, args []string) error {
 	return dispatch(ctx, e, "sluice dlq", dlqAbout, dlqCommands, args)

@@ -42,10 +42,11 @@ type opFlags struct {
 }
 
 func newOpFlags(e *env, name, verb, synopsis, about string) *opFlags {
-	f := &opFlags{dlqFlags: newDLQFlags(e, name, synopsis, about), selectors: "--id, --group, --error-type, --older-than or --all"}
+	f := &opFlags{dlqFlags: newDLQFlags(e, name, synopsis, about), selectors: "--id, --group, --error-type, --reason, --older-than or --all"}
 	f.fs.Var(&f.ids, "id", verb+" the message with this `ID` (repeatable)")
 	f.fs.StringVar(&f.sel.Group, "group", "", verb+" the messages of failure group `ID` (see 'sluice dlq groups')")
 	f.fs.StringVar(&f.sel.ErrorType, "error-type", "", verb+" the messages of error type `T`")
+	f.fs.StringVar(&f.sel.Reason, "reason", "", verb+" the messages dead-lettered for reason `R` (e.g. retry_unlikely)")
 	f.fs.DurationVar(&f.sel.OlderThan, "older-than", 0, verb+" the messages that failed at least `D` ago (e.g. 1h)")
 	f.fs.BoolVar(&f.sel.All, "all", false, verb+" every message")
 	f.dry = f.fs.Bool("dry-run", false, "print what would be done, change nothing")
@@ -60,8 +61,8 @@ func newOpFlags(e *env, name, verb, synopsis, about string) *opFlags {
 // selector checks the selector flags once parsed; optional means no selector is allowed.
 func (f *opFlags) selector(optional bool) (dlq.Selector, error) {
 	f.sel.IDs = f.ids
-	if f.sel.All && (len(f.sel.IDs) > 0 || f.sel.Group != "" || f.sel.ErrorType != "" || f.sel.OlderThan != 0) {
-		return f.sel, f.usageErrorf("--all cannot be combined with --id, --group, --error-type or --older-than")
+	if f.sel.All && (len(f.sel.IDs) > 0 || f.sel.Group != "" || f.sel.ErrorType != "" || f.sel.Reason != "" || f.sel.OlderThan != 0) {
+		return f.sel, f.usageErrorf("--all cannot be combined with --id, --group, --error-type, --reason or --older-than")
 	}
 	if err := f.sel.Validate(); err != nil {
 		if errors.Is(err, dlq.ErrNoSelector) {
@@ -101,7 +102,7 @@ func (f *opFlags) operate(e *env, op func(*dlq.Operator) (dlq.Result, error)) (d
 
 func runDLQReplay(ctx context.Context, e *env, args []string) error {
 	f := newOpFlags(e, "replay", "replay",
-		"--queue Q (--id ID... | --group ID | --error-type T | --older-than D | --all) [--to QUEUE] [--archive] [--dry-run] [--json]",
+		"--queue Q (--id ID... | --group ID | --error-type T | --reason R | --older-than D | --all) [--to QUEUE] [--archive] [--dry-run] [--json]",
 		`Sends messages of Q.dlq back to their original queue (header x-original-queue
 when it names Q or one of Q's partitions, else Q: ignored_origins counts those),
 or to --to QUEUE, with their retry state reset: x-retry-count and the
@@ -111,7 +112,7 @@ the message id, payload, AMQP properties and trace context are kept. With
 --archive the messages come from Q.dlq.archive instead. Messages move in
 batches, each one AMQP transaction, so a replay killed at any point neither
 loses nor duplicates a message: run it again to finish. One selector is
-required; the filters (--id, --group, --error-type, --older-than) combine with
+required; the filters (--id, --group, --error-type, --reason, --older-than) combine with
 AND. A selector that matches nothing exits 3.`)
 	to := f.fs.String("to", "", "send the messages to `QUEUE` instead of their original queue (it must exist)")
 	archive := f.fs.Bool("archive", false, "replay from Q.dlq.archive instead of Q.dlq")
@@ -134,7 +135,7 @@ AND. A selector that matches nothing exits 3.`)
 
 func runDLQArchive(ctx context.Context, e *env, args []string) error {
 	f := newOpFlags(e, "archive", "archive",
-		"--queue Q (--id ID... | --group ID | --error-type T | --older-than D | --all) [--retention D] [--dry-run] [--json]",
+		"--queue Q (--id ID... | --group ID | --error-type T | --reason R | --older-than D | --all) [--retention D] [--dry-run] [--json]",
 		`Moves messages of Q.dlq, unchanged, to Q.dlq.archive, where they are kept for
 a retention period and can be listed, shown, replayed and purged with --archive.
 Archive creates Q.dlq.archive when it does not exist, with x-message-ttl set to
@@ -166,7 +167,7 @@ replay's do. A selector that matches nothing exits 3.`)
 
 func runDLQPurge(ctx context.Context, e *env, args []string) error {
 	f := newOpFlags(e, "purge", "purge",
-		"--queue Q [--id ID... | --group ID | --error-type T | --older-than D | --all] [--archive] --yes",
+		"--queue Q [--id ID... | --group ID | --error-type T | --reason R | --older-than D | --all] [--archive] --yes",
 		`Deletes messages of Q.dlq (or, with --archive, of Q.dlq.archive): every message
 when no selector is given, else the selected ones, in batches, each one AMQP
 transaction. This cannot be undone; without --yes nothing happens.`)

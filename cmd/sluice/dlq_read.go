@@ -221,6 +221,7 @@ func printRecord(w io.Writer, dlqName string, rec dlq.Record, full bool) {
 		typ += " (" + r.ErrorClass + ")"
 	}
 	row("error type", typ)
+	row("reason", r.Reason)
 	row("error", r.ErrorMessage)
 	if r.FailedStage != "" {
 		row("failed in", r.FailedStage+" (no handler ran)")

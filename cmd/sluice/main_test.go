@@ -58,6 +58,7 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "archive with a bad retention", args: []string{"dlq", "archive", "--queue", "q", "--all", "--retention", "-1h"}, wantCode: exitUsage, wantStderr: "--retention must be positive"},
 		{name: "archive with a bad type", args: []string{"dlq", "archive", "--queue", "q", "--all", "--archive-type", "stream"}, wantCode: exitUsage, wantStderr: "--archive-type must be classic or quorum"},
 		{name: "replay --all with a group", args: []string{"dlq", "replay", "--queue", "q", "--all", "--group", "g"}, wantCode: exitUsage, wantStderr: "--all cannot be combined"},
+		{name: "replay --all with a reason", args: []string{"dlq", "replay", "--queue", "q", "--all", "--reason", "retry_unlikely"}, wantCode: exitUsage, wantStderr: "--all cannot be combined"},
 		{name: "unreachable broker: groups", args: []string{"dlq", "groups", "--queue", "q"}, wantCode: exitFailed, wantStderr: "connect to RabbitMQ at amqp://ops:xxxxx@127.0.0.1:1/"},
 		{name: "unreachable broker", args: []string{"dlq", "list", "--queue", "q"}, wantCode: exitFailed, wantStderr: "connect to RabbitMQ at amqp://ops:xxxxx@127.0.0.1:1/"},
 		{name: "unreachable broker, id after flags", args: []string{"dlq", "show", "--queue", "q", "--", "-odd-id"}, wantCode: exitFailed, wantStderr: "amqp://ops:xxxxx@127.0.0.1:1/"},

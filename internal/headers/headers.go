@@ -35,6 +35,7 @@ var FailureRecord = []string{
 	sluice.HeaderErrorMessage,
 	sluice.HeaderErrorStack,
 	ErrorClass,
+	DeadLetterReason,
 	Handler,
 	FailedAt,
 	FailedHost,

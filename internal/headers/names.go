@@ -20,6 +20,10 @@ const (
 	FailedHost = "x-failed-host"
 	FailedPID  = "x-failed-pid"
 	ErrorClass = "x-error-class"
+	// DeadLetterReason says why sluice stopped trying (disposition.DeadLetterReasonOf:
+	// permanent, retries_exhausted, max_age, retry_unlikely, ...), beside the error type
+	// that says what failed.
+	DeadLetterReason = "x-dead-letter-reason"
 	// ReplayCount counts replays from the dead-letter queue.
 	ReplayCount = "x-replay-count"
 	// TraceParent and TraceState carry W3C trace context.

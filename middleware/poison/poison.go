@@ -179,6 +179,7 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	errType := sluice.ErrorType(err)
 	md.Set(sluice.HeaderErrorType, errType)
 	md.Set(headers.ErrorClass, sluice.ClassOf(err).String())
+	md.Set(headers.DeadLetterReason, disposition.DeadLetterReasonOf(err))
 	md.Set(sluice.HeaderErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
 	if stack, ok := sluice.PanicStack(err); ok {
 		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, maxStackBytes))

@@ -470,3 +470,30 @@ func TestMiddleware_RecordNamesTheStageThatFailed(t *testing.T) {
 	assert.NotContains(t, md, headers.Handler, "no handler ran")
 	assert.Equal(t, "json.SyntaxError", md.Get(sluice.HeaderErrorType))
 }
+
+// The record says why sluice stopped trying (x-dead-letter-reason) beside what failed
+// (x-error-type), and a reason the message arrived with is replaced.
+func TestMiddleware_RecordNamesTheReason(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"permanent", sluice.Permanent(errDeclined), disposition.ReasonPermanent},
+		{"retries exhausted", &disposition.ExhaustedError{Retries: 3, Err: errDeclined}, disposition.ReasonRetriesExhausted},
+		{"older than MaxTotalAge", &disposition.ExhaustedError{Retries: 1, Age: 2 * time.Hour, Err: errDeclined}, disposition.ReasonMaxAge},
+		{"learned policy", &disposition.UnlikelyError{Evidence: disposition.Evidence{ErrorType: "error", Ended: 40, Window: time.Hour}, Err: errDeclined},
+			disposition.ReasonRetryUnlikely},
+		{"retryable, the step used alone", errDeclined, disposition.ReasonNoDelay},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, dl, _ := newStep(t, nil)
+			res := run(t, p.Middleware, failing(tt.err), message.Metadata{headers.DeadLetterReason: "forged"})
+			require.NoError(t, res.err)
+			calls := dl.Calls()
+			require.Len(t, calls, 1)
+			assert.Equal(t, tt.want, calls[0].msg.Metadata.Get(headers.DeadLetterReason))
+		})
+	}
+}

@@ -308,6 +308,10 @@ func (e *BudgetExhaustedError) Is(target error) bool { return target == ErrRetry
 // ErrorType names the failure in the dead-letter record.
 func (e *BudgetExhaustedError) ErrorType() string { return "retry_budget_exhausted" }
 
+// DeadLetterReason names the reason in the dead-letter record (x-dead-letter-reason): the
+// budget, not the handler's error, ended the message's retries.
+func (e *BudgetExhaustedError) DeadLetterReason() string { return "retry_budget_exhausted" }
+
 // UseBacklog gives the overload protection the broker's queue depth, used while
 // OverloadConfig.Backlog is nil (Config() stays what the caller gave); the router calls it
 // before the stack runs.
