@@ -416,6 +416,13 @@ func benchDelayBusy(b *testing.B, url string, parked int) {
 func benchPark(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, n int) {
 	b.Helper()
 	q := benchenv.SluiceQueue(b, r, br, "bench.parked")
+	// The raw publishes below go straight to a cascade exchange, which sluice declares on
+	// its first delay that long: declare it first (a fresh node has none).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := br.DeclareDelays(ctx, parkedDelay); err != nil {
+		b.Fatal(err)
+	}
 	ch, err := r.Conn.Channel()
 	if err != nil {
 		b.Fatal(err)
