@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-go/sluice/internal/dlqwire"
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
 	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/mask"
@@ -45,9 +46,15 @@ bare secret (named "operator" or "reader"), e.g. alice:s1,bob:s2; the name is wh
 acts in the audit trail (console:<name>). Without any token (loopback only)
 there is no access control: anyone on this machine can act.
 
+Retries and Retry policy: each handler's retry statistics (as sluice retries) and
+its retry decision matrix (as sluice policy), read from the running service's
+metrics server at SLUICE_SERVICE_URL (default ` + retryview.DefaultServiceURL + `: its METRICS_ADDR);
+the statistics from Prometheus instead when PROMETHEUS_URL is set. Each page says
+which it read.
+
 Reads AMQP_URL, RABBITMQ_MANAGEMENT_URL, JAEGER_QUERY_URL (default ` + jaeger.DefaultQueryURL + `,
-"off" for none), JAEGER_UI_URL (links to Jaeger's UI), SLUICE_CONSOLE_TOKEN and
-SLUICE_CONSOLE_READ_TOKEN.`
+"off" for none), JAEGER_UI_URL (links to Jaeger's UI), SLUICE_CONSOLE_TOKEN,
+SLUICE_CONSOLE_READ_TOKEN, SLUICE_SERVICE_URL and PROMETHEUS_URL.`
 
 // stringList is a repeatable flag.
 type stringList []string
@@ -126,12 +133,17 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 		// serves it by default. DiscoveryTarget only fails on a URL Dial took, so hardly.
 		discoveryURL, _, _ = console.DiscoveryTarget(urls[0])
 	}
+	// The same variables as sluice retries and sluice policy, so the pages and the
+	// commands show the same service.
+	serviceURL, promURL := e.getenv("SLUICE_SERVICE_URL"), strings.TrimSpace(e.getenv("PROMETHEUS_URL"))
+	retrySrc := retryview.Source{ServiceURL: serviceURL, PrometheusURL: promURL}
 	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
 	c, err := console.New(console.Config{
 		Conn: conn, Queues: queues, JaegerQueryURL: jaegerURL, JaegerUIURL: e.getenv("JAEGER_UI_URL"),
 		ManagementURL: mgmtURL, DiscoveryURL: discoveryURL, VHost: vhostOf(urls[0]),
 		Service: service, Token: token, ReadToken: readToken,
-		Secrets: append(urls, jaegerURL, mgmtURL, discoveryURL), Logger: logger,
+		ServiceURL: serviceURL, PrometheusURL: promURL,
+		Secrets: append(urls, jaegerURL, mgmtURL, discoveryURL, serviceURL, promURL), Logger: logger,
 	})
 	if err != nil {
 		return fmt.Errorf("sluice console: %w", err)
@@ -148,6 +160,7 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "sluice console: %s\n", accessLine(operators, readers))
 	fmt.Fprintf(e.stdout, "sluice console: RabbitMQ %s, Jaeger %s\n", mask.URL(strings.TrimSpace(urls[0])), orNone(jaegerURL))
+	fmt.Fprintf(e.stdout, "sluice console: retry statistics from %s, retry policy from the service at %s\n", retrySrc.Describe(), mask.URL(retrySrc.Service()))
 	if discoveryURL != "" {
 		fmt.Fprintf(e.stdout, "sluice console: no --queue and no RABBITMQ_MANAGEMENT_URL: discovering queues through the management API at %s\n", mask.URL(discoveryURL))
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -243,4 +244,47 @@ func discoversQueues(t *testing.T, amqpURL, adminURL string) {
 	assert.Contains(t, page, `href="/queues/`+queue+`"`)
 	assert.Contains(t, page, "Queues discovered through RabbitMQ's management API at <code>"+masked+"</code>")
 	assert.NotContains(t, page, "guest:guest")
+}
+
+// TestConsoleRetriesSource: the console's retry pages read the same variables as sluice
+// retries and sluice policy, and its start-up output says where.
+func TestConsoleRetriesSource(t *testing.T) {
+	amqpURL := testenv.AMQPURL(t)
+	service := fakeService(t)
+	prom := newFakePrometheus(t)
+	tests := []struct {
+		name       string
+		vars       map[string]string
+		wantOut    string
+		wantSource string
+		wantURL    string
+	}{
+		{name: "the service", vars: map[string]string{"SLUICE_SERVICE_URL": strings.Replace(service, "http://", "http://ops:s3cr3tpw@", 1)},
+			wantOut:    "retry statistics from the service at " + strings.Replace(service, "http://", "http://ops:xxxxx@", 1) + retriesPath,
+			wantSource: sourceService, wantURL: strings.Replace(service, "http://", "http://ops:xxxxx@", 1) + retriesPath + "?handler=pay"},
+		{name: "Prometheus", vars: map[string]string{"SLUICE_SERVICE_URL": service, "PROMETHEUS_URL": prom.srv.URL},
+			wantOut: "retry statistics from Prometheus at " + prom.srv.URL, wantSource: sourcePrometheus, wantURL: prom.srv.URL},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			vars := map[string]string{"AMQP_URL": amqpURL, "JAEGER_QUERY_URL": "off"}
+			for k, v := range tc.vars {
+				vars[k] = v
+			}
+			base, out := startConsole(t, vars, "--addr", "127.0.0.1:0", "--queue", "some.queue")
+			assert.Contains(t, out.String(), tc.wantOut)
+			code, body := fetch(t, base+"/api/v1/retries?handler=pay", nil)
+			require.Equal(t, http.StatusOK, code, body)
+			var r retriesReport
+			require.NoError(t, json.Unmarshal([]byte(body), &r))
+			assert.Equal(t, tc.wantSource, r.Source)
+			assert.Equal(t, tc.wantURL, r.URL)
+			require.NotEmpty(t, r.Types)
+			assert.Equal(t, "pay", r.Types[0].Handler)
+			code, body = fetch(t, base+"/policy/pay", nil)
+			require.Equal(t, http.StatusOK, code, body)
+			assert.Contains(t, body, "cli.pay.dlq")
+			assert.NotContains(t, out.String()+body, "s3cr3tpw")
+		})
+	}
 }

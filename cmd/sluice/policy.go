@@ -5,12 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"slices"
 	"strings"
 	"text/tabwriter"
 
-	"github.com/sluice-go/sluice/internal/mask"
+	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -25,11 +24,7 @@ It is read from the service's endpoint SLUICE_SERVICE_URL` + policyPath + `
 --markdown prints it as Markdown, for a runbook.`
 
 // policyReport is what sluice policy prints with --json.
-type policyReport struct {
-	Source string `json:"source"`
-	URL    string `json:"url"`
-	router.Description
-}
+type policyReport = retryview.Policy
 
 func runPolicy(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("sluice policy", flag.ContinueOnError)
@@ -53,27 +48,19 @@ func runPolicy(ctx context.Context, e *env, args []string) error {
 	case *asJSON && *asMarkdown:
 		return usageErrorf("sluice policy: give --json or --markdown, not both")
 	}
-	base := serviceURL(e)
-	u, err := endpointURL(base, policyPath, url.Values{})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(ctx, serviceTimeout)
 	defer cancel()
 	client := newHTTPClient()
 	defer client.CloseIdleConnections()
-	out := policyReport{Source: sourceService, URL: mask.URL(u)}
-	if err := getJSON(ctx, client, u, &out.Description); err != nil {
-		return redactErr(err, base)
+	out, err := retrySource(e, client).Policy(ctx)
+	if err != nil {
+		return cliErr(err, serviceURL(e))
 	}
 	if *handler != "" {
 		out.Handlers = slices.DeleteFunc(out.Handlers, func(h router.HandlerDescription) bool { return h.Name != *handler })
 		if len(out.Handlers) == 0 {
 			return notFound(fmt.Errorf("sluice policy: the service at %s has no handler %q", out.URL, *handler))
 		}
-	}
-	if out.Handlers == nil {
-		out.Handlers = []router.HandlerDescription{}
 	}
 	switch {
 	case *asJSON:

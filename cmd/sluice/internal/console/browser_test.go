@@ -92,13 +92,16 @@ func into[T any](p *T, a chromedp.Action[T]) chromedp.Action[chromedp.Void] {
 // with the script's checkboxes), one message with its timeline drawn as SVG bars (from a
 // fake Jaeger, so the picture is the same wherever it runs; TestTimelineFromJaeger reads
 // the real one), a hostile message whose markup must stay text, the edit-and-retry of a
-// message through its diff preview, the audit trail, and the replay of a group through its
-// confirmation.
+// message through its diff preview, the audit trail, the replay of a group through its
+// confirmation, and a payment service's retry statistics and retry policy (from a fake
+// service, for the same reason as Jaeger).
 func TestBrowser(t *testing.T) {
 	fj := newFakeJaeger(t, "order-1001")
+	service := newFakeService(t)
 	fx := newFixture(t, func(c *console.Config) {
 		fj.configure(c)
 		c.JaegerUIURL = "http://jaeger.example:16686/"
+		c.ServiceURL = service
 	})
 	fj.setQueue(fx.queue)
 	ctx := browser(t)
@@ -209,4 +212,28 @@ func TestBrowser(t *testing.T) {
 	assert.True(t, strings.HasPrefix(result, "Replayed 4 of 4"), result)
 	require.Eventually(t, func() bool { return fx.rabbit.Count(fx.queue) == 4 }, 10*time.Second, 50*time.Millisecond)
 	assert.Equal(t, 2, fx.rabbit.Count(dlqName), "the other groups stay")
+
+	// The retry pages, reached through the navigation.
+	var source, recovered, learned, policySource, schedule string
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(fx.srv.URL+"/"),
+		chromedp.Click(chromedp.CSS(`#nav-retries`)),
+		chromedp.WaitVisible(chromedp.CSS(`#retries-source`)),
+		into(&source, chromedp.Text(chromedp.CSS(`#retries-source`))),
+		into(&recovered, chromedp.Text(chromedp.CSS(`#handler-payments tr[data-error-type="gateway_timeout"] [data-field="recovered-pct"]`))),
+		into(&learned, chromedp.Text(chromedp.CSS(`#handler-payments tr[data-error-type="ledger_unavailable"] [data-field="learned"]`))),
+		screenshot(t, "console-retries.png"),
+		chromedp.Click(chromedp.CSS(`#nav-policy`)),
+		chromedp.WaitVisible(chromedp.CSS(`#policy-source`)),
+		chromedp.Click(chromedp.CSS(`#policy-payments h2 a`)),
+		chromedp.WaitVisible(chromedp.CSS(`#policy-payments table.schedule`)),
+		into(&policySource, chromedp.Text(chromedp.CSS(`#policy-source`))),
+		into(&schedule, chromedp.Text(chromedp.CSS(`#policy-payments table.schedule tbody`))),
+		screenshot(t, "console-policy.png"),
+	))
+	assert.Contains(t, source, "Read from the service at "+service+"/debug/sluice/retries")
+	assert.Equal(t, "71.4%", recovered)
+	assert.Contains(t, learned, "0 of 40 recovered in the last hour")
+	assert.Contains(t, policySource, "Read from the service at "+service+"/debug/sluice/policy")
+	assert.Contains(t, schedule, "+15.5s")
 }

@@ -2,7 +2,9 @@
 // that use sluice's topology, their failure groups, one failed message with its retry
 // timeline from Jaeger, replay, archive and purge of a message, a selection or a group,
 // edit-and-retry of one message, the archive (browsed and restored like the DLQ) and the
-// audit trail of every action, as HTML pages and as a JSON API under /api/v1/.
+// audit trail of every action, and each handler's retry statistics and retry decision
+// matrix (from the running service, or Prometheus), as HTML pages and as a JSON API under
+// /api/v1/.
 //
 // Every page is rendered on the server with html/template, so failure records, headers and
 // payloads (which a producer controls) are escaped text, never markup; the only script is
@@ -31,6 +33,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sluice-go/sluice/internal/mask"
+	"github.com/sluice-go/sluice/router"
 )
 
 //go:embed templates/*.html
@@ -94,6 +97,16 @@ type Config struct {
 	// Timeout bounds one read against RabbitMQ and Jaeger (an action gets at least 10
 	// minutes). Zero means 30s.
 	Timeout time.Duration
+	// ServiceURL is the metrics server of the service whose retries the retry pages show
+	// (SLUICE_SERVICE_URL: a URL, or host:port as METRICS_ADDR gives it): its
+	// /debug/sluice/retries and /debug/sluice/policy. Empty means
+	// retryview.DefaultServiceURL, where `sluice retries` looks too.
+	ServiceURL string
+	// PrometheusURL (PROMETHEUS_URL), when set, is where the retry pages read the retry
+	// statistics instead of the service, over ?window= (default 1h); the decision matrix
+	// and the learned policy's verdicts still come from the service. Each page says which
+	// it read.
+	PrometheusURL string
 	// AuditExchange is the audit trail's exchange (and queue): every action is recorded
 	// on it and the audit page reads it (see dlq.Operator.AuditExchange). Empty means
 	// "sluice.audit".
@@ -149,8 +162,9 @@ func (s *Server) CSRFToken() string { return s.csrf }
 func (s *Server) parseTemplates() error {
 	s.pages = map[string]*template.Template{}
 	funcs := template.FuncMap{"ts": formatTime, "ago": ago, "path": url.PathEscape, "query": url.QueryEscape,
-		"add": func(a, b int) int { return a + b }, "fmtf": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) }}
-	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error", "edit", "edited", "audit"} {
+		"add": func(a, b int) int { return a + b }, "fmtf": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+		"decision": router.DecisionText}
+	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error", "edit", "edited", "audit", "retries", "policy"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("console: parse template %s: %w", page, err)
@@ -173,6 +187,12 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /queues/{queue}/confirm", s.confirmPage)
 	mux.HandleFunc("POST /queues/{queue}/actions", s.actionForm)
 	mux.HandleFunc("GET /audit", s.auditPage)
+	mux.HandleFunc("GET /retries", s.retriesPage)
+	mux.HandleFunc("GET /retries/{handler}", s.retriesPage)
+	mux.HandleFunc("GET /policy", s.policyPage)
+	mux.HandleFunc("GET /policy/{handler}", s.policyPage)
+	mux.HandleFunc("GET /api/v1/retries", s.apiRetries)
+	mux.HandleFunc("GET /api/v1/policy", s.apiPolicy)
 	mux.HandleFunc("GET /api/v1/audit", s.apiAudit)
 	mux.HandleFunc("GET /api/v1/csrf", s.apiCSRF)
 	mux.HandleFunc("GET /api/v1/queues", s.apiQueues)
@@ -211,7 +231,7 @@ func (s *Server) validCSRF(token string) bool { return token != "" && equal(toke
 
 // mask hides the configured secrets in text.
 func (s *Server) mask(text string) string {
-	return mask.Text(text, append([]string{s.cfg.ManagementURL, s.cfg.DiscoveryURL}, s.cfg.Secrets...)...)
+	return mask.Text(text, append([]string{s.cfg.ManagementURL, s.cfg.DiscoveryURL, s.cfg.ServiceURL, s.cfg.PrometheusURL}, s.cfg.Secrets...)...)
 }
 
 func formatTime(t time.Time) string {
