@@ -155,6 +155,12 @@ type Journaler interface {
 	Journal(name string, retention time.Duration) Journal
 }
 
+// JournalRecreator is a Journaler that counts the journals it found deleted under a running
+// service and declared again (sluice_idempotency_journal_recreated_total).
+type JournalRecreator interface {
+	JournalsRecreated() int64
+}
+
 // ErrBlocked is wrapped by Journal.Append's error while the broker blocks publishing (a
 // RabbitMQ memory or disk alarm): the append was not attempted.
 var ErrBlocked = errors.New("broker: publishing blocked by a resource alarm")

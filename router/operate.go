@@ -2,11 +2,15 @@ package router
 
 import (
 	"slices"
+
+	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/middleware/idempotency"
+	"github.com/sluice-go/sluice/telemetry"
 )
 
 // What operations wiring (telemetry/otelsetup.Operate) reads of a stack: whether it
 // consumes, which handlers a breaker paused, and the queues whose depth an operator
-// watches.
+// watches, and the idempotency journal's figures.
 
 // Consuming reports whether the stack consumes: Run has started its handlers and the
 // stack has not stopped.
@@ -37,3 +41,28 @@ func (s *Stack) ConsumedQueues() []string {
 
 // Broker returns the broker the stack consumes from and hands off to.
 func (s *Stack) Broker() Broker { return s.broker }
+
+// journalStats is an idempotency step that reports its journal (package idempotency's Guard).
+type journalStats interface {
+	Stats() idempotency.Stats
+}
+
+// JournalState returns the idempotency journal's figures, as telemetry.RegisterJournal
+// reports them, and false when the stack's idempotency step keeps none (no
+// Config.Idempotency, or one that is not package idempotency's Guard). Streams declared
+// again are counted when the broker reports them (RabbitMQ's does).
+func (s *Stack) JournalState() (telemetry.JournalState, bool) {
+	g, ok := s.cfg.Idempotency.(journalStats)
+	if !ok {
+		return telemetry.JournalState{}, false
+	}
+	j := g.Stats().Journal
+	st := telemetry.JournalState{
+		Restoring: j.Restoring, Restored: j.Restored, RestoreDuration: j.RestoreDuration,
+		Appended: j.Appended, Failures: j.Failures, Skipped: j.Skipped, Lag: j.Lag, Unconfirmed: j.Unconfirmed,
+	}
+	if r, ok := s.broker.(broker.JournalRecreator); ok {
+		st.Recreated = r.JournalsRecreated()
+	}
+	return st, true
+}

@@ -46,7 +46,10 @@ func (b *Broker) Journal(name string, retention time.Duration) broker.Journal {
 	return &streamJournal{b: b, name: name, retention: retention}
 }
 
-var _ broker.Journaler = (*Broker)(nil)
+var (
+	_ broker.Journaler        = (*Broker)(nil)
+	_ broker.JournalRecreator = (*Broker)(nil)
+)
 
 type streamJournal struct {
 	b         *Broker

@@ -30,6 +30,12 @@ type Stack interface {
 	ConsumedQueues() []string
 }
 
+// JournalStack is a stack whose idempotency step may keep a journal; *router.Stack is one.
+type JournalStack interface {
+	// JournalState returns the journal's figures, and false when the stack keeps none.
+	JournalState() (telemetry.JournalState, bool)
+}
+
 // OperateConfig configures Operate. Only Stack is required.
 type OperateConfig struct {
 	// Stack is the stack whose consumption and pauses readiness follows and whose queues'
@@ -71,7 +77,9 @@ type Operations struct {
 //   - sluice_queue_depth and sluice_queue_consumers of every consumed queue, its
 //     dead-letter queue and archive, and sluice.unrouted (the dashboard's DLQ panels);
 //   - for a stack that is a DebugStack (*router.Stack is), its retry statistics and retry
-//     decision matrix on RetriesPath and PolicyPath (ServeStack).
+//     decision matrix on RetriesPath and PolicyPath (ServeStack);
+//   - for a stack that is a JournalStack with an idempotency step, the
+//     sluice_idempotency_journal_* metrics (the dashboard's journal row).
 //
 // Call it after the stack's handlers are registered and before Stack.Run; from then on
 // the service is not ready until Run consumes. Between Setup and Operate the Health has
@@ -123,6 +131,20 @@ func (p *Providers) Operate(cfg OperateConfig) (*Operations, error) {
 			}
 			return nil
 		})
+	}
+
+	if js, ok := stack.(JournalStack); ok {
+		if _, keeps := js.JournalState(); keeps {
+			reg, err := inst.RegisterJournal(func() telemetry.JournalState {
+				st, _ := js.JournalState()
+				return st
+			})
+			if err != nil {
+				_ = ops.Close()
+				return nil, err
+			}
+			ops.closers = append(ops.closers, reg.Unregister)
+		}
 	}
 
 	source, _ := cfg.Broker.(telemetry.DepthSource)
