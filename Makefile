@@ -4,7 +4,7 @@ PKGS     ?= ./...
 BENCH_ROUNDS ?= 3
 BENCH_BROKER ?= 4.3
 
-.PHONY: screenshots run test test-go test-chaos test-faults test-cluster bench bench-record lint clean jaeger-start jaeger-stop cluster-start cluster-stop
+.PHONY: screenshots run test test-go test-chaos test-faults test-cluster soak bench bench-record lint clean jaeger-start jaeger-stop cluster-start cluster-stop
 
 ## run: the payment demo (embedded broker unless AMQP_URL is set)
 run:
@@ -19,7 +19,7 @@ run-pubsub:
 test:
 	@GO="$(GO)" PKGS="$(PKGS)" ./scripts/test.sh
 
-## screenshots: refresh the README's console pictures (docs/console-*.png) from the browser test
+## screenshots: refresh the docs' console pictures (docs/console-*.png) from the browser test
 screenshots:
 	SLUICE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run 'TestBrowser$$' ./cmd/sluice/internal/console/
 
@@ -35,6 +35,15 @@ test-faults:
 test-cluster:
 	$(GO) test -race -count=1 -timeout 10m -v ./test/cluster/
 
+## soak: the payment service on RabbitMQ (AMQP_URL) at SOAK_RATE requests/s (default 100) for
+## SOAK_DURATION (default 30m), 20% transient failures, 3% permanent, 5% duplicates; fails when
+## memory, goroutines, connections or channels keep growing after the warm-up or a payment is
+## not accounted for (test/soak); SOAK_RECORD=1 writes its table into BENCHMARKS.md's Soak section
+SOAK_DURATION ?= 30m
+SOAK_RATE     ?= 100
+soak:
+	SOAK_DURATION=$(SOAK_DURATION) SOAK_RATE=$(SOAK_RATE) $(GO) test -race -count=1 -v -timeout 0 -tags soak -run '^TestSoak$$' ./test/soak/
+
 ## bench: every benchmark, three rounds, on RabbitMQ 4.3 (BENCH_BROKER=3.10 for the machine's
 ## 3.10), then one table of sluice beside its reference (medians), headed by the broker's version
 bench:
@@ -44,10 +53,16 @@ bench:
 bench-record:
 	@GO="$(GO)" PKGS="$(PKGS)" BENCH_ROUNDS="$(BENCH_ROUNDS)" BENCH_BROKER="$(BENCH_BROKER)" BENCH_RECORD=1 ./scripts/bench.sh
 
-## lint: formatting and vet
-lint:
+## lint: formatting, vet and golangci-lint (.golangci.yml) at the version pinned in
+## tools/golangci-lint/go.mod, built once into .cache/bin
+GOLANGCI_LINT := .cache/bin/golangci-lint
+lint: $(GOLANGCI_LINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GOLANGCI_LINT) run $(PKGS)
+
+$(GOLANGCI_LINT): tools/golangci-lint/go.mod tools/golangci-lint/go.sum
+	cd tools/golangci-lint && $(GO) build -o $(CURDIR)/$(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 ## clean: build outputs and the local Jaeger
 clean:

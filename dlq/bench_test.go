@@ -24,7 +24,7 @@ import (
 // benchMessages is the size of the DLQ operations' benchmarks: 20,000 by default, the
 // issue's figure; SLUICE_BENCH_DLQ_MESSAGES=100000 measures the large DLQ (a run of many
 // minutes: the group replay then fills 400,000, so run it with -bench
-// 'DLQ/(List|Show|Stats|Groups|ReplayAll|Archive)'; see the README).
+// 'DLQ/(List|Show|Stats|Groups|ReplayAll|Archive)'; see docs/performance.md).
 func benchMessages() int {
 	if n, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_DLQ_MESSAGES")); err == nil && n > 0 {
 		return n

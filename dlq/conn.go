@@ -63,11 +63,6 @@ func (s Source) String() string {
 	return "dlq"
 }
 
-// openDLQ opens a channel and checks that queue's DLQ exists, returning its ready count.
-func openDLQ(conn *amqp.Connection, queue string) (*amqp.Channel, int, error) {
-	return openSource(conn, queue, FromDLQ)
-}
-
 // openSource opens a channel and checks that queue's source queue exists, returning its
 // ready count.
 func openSource(conn *amqp.Connection, queue string, src Source) (*amqp.Channel, int, error) {

@@ -318,11 +318,11 @@ func (s *Stats) Snapshot() []TypeStats {
 }
 
 // sum adds the window's counts at epoch to ts. Called with the Stats' mu.
-func (sr *series) sum(epoch int64, ts *TypeStats) {
-	sr.advance(epoch)
+func (s *series) sum(epoch int64, ts *TypeStats) {
+	s.advance(epoch)
 	var resolved int64
-	for i := range sr.ring {
-		c := &sr.ring[i]
+	for i := range s.ring {
+		c := &s.ring[i]
 		ts.Messages += int64(c.messages)
 		ts.Retries += int64(c.retries)
 		resolved += int64(c.resolved)

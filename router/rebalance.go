@@ -28,7 +28,7 @@ import (
 // With Config.Idempotency an idempotency.Guard, an instance giving a partition up
 // broadcasts its done keys to the others (before cancelling its consumer and again once
 // what it held settled), so the new owner knows them; a killed instance hands nothing
-// over: see the README (Scaling out). It needs WithPartitions; it replaces the start-up
+// over: see docs/scaling.md (Scaling out). It needs WithPartitions; it replaces the start-up
 // claiming of WithPartitions.
 func WithRebalancing(heartbeat time.Duration) HandlerOption {
 	return func(c *handlerConfig) { c.rebalance, c.heartbeat = true, heartbeat }

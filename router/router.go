@@ -389,13 +389,13 @@ func (s *Stack) Run(ctx context.Context) error {
 		if err != nil {
 			// The messages waiting for the restore go back unprocessed.
 			_ = s.router.Close()
-			<-ran
+			<-ran //nolint:errcheck // Run's own end is superseded by the restore's failure, err
 			return err
 		}
 		return <-ran
 	case err := <-ran:
 		cancel()
-		<-restored
+		<-restored //nolint:errcheck // the caller hears Run's end, not the cancelled restore's
 		return err
 	}
 }

@@ -136,6 +136,8 @@ if [ "$v43" != 0 ]; then
 	export SLUICE_RABBITMQ=4.3
 	# shellcheck disable=SC2086 # PKGS is a list of patterns
 	AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 25m $PKGS || status=1
+	# The soak's own unit tests (its growth detector and table), which need no broker.
+	part "RabbitMQ 4.3" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1
 	if [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
 		AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
 	fi
@@ -143,7 +145,7 @@ if [ "$v43" != 0 ]; then
 		# The network and broker fault suite: nodes of its own, never beside other broker tests.
 		# The partition scenario runs on 3.10 (part 2): on a 4.3 cluster (Khepri) the
 		# minority nacks or leaves unconfirmed every publish for about 90 s, and sluice's
-		# publisher does not yet move to another node on that (README, RabbitMQ versions).
+		# publisher does not yet move to another node on that (docs/reliability.md, RabbitMQ versions).
 		AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 20m -tags faults -skip '^TestPartition$' ./test/faults/ || status=1
 	fi
 	[ "$started43" = 1 ] && { ./scripts/rabbitmq4.sh stop sluice43 >/dev/null 2>&1 || true; }
@@ -156,14 +158,22 @@ if [ "$v43" != 0 ]; then
 	if [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
 		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags faults -run '^TestPartition$' ./test/faults/ || status=1
 	fi
+	if [ "${CI:-}" = true ]; then
+		# The soak in CI: 3 minutes of make soak's load on 3.10 (make soak runs 30 by default).
+		SLUICE_RABBITMQ=3.10 SOAK_DURATION=3m part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags soak -run '^TestSoak$' ./test/soak/ || status=1
+	fi
 else
 	# shellcheck disable=SC2086
 	SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 25m $PKGS || status=1
+	part "RabbitMQ 3.10" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1
 	if [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
 		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
 	fi
 	if [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
 		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 20m -tags faults ./test/faults/ || status=1
+	fi
+	if [ "${CI:-}" = true ]; then
+		SLUICE_RABBITMQ=3.10 SOAK_DURATION=3m part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags soak -run '^TestSoak$' ./test/soak/ || status=1
 	fi
 fi
 

@@ -88,7 +88,7 @@ func WithEventLog(logger *slog.Logger, limit LogLimit) Option {
 // Instrumentation creates the spans and records the metrics of sluice's message flow. It
 // is safe for concurrent use.
 //
-// Metrics (names as in OpenTelemetry; README's Operations section lists the names the
+// Metrics (names as in OpenTelemetry; docs/operations.md (Metrics) lists the names the
 // Prometheus exporter writes, such as sluice_retries_total):
 //   - messaging.process.duration, messaging.client.consumed.messages,
 //     messaging.client.sent.messages, messaging.client.operation.duration: the messaging

@@ -165,14 +165,6 @@ func peekDLQ(t *testing.T, e *env, queue string, want int) []string {
 	return ids
 }
 
-func seq(prefix string, n int) []string {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("%s%03d", prefix, i)
-	}
-	return ids
-}
-
 // TestDLQCLI runs `sluice dlq` as an operator would, on DLQs filled by a real stack.
 func TestDLQCLI(t *testing.T) {
 	c := &dlqCLI{e: rabbitEnv(t), bin: sluiceCLI(t)}

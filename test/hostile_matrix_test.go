@@ -28,7 +28,7 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// matrixRow is one header sluice owns, forged by a producer (README, "Headers a producer
+// matrixRow is one header sluice owns, forged by a producer (docs/reliability.md, "Headers a producer
 // cannot steer").
 type matrixRow struct {
 	name string

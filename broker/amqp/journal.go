@@ -205,7 +205,7 @@ func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver fun
 		first = "first"
 	}
 	var (
-		next      any   = first // x-stream-offset of the next consume
+		next            = any(first) // x-stream-offset of the next consume (a name, later an offset)
 		last      int64 = -1
 		caught    bool
 		firstPass = true

@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-go/sluice/telemetry"
 )
 
-// config is the service's configuration, read from the environment (see README).
+// config is the service's configuration, read from the environment (see docs/getting-started.md, The payment example).
 type config struct {
 	retry       retry.Config
 	serviceName string
@@ -141,7 +141,7 @@ func loadConfig() (config, error) {
 	return c, nil
 }
 
-// Routing keys of the publish/subscribe set-up (README, "Publish/subscribe").
+// Routing keys of the publish/subscribe set-up (docs/concepts.md, "Publish/subscribe").
 const (
 	// defaultBindingKey is PAYMENTS_BINDING_KEY's default: payment requests.
 	defaultBindingKey = "payment.requested"

@@ -290,7 +290,7 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	return 0
 }
 
-type snapshot struct{ succeeded, retrying, dead, duplicates, doubleCharges, wrongAttempts int }
+type snapshot struct{ succeeded, retrying, dead, duplicates, doubleCharges int }
 
 func (t *tally) snapshot() snapshot {
 	t.mu.Lock()

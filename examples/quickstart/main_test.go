@@ -24,7 +24,7 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// readmeMarker precedes, in README.md, the code block that must be this program.
+// readmeMarker precedes, in docs/getting-started.md, the code block that must be this program.
 const readmeMarker = "<!-- examples/quickstart/main.go -->"
 
 // Issue 17: the README's first example registered WithIdempotencyKey without

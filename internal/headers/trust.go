@@ -16,7 +16,7 @@ import (
 )
 
 // Headers that keep a producer's value of one of sluice's headers apart from sluice's own,
-// and the headers that tell sluice's state from a producer's (README, "Headers a producer
+// and the headers that tell sluice's state from a producer's (docs/reliability.md, "Headers a producer
 // cannot steer").
 const (
 	// ProducerOriginalQueue keeps the x-original-queue a message arrived with when it named

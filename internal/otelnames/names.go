@@ -1,6 +1,6 @@
 // Package otelnames holds the names of sluice's metrics and of its span and metric
 // attributes, for package telemetry that records them and for the tests and the CLI that
-// read them. README's Operations section lists the names the Prometheus exporter writes.
+// read them. docs/operations.md (Metrics) lists the names the Prometheus exporter writes.
 package otelnames
 
 import (

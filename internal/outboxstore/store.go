@@ -15,6 +15,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // FileName is the name of the outbox file in outbox.Config.Dir.
@@ -375,7 +376,7 @@ func (s *Store) Close() error {
 		<-s.done
 		err = s.db.Close()
 	})
-	if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+	if errors.Is(err, bolterrors.ErrDatabaseNotOpen) {
 		return nil
 	}
 	return err

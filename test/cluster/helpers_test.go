@@ -104,7 +104,7 @@ func workload(run string, total, ids int, seed uint64) []payment {
 	return out
 }
 
-// producer publishes requests the way the README tells a producer to: to the partition
+// producer publishes requests the way docs/scaling.md tells a producer to: to the partition
 // exchange, with the payment_id as routing key, persistent, confirmed.
 type producer struct {
 	ch *amqp091.Channel

@@ -199,7 +199,7 @@ func (l *ledger) settled() bool {
 	return l.count(func(r *record) bool { return r.publish == confirmed && r.place == "" }) == 0
 }
 
-// summary is a scenario's line for the README table.
+// summary is a scenario's line for docs/reliability.md's fault table.
 type summary struct {
 	Confirmed, Failed, Unrouted, Processed, DLQ, Lost, Duplicates int
 }

@@ -89,7 +89,7 @@ func startPartitionCluster(t *testing.T) *testCluster {
 			},
 			Env: map[string]string{"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": args},
 			// A delayed message whose delay queue's leader moved mid-forward waits for
-			// the dead-letter worker's retry: 3 minutes by default (see the README's
+			// the dead-letter worker's retry: 3 minutes by default (see docs/reliability.md's
 			// note on the chaos test), 5 s here.
 			Files: map[string][]byte{"advanced.config": []byte("[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].\n")},
 		}
@@ -120,7 +120,7 @@ func (c *testCluster) cutRules() [][]string {
 	var rules [][]string
 	// A new connection is refused at once: Erlang's auto-connect would otherwise hold
 	// every sender to the lost node for net_setuptime (7 s) per attempt, and the nodes
-	// attempt all the time (see the README on what that did to the majority's channels).
+	// attempt all the time (see docs/reliability.md on what that did to the majority's channels).
 	for _, r := range match {
 		rules = append(rules, append(slices.Clone(r), "--syn", "-j", "REJECT", "--reject-with", "tcp-reset"))
 	}
@@ -280,8 +280,8 @@ func TestPartition(t *testing.T) {
 				default:
 				}
 				// Plain messages: a retry or dead-letter hand-off during the cut meets
-				// RabbitMQ's stalls on the moved delay and dead-letter queues (see the
-				// README) and would hold the shared publishing channel; the messages
+				// RabbitMQ's stalls on the moved delay and dead-letter queues (see
+				// docs/reliability.md) and would hold the shared publishing channel; the messages
 				// published before and after the cut cover those paths.
 				id := fmt.Sprintf("part-during-%05d", seq.Add(1))
 				begin := time.Now()

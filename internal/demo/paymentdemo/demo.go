@@ -112,14 +112,14 @@ func (d Request) ExpectWithin(maxAttempts int) Expectation {
 	case KindMissingField, KindEmptyField, KindNonPositiveAmount, KindBadCurrency, KindAmountString, KindAmountFloat:
 		return deadLettered(1, example_payment.ErrorTypeValidation)
 	}
-	switch {
-	case d.Source == paymentsim.TokenInsufficientFunds:
+	switch d.Source {
+	case paymentsim.TokenInsufficientFunds:
 		return deadLettered(1, example_payment.ErrorTypeInsufficientFunds)
-	case d.Source == paymentsim.TokenTimeout:
+	case paymentsim.TokenTimeout:
 		return deadLettered(maxAttempts, example_payment.ErrorTypeGatewayTimeout)
-	case d.Source == paymentsim.TokenPanic:
+	case paymentsim.TokenPanic:
 		return deadLettered(maxAttempts, ErrorTypePanic)
-	case d.Source == paymentsim.TokenRateLimited:
+	case paymentsim.TokenRateLimited:
 		return succeedsOn(2, maxAttempts, paymentsim.ErrorTypeRateLimited)
 	default:
 		return succeedsOn(paymentsim.FlakyFailures(d.Source)+1, maxAttempts, example_payment.ErrorTypeGatewayTimeout)

@@ -58,7 +58,7 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
-// screenshot saves the viewport as docs/name, the picture the README shows.
+// screenshot saves the viewport as docs/name, the picture the docs show.
 func screenshot(t *testing.T, name string) chromedp.Action[chromedp.Void] {
 	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		png, err := chromedp.CaptureScreenshot()(ctx, tg)
@@ -66,7 +66,7 @@ func screenshot(t *testing.T, name string) chromedp.Action[chromedp.Void] {
 			return err
 		}
 		// Into the test's own folder: make test leaves the tree as it found it. The
-		// README's pictures are refreshed on purpose with `make screenshots`, which sets
+		// The docs' pictures are refreshed on purpose with `make screenshots`, which sets
 		// SLUICE_SCREENSHOTS to docs/.
 		dir := os.Getenv("SLUICE_SCREENSHOTS")
 		if dir == "" {

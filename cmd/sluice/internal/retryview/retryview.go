@@ -331,9 +331,11 @@ func (s Source) promQuery(ctx context.Context, base, query string) ([]promSample
 		_ = json.Unmarshal([]byte(he.Body), &resp) // Prometheus explains a refused query
 	}
 	if resp.Status != "success" {
+		//nolint:staticcheck // ST1005: "Prometheus" is a name, capitalized wherever it stands
 		return nil, fmt.Errorf("Prometheus at %s refused the query %s: %s: %s", mask.URL(base), query, resp.ErrorType, resp.Error)
 	}
 	if resp.Data.ResultType != "vector" {
+		//nolint:staticcheck // ST1005: "Prometheus" is a name, capitalized wherever it stands
 		return nil, fmt.Errorf("Prometheus at %s answered a %q for %s, want a vector", mask.URL(base), resp.Data.ResultType, query)
 	}
 	out := make([]promSample, 0, len(resp.Data.Result))
