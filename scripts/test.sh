@@ -24,6 +24,8 @@
 #   SLUICE_TEST_JAEGER=0   neither start nor stop the local Jaeger (use JAEGER_QUERY_URL's)
 #   SLUICE_TEST_CHAOS=0    leave out the chaos test
 #   SLUICE_TEST_FAULTS=0   leave out the fault suite (test/faults)
+#   SLUICE_TEST_SOAK       0: leave out test/soak; 1: its unit tests; ci: those and a 3-minute
+#                          soak (default: ci under CI=true, else 1; 0 when PKGS is not ./...)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -130,6 +132,16 @@ part() {
 	return $rc
 }
 
+# The soak (test/soak): its unit tests in every full run, and a 3-minute soak in CI.
+soak="${SLUICE_TEST_SOAK:-}"
+if [ -z "$soak" ]; then
+	soak=0
+	if [ "$PKGS" = ./... ]; then
+		soak=1
+		[ "${CI:-}" = true ] && soak=ci
+	fi
+fi
+
 status=0
 if [ "$v43" != 0 ]; then
 	say "part 1: every test on RabbitMQ 4.3 ($url43)"
@@ -137,7 +149,7 @@ if [ "$v43" != 0 ]; then
 	# shellcheck disable=SC2086 # PKGS is a list of patterns
 	AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 25m $PKGS || status=1
 	# The soak's own unit tests (its growth detector and table), which need no broker.
-	part "RabbitMQ 4.3" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1
+	[ "$soak" != 0 ] && { part "RabbitMQ 4.3" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1; }
 	if [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
 		AMQP_URL="$url43" part "RabbitMQ 4.3" -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
 	fi
@@ -158,21 +170,21 @@ if [ "$v43" != 0 ]; then
 	if [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
 		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags faults -run '^TestPartition$' ./test/faults/ || status=1
 	fi
-	if [ "${CI:-}" = true ]; then
+	if [ "$soak" = ci ]; then
 		# The soak in CI: 3 minutes of make soak's load on 3.10 (make soak runs 30 by default).
 		SLUICE_RABBITMQ=3.10 SOAK_DURATION=3m part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags soak -run '^TestSoak$' ./test/soak/ || status=1
 	fi
 else
 	# shellcheck disable=SC2086
 	SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 25m $PKGS || status=1
-	part "RabbitMQ 3.10" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1
+	[ "$soak" != 0 ] && { part "RabbitMQ 3.10" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1; }
 	if [ "${SLUICE_TEST_CHAOS:-1}" != 0 ]; then
 		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
 	fi
 	if [ "${SLUICE_TEST_FAULTS:-1}" != 0 ]; then
 		SLUICE_RABBITMQ=3.10 part "RabbitMQ 3.10" -race -count=1 -timeout 20m -tags faults ./test/faults/ || status=1
 	fi
-	if [ "${CI:-}" = true ]; then
+	if [ "$soak" = ci ]; then
 		SLUICE_RABBITMQ=3.10 SOAK_DURATION=3m part "RabbitMQ 3.10" -race -count=1 -timeout 15m -tags soak -run '^TestSoak$' ./test/soak/ || status=1
 	fi
 fi
