@@ -131,23 +131,6 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	}
 	// Closed after the stack (closers run in reverse), so the snapshot holds every completion.
 	svc.closers = append(svc.closers, guard.Close)
-	recreated, _ := b.(interface{ JournalsRecreated() int64 })
-	jreg, err := inst.RegisterJournal(func() telemetry.JournalState {
-		j := guard.Stats().Journal
-		st := telemetry.JournalState{
-			Restoring: j.Restoring, Restored: j.Restored, RestoreDuration: j.RestoreDuration,
-			Appended: j.Appended, Failures: j.Failures, Skipped: j.Skipped, Lag: j.Lag, Unconfirmed: j.Unconfirmed,
-		}
-		if recreated != nil {
-			st.Recreated = recreated.JournalsRecreated()
-		}
-		return st
-	})
-	if err != nil {
-		_ = svc.close()
-		return nil, fmt.Errorf("telemetry: %w", err)
-	}
-	svc.closers = append(svc.closers, jreg.Unregister)
 	// One stack per cluster, built alike and sharing the guard, the breaker and the
 	// gateway: a request the producer failed over with is settled on the cluster it is on,
 	// and a copy on both clusters (its primary confirm lost) is charged once.
@@ -183,6 +166,17 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		return nil, err
 	}
 	svc.stack = stack
+	// The idempotency journal's metrics (the dashboard's journal row), read through the
+	// stack as otelsetup.Operate reads them.
+	jreg, err := inst.RegisterJournal(func() telemetry.JournalState {
+		st, _ := stack.JournalState()
+		return st
+	})
+	if err != nil {
+		_ = svc.close()
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	svc.closers = append(svc.closers, jreg.Unregister)
 	// The retry statistics and the retry decision matrix (sluice retries, sluice policy).
 	providers.ServeStack(stack)
 	if cfg.consumeSecondary && cfg.secondaryURL != "" {
