@@ -1,5 +1,13 @@
 // Package test holds sluice's integration, end-to-end and chaos tests. They run against a
 // real RabbitMQ (and Jaeger where said); the embedded broker runs the same scenarios.
+//
+// Which tests run in parallel: the long ones that only wait on a broker or a process of
+// their own and touch nothing process-wide. Each uses queues named by testenv.Name or a
+// node it starts, sets no environment variable (t.Setenv panics in a parallel test), and
+// judges no timing another test's load would shift; the rest stay serial, and Go runs
+// them all before any parallel one resumes, so a serial test never shares the machine
+// with them. The overload, learned-retry and journal-concurrency scenarios measure rates
+// and stay serial. Their call reads `t.Parallel() // its own queues or node ...`.
 package test
 
 import (
