@@ -89,7 +89,24 @@ var (
 )
 
 // rabbitmq4 returns the launcher of the 4.3 chroot, made (once, cached) and mounted.
+// It mounts on every call, not once: a node's cleanup unmounts the chroot when it was the
+// last node running there (releaseChroot), and the next node of the same test binary
+// would otherwise boot without /proc (RabbitMQ's memory monitor fails, "BOOT FAILED").
 func rabbitmq4() (launcher, error) {
+	l, err := chrootLauncher()
+	if err != nil {
+		return l, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, l.wrap[0], "mount").CombinedOutput(); err != nil {
+		return l, fmt.Errorf("scripts/rabbitmq4.sh mount: %v: %s", err, out)
+	}
+	return l, nil
+}
+
+// chrootLauncher makes the 4.3 chroot (once, cached) and returns its launcher.
+func chrootLauncher() (launcher, error) {
 	chrootOnce.Do(func() {
 		_, file, _, ok := runtime.Caller(0)
 		if !ok {
@@ -100,11 +117,9 @@ func rabbitmq4() (launcher, error) {
 		script := filepath.Join(root, "scripts", "rabbitmq4.sh")
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
-		for _, sub := range []string{"ensure", "mount"} {
-			if out, err := exec.CommandContext(ctx, script, sub).CombinedOutput(); err != nil {
-				chrootErr = fmt.Errorf("scripts/rabbitmq4.sh %s: %v: %s", sub, err, out)
-				return
-			}
+		if out, err := exec.CommandContext(ctx, script, "ensure").CombinedOutput(); err != nil {
+			chrootErr = fmt.Errorf("scripts/rabbitmq4.sh ensure: %v: %s", err, out)
+			return
 		}
 		out, err := exec.CommandContext(ctx, script, "root").Output()
 		if err != nil {
