@@ -167,7 +167,7 @@ func peekDLQ(t *testing.T, e *env, queue string, want int) []string {
 
 // TestDLQCLI runs `sluice dlq` as an operator would, on DLQs filled by a real stack.
 func TestDLQCLI(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
+	t.Parallel() // its own queues on the shared node: see the package doc
 	c := &dlqCLI{e: rabbitEnv(t), bin: sluiceCLI(t)}
 	t.Run("list, show and stats leave the DLQ as it was", c.testReadOnly)
 	t.Run("replay moves messages back to the running stack", c.testReplay)

@@ -25,7 +25,7 @@ import (
 // replaying the corrected copy again is absorbed by the idempotency step; every refused
 // edit changes nothing; `sluice audit` lists what was done and by whom.
 func TestDLQEditPayment(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
+	t.Parallel() // its own queues on the shared node: see the package doc
 	r := testenv.NewRabbit(t)
 	queue, output := testenv.Name("edit.payments.requested"), testenv.Name("edit.payments.succeeded")
 	dlqName, archive := topology.DLQ(queue), topology.Archive(queue)

@@ -108,7 +108,7 @@ func cliGroups(t *testing.T, bin, url, queue string, extra ...string) []map[stri
 // TestDLQCLIOperations runs groups, replay, archive and purge by group, replay --to and
 // the not-found exits as an operator would.
 func TestDLQCLIOperations(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
+	t.Parallel() // its own queues on the shared node: see the package doc
 	e := rabbitEnv(t)
 	bin := sluiceCLI(t)
 	url := e.rabbit.URL
@@ -195,7 +195,7 @@ func TestDLQCLIOperations(t *testing.T) {
 // middle of their run, runs them again, and checks every message is exactly once where it
 // should be, and the DLQ keeps the others in their order, rotated at the point of the kill.
 func TestDLQCLIKilledMidRun(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
+	t.Parallel() // its own queues on the shared node: see the package doc
 	const total = 20000
 	e := rabbitEnv(t)
 	// Without the race detector: this test is about what a killed process leaves behind,

@@ -1,13 +1,15 @@
 // Package test holds sluice's integration, end-to-end and chaos tests. They run against a
 // real RabbitMQ (and Jaeger where said); the embedded broker runs the same scenarios.
 //
-// Which tests run in parallel: the long ones that only wait on a broker or a process of
-// their own and touch nothing process-wide. Each uses queues named by testenv.Name or a
-// node it starts, sets no environment variable (t.Setenv panics in a parallel test), and
+// Which tests run in parallel: the long ones that only wait on the shared node and a
+// process of their own and touch nothing process-wide. Each uses queues named by
+// testenv.Name, sets no environment variable (t.Setenv panics in a parallel test), and
 // judges no timing another test's load would shift; the rest stay serial, and Go runs
 // them all before any parallel one resumes, so a serial test never shares the machine
-// with them. The overload, learned-retry and journal-concurrency scenarios measure rates
-// and stay serial. Their call reads `t.Parallel() // its own queues or node ...`.
+// with them. Tests that start a node of their own stay serial: on RabbitMQ 4.3 several
+// nodes booting at once in the chroot on two loaded cores missed the 90 s boot limit. The
+// overload, learned-retry and journal-concurrency scenarios measure rates and stay
+// serial too. The parallel ones call `t.Parallel() // its own queues on the shared node`.
 package test
 
 import (

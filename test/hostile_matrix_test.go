@@ -258,7 +258,7 @@ func matrixRows(queue, victim string) []matrixRow {
 // the replay reported the message moved (and ignored_origins), and that the message came
 // back to the queue it was dead-lettered from, with its history kept.
 func TestHostileHeaderMatrix(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
+	t.Parallel() // its own queues on the shared node: see the package doc
 	start := time.Now()
 	e := rabbitEnv(t)
 	queue := e.newQueue(t, "test.matrix")

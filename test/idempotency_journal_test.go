@@ -179,7 +179,6 @@ func restoredLine(logs string) string {
 // last offset, and a Guard started after the restart restores every key from before and
 // after it.
 func TestIdempotencyJournal_BrokerRestart(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
 	testenv.AMQPURL(t)
 	node := testenv.StartNode(t, testenv.NodeOptions{})
 	ctx := context.Background()

@@ -89,7 +89,6 @@ func mgmtNode(t *testing.T) (*testenv.Node, string) {
 // unacked included, and then the payment service's /readyz and connection metrics
 // while the node's broker is stopped and started again.
 func TestManagementDepthAndReadiness(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
 	n, mgmtURL := mgmtNode(t)
 	t.Logf("node with the management plugin started in %s", n.StartTime)
 	conn, err := amqp091.Dial(n.URL())

@@ -18,7 +18,6 @@ import (
 // primary confirm was lost leaves behind) is charged once, since both stacks share the
 // idempotency store.
 func TestPaymentsServeConsumesBothClusters(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
 	primary := testenv.NewRabbit(t)
 	node := testenv.StartNode(t, testenv.NodeOptions{})
 	secondary := node.Rabbit(t)

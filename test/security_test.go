@@ -332,7 +332,6 @@ func newTestCA(t *testing.T, dir string) testCA {
 // test's own, with a TLS listener and a certificate from the test's own CA. The shared node
 // is not reconfigured.
 func TestTLSConnection(t *testing.T) {
-	t.Parallel() // its own queues or node: see the package doc
 	ca := newTestCA(t, t.TempDir())
 	tlsPort := testenv.FreePort(t)
 	files := map[string][]byte{}
