@@ -49,7 +49,9 @@ there is no access control: anyone on this machine can act.
 Retries and Retry policy: each handler's retry statistics (as sluice retries) and
 its retry decision matrix (as sluice policy), read from the running service's
 metrics server at SLUICE_SERVICE_URL (default ` + retryview.DefaultServiceURL + `: its METRICS_ADDR);
-the statistics from Prometheus instead when PROMETHEUS_URL is set. Each page says
+the statistics from Prometheus instead when PROMETHEUS_URL is set. Journal: the
+idempotency journal's state, restore, lag and failures (as sluice journal), from the
+service's /metrics, or from Prometheus when PROMETHEUS_URL is set. Each page says
 which it read.
 
 Reads AMQP_URL, RABBITMQ_MANAGEMENT_URL, JAEGER_QUERY_URL (default ` + jaeger.DefaultQueryURL + `,

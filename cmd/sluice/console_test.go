@@ -272,7 +272,9 @@ func TestConsoleRetriesSource(t *testing.T) {
 				vars[k] = v
 			}
 			base, out := startConsole(t, vars, "--addr", "127.0.0.1:0", "--queue", "some.queue")
-			assert.Contains(t, out.String(), tc.wantOut)
+			// startConsole returns once the address is printed; the source line follows it.
+			assert.Eventually(t, func() bool { return strings.Contains(out.String(), tc.wantOut) }, 5*time.Second, 10*time.Millisecond,
+				"want %q in the start-up output", tc.wantOut)
 			code, body := fetch(t, base+"/api/v1/retries?handler=pay", nil)
 			require.Equal(t, http.StatusOK, code, body)
 			var r retriesReport

@@ -39,6 +39,7 @@ var commands = []command{
 	{name: "console", summary: "serve the operator console (web pages and a JSON API) on 127.0.0.1:8090", run: runConsole},
 	{name: "retries", summary: "show retry statistics per handler and error type (service endpoint or Prometheus)", run: runRetries},
 	{name: "policy", summary: "show the running service's retry decision matrix (--markdown for a runbook)", run: runPolicy},
+	{name: "journal", summary: "show the idempotency journal's state, restore, lag and failures (service endpoint or Prometheus)", run: runJournal},
 }
 
 // Exit codes.

@@ -2,9 +2,9 @@
 // that use sluice's topology, their failure groups, one failed message with its retry
 // timeline from Jaeger, replay, archive and purge of a message, a selection or a group,
 // edit-and-retry of one message, the archive (browsed and restored like the DLQ) and the
-// audit trail of every action, and each handler's retry statistics and retry decision
-// matrix (from the running service, or Prometheus), as HTML pages and as a JSON API under
-// /api/v1/.
+// audit trail of every action, each handler's retry statistics and retry decision matrix,
+// and the idempotency journal's figures (from the running service, or Prometheus), as HTML
+// pages and as a JSON API under /api/v1/.
 //
 // Every page is rendered on the server with html/template, so failure records, headers and
 // payloads (which a producer controls) are escaped text, never markup; the only script is
@@ -164,7 +164,7 @@ func (s *Server) parseTemplates() error {
 	funcs := template.FuncMap{"ts": formatTime, "ago": ago, "path": url.PathEscape, "query": url.QueryEscape,
 		"add": func(a, b int) int { return a + b }, "fmtf": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
 		"decision": router.DecisionText}
-	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error", "edit", "edited", "audit", "retries", "policy"} {
+	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error", "edit", "edited", "audit", "retries", "policy", "journal"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("console: parse template %s: %w", page, err)
@@ -191,6 +191,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /retries/{handler}", s.retriesPage)
 	mux.HandleFunc("GET /policy", s.policyPage)
 	mux.HandleFunc("GET /policy/{handler}", s.policyPage)
+	mux.HandleFunc("GET /journal", s.journalPage)
+	mux.HandleFunc("GET /api/v1/journal", s.apiJournal)
 	mux.HandleFunc("GET /api/v1/retries", s.apiRetries)
 	mux.HandleFunc("GET /api/v1/policy", s.apiPolicy)
 	mux.HandleFunc("GET /api/v1/audit", s.apiAudit)

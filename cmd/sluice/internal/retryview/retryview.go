@@ -1,6 +1,8 @@
-// Package retryview reads what `sluice retries`, `sluice policy` and the console's retry
-// pages show: a running service's retry statistics, from Prometheus or from the service's
-// own debug endpoint, and its retry decision matrix, from the service.
+// Package retryview reads what `sluice retries`, `sluice policy`, `sluice journal` and the
+// console's retry and journal pages show: a running service's retry statistics, from
+// Prometheus or from the service's own debug endpoint, its retry decision matrix, from the
+// service, and its idempotency journal's figures, from Prometheus or the service's metrics
+// (journal.go). The journal view lives here because it reads the same two sources.
 //
 // The CLI and the console read the same environment variables (PROMETHEUS_URL,
 // SLUICE_SERVICE_URL) in cmd/sluice and hand them over as a Source, so both say the same
