@@ -50,6 +50,16 @@ type Config struct {
 	DeliveryLimit int
 	// PublishTimeout bounds a publish whose context has no deadline. Zero means 30s.
 	PublishTimeout time.Duration
+	// ConfirmStallTimeout is how long the publishing connection may go without RabbitMQ
+	// confirming what it waits for (one publish unconfirmed that long, or only nacks, missed
+	// deadlines and unconfirmed publishes meanwhile) before the publisher closes it and
+	// reconnects through the next of URLs, publishing again what was unconfirmed, as after a
+	// connection loss. It covers a node that keeps its clients' connections but cannot
+	// confirm, as a RabbitMQ 4.x node on the minority side of a partition does. A connection
+	// RabbitMQ blocked (memory or disk alarm) is exempt; a publisher that only publishes to
+	// queues refusing its messages (overflow reject-publish) reconnects once per period.
+	// Zero means 20s; negative turns the check off; a positive value under 1s is refused.
+	ConfirmStallTimeout time.Duration
 	// ReconnectMaxInterval caps the wait between reconnect attempts. Zero means 5s.
 	ReconnectMaxInterval time.Duration
 	// DrainTimeout is how long a closing subscriber waits for in-flight messages to be
@@ -106,6 +116,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PublishTimeout <= 0 {
 		c.PublishTimeout = 30 * time.Second
+	}
+	if c.ConfirmStallTimeout == 0 {
+		c.ConfirmStallTimeout = defaultConfirmStallTimeout
+	}
+	if c.ConfirmStallTimeout > 0 && c.ConfirmStallTimeout < minConfirmStallTimeout {
+		return fmt.Errorf("amqp: ConfirmStallTimeout %s is below the minimum %s (negative turns the check off)", c.ConfirmStallTimeout, minConfirmStallTimeout)
 	}
 	if c.ReconnectMaxInterval <= 0 {
 		c.ReconnectMaxInterval = 5 * time.Second

@@ -245,6 +245,31 @@ func (c *connection) get(ctx context.Context) (*amqp.Connection, error) {
 	}
 }
 
+// current returns the live connection, or nil while there is none.
+func (c *connection) current() *amqp.Connection {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn
+}
+
+// abandon closes conn, when it is still the live connection, because its node stopped
+// confirming publishes (reason says how): watch then reconnects through the next URL, as
+// after any loss, and what waited for a confirm on it is published again.
+func (c *connection) abandon(conn *amqp.Connection, reason string) {
+	c.mu.Lock()
+	live := conn != nil && c.conn == conn
+	c.mu.Unlock()
+	if !live || c.isClosing() {
+		return
+	}
+	c.logger.Warn("RabbitMQ node stopped confirming publishes; reconnecting through the next URL", "reason", reason, "connection", c.name)
+	// The node still answers connection.close (it only lost its cluster); the deadline is
+	// for one that does not.
+	if err := conn.CloseDeadline(time.Now().Add(closeTimeout)); err != nil && !errors.Is(err, amqp.ErrClosed) {
+		c.logger.Warn("close of the stalled connection failed; dropped it", "error", maskErr(err, c.urls), "connection", c.name)
+	}
+}
+
 // frameMax is the frame_max negotiated with the live connection's node, or the one asked for
 // while there is no connection (a node can only lower it).
 func (c *connection) frameMax() int {

@@ -30,7 +30,9 @@ var _ sluice.ContextPublisher = (*Publisher)(nil)
 // is confirmed by RabbitMQ, or with an error on nack, return or timeout. It is safe for
 // concurrent callers. When the connection drops it waits for the reconnect within the
 // publish's deadline and publishes again what was not confirmed; it never reports success
-// for an unconfirmed message (a message confirmed twice is possible: at-least-once).
+// for an unconfirmed message (a message confirmed twice is possible: at-least-once). A
+// connection whose node stops confirming (Config.ConfirmStallTimeout) is closed and
+// treated the same way, reconnecting through the next URL.
 //
 // Publish(topic) sends to the default exchange with the topic as routing key, i.e. to the
 // queue named topic. PublishTo sends to any exchange.
@@ -42,10 +44,15 @@ type Publisher struct {
 	cc *confirmChannel
 	// closing counts channels being closed aside (see forgetChannel).
 	closing sync.WaitGroup
+	// stall moves the connection to another node when its node stops confirming (nil when
+	// Config.ConfirmStallTimeout turned that off).
+	stall *stallWatch
 }
 
 func newPublisher(conn *connection, cfg Config) *Publisher {
-	return &Publisher{conn: conn, cfg: cfg}
+	p := &Publisher{conn: conn, cfg: cfg}
+	p.stall = startStallWatch(p, cfg.ConfirmStallTimeout)
+	return p
 }
 
 // Publish publishes messages to the queue named topic and waits for their confirms. The
@@ -173,7 +180,7 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc, err := newConfirmChannel(ch)
+	cc, err := newConfirmChannel(ch, p.stall)
 	if err != nil {
 		return nil, err
 	}
@@ -197,6 +204,9 @@ func (p *Publisher) forgetChannel(cc *confirmChannel, why string) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// Counted even when another caller replaced the channel: a node that nacks everything
+	// is told apart from one that nacks now and then by the confirms between (stallWatch).
+	p.stall.failed()
 	if p.cc != cc {
 		return nil // already replaced by another caller
 	}
@@ -225,6 +235,7 @@ func (p *Publisher) dropChannel(cc *confirmChannel) {
 // Close closes the publisher's channel. Publishes still waiting fail. Broker.Close closes
 // the publishing connection first, so this never waits on a node that does not answer.
 func (p *Publisher) Close() error {
+	p.stall.close()
 	p.mu.Lock()
 	cc := p.cc
 	p.cc = nil
@@ -245,6 +256,8 @@ type confirmChannel struct {
 	mu      sync.Mutex
 	pending map[uint64]*inflight
 	closed  bool
+	// stall counts the channel's positive confirms (nil counts nothing).
+	stall *stallWatch
 
 	done chan struct{}
 }
@@ -273,12 +286,12 @@ func (f *inflight) release() {
 	inflightPool.Put(f)
 }
 
-func newConfirmChannel(ch *amqp.Channel) (*confirmChannel, error) {
+func newConfirmChannel(ch *amqp.Channel, stall *stallWatch) (*confirmChannel, error) {
 	if err := ch.Confirm(false); err != nil {
 		_ = ch.Close()
 		return nil, fmt.Errorf("enable publisher confirms: %w", err)
 	}
-	cc := &confirmChannel{ch: ch, pending: map[uint64]*inflight{}, done: make(chan struct{})}
+	cc := &confirmChannel{ch: ch, pending: map[uint64]*inflight{}, done: make(chan struct{}), stall: stall}
 	// Both are read by one goroutine. returns is unbuffered: amqp091 delivers a
 	// basic.return before the basic.ack of the same message from its single reader
 	// goroutine, and that send completes only once dispatch took the return, so the
@@ -326,6 +339,7 @@ func (cc *confirmChannel) dispatch(confirms <-chan amqp.Confirmation, returns <-
 			case !c.Ack:
 				f.result <- ErrNacked
 			default:
+				cc.stall.acked()
 				f.result <- nil
 			}
 		}

@@ -128,11 +128,6 @@ func (j *tappedJournal) Append(ctx context.Context, body []byte) error {
 	return nil
 }
 
-// resyncing is the stream journal's follower that reports a lost place.
-type resyncing interface {
-	FollowResyncing(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error
-}
-
 // FollowResyncing keeps the stream journal's resyncing follower visible to the
 // idempotency step, noting each catch-up.
 func (j *tappedJournal) FollowResyncing(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
@@ -142,10 +137,10 @@ func (j *tappedJournal) FollowResyncing(ctx context.Context, since time.Time, de
 		j.tap.mu.Unlock()
 		caughtUp()
 	}
-	if rj, ok := j.Journal.(resyncing); ok {
+	if rj, ok := j.Journal.(broker.ResyncingJournal); ok {
 		return rj.FollowResyncing(ctx, since, deliver, noted, behind)
 	}
-	return j.Journal.Follow(ctx, since, deliver, noted)
+	return j.Follow(ctx, since, deliver, noted) // the embedded journal's: tappedJournal has no Follow
 }
 
 // confirmedAt returns when the record of key (handler's, from its idempotency-key

@@ -209,9 +209,12 @@ type timedPublish struct {
 // TestPartition is scenario 9: inside a three-node cluster (pause_minority), the node that
 // leads the consumed quorum queue is cut off from the two others by iptables while sluice
 // publishes and consumes through it. Publishes in flight are never reported confirmed
-// unless stored; once the majority has elected a new leader and the minority node paused
-// (closing sluice's connections), sluice fails over along its URL list, publishes again
-// what was not confirmed, and confirms resume. After the cut heals, the node comes back,
+// unless stored; once the majority has elected a new leader, sluice fails over along its
+// URL list, publishes again what was not confirmed, and confirms resume. On 3.10 the
+// minority node pauses and closes sluice's connections; on 4.3 (Khepri) it keeps them and
+// confirms nothing, and the publisher leaves it after Config.ConfirmStallTimeout (its
+// default, 20 s: the stream's publish timeout, 60 s, is well beyond it, so the test would
+// fail without the move). After the cut heals, the node comes back,
 // nothing confirmed is lost, each side effect happened once, and the connection and
 // channel counts and goroutines are back to their baseline.
 func TestPartition(t *testing.T) {
