@@ -49,9 +49,6 @@ func (b *Broker) Journal(name string, retention time.Duration) broker.Journal {
 var (
 	_ broker.Journaler        = (*Broker)(nil)
 	_ broker.JournalRecreator = (*Broker)(nil)
-	// The idempotency step waits for a stream journal's follower to find its place
-	// again after a lost consumer.
-	_ broker.ResyncingJournal = (*streamJournal)(nil)
 )
 
 type streamJournal struct {
@@ -182,49 +179,25 @@ func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error 
 // marker was stored before Follow was called. After a lost consumer it resumes after the
 // last offset it delivered, or from the start of a stream that had to be declared again.
 func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp func()) error {
-	return j.follow(ctx, since, deliver, caughtUp, nil)
-}
-
-// FollowResyncing is Follow that also reports when the follower lost its place and when it
-// found it again: behind runs when its consumer is lost after it had caught up (connection
-// loss, broker restart, stream deleted), and caughtUp runs again once every record stored
-// before it consumes again has been delivered (a marker of its own, appended after the
-// loss, shows where that is). Resuming from the last offset delivers nothing twice and
-// misses nothing, but the records stored meanwhile (another instance's, confirmed while
-// this one reconnected) arrive only after the resumed consumer reads them, while the
-// queue's consumer, reconnected as well, is taking the redeliveries of the same keys: the
-// idempotency step uses behind and caughtUp to hold those until the follower is back.
-func (j *streamJournal) FollowResyncing(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
-	return j.follow(ctx, since, deliver, caughtUp, behind)
-}
-
-// appendMarker appends a Follow's position marker, trying again until ctx ends.
-func (j *streamJournal) appendMarker(ctx context.Context, marker string) error {
+	marker := uuid.NewString()
 	for {
 		err := j.publish(ctx, amqp.Publishing{
 			DeliveryMode: amqp.Persistent,
 			Headers:      amqp.Table{headerJournalMarker: marker},
 		})
 		if err == nil {
-			return nil
+			break
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		// A resource alarm, a node restarting: the restore waits, it does not fail.
-		j.b.cfg.Logger.Warn("idempotency journal: cannot append its position marker; trying again", "stream", j.name, "error", err)
+		j.b.cfg.Logger.Warn("idempotency journal: cannot append its restore marker; trying again", "stream", j.name, "error", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(journalRetry):
 		}
-	}
-}
-
-func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
-	marker := uuid.NewString()
-	if err := j.appendMarker(ctx, marker); err != nil {
-		return err
 	}
 	// A timestamp offset before the epoch (a zero since) makes RabbitMQ deliver nothing.
 	var first any = since
@@ -236,7 +209,6 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 		last      int64 = -1
 		caught    bool
 		firstPass = true
-		resync    bool // behind was called: a new marker is due before consuming again
 	)
 	for {
 		if !firstPass {
@@ -260,15 +232,7 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 			// A new stream numbers its offsets from 0 again.
 			next, last = "first", -1
 		}
-		if resync {
-			// Appended once the stream is there again: whatever precedes it (records
-			// confirmed while this follower was away) is delivered before caughtUp.
-			marker = uuid.NewString()
-			if err := j.appendMarker(ctx, marker); err != nil {
-				return err
-			}
-			resync, caught = false, false
-		} else if created && !caught {
+		if created && !caught {
 			// The marker went with the deleted stream: nothing before it can be read.
 			caught = true
 			caughtUp()
@@ -276,11 +240,6 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 		err = j.consume(ctx, next, &last, marker, &caught, deliver, caughtUp)
 		if ctx.Err() != nil {
 			return ctx.Err()
-		}
-		if behind != nil && caught {
-			// Lost while caught up. (Lost before, its marker is still ahead of it.)
-			behind()
-			resync = true
 		}
 		if errors.Is(err, errJournalCancelled) {
 			// RabbitMQ cancels a stream's consumers when the stream is deleted; whoever
