@@ -1,12 +1,10 @@
 package retryview
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -308,27 +306,13 @@ func serviceJournal(fams map[string]*dto.MetricFamily) (JournalFigures, bool) {
 
 // getMetrics reads u, a metrics endpoint, in Prometheus's text format.
 func getMetrics(ctx context.Context, client *http.Client, u string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, fmt.Errorf("request to the service at %s: %w", mask.URL(u), err)
-	}
 	// The plain text format, which every exporter serves, rather than protobuf.
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := client.Do(req)
+	body, err := get(ctx, client, u, "the service", "text/plain;version=0.0.4")
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("cannot reach the service at %s: %v\n%s", mask.URL(u), err, sourceHint)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-		return nil, &HTTPError{URL: mask.URL(u), Status: resp.StatusCode, Body: string(body)}
+		return nil, err
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 32<<20))
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("the service at %s answered something other than metrics in Prometheus's text format (%v): is SLUICE_SERVICE_URL the service's METRICS_ADDR?", mask.URL(u), err)
 	}

@@ -409,27 +409,9 @@ func (e *HTTPError) Error() string {
 // getJSON reads u (of what: "the service" or "Prometheus") into v. A failure to reach it
 // names the URL, masked, and the environment variables that choose it.
 func getJSON(ctx context.Context, client *http.Client, u, what string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	body, err := get(ctx, client, u, what, "application/json")
 	if err != nil {
-		return fmt.Errorf("request to %s at %s: %w", what, mask.URL(u), err)
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		// url.Error repeats the URL, password and all: keep the cause only.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return fmt.Errorf("cannot reach %s at %s: %v\n%s", what, mask.URL(u), err, sourceHint)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
-	if err != nil {
-		return fmt.Errorf("read %s's answer from %s: %w", what, mask.URL(u), err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return &HTTPError{URL: mask.URL(u), Status: resp.StatusCode, Body: string(body)}
+		return err
 	}
 	if err := json.Unmarshal(body, v); err != nil {
 		hint := "is SLUICE_SERVICE_URL the service's METRICS_ADDR?"
@@ -439,6 +421,35 @@ func getJSON(ctx context.Context, client *http.Client, u, what string, v any) er
 		return fmt.Errorf("%s at %s answered something other than the expected JSON (%v): %s", what, mask.URL(u), err, hint)
 	}
 	return nil
+}
+
+// get reads u (of what: "the service" or "Prometheus"), asking for accept, and returns its
+// body (at most 32 MiB); an answer other than 200 is an *HTTPError. Errors name the URL
+// masked, never with the password url.Error would repeat.
+func get(ctx context.Context, client *http.Client, u, what, accept string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("request to %s at %s: %w", what, mask.URL(u), err)
+	}
+	req.Header.Set("Accept", accept)
+	resp, err := client.Do(req)
+	if err != nil {
+		// url.Error repeats the URL, password and all: keep the cause only.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("cannot reach %s at %s: %v\n%s", what, mask.URL(u), err, sourceHint)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read %s's answer from %s: %w", what, mask.URL(u), err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, &HTTPError{URL: mask.URL(u), Status: resp.StatusCode, Body: string(body)}
+	}
+	return body, nil
 }
 
 // maskErr hides raw's password in err's text, keeping err's chain for errors.Is and As.
