@@ -178,6 +178,19 @@ type Journal interface {
 	Follow(ctx context.Context, since time.Time, deliver func(body []byte), caughtUp func()) error
 }
 
+// ResyncingJournal is a Journal whose follower also says when it lost its place and when
+// it found it again: behind runs when its consumer is lost after it had caught up (a
+// connection loss, a broker restart, the journal deleted), and caughtUp runs again once
+// it has delivered every record stored before it consumed again. Records another
+// instance stored meanwhile reach it only then, while the reconnected queue consumer may
+// already hold redeliveries of their keys: the idempotency step waits for the catch-up
+// (bounded) before looking a key up. RabbitMQ's stream journal has it.
+type ResyncingJournal interface {
+	Journal
+	// FollowResyncing is Follow, with behind as above; caughtUp runs once per catch-up.
+	FollowResyncing(ctx context.Context, since time.Time, deliver func(body []byte), caughtUp, behind func()) error
+}
+
 // SubscribeOptions tune one subscription. The zero value means one message at a time.
 type SubscribeOptions struct {
 	// Concurrency is how many messages are handed out at once, each waiting for its own

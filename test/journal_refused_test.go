@@ -112,7 +112,7 @@ func TestJournalRefused_NackedAppendsDeferUntilJournalBack(t *testing.T) {
 	assert.Positive(t, e.amqp.JournalsRecreated(), "the stream declared again is counted")
 
 	// The record is on the journal: a new instance restores the key.
-	later, err := idempotency.New(idempotency.Config{Logger: testLogger()})
+	later, err := idempotency.New(idempotency.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, later.Close()) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -121,7 +121,9 @@ func TestJournalRefused_NackedAppendsDeferUntilJournalBack(t *testing.T) {
 	require.NoError(t, err)
 	// The first payment's record went with the stream this test deleted; the refused one
 	// was journaled into the stream declared again.
-	assert.EqualValues(t, 1, later.Stats().Journal.Restored, "a new instance restores the key journaled after the refusal")
+	if !assert.EqualValues(t, 1, later.Stats().Journal.Restored, "a new instance restores the key journaled after the refusal") {
+		t.Logf("both instances' logs:\n%s", logs.String())
+	}
 }
 
 // refuseJournal replaces the journal stream by a queue RabbitMQ publishes nothing to: its

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,11 +27,43 @@ const (
 	journalPrefetch = 1000
 	// journalRetry is the pause before Follow consumes again after losing its consumer.
 	journalRetry = 500 * time.Millisecond
+	// journalStreamSettle is how long a stream created on RabbitMQ 3.x is left before
+	// the first publish to it (streamWriterLags); its writer registers within tens of
+	// milliseconds on an idle node.
+	journalStreamSettle = 500 * time.Millisecond
 	// journalContentType marks a journal record.
 	journalContentType = "application/vnd.sluice.journal"
 	// headerJournalMarker marks a Follow's own position marker, not a record.
 	headerJournalMarker = "x-sluice-journal-marker"
 )
+
+// settle waits, on RabbitMQ 3.x, for a new stream's writer. 3.x answers declare-ok
+// before the writer is registered: a publish in that gap crashes its channel
+// (osiris_writer:write(none, ...)), and the 541 INTERNAL_ERROR closes the publishing
+// connection with every publish in flight on it (seen on 3.10.8, the stream created on a
+// fresh node by one instance and published to by another at once). Streams are created
+// rarely (a first start, a deleted journal), so a fixed pause is the whole remedy.
+func (j *streamJournal) settle(ctx context.Context) error {
+	if !streamWriterLags(j.b.conn.current()) {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(journalStreamSettle):
+		return nil
+	}
+}
+
+// streamWriterLags reports whether conn's node is RabbitMQ 3.x, whose new streams take
+// publishes only a moment after declare-ok (journalStreamSettle).
+func streamWriterLags(conn *amqp.Connection) bool {
+	if conn == nil {
+		return false
+	}
+	v, _ := conn.Properties["version"].(string)
+	return strings.HasPrefix(v, "3.")
+}
 
 // errJournalCancelled is a journal consumer cancelled by RabbitMQ.
 var errJournalCancelled = errors.New("consumer cancelled by RabbitMQ")
@@ -49,6 +83,9 @@ func (b *Broker) Journal(name string, retention time.Duration) broker.Journal {
 var (
 	_ broker.Journaler        = (*Broker)(nil)
 	_ broker.JournalRecreator = (*Broker)(nil)
+	// The idempotency step waits for a stream journal's follower to find its place
+	// again after a lost consumer.
+	_ broker.ResyncingJournal = (*streamJournal)(nil)
 )
 
 type streamJournal struct {
@@ -103,8 +140,14 @@ func (j *streamJournal) declare(ctx context.Context) (created bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
 	}
-	if _, perr := ch.QueueDeclarePassive(j.name, true, false, false, false, nil); perr == nil {
+	if q, perr := ch.QueueDeclarePassive(j.name, true, false, false, false, nil); perr == nil {
 		_ = ch.Close()
+		if q.Messages == 0 {
+			// Perhaps just declared by another instance (see settle).
+			if err := j.settle(ctx); err != nil {
+				return false, err
+			}
+		}
 		j.declared.Store(true)
 		return false, nil
 	} else if e := new(amqp.Error); !errors.As(perr, &e) || e.Code != amqp.NotFound {
@@ -119,6 +162,9 @@ func (j *streamJournal) declare(ctx context.Context) (created bool, err error) {
 	defer ch.Close()
 	if _, err := ch.QueueDeclare(j.name, true, false, false, false, j.args()); err != nil {
 		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
+	}
+	if err := j.settle(ctx); err != nil {
+		return false, err
 	}
 	if j.declared.Swap(true) {
 		j.recreated.Add(1)
@@ -179,36 +225,87 @@ func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error 
 // marker was stored before Follow was called. After a lost consumer it resumes after the
 // last offset it delivered, or from the start of a stream that had to be declared again.
 func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp func()) error {
-	marker := uuid.NewString()
+	return j.follow(ctx, since, deliver, caughtUp, nil)
+}
+
+// FollowResyncing is Follow that also reports when the follower lost its place and when it
+// found it again: behind runs when its consumer is lost after it had caught up (connection
+// loss, broker restart, stream deleted), and caughtUp runs again once every record stored
+// before it consumes again has been delivered (a marker of its own, appended after the
+// loss, shows where that is). Resuming from the last offset delivers nothing twice and
+// misses nothing, but the records stored meanwhile (another instance's, confirmed while
+// this one reconnected) arrive only after the resumed consumer reads them, while the
+// queue's consumer, reconnected as well, is taking the redeliveries of the same keys: the
+// idempotency step uses behind and caughtUp to hold those until the follower is back.
+func (j *streamJournal) FollowResyncing(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
+	return j.follow(ctx, since, deliver, caughtUp, behind)
+}
+
+// appendMarker appends a Follow's position marker, trying again until ctx ends.
+func (j *streamJournal) appendMarker(ctx context.Context, marker string) error {
 	for {
 		err := j.publish(ctx, amqp.Publishing{
 			DeliveryMode: amqp.Persistent,
 			Headers:      amqp.Table{headerJournalMarker: marker},
 		})
 		if err == nil {
-			break
+			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		// A resource alarm, a node restarting: the restore waits, it does not fail.
-		j.b.cfg.Logger.Warn("idempotency journal: cannot append its restore marker; trying again", "stream", j.name, "error", err)
+		j.b.cfg.Logger.Warn("idempotency journal: cannot append its position marker; trying again", "stream", j.name, "error", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(journalRetry):
 		}
 	}
+}
+
+func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
+	var marker atomic.Pointer[string] // the marker whose delivery means caught up
+	first := uuid.NewString()
+	marker.Store(&first)
+	if err := j.appendMarker(ctx, first); err != nil {
+		return err
+	}
+	// A resync's marker is appended beside the consumer, not before it: a stream that
+	// refuses appends (replaced by a queue that nacks them, a full disk) must not stop the
+	// follower from reading what it can. Handlers wait for it only for a bounded time.
+	var (
+		markerWG     sync.WaitGroup
+		markerCancel = func() {}
+	)
+	defer func() {
+		markerCancel()
+		markerWG.Wait()
+	}()
+	resyncMarker := func() {
+		markerCancel()
+		markerWG.Wait()
+		m := uuid.NewString()
+		marker.Store(&m)
+		mctx, cancel := context.WithCancel(ctx)
+		markerCancel = cancel
+		markerWG.Add(1)
+		go func() {
+			defer markerWG.Done()
+			_ = j.appendMarker(mctx, m)
+		}()
+	}
 	// A timestamp offset before the epoch (a zero since) makes RabbitMQ deliver nothing.
-	var first any = since
+	var from any = since
 	if since.Unix() <= 0 {
-		first = "first"
+		from = "first"
 	}
 	var (
-		next            = any(first) // x-stream-offset of the next consume (a name, later an offset)
+		next            = from // x-stream-offset of the next consume (a name, later an offset)
 		last      int64 = -1
 		caught    bool
 		firstPass = true
+		resync    bool // behind was called: a new marker is due
 	)
 	for {
 		if !firstPass {
@@ -232,16 +329,29 @@ func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver fun
 			// A new stream numbers its offsets from 0 again.
 			next, last = "first", -1
 		}
-		if created && !caught {
+		switch {
+		case resync:
+			// Whatever precedes the new marker (records confirmed while this follower
+			// was away) is delivered before caughtUp.
+			resyncMarker()
+			resync, caught = false, false
+		case created && !caught:
 			// The marker went with the deleted stream: nothing before it can be read.
 			caught = true
 			caughtUp()
 		}
-		err = j.consume(ctx, next, &last, marker, &caught, deliver, caughtUp)
+		err = j.consume(ctx, next, &last, &marker, &caught, deliver, caughtUp)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(err, errJournalCancelled) {
+		cancelled := errors.Is(err, errJournalCancelled)
+		if behind != nil && (caught || cancelled) {
+			// Lost while caught up; or the stream deleted, which may have taken the
+			// marker still ahead with it.
+			behind()
+			resync = true
+		}
+		if cancelled {
 			// RabbitMQ cancels a stream's consumers when the stream is deleted; whoever
 			// declares it again (this process or another instance), its offsets start
 			// from 0, so read it from its start. Records read twice are harmless.
@@ -258,7 +368,7 @@ func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver fun
 	}
 }
 
-func (j *streamJournal) consume(ctx context.Context, from any, last *int64, marker string, caught *bool, deliver func([]byte), caughtUp func()) error {
+func (j *streamJournal) consume(ctx context.Context, from any, last *int64, marker *atomic.Pointer[string], caught *bool, deliver func([]byte), caughtUp func()) error {
 	ch, err := j.b.conn.channel(ctx)
 	if err != nil {
 		return err
@@ -312,7 +422,7 @@ func (j *streamJournal) consume(ctx context.Context, from any, last *int64, mark
 			}
 			*last = off
 			if m, isMarker := d.Headers[headerJournalMarker].(string); isMarker {
-				if m == marker && !*caught {
+				if m == *marker.Load() && !*caught {
 					*caught = true
 					caughtUp()
 				}

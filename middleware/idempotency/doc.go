@@ -42,9 +42,17 @@
 //
 // What it does not guarantee:
 //   - the one window left: a handler whose work is done but whose journal record was not
-//     yet confirmed when the process died. Its message was not acknowledged, so it is
-//     redelivered and runs again. Handlers with external side effects should also pass
-//     the key on (a payment gateway's idempotency key, a unique constraint).
+//     yet confirmed when the process died, or when its connection to RabbitMQ was lost (a
+//     broker restart): its message was not acknowledged, so it is redelivered and runs
+//     again, here or on another instance that takes the redelivery before the record is
+//     confirmed. Handlers with external side effects should also pass the key on (a
+//     payment gateway's idempotency key, a unique constraint).
+//   - after a lost connection the journal's follower resumes after the last record it
+//     read, and until it has read what other instances journaled meanwhile
+//     (broker.ResyncingJournal: RabbitMQ's stream journal), each message waits before its
+//     key is looked up: at most 5 s per loss, so a follower that cannot catch up (its
+//     stream refusing appends) delays consuming no longer than that. A key another
+//     instance journaled in a longer gap can run again here.
 //   - duplicates in flight on two instances at the same instant are not locked across
 //     instances: each may run before either's record arrives at the other (within the
 //     journal lag, about a millisecond on one host). Partition by key

@@ -100,6 +100,13 @@ type journalStats struct {
 	blockedAcks  atomic.Int64 // messages acked unjournaled under a resource alarm
 }
 
+// journalResyncWait bounds how long handlers wait for a follower that lost its place to
+// catch up again (broker.ResyncingJournal), counted from the first message that waits
+// (not from the loss: a broker restart can outlast it, and messages arrive only once the
+// connection is back): a follower that cannot catch up (its marker cannot be appended
+// under a resource alarm) stalls consuming no longer than this.
+const journalResyncWait = 5 * time.Second
+
 // journaled is one handler's journal: a group committer appending done keys and a follower
 // applying everyone's.
 type journaled struct {
@@ -107,6 +114,67 @@ type journaled struct {
 	j    broker.Journal
 	reqs chan *appendReq
 	done chan struct{} // both goroutines ended
+	// resync is set while the follower catches up after losing its place: keys done
+	// elsewhere meanwhile (on another instance, confirmed while this one reconnected) are
+	// not applied yet, while the reconnected queue consumer may already hold their
+	// redeliveries. Nil while caught up.
+	resync atomic.Pointer[resyncState]
+}
+
+// resyncState is one catch-up of a follower that lost its place.
+type resyncState struct {
+	caught chan struct{} // closed once caught up again
+	until  atomic.Int64  // when handlers stop waiting for it (Unix ns); 0 until one waits
+}
+
+// behind records that the follower lost its place.
+func (jd *journaled) behind() {
+	st := &resyncState{caught: make(chan struct{})}
+	old := jd.resync.Load()
+	if old != nil {
+		if u := old.until.Load(); u == 0 || time.Now().UnixNano() < u {
+			return // a catch-up still awaited: its waiters keep their bound
+		}
+	}
+	// None awaited, or one whose bound passed (its follower never caught up, for
+	// example while the journal refused its marker): this loss is waited for afresh.
+	if jd.resync.CompareAndSwap(old, st) {
+		if old != nil {
+			close(old.caught)
+		}
+		jd.g.cfg.Logger.Debug("idempotency journal: the follower lost its place; handlers wait for it to catch up",
+			"max_wait", journalResyncWait)
+	}
+}
+
+// resynced records that the follower caught up again.
+func (jd *journaled) resynced() {
+	if st := jd.resync.Swap(nil); st != nil {
+		close(st.caught)
+	}
+}
+
+// waitResync waits, before a message's key is looked up, for a follower that lost its
+// place to catch up, so that a key another instance journaled meanwhile is known here;
+// at most until the catch-up's bound, ctx's end or the journal's.
+func (jd *journaled) waitResync(ctx context.Context) {
+	st := jd.resync.Load()
+	if st == nil {
+		return
+	}
+	st.until.CompareAndSwap(0, time.Now().Add(journalResyncWait).UnixNano())
+	d := time.Until(time.Unix(0, st.until.Load()))
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-st.caught:
+	case <-t.C:
+	case <-ctx.Done():
+	case <-jd.done:
+	}
 }
 
 type appendReq struct {
@@ -163,16 +231,27 @@ func (g *Guard) follow(ctx context.Context, name string, j broker.Journal) (*jou
 	}()
 	go func() {
 		defer wg.Done()
-		_ = j.Follow(runCtx, g.cfg.Now().Add(-g.cfg.TTL), func(body []byte) {
-			g.apply(body, restoring.Load())
-		}, func() {
+		deliver := func(body []byte) { g.apply(body, restoring.Load()) }
+		since := g.cfg.Now().Add(-g.cfg.TTL)
+		first := true // caughtUp runs on Follow's goroutine: no lock
+		caughtUp := func() {
+			jd.resynced() // a follower that lost its place (even while restoring) is back
+			if !first {
+				return
+			}
+			first = false
 			restoring.Store(false)
 			g.jst.restoring.Add(-1)
 			if d := time.Since(start); d > time.Duration(g.jst.restoreNanos.Load()) {
 				g.jst.restoreNanos.Store(int64(d))
 			}
 			close(caught)
-		})
+		}
+		if rj, ok := j.(broker.ResyncingJournal); ok {
+			_ = rj.FollowResyncing(runCtx, since, deliver, caughtUp, jd.behind)
+			return
+		}
+		_ = j.Follow(runCtx, since, deliver, caughtUp)
 	}()
 	go func() {
 		wg.Wait()

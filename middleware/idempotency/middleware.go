@@ -217,6 +217,11 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			return h(msg)
 		}
 		ctx := msg.Context()
+		if jd != nil {
+			// After a lost journal consumer, keys done elsewhere meanwhile are known only
+			// once the follower has caught up again.
+			jd.waitResync(ctx)
+		}
 		d := scopedDigest(message.HandlerNameFromCtx(ctx), source, key)
 		lease, status, remaining := g.store.begin(d)
 		switch status {
