@@ -31,6 +31,13 @@ type Verdict struct {
 	Exploring bool `json:"exploring,omitempty"`
 	// Explore is the share of a stopped type's messages still retried.
 	Explore float64 `json:"explore,omitempty"`
+	// Probe is the id of the message a stopped type's probe lease waits for in this
+	// process (the explored message in its retry path), "" when none: then the type's
+	// next message is explored as the probe.
+	Probe string `json:"probe,omitempty"`
+	// ShortenTo is the attempt the learned policy's Shorten cuts a retried type's schedule
+	// to, 0 when it does not.
+	ShortenTo int `json:"shorten_to,omitempty"`
 	// Evidence is the policy's evidence in words ("0 of 312 recovered in the last hour").
 	Evidence string `json:"evidence,omitempty"`
 	// Reason says why, or why not, in a sentence.
@@ -50,6 +57,9 @@ type LearnedSettings struct {
 	UnlikelyBelow float64 `json:"unlikely_below"`
 	// Explore is the share of a stopped type's messages still retried.
 	Explore float64 `json:"explore"`
+	// Shorten is true when the policy cuts a retried type's schedule to the attempt by
+	// which 99% of its recoveries came.
+	Shorten bool `json:"shorten,omitempty"`
 }
 
 // Report is the retry statistics of a process, per handler and error type, as the

@@ -346,7 +346,7 @@ func (s *Stack) retryPolicy() RetryPolicy {
 		p.Budget = bud
 	}
 	if l := c.Learned; l != nil {
-		p.Learned = &retrystats.LearnedSettings{MinEvidence: l.MinEvidence, UnlikelyBelow: l.UnlikelyBelow, Explore: l.Explore}
+		p.Learned = &retrystats.LearnedSettings{MinEvidence: l.MinEvidence, UnlikelyBelow: l.UnlikelyBelow, Explore: l.Explore, Shorten: l.Shorten}
 	}
 	return p
 }
@@ -498,13 +498,13 @@ func (s *Stack) judge() retrystats.Judge {
 	}
 	return func(t retrystats.TypeStats) retrystats.Verdict {
 		v := s.retry.LearnedView(t.Handler, t.ErrorType)
-		out := retrystats.Verdict{Reason: v.Reason}
+		out := retrystats.Verdict{Reason: v.Reason, ShortenTo: v.ShortenTo}
 		switch {
 		case t.ErrorType == retrystats.OtherType || v.Other:
 			out.Decision = retrystats.DecisionNotJudged
 		case v.Stopped:
 			out.Decision, out.Evidence = retrystats.DecisionStop, v.Evidence().String()
-			out.Exploring, out.Explore = l.Explore > 0, l.Explore
+			out.Exploring, out.Explore, out.Probe = l.Explore > 0, l.Explore, v.Probe
 		case v.Ended < l.MinEvidence:
 			out.Decision = retrystats.DecisionNotEnoughEvidence
 		default:
@@ -523,7 +523,7 @@ func (s *Stack) RetryReport() (retrystats.Report, bool) {
 	}
 	r := stats.Report(s.judge())
 	if l := s.retry.Config().Learned; l != nil {
-		r.Learned = &retrystats.LearnedSettings{MinEvidence: l.MinEvidence, UnlikelyBelow: l.UnlikelyBelow, Explore: l.Explore}
+		r.Learned = &retrystats.LearnedSettings{MinEvidence: l.MinEvidence, UnlikelyBelow: l.UnlikelyBelow, Explore: l.Explore, Shorten: l.Shorten}
 	}
 	return r, true
 }

@@ -87,7 +87,11 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 		row("Idempotency", "none")
 	}
 	if l := p.Learned; l != nil {
-		row("Learned policy", fmt.Sprintf("stops below %g%% recovered, after %d ended messages; explores %g%%", l.UnlikelyBelow*100, l.MinEvidence, l.Explore*100))
+		text := fmt.Sprintf("stops below %g%% recovered, after %d ended messages; explores %g%%", l.UnlikelyBelow*100, l.MinEvidence, l.Explore*100)
+		if l.Shorten {
+			text += "; shortens a schedule to the attempt by which 99% of recoveries came"
+		}
+		row("Learned policy", text)
 	} else {
 		row("Learned policy", "none")
 	}
@@ -108,7 +112,11 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 	if h.Learned != nil {
 		b.WriteString("\n| Error type | Learned policy now | Why |\n|---|---|---|\n")
 		for _, l := range h.Learned {
-			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), DecisionText(l.Verdict), cell(l.Reason))
+			why := l.Reason
+			if l.Probe != "" {
+				why += "; probe in flight: message " + l.Probe
+			}
+			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), DecisionText(l.Verdict), cell(why))
 		}
 		if len(h.Learned) == 0 {
 			b.WriteString("| – | no failures in the window | – |\n")

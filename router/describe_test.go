@@ -369,3 +369,31 @@ func TestDuration_JSON(t *testing.T) {
 	assert.Equal(t, router.Duration(2*time.Second), n)
 	assert.Error(t, json.Unmarshal([]byte(`"soon"`), &n))
 }
+
+// The learned policy's Shorten shows in the matrix: the setting, and for a retried type
+// with enough recoveries the attempt its schedule is cut to.
+func TestDescription_LearnedShorten(t *testing.T) {
+	mem := memory.New(memory.Config{Logger: silentLogger})
+	t.Cleanup(func() { _ = mem.Close() })
+	stats, err := retrystats.New(retrystats.Config{})
+	require.NoError(t, err)
+	s, err := router.New(mem, router.Config{
+		Logger: silentLogger,
+		Retry:  retry.Config{MaxRetries: 3, Jitter: retry.NoJitter, Stats: stats, Learned: &retry.Learned{MinEvidence: 10, Shorten: true}},
+	})
+	require.NoError(t, err)
+	q := uniqueQueue("describe.shorten")
+	require.NoError(t, s.Handle("orders", q, describedNoop))
+	for range retry.MinShortenRecoveries {
+		stats.Record("orders", disposition.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
+		stats.Record("orders", disposition.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: disposition.Recovered, Attempt: 2})
+	}
+	d := s.Describe()
+	require.Len(t, d.Handlers, 1)
+	require.Len(t, d.Handlers[0].Learned, 1)
+	assert.Equal(t, 2, d.Handlers[0].Learned[0].ShortenTo)
+	assert.True(t, d.Handlers[0].Retry.Learned.Shorten)
+	md := d.Markdown()
+	assert.Contains(t, md, "shortens a schedule to the attempt by which 99% of recoveries came")
+	assert.Contains(t, md, "| `flaky` | retry | retried: 100 of 100 recovered in the last hour; schedule shortened to attempt 2, by which 99% of 100 recoveries came |")
+}

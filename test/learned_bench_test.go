@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,8 +69,18 @@ func learnedMix(seed uint64) []mixMessage {
 // dead-lettered (recoverable-dlq), the time from the fix until the learned policy retries
 // the type again (resume-ms: 0 for the fixed policy, which never stopped) and the heap the
 // retry statistics and policy hold after the run (stats-heap-B).
+//
+// LEARNED_BENCH_SEED (default 42) draws another mix, the same for every policy of the run.
 func BenchmarkLearnedRetry(b *testing.B) {
-	mix := learnedMix(42)
+	seed := uint64(42)
+	if v := os.Getenv("LEARNED_BENCH_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			b.Fatalf("LEARNED_BENCH_SEED %q: %v", v, err)
+		}
+		seed = n
+	}
+	mix := learnedMix(seed)
 	for _, tc := range []struct {
 		name    string
 		learned *retry.Learned

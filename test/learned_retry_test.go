@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,7 +135,7 @@ func TestLearnedRetry(t *testing.T) {
 	got := count(later)
 	x := got.exhausted
 	assert.Equal(t, tally{exhausted: x, unlikely: 50 - x, calls: 4*x + (50 - x)}, got)
-	assert.InDelta(t, 10, x, 9, "about 20%% of 50 explored")
+	assert.InDelta(t, 12, x, 11, "about 20%% of 50 explored, and the probes")
 	for _, id := range later {
 		rec := dead[id]
 		if rec.Metadata.Get(headers.DeadLetterReason) != disposition.ReasonRetryUnlikely {
@@ -259,4 +260,132 @@ func TestReplayRetryUnlikely(t *testing.T) {
 	for _, id := range exhausted {
 		assert.Zero(t, charged[id])
 	}
+}
+
+// Issue 36, the probe: with the default exploration (5% by message id), a stopped type
+// still has one message in its retry path, marked with retry.HeaderProbe on its copies and
+// through the broker's delay, so the first message sent after the fix recovers and the
+// type is retried again at once, where the hashed share alone would dead-letter about 19
+// messages first.
+func TestLearnedRetryProbe(t *testing.T) {
+	e := rabbitEnv(t)
+	queue := e.newQueue(t, "learned-probe")
+	const minEvidence = 10
+	var fixed atomic.Bool
+	var mu sync.Mutex
+	calls := map[string]int{}
+	marked := map[string]bool{}
+	succeeded := map[string]bool{}
+	s := start(t, e, router.Config{Retry: retry.Config{
+		MaxRetries: 2, InitialDelay: 20 * time.Millisecond, MaxDelay: 50 * time.Millisecond, Jitter: retry.NoJitter,
+		Learned: &retry.Learned{MinEvidence: minEvidence},
+	}}, func(s *router.Stack) {
+		require.NoError(t, s.Handle("charge", queue, func(m *message.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls[m.UUID]++
+			if m.Metadata.Get(retry.HeaderProbe) != "" {
+				marked[m.UUID] = true
+			}
+			if !fixed.Load() || calls[m.UUID] < 2 {
+				return learnedError{"upstream_broken"}
+			}
+			succeeded[m.UUID] = true
+			return nil
+		}))
+	})
+	dead := map[string]*message.Message{}
+	// sendOne publishes a message whose id is outside the hashed share and waits until it
+	// ended: only the probe can have it retried while the type is stopped.
+	n := 0
+	sendOne := func() string {
+		t.Helper()
+		var id string
+		for {
+			n++
+			if id = fmt.Sprintf("probe-%d-%s", n, watermill.NewShortUUID()); !hashExplored(id) {
+				break
+			}
+		}
+		e.publish(t, queue, message.NewMessage(id, []byte("charge")))
+		require.Eventually(t, func() bool {
+			for _, m := range e.dlq(t, queue) {
+				dead[m.UUID] = m
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			return succeeded[id] || dead[id] != nil
+		}, 30*time.Second, 10*time.Millisecond, "message %s ended", id)
+		return id
+	}
+	reason := func(id string) string {
+		if m := dead[id]; m != nil {
+			return m.Metadata.Get(headers.DeadLetterReason)
+		}
+		return "recovered"
+	}
+	for range minEvidence {
+		require.Equal(t, disposition.ReasonRetriesExhausted, reason(sendOne()))
+	}
+	require.True(t, s.Retry().LearnedView("charge", "upstream_broken").Stopped)
+
+	// Stopped: one message at a time, each ends before the next is sent after the rest
+	// that follows a probe that did not recover (as long as it was in flight: well under
+	// a second here), so each finds no explored message in flight and is the probe. Sent
+	// together, only one is.
+	for range 3 {
+		id := sendOne()
+		assert.Equal(t, disposition.ReasonRetriesExhausted, reason(id), "the probe follows the base policy")
+		mu.Lock()
+		assert.Equal(t, 3, calls[id])
+		assert.True(t, marked[id], "its copies came back through the broker marked")
+		mu.Unlock()
+		assert.Equal(t, "upstream_broken", dead[id].Metadata.Get(retry.HeaderProbe), "its dead letter says it was a probe")
+		time.Sleep(time.Second)
+	}
+	burst := make([]string, 20)
+	for i := range burst {
+		for {
+			n++
+			if burst[i] = fmt.Sprintf("burst-%d-%s", n, watermill.NewShortUUID()); !hashExplored(burst[i]) {
+				break
+			}
+		}
+		e.publish(t, queue, message.NewMessage(burst[i], []byte("charge")))
+	}
+	require.Eventually(t, func() bool {
+		for _, m := range e.dlq(t, queue) {
+			dead[m.UUID] = m
+		}
+		for _, id := range burst {
+			if dead[id] == nil {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond)
+	var probes int
+	for _, id := range burst {
+		if reason(id) == disposition.ReasonRetriesExhausted {
+			probes++
+		}
+	}
+	assert.GreaterOrEqual(t, probes, 1, "a probe among the burst")
+	assert.Less(t, probes, 10, "one at a time, not every message")
+
+	fixed.Store(true)
+	time.Sleep(time.Second) // past the rest after the burst's last probe
+	first := sendOne()
+	assert.Equal(t, "recovered", reason(first), "the first message after the fix is the probe and recovers")
+	v := s.Retry().LearnedView("charge", "upstream_broken")
+	assert.False(t, v.Stopped, v.Reason)
+	assert.Equal(t, "recovered", reason(sendOne()), "retried again")
+}
+
+// hashExplored reports whether the learned policy explores message id by its hash at the
+// default 5%: FNV-1a of the id, as documented on retry.Learned.
+func hashExplored(id string) bool {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return h.Sum32()%10000 < 500
 }

@@ -2,14 +2,19 @@ package retry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/retrystats"
 )
 
@@ -23,6 +28,20 @@ const (
 	// defaultExplore is the share of a stopped type's messages still retried.
 	defaultExplore = 0.05
 )
+
+// HeaderProbe marks a message the learned policy chose as a stopped error type's probe
+// (see Learned): the retry step writes it, with the error type as its value, on the retry
+// copies of that message, so that the instance its next attempt reaches explores it too. It
+// is honoured only on a message whose trip headers are sluice's own retry state (at least
+// one attempt made by sluice; package internal/headers' ReadTrip), and removed from the
+// retry copy of any other: a producer's value on a fresh message is no mark.
+const HeaderProbe = "x-sluice-probe"
+
+// probeGrace is what a probe's lease adds to twice its retry delay: the time the delay and
+// the queue may take beyond the delay itself before the policy stops waiting for the probe
+// (its next attempt went to another instance, or it was lost with a crash) and picks the
+// next message as probe.
+const probeGrace = time.Second
 
 // NoExplore, as Learned.Explore, turns exploration off: every message of a stopped error
 // type is dead-lettered. Zero cannot say this, since it means the default of 5%.
@@ -62,6 +81,33 @@ const (
 // holds fewer than MinEvidence ended messages (its own dead letters are no evidence); with
 // NoExplore it is judged afresh then.
 //
+// It keeps a probe in flight, at most half the time. The hashed share alone notices a fix only when one of its
+// messages next fails and is retried: with 5%, about 1/0.05 − 1 = 19 messages of the type
+// are dead-lettered after the fix before an explored one arrives, plus those arriving while
+// it waits out its retry delay, which a busy type pays in recoverable dead letters. So
+// while a type is stopped and none of its explored messages is in its retry path in this
+// process, the next message of the type is explored too (in addition to the hashed share):
+// the probe. Its retry copies carry HeaderProbe, so it follows the base policy on all its
+// attempts, whichever instance they reach, and a fix is noticed within one retry delay
+// while a probe is in flight, within one schedule and one delay at worst, instead of after
+// about 1/Explore messages. A probe that ends
+// without recovering is followed by a rest as long as it was in flight, so a probe is in
+// flight at most half the time: its cost while the dependency stays broken is at most half
+// of one message's base-policy retries per schedule length, per instance and stopped type
+// (with the default 1 s to 16 s schedule, 5 retries a minute), whatever the traffic.
+// "In its retry path" is a lease, not a timer: the explored message it names holds it
+// until its next attempt is due (twice its retry delay plus a second); the lease ends when
+// that message recovers or (after the rest) is dead-lettered here, and lapses when its
+// next attempt went to another instance (which takes up the probe there) or was lost. A
+// producer that forges HeaderProbe together with consistent retry headers gets its message the base
+// policy's retries, which it can get from the hashed share by its choice of message id, and
+// changes nothing about where the message goes. Explore = NoExplore turns probes off too.
+//
+// Its state is bounded: one lease (a message id and two times) per stopped error type of
+// each handler, at most the statistics' MaxTypes per handler; it holds no goroutine or
+// timer. Opt-in, Shorten also cuts a retried type's schedule to the attempt by which 99%
+// of its recoveries came.
+//
 // The zero value uses the defaults named on each field.
 type Learned struct {
 	// MinEvidence is how many messages retried after failing with an error type must have
@@ -74,7 +120,57 @@ type Learned struct {
 	// Explore is the share of a stopped type's messages that still follow the base
 	// policy. Zero means 0.05 (5%); NoExplore (any negative) means none.
 	Explore float64
+	// Shorten, when true, cuts the schedule of an error type that is retried (not stopped)
+	// to the attempt by which 99% of its recoveries in the window came
+	// (retrystats.TypeStats.RecoveryAttempt(0.99)), once the window holds at least
+	// MinShortenRecoveries of them: a message that fails at that attempt is dead-lettered
+	// with reason retry_unlikely, its reason a *ShortenedError that names the cut and the
+	// evidence, instead of being retried further. It never cuts below that attempt, never
+	// lengthens the base schedule, and leaves a stopped type's explored messages to the
+	// base policy. False, the zero value, keeps the base schedule for every type.
+	Shorten bool
 }
+
+// MinShortenRecoveries is how many recoveries of an error type the window must hold
+// before Learned.Shorten cuts its schedule: with fewer, the 99th percentile of the
+// recovery attempt is the latest recovery seen, or close to it, and says little.
+const MinShortenRecoveries = 100
+
+// ErrScheduleShortened matches the reason of a message whose retries Learned.Shorten cut
+// (a *ShortenedError); it matches disposition.ErrRetryUnlikely too.
+var ErrScheduleShortened = errors.New("retry schedule shortened")
+
+// ShortenedError is the reason of a message dead-lettered at the attempt Learned.Shorten
+// cut its error type's schedule to. It matches ErrScheduleShortened and
+// disposition.ErrRetryUnlikely (its dead-letter reason is retry_unlikely, so it replays
+// with the policy's other dead letters) and unwraps to the *ExhaustedError that ended it.
+type ShortenedError struct {
+	// To is the attempt the schedule was cut to: the last one the message was given.
+	To int
+	// Recoveries is how many recoveries of the type the window held; Evidence is the
+	// type's account over the window.
+	Recoveries int64
+	Evidence   disposition.Evidence
+	Err        error
+}
+
+// Error reads "retry_unlikely: schedule shortened to attempt 3, by which 99% of 312
+// recoveries came (error type X; 312 of 330 recovered in the last hour): <err>".
+func (e *ShortenedError) Error() string {
+	return fmt.Sprintf("retry_unlikely: schedule shortened to attempt %d, by which 99%% of %d recoveries came (error type %s; %s): %v",
+		e.To, e.Recoveries, e.Evidence.ErrorType, e.Evidence, e.Err)
+}
+
+// Unwrap returns the error that ended the retries.
+func (e *ShortenedError) Unwrap() error { return e.Err }
+
+// Is matches ErrScheduleShortened and disposition.ErrRetryUnlikely.
+func (e *ShortenedError) Is(target error) bool {
+	return target == ErrScheduleShortened || target == disposition.ErrRetryUnlikely
+}
+
+// DeadLetterReason names retry_unlikely (disposition.DeadLetterReasoner).
+func (e *ShortenedError) DeadLetterReason() string { return disposition.ReasonRetryUnlikely }
 
 func (l *Learned) setDefaults() error {
 	if l.MinEvidence == 0 {
@@ -100,24 +196,51 @@ func (l *Learned) setDefaults() error {
 	return nil
 }
 
-// learner applies a Learned policy over the step's statistics.
+// learner applies a Learned policy over the step's statistics. It is the step's observer
+// of the statistics (Observe), so that the outcome of a probe ends its lease.
 type learner struct {
 	cfg    Learned
 	stats  *retrystats.Stats
 	logger *slog.Logger
+	now    func() time.Time
 
-	mu      sync.Mutex
-	stopped map[learnKey]bool // the types judged unlikely, for the log line on a change
+	// nStopped is len(stopped), read without mu: Observe takes the lock only while some
+	// type is stopped.
+	nStopped atomic.Int32
+	mu       sync.Mutex
+	stopped  map[learnKey]*lease // the types judged unlikely, for the log line on a change, and their probe
 }
 
 type learnKey struct{ handler, errType string }
+
+// lease is a stopped type's probe: the explored message in its retry path (id), since
+// when, and until when the next message cannot become the probe: while id is set, when
+// the policy stops waiting for its next attempt; once it ended without recovering, the
+// end of the rest before the next probe. The lease is free from until on.
+type lease struct {
+	id           string
+	since, until time.Time
+}
+
+// leaseFor is how long after a hand-off with delay d its message holds a probe's lease.
+func leaseFor(d time.Duration) time.Duration { return 2*d + probeGrace }
 
 // View is what the learned policy makes of one handler's error type now.
 type View struct {
 	retrystats.TypeStats
 	// Stopped is true when the policy dead-letters the type's messages (but the explored
-	// share).
+	// share and the probe).
 	Stopped bool
+	// Probe is the id of the explored message whose retry path holds the stopped type's
+	// probe lease in this process, "" when none does: the next message of the type becomes
+	// the probe, from NextProbe on.
+	Probe string
+	// NextProbe, when Probe is "" and the last probe ended without recovering, is the end
+	// of the rest before the next probe; zero when the next message is the probe.
+	NextProbe time.Time
+	// ShortenTo is the attempt Learned.Shorten cuts the type's schedule to, 0 when it does
+	// not (off, too few recoveries, stopped, or the cut is no shorter than anything seen).
+	ShortenTo int
 	// Reason says why, or why not, in a sentence.
 	Reason string
 }
@@ -144,27 +267,149 @@ func (l *learner) view(handler, errType string) View {
 		v.Stopped = true
 		v.Reason = fmt.Sprintf("dead-lettered at once (%.0f%% explored): %s", l.cfg.Explore*100, ts.Evidence())
 	}
+	if n := l.shortenTo(v); n > 0 {
+		v.ShortenTo = n
+		v.Reason += fmt.Sprintf("; schedule shortened to attempt %d, by which 99%% of %d recoveries came", n, recoveries(ts))
+	}
 	return v
+}
+
+// shortenTo returns the attempt Learned.Shorten cuts v's type to, 0 for none.
+func (l *learner) shortenTo(v View) int {
+	if !l.cfg.Shorten || v.Stopped || v.Other || v.ErrorType == retrystats.OtherType || recoveries(v.TypeStats) < MinShortenRecoveries {
+		return 0
+	}
+	n := v.RecoveryAttempt(0.99)
+	if n > retrystats.AttemptBins {
+		return 0 // the last bin counts attempt AttemptBins+1 and later: no cut is known safe
+	}
+	return n
+}
+
+// recoveries is how many recoveries ts counts by attempt.
+func recoveries(ts retrystats.TypeStats) int64 {
+	var n int64
+	for _, c := range ts.RecoveredAt {
+		n += c
+	}
+	return n
+}
+
+// learnedPlan is what the learned policy makes of one failure: the evidence that retrying
+// is unlikely to help, or the attempt its type's schedule is cut to.
+type learnedPlan struct {
+	unlikely *disposition.Evidence
+	view     View
+	cut      bool // maxRetries cut the base policy's retries
+}
+
+// maxRetries returns the retries the plan allows, given the base policy's.
+func (p *learnedPlan) maxRetries(base int) int {
+	if to := p.view.ShortenTo; to > 0 && to-1 < base {
+		p.cut = true
+		return to - 1
+	}
+	return base
+}
+
+// explain returns d with the cut named: a dead letter whose retries the cut exhausted
+// gets a *ShortenedError as its reason.
+func (p *learnedPlan) explain(d disposition.Disposition) disposition.Disposition {
+	var ex *ExhaustedError
+	if !p.cut || d.Kind != disposition.DeadLetter || !errors.As(d.Reason, &ex) || ex.Age > 0 {
+		return d
+	}
+	d.Reason = &ShortenedError{To: p.view.ShortenTo, Recoveries: recoveries(p.view.TypeStats), Evidence: p.view.Evidence(), Err: d.Reason}
+	return d
 }
 
 func (l *learner) isStopped(handler, errType string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.stopped[learnKey{handler, errType}]
+	return l.stopped[learnKey{handler, errType}] != nil
 }
 
-// judge returns the evidence that retrying the failure of msgID with errType is unlikely
-// to help, or nil to retry as the base policy says.
-func (l *learner) judge(ctx context.Context, handler, errType, msgID string) *disposition.Evidence {
+// probe returns the id of the message holding handler's errType's probe lease at now, ""
+// when none, and the end of the rest before the next probe, zero when the lease is free.
+func (l *learner) probe(handler, errType string, now time.Time) (string, time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.stopped[learnKey{handler, errType}]
+	if p == nil || !now.Before(p.until) {
+		return "", time.Time{}
+	}
+	if p.id != "" {
+		return p.id, time.Time{}
+	}
+	return "", p.until
+}
+
+// judge returns the plan for msg's failure with errType at now: the evidence that
+// retrying is unlikely to help, or none to retry as the base policy says (within the
+// schedule Shorten cuts). It writes msg's probe mark
+// (HeaderProbe), which its retry copy carries: set when msg becomes a stopped type's
+// probe, kept when sluice set it on an earlier attempt, removed when it is not sluice's.
+func (l *learner) judge(ctx context.Context, handler, errType string, msg *message.Message, now time.Time) learnedPlan {
+	marked := probeMarked(msg.Metadata)
 	v := l.view(handler, errType)
 	l.note(handler, errType, v)
-	if !v.Stopped || explored(msgID, l.cfg.Explore) {
+	if !v.Stopped || l.cfg.Explore <= 0 {
+		return learnedPlan{unlikely: l.stop(ctx, v), view: v}
+	}
+	if l.explore(learnKey{handler, errType}, msg, marked, now) {
+		return learnedPlan{}
+	}
+	return learnedPlan{unlikely: l.stop(ctx, v), view: v}
+}
+
+// probeMarked reports whether md carries a probe mark sluice wrote, and removes one it did
+// not: a mark counts only on a message whose trip headers are sluice's own retry state.
+func probeMarked(md message.Metadata) bool {
+	if md.Get(HeaderProbe) == "" {
+		return false
+	}
+	if trip := headers.ReadTrip(md); trip.Carried && trip.Made > 0 {
+		return true
+	}
+	delete(md, HeaderProbe)
+	return false
+}
+
+// explore reports whether msg of the stopped type k follows the base policy: it is in
+// the hashed share, or marked as a probe, or it becomes the probe because no explored
+// message holds k's lease at now. An explored message takes a free lease, so that while
+// one is in its retry path no probe is added.
+func (l *learner) explore(k learnKey, msg *message.Message, marked bool, now time.Time) bool {
+	hashed := explored(msg.UUID, l.cfg.Explore)
+	l.mu.Lock()
+	p := l.stopped[k]
+	free := p != nil && !now.Before(p.until)
+	if free {
+		// The hand-off (Observe) sets the lease's end from the retry delay; until then it
+		// covers the decision and the hand-off.
+		p.id, p.since, p.until = msg.UUID, now, now.Add(probeGrace)
+	}
+	l.mu.Unlock()
+	switch {
+	case hashed || marked:
+		return true
+	case free:
+		msg.Metadata.Set(HeaderProbe, k.errType)
+		return true
+	}
+	return false
+}
+
+// stop returns the evidence of a stopped view v, recorded as a span event; nil when v is
+// not stopped.
+func (l *learner) stop(ctx context.Context, v View) *disposition.Evidence {
+	if !v.Stopped {
 		return nil
 	}
 	ev := v.Evidence()
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
-		span.AddEvent(eventUnlikely, trace.WithAttributes(attrErrorType.String(errType), attrRecovered.Int64(ev.Recovered),
+		span.AddEvent(eventUnlikely, trace.WithAttributes(attrErrorType.String(v.ErrorType), attrRecovered.Int64(ev.Recovered),
 			attrEnded.Int64(ev.Ended), attrEvidence.String(ev.String())))
 	}
 	return &ev
@@ -174,16 +419,17 @@ func (l *learner) judge(ctx context.Context, handler, errType, msgID string) *di
 func (l *learner) note(handler, errType string, v View) {
 	k := learnKey{handler, errType}
 	l.mu.Lock()
-	was := l.stopped[k]
+	was := l.stopped[k] != nil
 	if was == v.Stopped {
 		l.mu.Unlock()
 		return
 	}
 	if v.Stopped {
-		l.stopped[k] = true
+		l.stopped[k] = &lease{}
 	} else {
 		delete(l.stopped, k)
 	}
+	l.nStopped.Store(int32(len(l.stopped)))
 	l.mu.Unlock()
 	if v.Stopped {
 		l.logger.Warn("retries stopped for an error type that does not recover", "handler", handler, "error_type", errType,
@@ -191,6 +437,43 @@ func (l *learner) note(handler, errType string, v View) {
 		return
 	}
 	l.logger.Info("retries resumed for an error type", "handler", handler, "error_type", errType, "reason", v.Reason)
+}
+
+// Observe counts o in the statistics and ends or extends the probe lease o's message holds
+// (disposition.Observer): a retry holds it until its next attempt is due, a recovery frees
+// it, any other end frees it after a rest as long as the message held it. A first attempt
+// that succeeded returns at once, as the statistics do.
+func (l *learner) Observe(ctx context.Context, o disposition.Outcome) {
+	if o.RetriedErrorType == "" && o.Disposition.Kind == disposition.Ack {
+		return // the success path of a message that never failed
+	}
+	l.stats.Observe(ctx, o)
+	if l.nStopped.Load() == 0 {
+		return
+	}
+	switch o.Disposition.Kind {
+	case disposition.Defer, disposition.Duplicate:
+		return // no attempt made: the lease stands as it was
+	}
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// A handful of stopped types at most: looking at each beats an index by message id.
+	for k, p := range l.stopped {
+		if p.id != o.MessageID || k.handler != o.Handler {
+			continue
+		}
+		switch o.Disposition.Kind {
+		case disposition.Retry:
+			p.until = now.Add(leaseFor(o.Disposition.Delay))
+		case disposition.Ack:
+			p.id, p.until = "", now
+		default:
+			// Ended without recovering: rest as long as it was in flight, so that a probe is
+			// in flight at most half the time a type is stopped.
+			p.id, p.until = "", now.Add(now.Sub(p.since))
+		}
+	}
 }
 
 // explored reports whether message id falls in the explored share: an FNV-1a hash of the
@@ -217,7 +500,11 @@ func (r *Retry) LearnedView(handler, errType string) View {
 		}
 		return v
 	}
-	return r.learner.view(handler, errType)
+	v := r.learner.view(handler, errType)
+	if v.Stopped && r.learner.cfg.Explore > 0 {
+		v.Probe, v.NextProbe = r.learner.probe(handler, errType, r.cfg.Now())
+	}
+	return v
 }
 
 // Stats returns the outcome statistics the step feeds (Config.Stats, or the ones New made

@@ -42,6 +42,7 @@ type loop struct {
 	succeeded map[string]int   // payload -> attempt
 	dead      map[string]error // payload -> dead-letter reason
 	calls     map[string]int   // payload -> handler calls
+	probes    map[string]bool  // the messages that arrived marked as the learned policy's probe
 }
 
 type loopDelayer struct{ l *loop }
@@ -56,7 +57,7 @@ func (d loopDead) DeadLetter(context.Context, string, *message.Message) error { 
 
 func newLoop(t *testing.T, cfg retry.Config) *loop {
 	t.Helper()
-	l := &loop{t: t, succeeded: map[string]int{}, dead: map[string]error{}, calls: map[string]int{}}
+	l := &loop{t: t, succeeded: map[string]int{}, dead: map[string]error{}, calls: map[string]int{}, probes: map[string]bool{}}
 	logger := watermill.NopLogger{}
 	l.pub = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, logger)
 	p, err := poison.New(poison.Config{DeadLetterer: loopDead{l}, Logger: slog.New(slog.DiscardHandler), OnDeadLetter: func(ev poison.Event) {
@@ -98,6 +99,9 @@ func (l *loop) handle(msg *message.Message) ([]*message.Message, error) {
 	attempt := sluice.RetryCount(msg.Metadata) + 1
 	l.mu.Lock()
 	l.calls[msg.UUID]++
+	if msg.Metadata.Get(retry.HeaderProbe) != "" {
+		l.probes[msg.UUID] = true
+	}
 	l.mu.Unlock()
 	var err error
 	switch kind {
@@ -108,6 +112,10 @@ func (l *loop) handle(msg *message.Message) ([]*message.Message, error) {
 		}
 	case "timeout":
 		if attempt < 2 {
+			err = typed("timeout")
+		}
+	case "late": // the same type, recovering later
+		if attempt < 3 {
 			err = typed("timeout")
 		}
 	case "permanent":
@@ -143,6 +151,20 @@ func (l *loop) send(kind string, n int) []string {
 		return true
 	}, 30*time.Second, 5*time.Millisecond)
 	return ids
+}
+
+// explored counts the messages of ids that followed the base policy though their type was
+// stopped: the hashed share, and the probes.
+func (l *loop) explored(ids []string, share float64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var n int
+	for _, id := range ids {
+		if retry.Explored(id, share) || l.probes[id] {
+			n++
+		}
+	}
+	return n
 }
 
 // tally is what happened to a set of messages.
@@ -206,16 +228,11 @@ func TestLearned_ExploresAndResumesAfterTheFix(t *testing.T) {
 	require.True(t, l.r.LearnedView(handlerName, "upstream").Stopped)
 
 	ids := l.send("upstream", 200)
-	var explored int
-	for _, id := range ids {
-		if retry.Explored(id, 0.2) {
-			explored++
-		}
-	}
+	explored := l.explored(ids, 0.2)
 	got := l.tally(ids)
-	assert.Equal(t, explored, got.exhausted, "the explored share followed the base policy")
+	assert.Equal(t, explored, got.exhausted, "the explored share and the probes followed the base policy")
 	assert.Equal(t, 200-explored, got.unlikely)
-	assert.InDelta(t, 40, explored, 25, "about 20%% of 200")
+	assert.InDelta(t, 40, explored, 30, "about 20%% of 200, and the probes")
 
 	l.fixed.Store(true)
 	// The explored share recovers at attempt 2; once recoveries reach 1%, every message
@@ -241,15 +258,10 @@ func TestLearned_StaysStoppedAsTheEvidenceAges(t *testing.T) {
 
 	now.Add(int64(2 * time.Minute)) // the 20 messages' evidence is out of the window
 	ids := l.send("upstream", 50)
-	var explored int
-	for _, id := range ids {
-		if retry.Explored(id, 0.2) {
-			explored++
-		}
-	}
+	explored := l.explored(ids, 0.2)
 	got := l.tally(ids)
 	assert.Equal(t, 50-explored, got.unlikely, "still dead-lettered at once")
-	assert.Equal(t, explored, got.exhausted, "the explored share followed the base policy")
+	assert.Equal(t, explored, got.exhausted, "the explored share and the probes followed the base policy")
 	v := l.r.LearnedView(handlerName, "upstream")
 	assert.True(t, v.Stopped, v.Reason)
 	assert.Less(t, v.Ended, int64(20), "below the evidence minimum, and still stopped")

@@ -213,11 +213,13 @@ func New(cfg Config) (*Retry, error) {
 	}
 	r := &Retry{cfg: cfg}
 	var obs disposition.Observers
-	if cfg.Stats != nil {
-		obs = append(obs, cfg.Stats)
-	}
 	if cfg.Learned != nil {
-		r.learner = &learner{cfg: *cfg.Learned, stats: cfg.Stats, logger: cfg.Logger, stopped: map[learnKey]bool{}}
+		// The learner observes the statistics for them, so its probes see their outcomes
+		// at no cost to a message that never failed.
+		r.learner = &learner{cfg: *cfg.Learned, stats: cfg.Stats, logger: cfg.Logger, now: cfg.Now, stopped: map[learnKey]*lease{}}
+		obs = append(obs, r.learner)
+	} else if cfg.Stats != nil {
+		obs = append(obs, cfg.Stats)
 	}
 	if cfg.Overload != nil {
 		obs = append(obs, cfg.Overload)
@@ -328,16 +330,19 @@ func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error) disposi
 	}
 	policy := disposition.Policy{MaxRetries: r.cfg.MaxRetries, MaxTotalAge: r.cfg.MaxTotalAge, MaxRetryAfter: r.cfg.MaxRetryAfter, Backoff: r.Backoff}
 	var plan Adjustment
+	var learned learnedPlan
 	if class == sluice.ClassRetryable {
 		plan = r.plan(ctx, a.Queue, a.Dependency)
 		policy.MaxRetries = plan.MaxRetries
 		policy.Backoff = func(n int) time.Duration { return stretch(r.Backoff(n), plan) }
 		if r.learner != nil {
 			// The learned view goes into Decide as data, like the rest of the policy.
-			policy.Unlikely = r.learner.judge(ctx, message.HandlerNameFromCtx(ctx), sluice.ErrorType(err), a.Msg.UUID)
+			learned = r.learner.judge(ctx, message.HandlerNameFromCtx(ctx), sluice.ErrorType(err), a.Msg, a.Now)
+			policy.Unlikely = learned.unlikely
+			policy.MaxRetries = learned.maxRetries(policy.MaxRetries)
 		}
 	}
-	d := disposition.Decide(policy, hist, err)
+	d := learned.explain(disposition.Decide(policy, hist, err))
 	if d.Kind == disposition.Retry && class == sluice.ClassRetryable {
 		delay, berr := r.admit(ctx, a.Msg, d.Delay, plan, err, a.Dependency)
 		if berr != nil {
