@@ -269,28 +269,19 @@ func (l *learner) view(handler, errType string) View {
 	}
 	if n := l.shortenTo(v); n > 0 {
 		v.ShortenTo = n
-		v.Reason += fmt.Sprintf("; schedule shortened to attempt %d, by which 99%% of %d recoveries came", n, recoveries(ts))
+		v.Reason += fmt.Sprintf("; schedule shortened to attempt %d, by which 99%% of %d recoveries came", n, ts.Recovered)
 	}
 	return v
 }
 
 // shortenTo returns the attempt Learned.Shorten cuts v's type to, 0 for none.
 func (l *learner) shortenTo(v View) int {
-	if !l.cfg.Shorten || v.Stopped || v.Other || v.ErrorType == retrystats.OtherType || recoveries(v.TypeStats) < MinShortenRecoveries {
+	if !l.cfg.Shorten || v.Stopped || v.Other || v.ErrorType == retrystats.OtherType || v.Recovered < MinShortenRecoveries {
 		return 0
 	}
 	n := v.RecoveryAttempt(0.99)
 	if n > retrystats.AttemptBins {
 		return 0 // the last bin counts attempt AttemptBins+1 and later: no cut is known safe
-	}
-	return n
-}
-
-// recoveries is how many recoveries ts counts by attempt.
-func recoveries(ts retrystats.TypeStats) int64 {
-	var n int64
-	for _, c := range ts.RecoveredAt {
-		n += c
 	}
 	return n
 }
@@ -319,7 +310,7 @@ func (p *learnedPlan) explain(d disposition.Disposition) disposition.Disposition
 	if !p.cut || d.Kind != disposition.DeadLetter || !errors.As(d.Reason, &ex) || ex.Age > 0 {
 		return d
 	}
-	d.Reason = &ShortenedError{To: p.view.ShortenTo, Recoveries: recoveries(p.view.TypeStats), Evidence: p.view.Evidence(), Err: d.Reason}
+	d.Reason = &ShortenedError{To: p.view.ShortenTo, Recoveries: p.view.Recovered, Evidence: p.view.Evidence(), Err: d.Reason}
 	return d
 }
 

@@ -69,20 +69,7 @@ func newProbeWorld(t *testing.T, learned retry.Learned) *probeWorld {
 		}),
 	})
 	require.NoError(t, err)
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
-	require.NoError(t, err)
-	router.AddConsumerHandler(handlerName, queueName, w.pub, func(msg *message.Message) error {
-		_, err := w.r.Middleware(w.handle)(msg)
-		return err
-	})
-	done := make(chan error, 1)
-	go func() { done <- router.Run(context.Background()) }()
-	<-router.Running()
-	t.Cleanup(func() {
-		require.NoError(t, router.Close())
-		require.NoError(t, <-done)
-		require.NoError(t, w.pub.Close())
-	})
+	serve(t, w.pub, w.r, w.handle)
 	return w
 }
 

@@ -75,10 +75,17 @@ func newLoop(t *testing.T, cfg retry.Config) *loop {
 	l.r, err = retry.New(cfg)
 	require.NoError(t, err)
 
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	serve(t, l.pub, l.r, l.handle)
+	return l
+}
+
+// serve runs r over h in a Watermill router consuming queueName from pub, until t ends.
+func serve(t *testing.T, pub *gochannel.GoChannel, r *retry.Retry, h message.HandlerFunc) {
+	t.Helper()
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
-	router.AddConsumerHandler(handlerName, queueName, l.pub, func(msg *message.Message) error {
-		_, err := l.r.Middleware(l.handle)(msg)
+	router.AddConsumerHandler(handlerName, queueName, pub, func(msg *message.Message) error {
+		_, err := r.Middleware(h)(msg)
 		return err
 	})
 	done := make(chan error, 1)
@@ -87,9 +94,8 @@ func newLoop(t *testing.T, cfg retry.Config) *loop {
 	t.Cleanup(func() {
 		require.NoError(t, router.Close())
 		require.NoError(t, <-done)
-		require.NoError(t, l.pub.Close())
+		require.NoError(t, pub.Close())
 	})
-	return l
 }
 
 // handle fails by the payload's kind: "upstream" never recovers (once fixed, it recovers
