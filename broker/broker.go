@@ -17,6 +17,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
@@ -143,6 +144,63 @@ type Joiner interface {
 	// Join starts announcing this instance among queue's members and listening to the
 	// others; it returns once the first announcements can be heard.
 	Join(ctx context.Context, queue string, cfg MembershipConfig) (Membership, error)
+}
+
+// NativeRetrier declares a consumed queue on which the broker itself holds a failed
+// delivery back before redelivering it, instead of the stack handing a copy to the delay
+// (router.WithNativeRetry). RabbitMQ 4.3's quorum queues have it (x-delayed-retry-type
+// "failed"); older RabbitMQ and the embedded broker do not.
+type NativeRetrier interface {
+	// DeclareNativeRetryQueue declares queue as QueueDeclarer.DeclareQueue does, and has the
+	// broker hold a delivery given back after a failure (rejected with requeue) for r's
+	// delay before redelivering it; it returns an error naming what the broker lacks when it
+	// cannot.
+	DeclareNativeRetryQueue(ctx context.Context, queue string, r NativeRetry) error
+}
+
+// NativeRetry is the schedule of a broker's native delayed retry: linear, the n-th retry
+// held back Min × n, at most Max. It is the only schedule RabbitMQ 4.3 carries out.
+type NativeRetry struct {
+	// Min is the first retry's delay and the step between retries. It must be at least a
+	// millisecond.
+	Min time.Duration
+	// Max caps the delay. It must be at least Min.
+	Max time.Duration
+	// MaxRetries is how many retries the handler's policy allows; the broker checks it
+	// leaves room below its own delivery limit.
+	MaxRetries int
+}
+
+// ErrNativeRetry is wrapped by NativeRetry.Validate's errors.
+var ErrNativeRetry = errors.New("broker: invalid native retry")
+
+// Validate returns an error wrapping ErrNativeRetry, naming the value, when r is not a
+// schedule a broker can carry out.
+func (r NativeRetry) Validate() error {
+	switch {
+	case r.Min < time.Millisecond:
+		return fmt.Errorf("%w: Min %s is below 1ms", ErrNativeRetry, r.Min)
+	case r.Max < r.Min:
+		return fmt.Errorf("%w: Max %s is below Min %s", ErrNativeRetry, r.Max, r.Min)
+	case r.Min%time.Millisecond != 0 || r.Max%time.Millisecond != 0:
+		// RabbitMQ takes whole milliseconds: a rounded delay would not be the one observed.
+		return fmt.Errorf("%w: Min %s and Max %s must be whole milliseconds", ErrNativeRetry, r.Min, r.Max)
+	case r.MaxRetries < 0:
+		return fmt.Errorf("%w: MaxRetries %d is negative", ErrNativeRetry, r.MaxRetries)
+	}
+	return nil
+}
+
+// Delay is how long the broker holds a delivery back before retry n (counting from 1):
+// Min × n, at most Max.
+func (r NativeRetry) Delay(n int) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	if r.Min <= 0 || time.Duration(n) > r.Max/r.Min {
+		return r.Max
+	}
+	return min(time.Duration(n)*r.Min, r.Max)
 }
 
 // Journaler keeps append-only journals that outlive the process and are read by every

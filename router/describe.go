@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/retrystats"
 )
@@ -124,6 +125,16 @@ type RetryPolicy struct {
 	Budget *RetryBudget `json:"budget,omitempty"`
 	// Learned is the learned policy's settings; nil without one.
 	Learned *retrystats.LearnedSettings `json:"learned,omitempty"`
+	// Native is the queue's own delayed retry (WithNativeRetry); nil without one. With
+	// it, Schedule is the queue's linear schedule, without jitter.
+	Native *NativeRetryPolicy `json:"native,omitempty"`
+}
+
+// NativeRetryPolicy is a handler's native delayed retry (WithNativeRetry): the queue holds
+// a rejected delivery back Min × its delivery count, at most Max.
+type NativeRetryPolicy struct {
+	Min Duration `json:"min"`
+	Max Duration `json:"max"`
 }
 
 // ScheduledRetry is one retry of the schedule.
@@ -222,6 +233,7 @@ func (s *Stack) Describe() Description {
 	parts := slices.Clone(s.parts)
 	slots := slices.Clone(s.slots)
 	topics := maps.Clone(s.topics)
+	native := maps.Clone(s.native)
 	s.mu.Unlock()
 	slices.Sort(names)
 
@@ -271,6 +283,9 @@ func (s *Stack) Describe() Description {
 		} else {
 			h.DeadLetterQueue, h.Archive = topology.DLQ(h.Queue), topology.Archive(h.Queue)
 		}
+		if nr, ok := native[name]; ok {
+			h.Retry = nativePolicy(policy, nr)
+		}
 		h.Breaker = s.breakerOf(name, pausing[name], breakers, isName)
 		h.Retry.Budget = s.budgetOf(name, h.Breaker, policy.Budget)
 		h.Idempotency = s.idempotencyOf(h, slots)
@@ -291,6 +306,20 @@ func (s *Stack) Describe() Description {
 		d.Notes = append(d.Notes, "breaker trip thresholds (ConsecutiveFailures, FailureRatio, MinRequests, Interval) are not shown: breaker.Registry does not expose its Config")
 	}
 	return d
+}
+
+// nativePolicy is p for a handler whose queue carries its retries itself: the queue's
+// schedule replaces the backoff's.
+func nativePolicy(p RetryPolicy, nr broker.NativeRetry) RetryPolicy {
+	p.Native = &NativeRetryPolicy{Min: Duration(nr.Min), Max: Duration(nr.Max)}
+	p.Schedule = make([]ScheduledRetry, 0, p.MaxRetries)
+	var elapsed time.Duration
+	for n := 1; n <= p.MaxRetries; n++ {
+		d := nr.Delay(n)
+		elapsed += d
+		p.Schedule = append(p.Schedule, ScheduledRetry{Retry: n, Attempt: n + 1, Delay: Duration(d), MinDelay: Duration(d), MaxDelay: Duration(d), Elapsed: Duration(elapsed)})
+	}
+	return p
 }
 
 // partitionOf splits a partition handler's name "<name>#<k>".
@@ -456,6 +485,10 @@ func classActions(h HandlerDescription) []ClassAction {
 	}
 	retryable := fmt.Sprintf("retried after the schedule's delay, up to %d retries (%d attempts) within %s of the first failure; then dead-lettered to %s (retries exhausted)",
 		p.MaxRetries, p.MaxAttempts, p.MaxTotalAge, dlq)
+	if p.Native != nil {
+		retryable = fmt.Sprintf("rejected back to its queue, which holds it back the schedule's delay (native delayed retry), up to %d retries (%d attempts); then dead-lettered to %s (retries exhausted)",
+			p.MaxRetries, p.MaxAttempts, dlq)
+	}
 	if p.MaxRetries == 0 {
 		retryable = fmt.Sprintf("dead-lettered to %s at once (no retries)", dlq)
 	}

@@ -48,7 +48,11 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 	row("Archive", orUnknown(code(h.Archive)))
 	row("Handler timeout", h.HandlerTimeout.String())
 	row("Maximum attempts", fmt.Sprintf("%d (%d retries)", p.MaxAttempts, p.MaxRetries))
-	row("Backoff", fmt.Sprintf("%s × %g up to %s, jitter ±%g%%", p.InitialDelay, p.Multiplier, p.MaxDelay, p.Jitter*100))
+	if nr := p.Native; nr != nil {
+		row("Backoff", fmt.Sprintf("held back by the queue (native delayed retry): %s × retry up to %s, no jitter; waits the queue cannot carry use the cascade", nr.Min, nr.Max))
+	} else {
+		row("Backoff", fmt.Sprintf("%s × %g up to %s, jitter ±%g%%", p.InitialDelay, p.Multiplier, p.MaxDelay, p.Jitter*100))
+	}
 	row("Maximum total age", p.MaxTotalAge.String())
 	row("Maximum RetryAfter / Defer", p.MaxRetryAfter.String())
 	if bud := p.Budget; bud != nil {

@@ -142,3 +142,22 @@ func ExampleStack_Describe() {
 	// retry 2 (attempt 3): after 2s, 3s after the first failure
 	// retry 3 (attempt 4): after 4s, 7s after the first failure
 }
+
+// A handler whose retries the queue carries itself: on RabbitMQ 4.3 with quorum queues
+// (amqp.Config{QueueType: amqp.QueueQuorum}), a failed attempt is rejected and held back
+// 200 ms × its retry number, at most 5 s, with nothing published to the delay cascade.
+// The embedded broker has no native delayed retry, so there Handle refuses the option.
+func ExampleWithNativeRetry() {
+	quiet := slog.New(slog.DiscardHandler)
+	b := memory.New(memory.Config{Logger: quiet})
+	defer b.Close()
+	s, err := router.New(b, router.Config{Logger: quiet})
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close()
+	charge := func(*message.Message) error { return errors.New("gateway: 503") }
+	err = s.Handle("payments", "payments", charge, router.WithNativeRetry(200*time.Millisecond, 5*time.Second))
+	fmt.Println(errors.Is(err, router.ErrOptionWithoutStep))
+	// Output: true
+}

@@ -67,7 +67,11 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	}
 	// The retry step decides every failed attempt's disposition and carries it out (its
 	// dead letters through the poison step): see package disposition.
-	mws = append(mws, middleware.Recoverer, s.retry.ForDependency(hc.breaker))
+	step := s.retry.ForDependency(hc.breaker)
+	if hc.native != nil {
+		step = s.retry.NativeFor(hc.breaker, *hc.native)
+	}
+	mws = append(mws, middleware.Recoverer, step)
 	if s.cfg.Idempotency != nil {
 		var obs []disposition.Observer
 		if s.cfg.Telemetry != nil {

@@ -9,8 +9,10 @@
 //  2. recoverer — a panic in a step becomes an error (the message is nacked, not lost)
 //  3. retry — decides each failed attempt's disposition (disposition.Decide) and carries it
 //     out in one place: a retryable error with attempts left goes back to the broker
-//     delayed, a permanent one or one out of retries goes to the DLQ through the poison step
-//     (Config.Poison), each confirmed before the ack; then the observers are told once
+//     delayed (through the delay cascade, or, with WithNativeRetry on RabbitMQ 4.3,
+//     rejected for the queue to hold back), a permanent one or one out of retries goes to
+//     the DLQ through the poison step (Config.Poison), each confirmed before the ack; then
+//     the observers are told once
 //  4. idempotency — a key already done is acked without calling the handler
 //  5. output — the handler's output messages are published, confirmed (so idempotency marks
 //     a key done only once its outputs are safe, and a failed output publish is retried)
@@ -38,7 +40,8 @@
 // contract alone.
 //
 // Options that cannot take effect are errors at registration: WithIdempotencyKey without
-// Config.Idempotency and WithBreaker without Config.Breakers make Handle fail.
+// Config.Idempotency, WithBreaker without Config.Breakers and WithNativeRetry on a broker
+// without native delayed retry make Handle fail.
 package router
 
 import (
@@ -55,6 +58,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -149,6 +153,8 @@ type handlerConfig struct {
 
 	rebalance bool          // WithRebalancing (rebalance.go)
 	heartbeat time.Duration // WithRebalancing (rebalance.go)
+
+	native *broker.NativeRetry // WithNativeRetry (nativeretry.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -188,13 +194,18 @@ type Stack struct {
 	mu      sync.Mutex
 	names   map[string]bool
 	started bool
-	plan    declare.Plan      // what Run declares
-	parts   []part            // what the options and the configuration hold until Close
-	slots   []*journalSlot    // idempotency steps Run restores before handling (journal.go)
-	topics  map[string]string // the queue each Watermill handler consumes, for Describe
+	plan    declare.Plan                  // what Run declares
+	parts   []part                        // what the options and the configuration hold until Close
+	slots   []*journalSlot                // idempotency steps Run restores before handling (journal.go)
+	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
+	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
 	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
-	closing     chan struct{}
-	closeOnce   sync.Once
+	closing   chan struct{}
+	closeOnce sync.Once
+	// routerRun is set, under mu, once Run hands over to Watermill's router: before that,
+	// Close has nothing to wait for (Watermill's Close would wait CloseTimeout for handlers
+	// that never started, e.g. after a declaration failed).
+	routerRun   bool
 	stopRestore context.CancelFunc
 	restoreDone chan struct{}
 }
@@ -325,6 +336,9 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if err := s.checkOptions(name, hc); err != nil {
 		return err
 	}
+	if err := s.checkNativeRetry(name, &hc); err != nil {
+		return err
+	}
 	plain, err := s.registerExchanges(name, queue, outputTopic, hc)
 	if err != nil {
 		return err
@@ -333,7 +347,14 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 		return s.addPartitioned(name, queue, outputTopic, h, hc)
 	}
 	s.names[name] = true
-	if plain {
+	switch {
+	case hc.native != nil:
+		s.plan.NativeRetryQueue(queue, *hc.native)
+		if s.native == nil {
+			s.native = map[string]broker.NativeRetry{}
+		}
+		s.native[name] = *hc.native
+	case plain:
 		s.plan.Queue(queue)
 	}
 	if outputTopic != "" {
@@ -346,6 +367,12 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	s.consumes(name, queue)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
+		if err != nil && m.Metadata.Get(headers.HeldBack) != "" {
+			// A retry the queue holds back (WithNativeRetry) is a nack by design, observed
+			// and logged by the retry step: Watermill would log it as a handler error.
+			m.Nack()
+			return nil
+		}
 		return err
 	})
 	return nil
@@ -362,6 +389,13 @@ func (s *Stack) Run(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	journals := len(s.slots)
+	select {
+	case <-s.closing:
+		s.mu.Unlock()
+		return nil // Close came first: nothing to consume
+	default:
+	}
+	s.routerRun = true
 	s.mu.Unlock()
 	if journals == 0 {
 		return s.router.Run(ctx)
@@ -420,12 +454,15 @@ func (s *Stack) Running() chan struct{} { return s.router.Running() }
 func (s *Stack) Close() error {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.mu.Lock()
-	stop, done := s.stopRestore, s.restoreDone
+	stop, done, ran := s.stopRestore, s.restoreDone, s.routerRun
 	s.mu.Unlock()
 	if stop != nil {
 		stop()
 		<-done
 	}
 	s.closeParts()
+	if !ran {
+		return nil
+	}
 	return s.router.Close()
 }

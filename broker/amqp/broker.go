@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -41,7 +42,7 @@ type Broker struct {
 	subsMu sync.Mutex
 	subs   []*Subscriber
 
-	declared sync.Map // queue name -> struct{}: declared by DeclareQueue
+	declared sync.Map // queue name -> amqp.Table: extra arguments DeclareQueue or DeclareNativeRetryQueue declared it with
 
 	journalsRecreated atomic.Int64 // journal.go
 }
@@ -52,10 +53,11 @@ var errNotDeclared = errors.New("amqp: queue not declared by this broker")
 
 // redeclare declares queue again if DeclareQueue declared it.
 func (b *Broker) redeclare(ctx context.Context, queue string) error {
-	if _, ok := b.declared.Load(queue); !ok {
+	extra, ok := b.declared.Load(queue)
+	if !ok {
 		return errNotDeclared
 	}
-	return b.declareQueue(ctx, queue)
+	return b.declareQueue(ctx, queue, extra.(amqp.Table))
 }
 
 // New connects to RabbitMQ. The first connection must succeed; later losses are repaired
@@ -85,10 +87,10 @@ func (b *Broker) Publisher() *Publisher { return b.pub }
 // DeclareQueue declares queue with its dead-letter queue and its place in the delay
 // cascade. Declaring is idempotent.
 func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
-	if err := b.declareQueue(ctx, queue); err != nil {
+	if err := b.declareQueue(ctx, queue, nil); err != nil {
 		return err
 	}
-	b.declared.Store(queue, struct{}{})
+	b.declared.Store(queue, amqp.Table(nil))
 	return nil
 }
 

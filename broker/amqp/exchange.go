@@ -283,7 +283,7 @@ func (b *Broker) declareSubscriberQueue(ctx context.Context, queue string, adopt
 			return b.declareFailurePaths(ctx, queue)
 		}
 	}
-	if err := b.declareQueue(ctx, queue); err != nil {
+	if err := b.declareQueue(ctx, queue, nil); err != nil {
 		return inequivalent(err, "queue", queue)
 	}
 	return nil

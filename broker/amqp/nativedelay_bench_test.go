@@ -3,12 +3,8 @@ package amqp_test
 import (
 	"context"
 	"math"
-	"os"
-	"os/exec"
-	"regexp"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,9 +199,9 @@ func (r *retryRecorder) done() bool {
 // measureRetries runs b.N rounds of publish then consume, and reports lateness and the
 // broker's CPU time.
 func measureRetries(b *testing.B, url string, publish func(), consume func(*retryRecorder)) {
-	pid := brokerPID(url)
+	brokerCPU := benchenv.BrokerCPU(url)
 	var all []time.Duration
-	cpu0 := processCPU(pid)
+	cpu0 := brokerCPU()
 	b.ResetTimer()
 	for range b.N {
 		rec := &retryRecorder{due: map[string]time.Time{}, deadln: time.Now().Add(2 * time.Minute)}
@@ -217,7 +213,7 @@ func measureRetries(b *testing.B, url string, publish func(), consume func(*retr
 		all = append(all, rec.late...)
 	}
 	b.StopTimer()
-	cpu := processCPU(pid) - cpu0
+	cpu := brokerCPU() - cpu0
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	pct := func(p float64) float64 {
 		i := max(int(math.Ceil(p*float64(len(all))))-1, 0)
@@ -228,42 +224,4 @@ func measureRetries(b *testing.B, url string, publish func(), consume func(*retr
 	b.ReportMetric(pct(1), "max-late-ms")
 	b.ReportMetric(float64(len(all))/float64(b.N), "retries/op")
 	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "broker-cpu-ms/op")
-}
-
-// brokerPID returns the process listening on url's port (the broker), or 0.
-func brokerPID(url string) int {
-	u, err := amqp091.ParseURI(url)
-	if err != nil {
-		return 0
-	}
-	out, err := exec.Command("ss", "-Htlnp", "sport = :"+strconv.Itoa(u.Port)).Output()
-	if err != nil {
-		return 0
-	}
-	m := regexp.MustCompile(`pid=(\d+)`).FindSubmatch(out)
-	if m == nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(string(m[1]))
-	return pid
-}
-
-// processCPU returns the user and system CPU time pid has used (0 when unknown).
-func processCPU(pid int) time.Duration {
-	if pid == 0 {
-		return 0
-	}
-	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name, which may hold spaces: state is the first.
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(utime+stime) * time.Second / ticks
 }

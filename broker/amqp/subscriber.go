@@ -420,6 +420,14 @@ func (s *Subscriber) released(acks *acker, d amqp.Delivery, id string) func(erro
 // requeueLater rejects with requeue after a backoff that grows with consecutive nacks. It
 // reports whether it sent the nack: not when the channel closed first.
 func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed, gateChanged <-chan struct{}) bool {
+	if msg.Metadata.Get(hdr.HeldBack) != "" {
+		// A retry the queue holds back itself (native delayed retry): a delay here would
+		// only add to the queue's and hold a handler slot meanwhile.
+		if err := d.Reject(true); err != nil {
+			s.logger.Warn("reject failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
+		}
+		return true
+	}
 	n := s.nacks.Add(1)
 	wait := time.Duration(0)
 	if n > 1 {

@@ -73,7 +73,10 @@ func queueArgs(qt QueueType, extra amqp.Table) amqp.Table {
 // it was declared, and a failed declaration closes the channel with an error that the fence
 // returns. Start-up costs a few round trips instead of one per object (the cascade alone
 // is over a hundred), which is what a distant broker makes slow.
-func (b *Broker) declareQueue(ctx context.Context, queue string) error {
+//
+// native holds arguments the queue is declared with beside sluice's own (the native
+// delayed retry's, nativeretry.go); nil means none.
+func (b *Broker) declareQueue(ctx context.Context, queue string, native amqp.Table) error {
 	ch, err := b.conn.channel(ctx)
 	if err != nil {
 		return err
@@ -100,6 +103,9 @@ func (b *Broker) declareQueue(ctx context.Context, queue string) error {
 	}
 	if b.cfg.QueueType == QueueQuorum && b.cfg.DeliveryLimit > 0 {
 		extra["x-delivery-limit"] = int64(b.cfg.DeliveryLimit)
+	}
+	for k, v := range native {
+		extra[k] = v
 	}
 	d.queue(queue, queueArgs(b.cfg.QueueType, extra))
 	d.bindQueue(queue, deliveryBindingKey(queue), topology.DelayDeliveryExchange)

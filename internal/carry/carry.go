@@ -53,6 +53,11 @@ type Attempt struct {
 	First, Now time.Time
 	// Dependency is the handler's dependency, for the observers.
 	Dependency string
+	// Requeue, on a Retry, has the queue itself hold the message back for the retry's
+	// delay (a broker's native delayed retry, broker.NativeRetrier): the message goes back
+	// to its queue rejected, with nothing handed to the Delayer. It is observed as the
+	// Retry it is.
+	Requeue bool
 }
 
 // Carry carries d out for attempt a, then tells the observers. It returns nil when the
@@ -65,6 +70,16 @@ func (c *Carrier) Carry(ctx context.Context, a Attempt, d disposition.Dispositio
 	case disposition.Discard:
 		c.Logger.Warn("message discarded", "queue", a.Queue, "message_id", msg.UUID, "attempt", a.Number, "error", sluice.ErrorMessage(d.Reason))
 	case disposition.Retry:
+		if a.Requeue {
+			// Returned as a give-back without Unprocessed: the subscriber rejects it, which
+			// is what the queue's delayed retry holds back (and its delivery limit counts).
+			msg.Metadata.Set(headers.HeldBack, "1")
+			if c.Logger.Enabled(context.Background(), slog.LevelDebug) {
+				c.Logger.Debug("message rejected for its queue's native delayed retry", "queue", a.Queue, "message_id", msg.UUID, "attempt", a.Number, "delay", d.Delay, "error", sluice.ErrorMessage(d.Reason))
+			}
+			c.observe(ctx, a, d)
+			return disposition.GiveBackError(fmt.Errorf("retry %d of message %s held back by queue %q for %s: %w", a.Retries+1, msg.UUID, a.Queue, d.Delay, d.Reason))
+		}
 		// The failure record, and the trace context the telemetry step injects.
 		cp := headers.CopyWithRoom(msg, len(headers.RetryState)+2)
 		headers.StampFailure(cp.Metadata, msg.Metadata, headers.Failure{

@@ -54,6 +54,11 @@ const (
 	// memory, never published, and read-only: a producer's header of that name is kept
 	// under MetadataPrefix.
 	GivenBack = "sluice-given-back"
+	// HeldBack marks a message rejected for its queue's native delayed retry
+	// (broker.NativeRetrier): the queue holds it back, so the subscriber rejects it at once,
+	// without the requeue backoff it gives a failed hand-off. Set in memory, never
+	// published, and read-only like GivenBack.
+	HeldBack = "sluice-held-back"
 	// UUID is Watermill's message id header (watermill-amqp's
 	// DefaultMessageUUIDHeaderKey), kept for interoperability.
 	UUID = wamqp.DefaultMessageUUIDHeaderKey

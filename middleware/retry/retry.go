@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -263,16 +264,33 @@ func (r *Retry) Backoff(n int) time.Duration {
 
 // Middleware returns h wrapped by the retry step, counting retries against the
 // handler's name (else its queue) as dependency; see ForDependency.
-func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.wrap(h, "") }
+func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc { return r.wrap(h, "", nil) }
 
 // ForDependency returns the step for a handler that calls dependency: the overload
 // protection (Config.Overload) counts its retries against that dependency's budget,
 // concurrency limit and load, and observers see its name. An empty name is Middleware.
 func (r *Retry) ForDependency(dependency string) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc { return r.wrap(h, dependency) }
+	return func(h message.HandlerFunc) message.HandlerFunc { return r.wrap(h, dependency, nil) }
 }
 
-func (r *Retry) wrap(h message.HandlerFunc, dependency string) message.HandlerFunc {
+// NativeFor is ForDependency for a handler whose queue holds a failed delivery back itself
+// with schedule n (broker.NativeRetrier, router.WithNativeRetry): a retry whose delay is
+// the queue's (Min × the delivery's count, at most Max) gives the message back to its
+// queue rejected, instead of handing a copy to the Delayer. Every other hand-off goes
+// through the Delayer as before: a RetryAfter or Defer wait, a delay the overload
+// protection stretched, a learned policy's probe (its copy must carry HeaderProbe), and
+// a message whose earlier retries went through the Delayer (its own count is ahead of the
+// queue's). The attempt number counts the queue's redeliveries (x-delivery-count, read only
+// on a redelivery) on top of x-retry-count, so MaxRetries bounds both.
+//
+// A rejected message comes back unchanged: no failure headers are stamped between its
+// native retries, so MaxTotalAge is not applied to them and its dead letter's history
+// names only the last attempt's error (its x-retry-count is set to the retries made).
+func (r *Retry) NativeFor(dependency string, n broker.NativeRetry) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc { return r.wrap(h, dependency, &n) }
+}
+
+func (r *Retry) wrap(h message.HandlerFunc, dependency string, native *broker.NativeRetry) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		// A step inside (Watermill's Timeout) may replace the message's context and cancel
 		// it on return: decide and hand off with the one this attempt arrived with.
@@ -290,7 +308,11 @@ func (r *Retry) wrap(h message.HandlerFunc, dependency string) message.HandlerFu
 		if dep == "" {
 			dep = dependencyOf(ctx, "")
 		}
-		count := sluice.RetryCount(msg.Metadata)
+		count, redeliveries := sluice.RetryCount(msg.Metadata), 0
+		if native != nil {
+			redeliveries = headers.DeliveryCount(msg.Metadata, sluice.MaxRetryCountHeader)
+			count = min(count+redeliveries, sluice.MaxRetryCountHeader)
+		}
 		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: count, Number: count + 1, Dependency: dep}
 		if count == sluice.MaxRetryCountHeader {
 			a.Number = count
@@ -300,13 +322,40 @@ func (r *Retry) wrap(h message.HandlerFunc, dependency string) message.HandlerFu
 			return out, nil
 		}
 		a.Now = r.cfg.Now()
-		return nil, r.carrier.Carry(ctx, a, r.decide(ctx, &a, err))
+		d := r.decide(ctx, &a, err, native)
+		if native != nil {
+			r.nativeHandOff(&a, d, err, *native, redeliveries)
+		}
+		return nil, r.carrier.Carry(ctx, a, d)
+	}
+}
+
+// nativeHandOff has the queue carry out a's retry d itself (Attempt.Requeue) when its
+// delay is the one the queue will hold the rejected delivery for, and nothing the queue
+// cannot carry rides on it (see NativeFor); it writes the retries made into a message
+// about to be dead-lettered, whose native retries left no x-retry-count of their own.
+func (r *Retry) nativeHandOff(a *carry.Attempt, d disposition.Disposition, err error, n broker.NativeRetry, redeliveries int) {
+	switch d.Kind {
+	case disposition.Retry:
+		if sluice.ClassOf(err) != sluice.ClassRetryable || d.Delay != n.Delay(redeliveries+1) || a.Msg.Metadata.Get(HeaderProbe) != "" {
+			return
+		}
+		if ra, ok := errors.AsType[*sluice.RetryAfterError](err); ok && ra.After > 0 {
+			return
+		}
+		a.Requeue = true
+	case disposition.DeadLetter:
+		if redeliveries > 0 {
+			a.Msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(a.Retries))
+		}
 	}
 }
 
 // decide returns the disposition of a's failure err: disposition.Decide under the step's
 // policy, adapted by the overload protection, and a stopping consumer's give-back.
-func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error) disposition.Disposition {
+// A handler with a native delayed retry (NativeFor) gets the queue's linear schedule as
+// its backoff.
+func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error, native *broker.NativeRetry) disposition.Disposition {
 	if _, ok := disposition.Of(err); !ok && lifecycle.ShuttingDown(ctx) {
 		// Cancelled, not past a deadline: the consumer is stopping and the failure is an
 		// artifact of it, so the message goes back unacked without using an attempt. A
@@ -334,7 +383,11 @@ func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error) disposi
 	if class == sluice.ClassRetryable {
 		plan = r.plan(ctx, a.Queue, a.Dependency)
 		policy.MaxRetries = plan.MaxRetries
-		policy.Backoff = func(n int) time.Duration { return stretch(r.Backoff(n), plan) }
+		backoff := r.Backoff
+		if native != nil {
+			backoff = native.Delay
+		}
+		policy.Backoff = func(n int) time.Duration { return stretch(backoff(n), plan) }
 		if r.learner != nil {
 			// The learned view goes into Decide as data, like the rest of the policy.
 			learned = r.learner.judge(ctx, message.HandlerNameFromCtx(ctx), sluice.ErrorType(err), a.Msg, a.Now)

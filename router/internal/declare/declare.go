@@ -20,10 +20,16 @@ const timeout = 30 * time.Second
 // use only under its owner's lock (the stack's).
 type Plan struct {
 	queues    []string // consumed plain queues
+	native    []nativeQueue
 	outputs   []string // output queues
 	parted    []partitioned
 	subscribe []subscription
 	exchanges []exchange
+}
+
+type nativeQueue struct {
+	queue string
+	retry broker.NativeRetry
 }
 
 type partitioned struct {
@@ -45,6 +51,12 @@ type exchange struct {
 
 // Queue adds a consumed queue, declared with its failure paths.
 func (p *Plan) Queue(queue string) { p.queues = append(p.queues, queue) }
+
+// NativeRetryQueue adds a consumed queue whose broker holds failed deliveries back itself
+// with r (broker.NativeRetrier).
+func (p *Plan) NativeRetryQueue(queue string, r broker.NativeRetry) {
+	p.native = append(p.native, nativeQueue{queue: queue, retry: r})
+}
 
 // Output adds a queue the stack publishes to.
 func (p *Plan) Output(queue string) { p.outputs = append(p.outputs, queue) }
@@ -68,16 +80,20 @@ func (p *Plan) OutputExchange(name string, kind broker.ExchangeKind, adopt bool)
 // Copy returns a copy of p to declare without the owner's lock.
 func (p *Plan) Copy() Plan {
 	return Plan{
-		queues: slices.Clone(p.queues), outputs: slices.Clone(p.outputs), parted: slices.Clone(p.parted),
+		queues: slices.Clone(p.queues), native: slices.Clone(p.native), outputs: slices.Clone(p.outputs), parted: slices.Clone(p.parted),
 		subscribe: slices.Clone(p.subscribe), exchanges: slices.Clone(p.exchanges),
 	}
 }
 
 // Declare declares everything in p through b: the queues (an output queue nobody here
 // consumes gets no failure paths of its own: its consumer's declaration adds them), the
-// partitioned queues, the subscriptions, the output exchanges.
+// queues with a native delayed retry, the partitioned queues, the subscriptions, the
+// output exchanges.
 func (p Plan) Declare(ctx context.Context, b broker.Broker) error {
 	for _, q := range append(slices.Clone(p.queues), p.outputs...) {
+		if p.nativeRetry(q) {
+			continue // declared below, with its arguments
+		}
 		err := within(ctx, func(ctx context.Context) error {
 			if p.onlyOutput(q) {
 				return b.DeclareOutputQueue(ctx, q)
@@ -86,6 +102,16 @@ func (p Plan) Declare(ctx context.Context, b broker.Broker) error {
 		})
 		if err != nil {
 			return fmt.Errorf("declare queue %q: %w", q, err)
+		}
+	}
+	for _, nq := range p.native {
+		nr, ok := b.(broker.NativeRetrier)
+		if !ok {
+			// The stack checks the capability when the handler is added.
+			return fmt.Errorf("declare queue %q: the broker has no native delayed retry", nq.queue)
+		}
+		if err := within(ctx, func(ctx context.Context) error { return nr.DeclareNativeRetryQueue(ctx, nq.queue, nq.retry) }); err != nil {
+			return fmt.Errorf("declare queue %q with a native delayed retry: %w", nq.queue, err)
 		}
 	}
 	for _, pq := range p.parted {
@@ -114,7 +140,7 @@ func within(ctx context.Context, declare func(context.Context) error) error {
 
 // onlyOutput says whether queue is published to here and consumed nowhere here.
 func (p Plan) onlyOutput(queue string) bool {
-	if !slices.Contains(p.outputs, queue) || slices.Contains(p.queues, queue) {
+	if !slices.Contains(p.outputs, queue) || slices.Contains(p.queues, queue) || p.nativeRetry(queue) {
 		return false
 	}
 	for _, sub := range p.subscribe {
@@ -125,10 +151,18 @@ func (p Plan) onlyOutput(queue string) bool {
 	return true
 }
 
+// nativeRetry says whether queue is consumed here with a native delayed retry.
+func (p Plan) nativeRetry(queue string) bool {
+	return slices.ContainsFunc(p.native, func(nq nativeQueue) bool { return nq.queue == queue })
+}
+
 // Consumed returns the queues the handlers consume, each once, sorted: plain and
 // subscribed queues, and each partition of a partitioned one.
 func (p *Plan) Consumed() []string {
 	out := slices.Clone(p.queues)
+	for _, nq := range p.native {
+		out = append(out, nq.queue)
+	}
 	for _, sub := range p.subscribe {
 		out = append(out, sub.queue)
 	}
