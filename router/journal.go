@@ -85,6 +85,9 @@ func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journ
 	if !ok {
 		return nil
 	}
+	if j, ok := ji.(interface{ Journals() bool }); ok && !j.Journals() {
+		return nil // its journal is off: NewMiddleware, with nothing to restore
+	}
 	sl := &journalSlot{ji: ji, jr: jr, name: hc.journal, key: hc.keyFunc, obs: obs,
 		ready: make(chan struct{}), closing: s.closing}
 	s.slots = append(s.slots, sl)

@@ -143,3 +143,44 @@ func TestRun_ConsumesWhileRestoringHandlesAfter(t *testing.T) {
 		assert.Empty(t, handled, "handled once")
 	})
 }
+
+// A guard whose journal is off (idempotency.Config.DisableJournal) is not restored and is
+// not described as journaling, even on a broker that keeps journals.
+func TestJournal_OffIsNeitherRestoredNorDescribed(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		off         bool
+		wantJournal string
+	}{
+		{name: "journal on", wantJournal: "sluice.idempotency.payments"},
+		{name: "journal off", off: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// The restore never catches up: a stack that waited for it would not handle.
+			jb := &gatedJournals{testBroker: newTestBroker(t), open: make(chan struct{}), recs: map[string][][]byte{}}
+			guard, err := idempotency.New(idempotency.Config{DisableJournal: tt.off, Logger: silentLogger})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = guard.Close() })
+			s, err := router.New(jb, router.Config{Logger: silentLogger, Idempotency: guard})
+			require.NoError(t, err)
+			handled := make(chan struct{}, 1)
+			require.NoError(t, s.Handle("payments", "payments", func(*message.Message) error {
+				handled <- struct{}{}
+				return nil
+			}))
+			d := s.Describe()
+			require.Len(t, d.Handlers, 1)
+			require.NotNil(t, d.Handlers[0].Idempotency)
+			assert.Equal(t, tt.wantJournal, d.Handlers[0].Idempotency.Journal)
+
+			serve(t, s)
+			publish(t, jb.testBroker, "payments", "p-1")
+			select {
+			case <-handled:
+				assert.True(t, tt.off, "handled before the journal restored")
+			case <-time.After(time.Second):
+				assert.False(t, tt.off, "a guard with its journal off waited for a restore")
+			}
+		})
+	}
+}

@@ -182,6 +182,11 @@ type appendReq struct {
 	result chan error
 }
 
+// Journals reports whether Journaled keeps a journal (Config.DisableJournal unset): the
+// stack asks, so that a guard with its journal off is neither restored nor described as
+// journaling.
+func (g *Guard) Journals() bool { return !g.cfg.DisableJournal }
+
 // Journaled returns the idempotency step (as NewMiddleware) keeping its done keys on j as
 // well as in memory, after restoring from j every key done within the TTL: it returns
 // once that restore has caught up, so consume only after it. The step then acknowledges a
