@@ -29,6 +29,12 @@ type JournalingIdempotency interface {
 	Journaled(ctx context.Context, jr broker.Journaler, name string, key func(*message.Message) (string, error), observers ...disposition.Observer) (message.HandlerMiddleware, error)
 }
 
+// journalSwitch is an idempotency step whose journal can be off (package idempotency's
+// Guard with Config.DisableJournal): Journals reports whether it keeps one.
+type journalSwitch interface {
+	Journals() bool
+}
+
 // journalSlot holds a handler's journaled idempotency step until Run has restored it: the
 // handler is composed at registration, its journal read only when the stack runs.
 type journalSlot struct {
@@ -85,7 +91,7 @@ func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journ
 	if !ok {
 		return nil
 	}
-	if j, ok := ji.(interface{ Journals() bool }); ok && !j.Journals() {
+	if j, ok := ji.(journalSwitch); ok && !j.Journals() {
 		return nil // its journal is off: NewMiddleware, with nothing to restore
 	}
 	sl := &journalSlot{ji: ji, jr: jr, name: hc.journal, key: hc.keyFunc, obs: obs,
