@@ -239,3 +239,38 @@ func TestNativeRetryRefused(t *testing.T) {
 		})
 	}
 }
+
+// A message given back unprocessed (a basic.nack: the breaker's pause, a stopping consumer)
+// is not a failed delivery: a queue with native delayed retry hands it out again at once,
+// and it uses no attempt.
+func TestNativeRetryOn43_UnprocessedReturnsAreNotHeldBack(t *testing.T) {
+	testenv.Require43(t)
+	e := quorumEnv(t)
+	queue := e.newQueue(t, "test.native43.unprocessed")
+	const hold = 3 * time.Second // what a rejection would wait
+	var log attemptLog
+	outcomes := &steptest.Observer{}
+	done := make(chan struct{})
+	start(t, e, router.Config{Retry: retry.Config{MaxRetries: 3, Observer: outcomes}}, func(s *router.Stack) {
+		require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
+			if log.add(m.UUID) <= 2 {
+				return disposition.ReturnUnprocessedError(errors.New("gateway breaker open: handler paused"))
+			}
+			close(done)
+			return nil
+		}, router.WithNativeRetry(hold, hold)))
+	})
+	e.publish(t, queue, message.NewMessage("paused", []byte(`{"amount":100}`)))
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not handled; attempts %d", len(log.times("paused")))
+	}
+	ts := log.times("paused")
+	require.Len(t, ts, 3)
+	assert.Less(t, ts[2].Sub(ts[0]), hold, "two unprocessed returns came back before one rejection would have")
+	for _, o := range outcomes.All() {
+		assert.NotEqual(t, disposition.Retry, o.Disposition.Kind, "no attempt used")
+	}
+	t.Logf("RabbitMQ %s: returned unprocessed twice, back after %v", testenv.Version(), gaps(ts))
+}
