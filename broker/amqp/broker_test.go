@@ -252,3 +252,27 @@ func TestFrameMaxBelowTheAMQPMinimumIsRefused(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "FrameMax 1024")
 }
+
+// A queue declared before with other arguments is refused with the argument named, every
+// time: the refusal closes the declaring channel, and the declarations sent after it on
+// that channel must not hide it behind "channel/connection is not open".
+func TestDeclareQueue_RefusalNamesTheArgument(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	b := newBroker(t, amqp.Config{QueueType: amqp.QueueQuorum})
+	ch, err := r.Conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	for i := range 30 {
+		queue := testenv.Name(fmt.Sprintf("test.refused.%d", i))
+		r.DeleteQueues(queue, topology.DLQ(queue))
+		_, err := ch.QueueDeclare(queue, true, false, false, false, amqp091.Table{"x-queue-type": "classic"})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err = b.DeclareQueue(ctx, queue)
+		cancel()
+		var refused *amqp091.Error
+		require.ErrorAs(t, err, &refused, "declaration %d", i)
+		assert.Equal(t, amqp091.PreconditionFailed, refused.Code, "declaration %d: %v", i, err)
+		assert.Contains(t, refused.Reason, "inequivalent arg", "declaration %d", i)
+	}
+}

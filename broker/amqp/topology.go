@@ -89,7 +89,7 @@ func (b *Broker) declareQueue(ctx context.Context, queue string, native amqp.Tab
 		return err
 	}
 	defer ch.Close()
-	d := &declarer{ch: ch}
+	d := newDeclarer(ch)
 	// The delivery exchange the queue's delay route binds to; the cascade's digits come
 	// with the first delay that needs them.
 	d.exchange(topology.DelayDeliveryExchange, amqp.ExchangeTopic)
@@ -186,7 +186,7 @@ func (b *Broker) cascadeUpTo(ctx context.Context, n int) error {
 		}
 	}
 	defer ch.Close()
-	d := &declarer{ch: ch}
+	d := newDeclarer(ch)
 	b.cascadeOn(d, b.cascadeDigits, n)
 	if err := d.fence(ctx); err != nil {
 		return fmt.Errorf("declare delay cascade up to digit %d (queue type %s): %w", n-1, b.cfg.DelayQueueType, err)
@@ -266,9 +266,38 @@ func delayDigitBindingKey(j, v int) string {
 // declarer sends declarations with no-wait on one channel; fence waits for them all. The
 // first error sticks: after it the channel is closed and nothing more is sent.
 type declarer struct {
-	ch   *amqp.Channel
-	err  error
-	last string // what was declared last, for errors
+	ch *amqp.Channel
+	// closed hears the channel's close: a refused no-wait declaration closes the channel,
+	// and the next call on it fails with ErrClosed, which does not say why.
+	closed <-chan *amqp.Error
+	err    error
+	last   string // what was declared last, for errors
+}
+
+func newDeclarer(ch *amqp.Channel) *declarer {
+	return &declarer{ch: ch, closed: ch.NotifyClose(make(chan *amqp.Error, 1))}
+}
+
+// closeReasonWait is how long a call that found the channel closed waits for the close's
+// reason: the client marks the channel closed a moment before it tells the listeners.
+const closeReasonWait = 5 * time.Second
+
+// reason returns err, or, when err only says the channel is closed, the error RabbitMQ
+// closed it with (a refused declaration's, naming the object and the argument).
+func (d *declarer) reason(err error) error {
+	if !errors.Is(err, amqp.ErrClosed) {
+		return err
+	}
+	t := time.NewTimer(closeReasonWait)
+	defer t.Stop()
+	select {
+	case e, ok := <-d.closed:
+		if ok && e != nil {
+			return e
+		}
+	case <-t.C:
+	}
+	return err
 }
 
 func (d *declarer) do(what string, f func() error) {
@@ -277,6 +306,11 @@ func (d *declarer) do(what string, f func() error) {
 	}
 	d.last = what
 	if err := f(); err != nil {
+		if reason := d.reason(err); reason != err {
+			// An earlier declaration was refused; the reason names it.
+			d.err = fmt.Errorf("declarations up to %s: %w", what, reason)
+			return
+		}
 		d.err = fmt.Errorf("%s: %w", what, err)
 	}
 }
@@ -321,7 +355,7 @@ func (d *declarer) fence(ctx context.Context) error {
 	select {
 	case err := <-res:
 		if err != nil {
-			return fmt.Errorf("declarations up to %s: %w", d.last, err)
+			return fmt.Errorf("declarations up to %s: %w", d.last, d.reason(err))
 		}
 		return nil
 	case <-ctx.Done():
