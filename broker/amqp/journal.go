@@ -61,8 +61,7 @@ func streamWriterLags(conn *amqp.Connection) bool {
 	if conn == nil {
 		return false
 	}
-	v, _ := conn.Properties["version"].(string)
-	return strings.HasPrefix(v, "3.")
+	return strings.HasPrefix(nodeVersion(conn), "3.")
 }
 
 // errJournalCancelled is a journal consumer cancelled by RabbitMQ.

@@ -49,7 +49,7 @@ func (b *Broker) DeclareNativeRetryQueue(ctx context.Context, queue string, r br
 	if err != nil {
 		return fmt.Errorf("queue %q: native delayed retry: %w", queue, err)
 	}
-	if v, _ := conn.Properties["version"].(string); !atLeast(v, nativeRetryVersion) {
+	if v := nodeVersion(conn); !atLeast(v, nativeRetryVersion) {
 		return fmt.Errorf("queue %q: %w: it needs RabbitMQ %d.%d or later, the node is %q", queue, ErrNativeRetryUnsupported, nativeRetryVersion[0], nativeRetryVersion[1], v)
 	}
 	native := amqp.Table{
@@ -64,6 +64,12 @@ func (b *Broker) DeclareNativeRetryQueue(ctx context.Context, queue string, r br
 	}
 	b.declared.Store(queue, native)
 	return nil
+}
+
+// nodeVersion is the version conn's RabbitMQ node reported when it connected ("4.3.6").
+func nodeVersion(conn *amqp.Connection) string {
+	v, _ := conn.Properties["version"].(string)
+	return v
 }
 
 // atLeast reports whether version ("4.3.6") is want's major.minor or later; an unreadable
