@@ -71,9 +71,18 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	}, router.WithConcurrency(benchConcurrency), router.WithPrefetch(benchPrefetch)); err != nil {
 		b.Fatal(err)
 	}
+	// The journal's cost is CPU on both sides of the connection (its stream appends and
+	// its follower on the broker, the held acks here), so both are reported.
+	brokerCPU := benchenv.BrokerCPU(url)
 	b.ReportAllocs()
 	b.ResetTimer()
-	benchRun(b, stack, count, func(b *testing.B) { benchReportRate(b, count) })
+	var cpu0, own0 time.Duration
+	benchRunFrom(b, stack, count, func() { cpu0, own0 = brokerCPU(), benchenv.CPUTime() }, func(b *testing.B) {
+		benchReportRate(b, count)
+		k := float64(b.N) / 1000
+		b.ReportMetric(float64((brokerCPU()-cpu0).Microseconds())/1000/k, "broker-cpu-ms/kmsg")
+		b.ReportMetric(float64((benchenv.CPUTime()-own0).Microseconds())/1000/k, "cpu-ms/kmsg")
+	})
 }
 
 // BenchmarkConsumeWithoutJournal is BenchmarkConsume's sluice variant with the
@@ -465,6 +474,12 @@ func benchMemoryBroker(b *testing.B) *memory.Broker {
 // benchRun runs stack until done, timing it, and closes it outside the timer.
 func benchRun(b *testing.B, stack *router.Stack, count *benchCounter, report func(*testing.B)) {
 	b.Helper()
+	benchRunFrom(b, stack, count, func() {}, report)
+}
+
+// benchRunFrom is benchRun that calls started once the stack consumes, as the timer starts.
+func benchRunFrom(b *testing.B, stack *router.Stack, count *benchCounter, started func(), report func(*testing.B)) {
+	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
 	// Start-up is not the measured work: on RabbitMQ 3.x a new journal stream alone takes
@@ -473,6 +488,7 @@ func benchRun(b *testing.B, stack *router.Stack, count *benchCounter, report fun
 	b.StopTimer()
 	go func() { stopped <- stack.Run(ctx) }()
 	benchStarted(b, stack, stopped)
+	started()
 	b.StartTimer()
 	benchWait(b, count.done)
 	b.StopTimer()

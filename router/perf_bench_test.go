@@ -28,6 +28,7 @@ import (
 	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -55,33 +56,57 @@ const slowHandlerWait = 2 * time.Millisecond
 func BenchmarkSlowHandler8(b *testing.B)  { benchSlowHandler(b, 8) }
 func BenchmarkSlowHandler32(b *testing.B) { benchSlowHandler(b, 32) }
 
-func benchSlowHandler(b *testing.B, c int) {
+// BenchmarkSlowHandler8WithoutJournal is BenchmarkSlowHandler8's sluice variant with the
+// idempotency journal off, as BenchmarkConsumeWithoutJournal is BenchmarkConsume's: the
+// journal's cost beside a handler that waits as a database call does, where
+// BenchmarkConsume's is beside a handler that does nothing.
+func BenchmarkSlowHandler8WithoutJournal(b *testing.B) {
 	url := testenv.AMQPURL(b)
+	b.Run("sluice", func(b *testing.B) {
+		guard, err := idempotency.New(idempotency.Config{DisableJournal: true, Logger: benchLogger})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = guard.Close() })
+		benchSlowHandlerSluice(b, url, 8, router.Config{Idempotency: guard}, slowHandlerReport(8))
+	})
+}
+
+// benchSlowHandlerSluice is benchSlowHandler's sluice variant at concurrency c with cfg.
+func benchSlowHandlerSluice(b *testing.B, url string, c int, cfg router.Config, report func(*testing.B, *benchCounter)) {
+	r := testenv.NewRabbit(b)
+	br := benchenv.Broker(b, url)
+	q := benchenv.SluiceQueue(b, r, br, fmt.Sprintf("bench.slow%d.sluice", c))
+	benchPrefill(b, r, q, b.N)
+	count := benchCountTo(b.N)
+	stack := benchStack(b, br, cfg, true)
+	if err := stack.Handle("bench", q, func(*message.Message) error {
+		time.Sleep(slowHandlerWait)
+		count.handled()
+		return nil
+	}, router.WithConcurrency(c), router.WithPrefetch(2*c)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	benchRun(b, stack, count, func(b *testing.B) { report(b, count) })
+}
+
+// slowHandlerReport reports a drain's rate and its share of the ideal at concurrency c.
+func slowHandlerReport(c int) func(*testing.B, *benchCounter) {
 	ideal := float64(c) / slowHandlerWait.Seconds()
-	report := func(b *testing.B, count *benchCounter) {
+	return func(b *testing.B, count *benchCounter) {
 		benchReportRate(b, count)
 		if span := time.Duration(count.last.Load() - count.first.Load()); count.n > 1 && span > 0 {
 			b.ReportMetric(float64(count.n-1)/span.Seconds()/ideal, "of-ideal")
 		}
 	}
-	b.Run("sluice", func(b *testing.B) {
-		r := testenv.NewRabbit(b)
-		br := benchenv.Broker(b, url)
-		q := benchenv.SluiceQueue(b, r, br, fmt.Sprintf("bench.slow%d.sluice", c))
-		benchPrefill(b, r, q, b.N)
-		count := benchCountTo(b.N)
-		stack := benchStack(b, br, router.Config{}, true)
-		if err := stack.Handle("bench", q, func(*message.Message) error {
-			time.Sleep(slowHandlerWait)
-			count.handled()
-			return nil
-		}, router.WithConcurrency(c), router.WithPrefetch(2*c)); err != nil {
-			b.Fatal(err)
-		}
-		b.ReportAllocs()
-		b.ResetTimer()
-		benchRun(b, stack, count, func(b *testing.B) { report(b, count) })
-	})
+}
+
+func benchSlowHandler(b *testing.B, c int) {
+	url := testenv.AMQPURL(b)
+	report := slowHandlerReport(c)
+	b.Run("sluice", func(b *testing.B) { benchSlowHandlerSluice(b, url, c, router.Config{}, report) })
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		q := benchenv.PlainQueue(b, r, fmt.Sprintf("bench.slow%d.raw", c))

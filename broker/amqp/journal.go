@@ -25,6 +25,8 @@ const (
 	journalSegmentBytes = 8 << 20
 	// journalPrefetch is the stream consumer's prefetch (a stream consumer must set one).
 	journalPrefetch = 1000
+	// journalAckEvery is how many stream deliveries one multiple ack grants credit for.
+	journalAckEvery = journalPrefetch / 4
 	// journalRetry is the pause before Follow consumes again after losing its consumer.
 	journalRetry = 500 * time.Millisecond
 	// journalStreamSettle is how long a stream created on RabbitMQ 3.x is left before
@@ -402,6 +404,7 @@ func (j *streamJournal) consume(ctx context.Context, from any, last *int64, mark
 	}()
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	cancelled := ch.NotifyCancel(make(chan string, 1))
+	unacked := 0 // deliveries since the last ack
 	for {
 		select {
 		case <-ctx.Done():
@@ -415,22 +418,26 @@ func (j *streamJournal) consume(ctx context.Context, from any, last *int64, mark
 				return fmt.Errorf("journal %q: deliveries ended", j.name)
 			}
 			off, _ := d.Headers["x-stream-offset"].(int64)
-			if off <= *last {
-				_ = d.Ack(false)
-				continue
-			}
-			*last = off
-			if m, isMarker := d.Headers[headerJournalMarker].(string); isMarker {
+			switch m, isMarker := d.Headers[headerJournalMarker].(string); {
+			case off <= *last:
+				// Read before the consumer was lost: applied already.
+			case isMarker:
+				*last = off
 				if m == *marker.Load() && !*caught {
 					*caught = true
 					caughtUp()
 				}
-			} else {
+			default:
+				*last = off
 				deliver(d.Body)
 			}
-			// A stream consumer's ack only grants credit; one per prefetch's worth is enough.
-			if off%(journalPrefetch/4) == 0 || len(deliveries) == 0 {
+			// A stream consumer's ack only grants credit, so one multiple ack a quarter of
+			// the prefetch keeps deliveries coming. (It was meant to be so before, but the
+			// test for an empty deliveries channel was always true: amqp091's is
+			// unbuffered, so every stream message was acked.)
+			if unacked++; unacked >= journalAckEvery {
 				_ = d.Ack(true)
+				unacked = 0
 			}
 		}
 	}
