@@ -73,16 +73,30 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	}
 	// The journal's cost is CPU on both sides of the connection (its stream appends and
 	// its follower on the broker, the held acks here), so both are reported.
-	brokerCPU := benchenv.BrokerCPU(url)
+	cpu := newBenchCPU(url)
 	b.ReportAllocs()
 	b.ResetTimer()
-	var cpu0, own0 time.Duration
-	benchRunFrom(b, stack, count, func() { cpu0, own0 = brokerCPU(), benchenv.CPUTime() }, func(b *testing.B) {
+	benchRunFrom(b, stack, count, cpu.start, func(b *testing.B) {
 		benchReportRate(b, count)
-		k := float64(b.N) / 1000
-		b.ReportMetric(float64((brokerCPU()-cpu0).Microseconds())/1000/k, "broker-cpu-ms/kmsg")
-		b.ReportMetric(float64((benchenv.CPUTime()-own0).Microseconds())/1000/k, "cpu-ms/kmsg")
+		cpu.report(b)
 	})
+}
+
+// benchCPU measures the CPU the broker's process and this one use from start to report.
+type benchCPU struct {
+	broker     func() time.Duration
+	cpu0, own0 time.Duration
+}
+
+func newBenchCPU(url string) *benchCPU { return &benchCPU{broker: benchenv.BrokerCPU(url)} }
+
+func (c *benchCPU) start() { c.cpu0, c.own0 = c.broker(), benchenv.CPUTime() }
+
+// report reports both per 1,000 of b.N messages.
+func (c *benchCPU) report(b *testing.B) {
+	k := float64(b.N) / 1000
+	b.ReportMetric(float64((c.broker()-c.cpu0).Microseconds())/1000/k, "broker-cpu-ms/kmsg")
+	b.ReportMetric(float64((benchenv.CPUTime()-c.own0).Microseconds())/1000/k, "cpu-ms/kmsg")
 }
 
 // BenchmarkConsumeWithoutJournal is BenchmarkConsume's sluice variant with the
@@ -92,13 +106,18 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 func BenchmarkConsumeWithoutJournal(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) {
-		guard, err := idempotency.New(idempotency.Config{DisableJournal: true, Logger: benchLogger})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = guard.Close() })
-		benchConsumeSluice(b, url, router.Config{Idempotency: guard})
+		benchConsumeSluice(b, url, router.Config{Idempotency: benchGuardWithoutJournal(b)})
 	})
+}
+
+// benchGuardWithoutJournal is an idempotency guard with its journal off, closed with b.
+func benchGuardWithoutJournal(b *testing.B) *idempotency.Guard {
+	guard, err := idempotency.New(idempotency.Config{DisableJournal: true, Logger: benchLogger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = guard.Close() })
+	return guard
 }
 
 // BenchmarkConsume drains a queue pre-filled with b.N messages (outside the timer) through a

@@ -83,14 +83,12 @@ func benchRetryNative(b *testing.B, url string, native bool) {
 		b.Fatal(err)
 	}
 	benchPrefill(b, r, q, b.N)
-	brokerCPU := benchenv.BrokerCPU(url)
-	cpu0, own0 := brokerCPU(), benchenv.CPUTime()
+	cpu := newBenchCPU(url)
+	cpu.start()
 	b.ReportAllocs()
 	b.ResetTimer()
 	benchRun(b, stack, count, func(b *testing.B) {
 		benchenv.ReportRate(b)
-		k := float64(b.N) / 1000
-		b.ReportMetric(float64((brokerCPU()-cpu0).Milliseconds())/k, "broker-cpu-ms/kmsg")
-		b.ReportMetric(float64((benchenv.CPUTime()-own0).Milliseconds())/k, "cpu-ms/kmsg")
+		cpu.report(b)
 	})
 }

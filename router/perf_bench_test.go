@@ -28,7 +28,6 @@ import (
 	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -63,12 +62,7 @@ func BenchmarkSlowHandler32(b *testing.B) { benchSlowHandler(b, 32) }
 func BenchmarkSlowHandler8WithoutJournal(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) {
-		guard, err := idempotency.New(idempotency.Config{DisableJournal: true, Logger: benchLogger})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = guard.Close() })
-		benchSlowHandlerSluice(b, url, 8, router.Config{Idempotency: guard}, slowHandlerReport(8))
+		benchSlowHandlerSluice(b, url, 8, router.Config{Idempotency: benchGuardWithoutJournal(b)}, slowHandlerReport(8))
 	})
 }
 

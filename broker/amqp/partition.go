@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -96,43 +95,32 @@ func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partition
 	if ch, err = b.declareDLQ(ctx, ch, topology.DLQ(queue)); err != nil {
 		return err
 	}
-	defer ch.Close()
+	// A refused partition declaration closes ch; the next attempt opens another.
+	defer func() {
+		if ch != nil {
+			_ = ch.Close()
+		}
+	}()
 	for k := 0; k < partitions; k++ {
-		for attempt := 1; ; attempt++ {
+		err := b.declareAgainIfCrashed(ctx, topology.Partition(queue, k), func() error {
+			if ch == nil {
+				var err error
+				if ch, err = conn.Channel(); err != nil {
+					return fmt.Errorf("declare partitioned queue %q: open channel: %w", queue, err)
+				}
+			}
 			err := b.declarePartition(ch, queue, k)
-			if err == nil {
-				break
+			if err != nil {
+				_ = ch.Close()
+				ch = nil
 			}
-			if attempt == partitionDeclareAttempts || !crashedQueue(err) {
-				return err
-			}
-			// RabbitMQ 3.10 can answer a new durable queue that other instances declare at
-			// the same instant with 404 "has crashed and failed to restart" (seen when
-			// instances of a partitioned handler start together on a busy node); the queue
-			// is there a moment later. The 404 closed the channel.
-			b.cfg.Logger.Warn("partition queue declaration refused as crashed; declaring it again", "queue", topology.Partition(queue, k), "attempt", attempt, "error", err)
-			select {
-			case <-ctx.Done():
-				return err
-			case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-			}
-			if ch, err = conn.Channel(); err != nil {
-				return fmt.Errorf("declare partitioned queue %q: open channel: %w", queue, err)
-			}
-			defer ch.Close()
+			return err
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return checkNoPartition(conn, queue, partitions)
-}
-
-// partitionDeclareAttempts bounds the declarations of one partition refused as crashed.
-const partitionDeclareAttempts = 5
-
-// crashedQueue reports whether err is RabbitMQ's 404 for a queue whose process "has crashed
-// and failed to restart".
-func crashedQueue(err error) bool {
-	var e *amqp.Error
-	return errors.As(err, &e) && e.Code == amqp.NotFound && strings.Contains(e.Reason, "failed to restart")
 }
 
 func (b *Broker) declarePartition(ch *amqp.Channel, queue string, k int) error {

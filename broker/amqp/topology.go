@@ -77,6 +77,10 @@ func queueArgs(qt QueueType, extra amqp.Table) amqp.Table {
 // native holds arguments the queue is declared with beside sluice's own (the native
 // delayed retry's, nativeretry.go); nil means none.
 func (b *Broker) declareQueue(ctx context.Context, queue string, native amqp.Table) error {
+	return b.declareAgainIfCrashed(ctx, queue, func() error { return b.declareQueueOnce(ctx, queue, native) })
+}
+
+func (b *Broker) declareQueueOnce(ctx context.Context, queue string, native amqp.Table) error {
 	ch, err := b.conn.channel(ctx)
 	if err != nil {
 		return err
@@ -261,6 +265,39 @@ func delayDigitBindingKey(j, v int) string {
 	}
 	sb.WriteString("#")
 	return sb.String()
+}
+
+// crashedDeclareAttempts bounds the declarations of one queue refused as crashed.
+const crashedDeclareAttempts = 5
+
+// declareAgainIfCrashed runs declare, and again, up to crashedDeclareAttempts in all, while
+// RabbitMQ refuses it with 404 "has crashed and failed to restart". RabbitMQ 3.10 answers so
+// for a new durable queue that other instances declare at the same instant on a busy node
+// (instances of a partitioned handler starting together: TestRebalancing_JoinAndKill…
+// failed so in CI); the queue is there a moment later. The 404 closed the channel, so
+// declare must use a new one each time.
+func (b *Broker) declareAgainIfCrashed(ctx context.Context, queue string, declare func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := declare()
+		if err == nil || attempt == crashedDeclareAttempts || !crashedQueue(err) {
+			return err
+		}
+		b.cfg.Logger.Warn("queue declaration refused as crashed; declaring it again", "queue", queue, "attempt", attempt, "error", err)
+		t := time.NewTimer(time.Duration(attempt) * 100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+// crashedQueue reports whether err is RabbitMQ's 404 for a queue whose process "has crashed
+// and failed to restart".
+func crashedQueue(err error) bool {
+	var e *amqp.Error
+	return errors.As(err, &e) && e.Code == amqp.NotFound && strings.Contains(e.Reason, "failed to restart")
 }
 
 // declarer sends declarations with no-wait on one channel; fence waits for them all. The
