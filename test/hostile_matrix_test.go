@@ -119,6 +119,18 @@ func matrixRows(queue, victim string) []matrixRow {
 			},
 		},
 		{
+			// RabbitMQ's own count of a quorum queue's redeliveries, which the native retry
+			// adds to x-retry-count: a producer's value on a first delivery counts nothing.
+			name:   "x-delivery-count 99",
+			forged: amqp091.Table{"x-delivery-count": int64(99)},
+			record: func(t *testing.T, r dlq.Record) {
+				assert.Equal(t, 1, r.Retries, "the message had its one retry")
+				assert.Equal(t, "2 attempts made here", r.RetryNote)
+				assert.NotContains(t, r.ErrorMessage, "99")
+				assert.NotEqual(t, "99", r.Headers["x-delivery-count"], "never written back by sluice")
+			},
+		},
+		{
 			name:   "x-trip-attempts and x-arrived-retry-count that disagree with the count",
 			forged: amqp091.Table{headers.TripAttempts: "50", headers.ArrivedRetryCount: "7"},
 			record: note("2 attempts made here"),
