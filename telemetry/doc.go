@@ -13,6 +13,8 @@
 //   - WrapPublisher: a producer span "send <topic>" per published message;
 //   - WrapDelayer: a producer span "send sluice.delay" per retry or deferral hand-off;
 //   - WrapDeadLetterer: a producer span "send <queue>.dlq" per dead-letter hand-off;
+//   - Observe: a settle span "reject <queue>" per native delayed retry (RabbitMQ 4.3),
+//     which the next attempt this instance consumes continues (heldback.go);
 //   - Middleware: a consumer span "process <queue>" per attempt, which must be the
 //     outermost step of the stack because it puts the reporter that inner steps
 //     report outcomes to into the message context.

@@ -139,6 +139,7 @@ type Instrumentation struct {
 	ro       retryOutcomes    // retryoutcome.go
 	errTypes *errorTypes      // errortype.go
 	events   *eventLog        // eventlog.go
+	held     heldBackSpans    // heldback.go
 
 	// attrSets holds the measurement options of each (queue, handler, outcome): building
 	// an attribute.Set hashes every attribute, which was the largest cost of an attempt's

@@ -41,7 +41,9 @@ var (
 //
 //   - extracts the trace context from the message's traceparent and tracestate headers
 //     (and only from them: a span in the subscriber's context is not a parent). An absent
-//     or invalid traceparent starts a new trace; it is not an error;
+//     or invalid traceparent starts a new trace; it is not an error. A redelivery that
+//     this instance rejected into its queue's native delayed retry continues from the
+//     rejection's span instead (heldback.go);
 //   - starts a consumer span "process <queue>", the queue being
 //     message.SubscribeTopicFromCtx, with the attributes a sampler may decide on
 //     (messaging.system, messaging.operation.type and .name, messaging.destination.name),
@@ -50,7 +52,8 @@ var (
 //     are set on the message with msg.SetContext before h runs;
 //   - after h returns, if the span is sampled, sets the message's attributes (body size,
 //     message id, routing key, attempt, handler) and those of the observed outcome
-//     (disposition.Outcome): the outcome (when none was observed, "ack" for a nil error, "nack" otherwise) and
+//     (disposition.Outcome): the attempt number (x-retry-count + 1 when none was
+//     observed), the outcome (when none was observed, "ack" for a nil error, "nack" otherwise) and
 //     the retry delay, and marks the span as failed (error status and the error recorded)
 //     for the outcomes retry, dead_letter and nack or a non-nil error;
 //   - records the sluice.* and messaging metrics, sampled or not.
@@ -81,12 +84,15 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			parent = trace.ContextWithSpanContext(base, trace.SpanContext{})
 		}
 		parent = in.propagator().Extract(parent, metadataCarrier(msg.Metadata))
+		// A native retry comes back with the headers it first had: its hand-off is known
+		// only to the instance that rejected it (heldback.go).
+		parent = in.heldBackParent(parent, queue, msg)
 		// The span starts with the attributes a sampler may decide on (the conventions'
 		// "at creation" ones, the same for every attempt of the flow); the message's own
 		// go on in finish, and only if the span records: an unsampled attempt builds none.
 		ctx, span := in.tracer.Start(parent, f.spanName, f.startOpts...)
 
-		ctx, observed := newAttemptContext(ctx)
+		ctx, observed := newAttemptContext(ctx, msg)
 		msg.SetContext(ctx)
 
 		f.consumed.n.Add(1)
@@ -96,7 +102,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 			f.inFlight.Add(-1)
 			if !finished {
 				// The panic keeps unwinding; the span and metrics must not be lost with it.
-				in.finish(ctx, span, f, start, msg, attempt, attemptReport{Outcome: outcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
+				in.finish(ctx, span, f, start, msg, attemptReport{Outcome: outcomeNack, Attempt: attempt, Err: errPanicked}, errPanicked)
 			}
 		}()
 
@@ -113,7 +119,7 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 				rep.Outcome = outcomeNack
 			}
 		}
-		in.finish(ctx, span, f, start, msg, attempt, rep, err)
+		in.finish(ctx, span, f, start, msg, rep, err)
 
 		for _, out := range outs {
 			if out != nil && !trace.SpanContextFromContext(out.Context()).IsValid() {
@@ -127,14 +133,16 @@ func (in *Instrumentation) Middleware(h message.HandlerFunc) message.HandlerFunc
 // finish sets the message's and the outcome's attributes and the status on span, ends it,
 // records metrics and logs a retry hand-off or dead letter of msg.
 func (in *Instrumentation) finish(ctx context.Context, span trace.Span, f *flow, start time.Time,
-	msg *message.Message, attempt int, rep attemptReport, err error) {
+	msg *message.Message, rep attemptReport, err error) {
 	recording := span.IsRecording()
 	var attrs []attribute.KeyValue
 	var buf *[]attribute.KeyValue
 	if recording {
 		// One SetAttributes call: each one copies the span's attributes to make room.
 		buf = attrPool.Get().(*[]attribute.KeyValue)
-		attrs = in.appendProcessAttrs((*buf)[:0], f, msg, attempt)
+		// The observed attempt number: a native retry's counts the queue's redeliveries,
+		// which x-retry-count alone does not.
+		attrs = in.appendProcessAttrs((*buf)[:0], f, msg, rep.Attempt)
 		attrs = append(attrs, otelnames.AttrOutcome.String(rep.Outcome))
 		if rep.Delay > 0 {
 			attrs = append(attrs, otelnames.AttrRetryDelayMS.Int64(rep.Delay.Milliseconds()))

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/sluice-go/sluice/disposition"
 )
 
@@ -47,14 +49,18 @@ func (in *Instrumentation) Observe(ctx context.Context, o disposition.Outcome) {
 	}
 	a.r = attemptReport{Outcome: o.Disposition.Kind.String(), Delay: o.Disposition.Delay, Attempt: o.Attempt, Err: o.Disposition.Reason}
 	a.ok = true
+	if o.HeldBack {
+		in.heldBack(ctx, a, o)
+	}
 }
 
 // attemptState is the observation of the attempt Middleware runs, private to the
 // Instrumentation: ctx's value under attemptKey, found by Observe.
 type attemptState struct {
-	mu sync.Mutex
-	r  attemptReport
-	ok bool
+	mu  sync.Mutex
+	r   attemptReport
+	ok  bool
+	msg *message.Message // the attempt's message, for the attributes of a rejection's span
 }
 
 func (a *attemptState) get() (attemptReport, bool) {
@@ -78,7 +84,7 @@ func (c *attemptContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-func newAttemptContext(ctx context.Context) (context.Context, *attemptState) {
-	c := &attemptContext{Context: ctx}
+func newAttemptContext(ctx context.Context, msg *message.Message) (context.Context, *attemptState) {
+	c := &attemptContext{Context: ctx, a: attemptState{msg: msg}}
 	return c, &c.a
 }

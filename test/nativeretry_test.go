@@ -3,6 +3,8 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/jaeger"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -273,4 +276,64 @@ func TestNativeRetryOn43_UnprocessedReturnsAreNotHeldBack(t *testing.T) {
 		assert.NotEqual(t, disposition.Retry, o.Disposition.Kind, "no attempt used")
 	}
 	t.Logf("RabbitMQ %s: returned unprocessed twice, back after %v", testenv.Version(), gaps(ts))
+}
+
+// A native retry is rejected back to its queue and comes back with the headers it first
+// had, so no header carries its hand-off: the instance that rejected it remembers the
+// rejection's span, and Jaeger shows the message's attempts as one chain, each retry's
+// "reject <queue>" settle span with the queue's delay between the attempt that failed and
+// the next, even for a message whose producer sent no trace context.
+func TestNativeRetryOn43_AttemptsAreOneTraceInJaeger(t *testing.T) {
+	testenv.Require43(t)
+	e := quorumEnv(t)
+	ts := newTracingStack(t, false)
+	queue := e.newQueue(t, "test.native43.traced")
+	var log attemptLog
+	start(t, e, router.Config{Telemetry: ts.inst, Retry: retry.Config{MaxRetries: 3}}, func(s *router.Stack) {
+		require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
+			if n := log.add(m.UUID); n <= 2 {
+				return fmt.Errorf("gateway: 503 on attempt %d", n)
+			}
+			return nil
+		}, router.WithNativeRetry(nativeMin, nativeMax)))
+	})
+	// Published without a traceparent: the first attempt starts the trace.
+	msg := message.NewMessage("native-"+testenv.Name("m"), []byte(`{"amount":100}`))
+	e.publish(t, queue, msg)
+
+	reject := "reject " + queue
+	tr := ts.awaitTrace(t, msg.UUID, func(spans []jaeger.Span) bool {
+		return countNamed(spans, "process "+queue) == 3 && countNamed(spans, reject) == 2
+	})
+	attempts := byAttempt(tr.Named("process " + queue))
+	rejects := tr.Named(reject) // in start order
+	require.Len(t, attempts, 3)
+	require.Len(t, rejects, 2)
+	assert.Equal(t, []jaeger.Span{attempts[0]}, tr.Roots(), "one root: the first attempt")
+	assert.Empty(t, tr.Named("send sluice.delay"), "nothing crossed the delay cascade")
+	for i, a := range attempts {
+		assert.Equal(t, int64(i+1), a.Tags["sluice.attempt"], "attempt %d: sluice.attempt", i+1)
+		if i == 0 {
+			continue
+		}
+		r := rejects[i-1]
+		assert.Equal(t, "client", r.Kind(), "rejection %d: a settlement", i)
+		assert.Equal(t, attempts[i-1].SpanID, r.ParentSpanID, "rejection %d: child of attempt %d", i, i)
+		assert.Equal(t, int64(i)*nativeMin.Milliseconds(), r.Tags["sluice.retry.delay_ms"], "rejection %d: the queue's delay", i)
+		assert.Equal(t, "settle", r.TagString("messaging.operation.type"))
+		assert.Equal(t, r.SpanID, a.ParentSpanID, "attempt %d: child of rejection %d", i+1, i)
+		assert.Equal(t, "retry", attempts[i-1].TagString("sluice.outcome"))
+		assert.GreaterOrEqual(t, a.StartTime.Sub(r.StartTime.Add(r.Duration)), time.Duration(i)*nativeMin-nativeSlack,
+			"attempt %d starts after the queue held the message back", i+1)
+	}
+	assert.Equal(t, "ack", attempts[2].TagString("sluice.outcome"))
+
+	stdout, stderr, code := traceCLI(t, ts, "--service", ts.service, msg.UUID)
+	require.Equal(t, 0, code, "sluice trace: stderr:\n%s\nstdout:\n%s", stderr, stdout)
+	t.Logf("sluice trace %s:\n%s", msg.UUID, stdout)
+	assert.Contains(t, stdout, "Outcome: ✓ ack after 3 attempts (2 retries)")
+	assert.Equal(t, 2, strings.Count(stdout, "held back by "+queue), "a wait row per native retry:\n%s", stdout)
+	assert.Contains(t, stdout, "native retry · delay 200ms")
+	assert.Contains(t, stdout, "native retry · delay 400ms")
+	assert.Len(t, attemptLines(stdout), 3)
 }

@@ -153,6 +153,7 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 	o := disposition.Outcome{
 		Disposition: d, Attempt: a.Number, Queue: a.Queue, MessageID: a.Msg.UUID,
 		Handler: message.HandlerNameFromCtx(ctx), Dependency: a.Dependency,
+		HeldBack: a.Requeue && d.Kind == disposition.Retry,
 	}
 	if d.Reason != nil {
 		o.ErrorType = sluice.ErrorType(d.Reason)

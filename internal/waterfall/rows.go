@@ -33,7 +33,7 @@ func (d *drawing) table(b *strings.Builder) {
 			return
 		}
 		seen[s.SpanID] = true
-		if p, ok := d.t.Span(s.ParentSpanID); ok && s.Kind() == "consumer" && p.Kind() == "producer" {
+		if p, ok := d.t.Span(s.ParentSpanID); ok && s.Kind() == "consumer" && (p.Kind() == "producer" || IsRejection(p)) {
 			if wait := s.StartTime.Sub(p.StartTime.Add(p.Duration)); wait > 0 {
 				rows = append(rows, d.waitRow(lead+waitGlyph(branch), p, s, wait))
 			}
@@ -145,6 +145,12 @@ func (d *drawing) spanRow(tree string, s jaeger.Span) row {
 			if delay := delayOf(s); delay != "" {
 				detail = append(detail, "delay "+delay)
 			}
+		case IsRejection(s):
+			text := "native retry"
+			if delay := delayOf(s); delay != "" {
+				text += " · delay " + delay
+			}
+			detail = append(detail, text)
 		case isDeadLetter(s):
 			text := "dead letter"
 			if typ := s.TagString(string(otelnames.AttrLastError)); typ != "" {
@@ -172,6 +178,11 @@ func (d *drawing) waitRow(tree string, parent, consumer jaeger.Span, wait time.D
 	switch {
 	case where == topology.DelayDestination:
 		r.name = tree + "waiting in the delay"
+		if delay := delayOf(parent); delay != "" {
+			r.detail = "asked " + delay
+		}
+	case IsRejection(parent):
+		r.name = tree + "held back by " + where
 		if delay := delayOf(parent); delay != "" {
 			r.detail = "asked " + delay
 		}

@@ -23,6 +23,12 @@ func isDeadLetter(s jaeger.Span) bool {
 	return s.Kind() == "producer" && strings.HasSuffix(s.TagString("messaging.destination.name"), topology.DeadLetterSuffix)
 }
 
+// IsRejection reports whether s is the rejection of a message into its queue's native
+// delayed retry (RabbitMQ 4.3), which telemetry draws as a settle span "reject <queue>".
+func IsRejection(s jaeger.Span) bool {
+	return s.Kind() == "client" && s.TagString("messaging.operation.name") == "reject"
+}
+
 func messageOf(s jaeger.Span) string { return s.TagString("messaging.message.id") }
 
 // delayOf is sluice.retry.delay_ms as a duration, or "".

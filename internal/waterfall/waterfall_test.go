@@ -71,6 +71,10 @@ func TestRender_Golden(t *testing.T) {
 		{name: "retried", golden: "retried", opts: waterfall.Options{}},
 		// A message that failed three times and went to its dead-letter queue.
 		{name: "dead_lettered", golden: "dead_lettered", opts: waterfall.Options{}},
+		// Recorded from Jaeger by test/nativeretry_test.go on RabbitMQ 4.3.6 (names made
+		// stable): a message published untraced, retried twice by its queue's native
+		// delayed retry, then acked.
+		{name: "native_retried", golden: "native_retried", opts: waterfall.Options{}},
 		// A message whose producer outside sluice sent a traceparent.
 		{name: "foreign_parent", golden: "foreign_parent", opts: waterfall.Options{}},
 		// Dead-lettered, then replayed from the DLQ and processed.

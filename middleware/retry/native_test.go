@@ -67,6 +67,9 @@ func TestNativeFor(t *testing.T) {
 			if tt.wantKind != disposition.DeadLetter {
 				assert.Equal(t, tt.wantDelay, res.report.Delay)
 			}
+			all := observed.All()
+			require.NotEmpty(t, all)
+			assert.Equal(t, tt.wantRequeue, all[len(all)-1].HeldBack, "observers are told whether the queue holds the retry back")
 			switch {
 			case tt.wantRequeue:
 				// Returned to be rejected (not Unprocessed, which would be a nack the

@@ -139,12 +139,15 @@ func newChart(t jaeger.Trace, messageID string) *Chart {
 		}
 		seen[s.SpanID] = true
 		indent := 4 + 12*min(depth, 10)
-		if p, ok := byID[s.ParentSpanID]; ok && s.Kind() == "consumer" && p.Kind() == "producer" {
+		if p, ok := byID[s.ParentSpanID]; ok && s.Kind() == "consumer" && (p.Kind() == "producer" || waterfall.IsRejection(p)) {
 			if wait := s.StartTime.Sub(p.StartTime.Add(p.Duration)); wait > 0 {
 				r := ChartRow{Kind: "wait", Label: "waiting", LabelX: indent}
 				switch where := p.TagString("messaging.destination.name"); {
-				case where == topology.DelayDestination:
+				case where == topology.DelayDestination || waterfall.IsRejection(p):
 					r.Label = "waiting in the delay"
+					if where != topology.DelayDestination {
+						r.Label = "held back by " + where
+					}
 					if asked, ok := delayMS(p); ok {
 						r.Detail = "asked " + waterfall.FormatDuration(asked) + ", waited " + waterfall.FormatDuration(wait)
 						r.AskedW = scale(asked)
@@ -184,6 +187,11 @@ func newChart(t jaeger.Trace, messageID string) *Chart {
 			r.Kind = "delay"
 			if d, ok := delayMS(s); ok {
 				r.Detail = "delay " + waterfall.FormatDuration(d)
+			}
+		case waterfall.IsRejection(s):
+			r.Kind, r.Detail = "delay", "native retry"
+			if d, ok := delayMS(s); ok {
+				r.Detail += " · delay " + waterfall.FormatDuration(d)
 			}
 		}
 		add(r, s.StartTime.Sub(start), s.Duration)

@@ -23,6 +23,10 @@ type fakeJaeger struct {
 	traceID string
 	id      string
 
+	// native draws the second retry as RabbitMQ 4.3's native delayed retry does: a
+	// rejection ("reject <queue>", a client span) in place of the delay's hand-off.
+	native bool
+
 	mu    sync.Mutex
 	queue string
 }
@@ -119,7 +123,12 @@ func (f *fakeJaeger) trace() map[string]any {
 	span("0000000000000002", "0000000000000001", "process "+queue, "consumer", 3*ms, 4*ms, attempt(1, "retry", 100)...)
 	span("0000000000000003", "0000000000000002", "send "+topology.DelayDestination, "producer", 5*ms, ms, dest(topology.DelayDestination), kv{"sluice.retry.delay_ms", "int64", 100})
 	span("0000000000000004", "0000000000000003", "process "+queue, "consumer", 108*ms, 3*ms, attempt(2, "retry", 200)...)
-	span("0000000000000005", "0000000000000004", "send "+topology.DelayDestination, "producer", 110*ms, ms, dest(topology.DelayDestination), kv{"sluice.retry.delay_ms", "int64", 200})
+	if f.native {
+		span("0000000000000005", "0000000000000004", "reject "+queue, "client", 110*ms, ms, dest(queue),
+			kv{"messaging.operation.name", "string", "reject"}, kv{"sluice.retry.delay_ms", "int64", 200})
+	} else {
+		span("0000000000000005", "0000000000000004", "send "+topology.DelayDestination, "producer", 110*ms, ms, dest(topology.DelayDestination), kv{"sluice.retry.delay_ms", "int64", 200})
+	}
 	span("0000000000000006", "0000000000000005", "process "+queue, "consumer", 316*ms, 3*ms, attempt(3, "dead_letter", 0)...)
 	span("0000000000000007", "0000000000000006", "send "+topology.DLQ(queue), "producer", 318*ms, ms, dest(topology.DLQ(queue)), kv{"sluice.last_error", "string", "gateway_down"})
 	return map[string]any{"traceID": f.traceID, "spans": spans, "processes": map[string]any{"p1": map[string]any{"serviceName": "payments", "tags": []kv{}}}}
