@@ -53,15 +53,22 @@ type delayer struct {
 // Delay traces the hand-off of msg to the delay infrastructure.
 func (d *delayer) Delay(ctx context.Context, queue string, delay time.Duration, msg *message.Message) error {
 	buf := attrPool.Get().(*[]attribute.KeyValue)
-	attrs := append(d.in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeSend, "send", topology.DelayDestination, msg),
-		otelnames.AttrQueue.String(queue),
-		otelnames.AttrRetryDelayMS.Int64(delay.Milliseconds()),
-		otelnames.AttrAttempt.Int(sluice.RetryCount(msg.Metadata)+1),
-	)
+	attrs := appendHandOffAttrs(d.in.appendMessageAttrs((*buf)[:0], semconv.MessagingOperationTypeSend, "send", topology.DelayDestination, msg),
+		queue, delay, sluice.RetryCount(msg.Metadata)+1)
 	defer putAttrs(buf, attrs)
 	return d.in.handOff(ctx, delaySpanName, topology.DelayDestination, msg, attrs, func(ctx context.Context) error {
 		return d.next.Delay(ctx, queue, delay, msg)
 	})
+}
+
+// appendHandOffAttrs appends what a retry's hand-off says: the message's queue, the
+// delay, and the attempt it hands the message to.
+func appendHandOffAttrs(attrs []attribute.KeyValue, queue string, delay time.Duration, next int) []attribute.KeyValue {
+	return append(attrs,
+		otelnames.AttrQueue.String(queue),
+		otelnames.AttrRetryDelayMS.Int64(delay.Milliseconds()),
+		otelnames.AttrAttempt.Int(next),
+	)
 }
 
 type deadLetterer struct {

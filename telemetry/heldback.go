@@ -11,10 +11,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
 // A native delayed retry (RabbitMQ 4.3, router.WithNativeRetry) rejects the message back
@@ -107,38 +105,26 @@ func (in *Instrumentation) heldBackParent(parent context.Context, queue string, 
 	if in.held.n.Load() == 0 || msg.UUID == "" || msg.Metadata.Get(headers.Redelivered) != "true" {
 		return parent
 	}
-	attempt := min(sluice.RetryCount(msg.Metadata)+headers.DeliveryCount(msg.Metadata), sluice.MaxRetryCountHeader) + 1
-	sc, ok := in.held.take(heldBackKey{queue: queue, id: msg.UUID, attempt: attempt}, time.Now())
+	retries, _ := headers.NativeRetries(msg.Metadata)
+	sc, ok := in.held.take(heldBackKey{queue: queue, id: msg.UUID, attempt: retries + 1}, time.Now())
 	if !ok {
 		return parent
 	}
 	return trace.ContextWithRemoteSpanContext(parent, sc)
 }
 
-// rejectSpanName is "reject <queue>", the conventions' name of a settlement.
-func rejectSpanName(queue string) string { return spanName("reject", queue) }
-
 // heldBack draws the rejection of o's message into its queue's native delayed retry: a
 // settle span "reject <queue>", a child of the attempt's consumer span in ctx, carrying
 // the delay the queue holds the message back for. It is remembered, so that the next
 // attempt this instance consumes is its child (see heldBackParent).
-func (in *Instrumentation) heldBack(ctx context.Context, a *attemptState, o disposition.Outcome) {
+func (in *Instrumentation) heldBack(ctx context.Context, msg *message.Message, o disposition.Outcome) {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return // no tracer provider and no trace context: nothing to hang the span on
 	}
 	delay := o.Disposition.Delay
-	attrs := in.appendOperationAttrs(make([]attribute.KeyValue, 0, 10), semconv.MessagingOperationTypeSettle, "reject", o.Queue)
-	if a.msg != nil {
-		attrs = in.appendOwnAttrs(attrs, o.Queue, a.msg)
-	} else if o.MessageID != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(o.MessageID))
-	}
-	attrs = append(attrs,
-		otelnames.AttrQueue.String(o.Queue),
-		otelnames.AttrRetryDelayMS.Int64(delay.Milliseconds()),
-		otelnames.AttrAttempt.Int(o.Attempt+1),
-	)
-	_, span := in.tracer.Start(ctx, rejectSpanName(o.Queue), clientKind, trace.WithAttributes(attrs...))
+	attrs := appendHandOffAttrs(in.appendMessageAttrs(make([]attribute.KeyValue, 0, 10), semconv.MessagingOperationTypeSettle, "reject", o.Queue, msg),
+		o.Queue, delay, o.Attempt+1)
+	_, span := in.tracer.Start(ctx, spanName("reject", o.Queue), clientKind, trace.WithAttributes(attrs...))
 	span.End()
 	// An unsampled span is remembered too, so the next attempt follows its decision; a
 	// no-op tracer's span is the parent's context, nothing a header would not give.

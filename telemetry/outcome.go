@@ -40,6 +40,9 @@ func (in *Instrumentation) Observe(ctx context.Context, o disposition.Outcome) {
 	if !ok {
 		return
 	}
+	if o.HeldBack {
+		in.heldBack(ctx, a.msg, o)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// The core's Ack follows the idempotency step's Duplicate of the same attempt: the
@@ -49,9 +52,6 @@ func (in *Instrumentation) Observe(ctx context.Context, o disposition.Outcome) {
 	}
 	a.r = attemptReport{Outcome: o.Disposition.Kind.String(), Delay: o.Disposition.Delay, Attempt: o.Attempt, Err: o.Disposition.Reason}
 	a.ok = true
-	if o.HeldBack {
-		in.heldBack(ctx, a, o)
-	}
 }
 
 // attemptState is the observation of the attempt Middleware runs, private to the

@@ -2,6 +2,8 @@ package headers
 
 import (
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice"
 )
 
 // DeliveryCount is the broker's count of md's earlier failed deliveries: RabbitMQ's
@@ -15,4 +17,12 @@ func DeliveryCount(md message.Metadata) int {
 		return 0
 	}
 	return parseCount(md.Get("x-delivery-count"))
+}
+
+// NativeRetries is the retries md has had under a queue's native delayed retry:
+// x-retry-count (the cascade's) plus the queue's redeliveries (DeliveryCount), at most
+// sluice.MaxRetryCountHeader. It returns the redeliveries too.
+func NativeRetries(md message.Metadata) (retries, redeliveries int) {
+	redeliveries = DeliveryCount(md)
+	return min(sluice.RetryCount(md)+redeliveries, sluice.MaxRetryCountHeader), redeliveries
 }

@@ -310,8 +310,7 @@ func (r *Retry) wrap(h message.HandlerFunc, dependency string, native *broker.Na
 		}
 		count, redeliveries := sluice.RetryCount(msg.Metadata), 0
 		if native != nil {
-			redeliveries = headers.DeliveryCount(msg.Metadata)
-			count = min(count+redeliveries, sluice.MaxRetryCountHeader)
+			count, redeliveries = headers.NativeRetries(msg.Metadata)
 		}
 		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: count, Number: count + 1, Dependency: dep}
 		if count == sluice.MaxRetryCountHeader {
