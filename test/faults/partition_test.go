@@ -383,7 +383,14 @@ func TestPartition(t *testing.T) {
 		l.drainDLQ(rabbit, queue)
 		return l.settled()
 	}, 90*time.Second, 200*time.Millisecond, "every confirmed message processed or dead-lettered") {
-		t.Fatalf("not settled: %v", l.unsettled(10))
+		// Where they wait tells a delay queue whose expired messages are not forwarded (a
+		// quorum queue's dead-letter worker that is not running: docs/reliability.md) from
+		// a consumer that stopped.
+		queues, _ := a.Ctl("-q", "list_queues", "name", "leader", "messages", "messages_ready", "messages_unacknowledged", "consumers")
+		for _, n := range all {
+			t.Logf("%s %s", n.Name, n.LogMatching("dlx", 40))
+		}
+		t.Fatalf("not settled: %v; the queues as %s sees them:\n%s", l.unsettled(10), a.Name, queues)
 	}
 	st.close()
 	s := l.check(t, 1)

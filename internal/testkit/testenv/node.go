@@ -318,6 +318,30 @@ func (n *Node) Rabbit(t testing.TB) *Rabbit {
 
 // LogTail returns the last lines of the node's log, for failure messages.
 func (n *Node) LogTail(lines int) string {
+	all := n.logLines()
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return "node log (last lines):\n" + strings.Join(all, "\n")
+}
+
+// LogMatching returns the last lines of the node's log that contain substr, at most
+// lines of them, for failure messages about one subsystem the tail may have scrolled past.
+func (n *Node) LogMatching(substr string, lines int) string {
+	var found []string
+	for _, l := range n.logLines() {
+		if strings.Contains(l, substr) {
+			found = append(found, l)
+		}
+	}
+	if len(found) > lines {
+		found = found[len(found)-lines:]
+	}
+	return fmt.Sprintf("node log lines with %q (%d shown):\n%s", substr, len(found), strings.Join(found, "\n"))
+}
+
+// logLines reads the node's main log.
+func (n *Node) logLines() []string {
 	name := strings.SplitN(n.Name, "@", 2)[0]
 	matches, _ := filepath.Glob(filepath.Join(n.Dir, "log", name+"@*.log"))
 	var b []byte
@@ -327,11 +351,7 @@ func (n *Node) LogTail(lines int) string {
 		}
 		b, _ = os.ReadFile(m)
 	}
-	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(all) > lines {
-		all = all[len(all)-lines:]
-	}
-	return "node log (last lines):\n" + strings.Join(all, "\n")
+	return strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
