@@ -155,17 +155,20 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("sluice console: listen on %s: %w", *addr, err)
 	}
 	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second}
+	// One write, so whoever reads the output sees the whole banner once it sees the address.
+	var banner strings.Builder
 	if loopback {
-		fmt.Fprintf(e.stdout, "sluice console: http://%s/ (this machine only)\n", ln.Addr())
+		fmt.Fprintf(&banner, "sluice console: http://%s/ (this machine only)\n", ln.Addr())
 	} else {
-		fmt.Fprintf(e.stdout, "sluice console: http://%s/ is reachable from other machines: every request must carry SLUICE_CONSOLE_TOKEN or SLUICE_CONSOLE_READ_TOKEN (Authorization: Bearer <token>, or ?token=<token> once in a browser)\n", ln.Addr())
+		fmt.Fprintf(&banner, "sluice console: http://%s/ is reachable from other machines: every request must carry SLUICE_CONSOLE_TOKEN or SLUICE_CONSOLE_READ_TOKEN (Authorization: Bearer <token>, or ?token=<token> once in a browser)\n", ln.Addr())
 	}
-	fmt.Fprintf(e.stdout, "sluice console: %s\n", accessLine(operators, readers))
-	fmt.Fprintf(e.stdout, "sluice console: RabbitMQ %s, Jaeger %s\n", mask.URL(strings.TrimSpace(urls[0])), orNone(jaegerURL))
-	fmt.Fprintf(e.stdout, "sluice console: retry statistics from %s, retry policy from the service at %s\n", retrySrc.Describe(), mask.URL(retrySrc.Service()))
+	fmt.Fprintf(&banner, "sluice console: %s\n", accessLine(operators, readers))
+	fmt.Fprintf(&banner, "sluice console: RabbitMQ %s, Jaeger %s\n", mask.URL(strings.TrimSpace(urls[0])), orNone(jaegerURL))
+	fmt.Fprintf(&banner, "sluice console: retry statistics from %s, retry policy from the service at %s\n", retrySrc.Describe(), mask.URL(retrySrc.Service()))
 	if discoveryURL != "" {
-		fmt.Fprintf(e.stdout, "sluice console: no --queue and no RABBITMQ_MANAGEMENT_URL: discovering queues through the management API at %s\n", mask.URL(discoveryURL))
+		fmt.Fprintf(&banner, "sluice console: no --queue and no RABBITMQ_MANAGEMENT_URL: discovering queues through the management API at %s\n", mask.URL(discoveryURL))
 	}
+	fmt.Fprint(e.stdout, banner.String())
 
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()

@@ -379,18 +379,33 @@ func TestPartition(t *testing.T) {
 	}
 	publishAll(l, st.broker.Publisher(), queue, after, 20, 2, 30*time.Second)
 
-	if !assert.Eventually(t, func() bool {
+	settled := func() bool {
 		l.drainDLQ(rabbit, queue)
 		return l.settled()
-	}, 90*time.Second, 200*time.Millisecond, "every confirmed message processed or dead-lettered") {
-		// Where they wait tells a delay queue whose expired messages are not forwarded (a
-		// quorum queue's dead-letter worker that is not running: docs/reliability.md) from
-		// a consumer that stopped.
+	}
+	if !eventually(settled, 90*time.Second, 200*time.Millisecond) {
+		// Where they wait tells a delay queue whose expired messages are not forwarded
+		// from a consumer that stopped.
 		queues, _ := a.Ctl("-q", "list_queues", "name", "leader", "messages", "messages_ready", "messages_unacknowledged", "consumers")
 		for _, n := range all {
 			t.Logf("%s %s", n.Name, n.LogMatching("dlx", 40))
 		}
-		t.Fatalf("not settled: %v; the queues as %s sees them:\n%s", l.unsettled(10), a.Name, queues)
+		stranded := strandedDelayQueues(t, a)
+		if len(stranded) == 0 || testenv.Is43() {
+			t.Fatalf("not settled: %v; the queues as %s sees them:\n%s", l.unsettled(10), a.Name, queues)
+		}
+		// RabbitMQ 3.10.8's dead-letter worker can be left not forwarding after the heal
+		// (docs/reliability.md): the messages are kept in the delay queue, which is what
+		// sluice promises, and an operator's leader move starts a new worker. Do what the
+		// docs tell the operator, loudly, and require every message then.
+		t.Logf("RabbitMQ left expired messages unforwarded in %v (%v not settled); the queues as %s sees them:\n%s\nmoving their leaders, as docs/reliability.md tells an operator",
+			stranded, l.unsettled(10), a.Name, queues)
+		for _, q := range stranded {
+			moveLeader(t, a, q)
+		}
+		if !assert.Eventually(t, settled, 60*time.Second, 200*time.Millisecond, "every confirmed message processed or dead-lettered once the stranded delay queues' leaders moved") {
+			t.Fatalf("not settled: %v", l.unsettled(10))
+		}
 	}
 	st.close()
 	s := l.check(t, 1)
@@ -422,6 +437,62 @@ func (l *ledger) unsettled(n int) []string {
 		}
 	}
 	return out
+}
+
+// eventually reports whether cond held within waitFor, polling every tick.
+func eventually(cond func() bool, waitFor, tick time.Duration) bool {
+	deadline := time.Now().Add(waitFor)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(tick)
+	}
+}
+
+// strandedDelayQueues returns the delay cascade's queues, as n sees them, that hold
+// messages neither ready nor delivered: expired ones dead-lettered at least once and
+// waiting for the queue's dead-letter worker to forward them.
+func strandedDelayQueues(t *testing.T, n *testenv.Node) []string {
+	t.Helper()
+	out, err := n.Ctl("-q", "list_queues", "name", "messages", "messages_ready", "messages_unacknowledged", "--formatter", "json")
+	require.NoError(t, err, "list_queues: %s", out)
+	var rows []struct {
+		Name    string `json:"name"`
+		Total   int    `json:"messages"`
+		Ready   int    `json:"messages_ready"`
+		Unacked int    `json:"messages_unacknowledged"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), "list_queues output: %s", out)
+	var stranded []string
+	for _, r := range rows {
+		if strings.HasPrefix(r.Name, "sluice.delay.") && r.Total > r.Ready+r.Unacked {
+			stranded = append(stranded, r.Name)
+		}
+	}
+	return stranded
+}
+
+// moveLeader hands quorum queue's leadership to another of its members, which starts a
+// dead-letter worker of its own (RabbitMQ 3.10 has no command for it: ra's, through eval).
+func moveLeader(t *testing.T, n *testenv.Node, queue string) {
+	t.Helper()
+	leader, members := leaderOf(t, n, queue)
+	server := "%2F_" + queue // the Ra server of a queue in vhost "/"
+	for _, m := range members {
+		if m == leader {
+			continue
+		}
+		out, err := n.Ctl("eval", fmt.Sprintf("ra:transfer_leadership({'%s', '%s'}, {'%s', '%s'}).", server, leader, server, m))
+		t.Logf("move the leader of %s from %s to %s: %s %v", queue, leader, m, strings.TrimSpace(out), err)
+		if err == nil && strings.TrimSpace(out) == "ok" {
+			return
+		}
+	}
+	t.Errorf("could not move the leader of %s from %s", queue, leader)
 }
 
 // probe publishes one message to queue through a plain client of its own on n and
