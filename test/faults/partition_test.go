@@ -180,23 +180,54 @@ func runningNodes(t *testing.T, n *testenv.Node) []string {
 	return st.RunningNodes
 }
 
+// queueRow is one queue as list_queues reports it.
+type queueRow struct {
+	Name      string   `json:"name"`
+	Leader    string   `json:"leader"`
+	Members   []string `json:"members"`
+	Total     int      `json:"messages"`
+	Ready     int      `json:"messages_ready"`
+	Unacked   int      `json:"messages_unacknowledged"`
+	Consumers int      `json:"consumers"`
+}
+
+// String is the row in one line, for failure messages.
+func (r queueRow) String() string {
+	return fmt.Sprintf("%s: leader %s, %d messages (%d ready, %d unacked), %d consumers", r.Name, r.Leader, r.Total, r.Ready, r.Unacked, r.Consumers)
+}
+
+// stranded reports whether r is a delay cascade queue holding messages neither ready nor
+// delivered: expired ones dead-lettered and waiting for the queue's dead-letter worker to
+// forward them.
+func (r queueRow) stranded() bool {
+	return strings.HasPrefix(r.Name, "sluice.delay.") && r.Total > r.Ready+r.Unacked
+}
+
+// depthColumns are list_queues' columns for a queue's depth, besides its name and leader.
+var depthColumns = []string{"members", "messages", "messages_ready", "messages_unacknowledged", "consumers"}
+
+// listQueues returns every queue as n knows it: its name, its leader and columns
+// (queueRow's other fields stay zero), so each caller asks only for what it reads.
+func listQueues(t *testing.T, n *testenv.Node, columns ...string) []queueRow {
+	t.Helper()
+	args := append([]string{"-q", "list_queues", "name", "leader"}, columns...)
+	out, err := n.Ctl(append(args, "--formatter", "json")...)
+	require.NoError(t, err, "list_queues: %s", out)
+	var rows []queueRow
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), "list_queues output: %s", out)
+	return rows
+}
+
 // leaderOf returns the leader and the members of quorum queue as n knows them.
 func leaderOf(t *testing.T, n *testenv.Node, queue string) (leader string, members []string) {
 	t.Helper()
-	out, err := n.Ctl("-q", "list_queues", "name", "leader", "members", "--formatter", "json")
-	require.NoError(t, err, "list_queues: %s", out)
-	var rows []struct {
-		Name    string   `json:"name"`
-		Leader  string   `json:"leader"`
-		Members []string `json:"members"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(out), &rows), "list_queues output: %s", out)
+	rows := listQueues(t, n, "members")
 	for _, r := range rows {
 		if r.Name == queue {
 			return r.Leader, r.Members
 		}
 	}
-	t.Fatalf("queue %s not listed by %s: %s", queue, n.Name, out)
+	t.Fatalf("queue %s not listed by %s: %v", queue, n.Name, rows)
 	return "", nil
 }
 
@@ -386,22 +417,27 @@ func TestPartition(t *testing.T) {
 	if !eventually(settled, 90*time.Second, 200*time.Millisecond) {
 		// Where they wait tells a delay queue whose expired messages are not forwarded
 		// from a consumer that stopped.
-		queues, _ := a.Ctl("-q", "list_queues", "name", "leader", "messages", "messages_ready", "messages_unacknowledged", "consumers")
+		rows := listQueues(t, a, depthColumns...)
+		var stranded []queueRow
+		for _, r := range rows {
+			if r.stranded() {
+				stranded = append(stranded, r)
+			}
+		}
 		for _, n := range all {
 			t.Logf("%s %s", n.Name, n.LogMatching("dlx", 40))
 		}
-		stranded := strandedDelayQueues(t, a)
 		if len(stranded) == 0 || testenv.Is43() {
-			t.Fatalf("not settled: %v; the queues as %s sees them:\n%s", l.unsettled(10), a.Name, queues)
+			t.Fatalf("not settled: %v; the queues as %s sees them: %v", l.unsettled(10), a.Name, rows)
 		}
 		// RabbitMQ 3.10.8's dead-letter worker can be left not forwarding after the heal
 		// (docs/reliability.md): the messages are kept in the delay queue, which is what
 		// sluice promises, and an operator's leader move starts a new worker. Do what the
 		// docs tell the operator, loudly, and require every message then.
-		t.Logf("RabbitMQ left expired messages unforwarded in %v (%v not settled); the queues as %s sees them:\n%s\nmoving their leaders, as docs/reliability.md tells an operator",
-			stranded, l.unsettled(10), a.Name, queues)
-		for _, q := range stranded {
-			moveLeader(t, a, q)
+		t.Logf("RabbitMQ left expired messages unforwarded in %v (%v not settled); the queues as %s sees them: %v; moving their leaders, as docs/reliability.md tells an operator",
+			stranded, l.unsettled(10), a.Name, rows)
+		for _, r := range stranded {
+			moveLeader(t, a, r)
 		}
 		if !assert.Eventually(t, settled, 60*time.Second, 200*time.Millisecond, "every confirmed message processed or dead-lettered once the stranded delay queues' leaders moved") {
 			t.Fatalf("not settled: %v", l.unsettled(10))
@@ -453,36 +489,13 @@ func eventually(cond func() bool, waitFor, tick time.Duration) bool {
 	}
 }
 
-// strandedDelayQueues returns the delay cascade's queues, as n sees them, that hold
-// messages neither ready nor delivered: expired ones dead-lettered at least once and
-// waiting for the queue's dead-letter worker to forward them.
-func strandedDelayQueues(t *testing.T, n *testenv.Node) []string {
-	t.Helper()
-	out, err := n.Ctl("-q", "list_queues", "name", "messages", "messages_ready", "messages_unacknowledged", "--formatter", "json")
-	require.NoError(t, err, "list_queues: %s", out)
-	var rows []struct {
-		Name    string `json:"name"`
-		Total   int    `json:"messages"`
-		Ready   int    `json:"messages_ready"`
-		Unacked int    `json:"messages_unacknowledged"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(out), &rows), "list_queues output: %s", out)
-	var stranded []string
-	for _, r := range rows {
-		if strings.HasPrefix(r.Name, "sluice.delay.") && r.Total > r.Ready+r.Unacked {
-			stranded = append(stranded, r.Name)
-		}
-	}
-	return stranded
-}
-
-// moveLeader hands quorum queue's leadership to another of its members, which starts a
+// moveLeader hands quorum queue q's leadership to another of its members, which starts a
 // dead-letter worker of its own (RabbitMQ 3.10 has no command for it: ra's, through eval).
-func moveLeader(t *testing.T, n *testenv.Node, queue string) {
+func moveLeader(t *testing.T, n *testenv.Node, q queueRow) {
 	t.Helper()
-	leader, members := leaderOf(t, n, queue)
+	queue, leader := q.Name, q.Leader
 	server := "%2F_" + queue // the Ra server of a queue in vhost "/"
-	for _, m := range members {
+	for _, m := range q.Members {
 		if m == leader {
 			continue
 		}
