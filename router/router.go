@@ -211,8 +211,8 @@ type Stack struct {
 	cut      chan struct{}
 	cutOnce  sync.Once
 	cutTimer *time.Timer
-	poison *poison.Poison
-	output message.Publisher
+	poison   *poison.Poison
+	output   message.Publisher
 
 	mu      sync.Mutex
 	names   map[string]bool
@@ -332,6 +332,20 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)
 	if gauge != nil {
 		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
+	}
+	if cfg.Telemetry != nil {
+		running, err := cfg.Telemetry.RegisterAbandoned(func() map[string]int {
+			out := map[string]int{}
+			for _, t := range s.attempts.Trackers() {
+				b := t.Snapshot()
+				out[b.Handler] = b.Running
+			}
+			return out
+		})
+		if err != nil {
+			return nil, fmt.Errorf("router: abandoned attempts metric: %w", err)
+		}
+		s.parts = append(s.parts, part{close: func() { _ = running.Unregister() }})
 	}
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)
