@@ -149,7 +149,8 @@ func (d *drawing) rows() []row {
 			if wait := s.StartTime.Sub(p.StartTime.Add(p.Duration)); wait > 0 {
 				glyph := waitGlyph(branch)
 				if onlyChild {
-					glyph = waitGlyph("│  ")
+					// Drawn without a branch, the consumer still shows the wait's link.
+					glyph = waitGlyph("└─ ")
 				}
 				w := d.waitRow(lead+glyph, p, s, wait)
 				w.cont = lead + glyph
