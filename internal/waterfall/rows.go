@@ -118,13 +118,37 @@ func splitParts(parts []string, room int) (inline string, rest []string) {
 }
 
 // wrapDetail lays parts out on lines of at most width characters, at most
-// maxDetailLines of them, the last cut when more would follow.
+// maxDetailLines of them, the last cut when more would follow. Lines break between parts
+// where they can, so a part (an error message) is not split when it fits a line of its own.
 func wrapDetail(parts []string, width int) []string {
-	text := strings.Join(parts, " · ")
-	if strings.TrimSpace(text) == "" {
-		return nil
+	var lines []string
+	cur := ""
+	for _, p := range parts {
+		if strings.TrimSpace(p) == "" {
+			continue
+		}
+		switch {
+		case cur == "" && utf8.RuneCountInString(p) <= width:
+			cur = p
+		case cur != "" && utf8.RuneCountInString(cur)+3+utf8.RuneCountInString(p) <= width:
+			cur += " · " + p
+		case utf8.RuneCountInString(p) <= width:
+			lines = append(lines, cur)
+			cur = p
+		default:
+			// Longer than a line: wrapped at spaces, after what the line holds already.
+			text := p
+			if cur != "" {
+				text = cur + " · " + p
+			}
+			wrapped := wrap(text, width)
+			lines = append(lines, wrapped[:len(wrapped)-1]...)
+			cur = wrapped[len(wrapped)-1]
+		}
 	}
-	lines := wrap(text, width)
+	if cur != "" {
+		lines = append(lines, cur)
+	}
 	if len(lines) > maxDetailLines {
 		last := lines[maxDetailLines-1]
 		lines = lines[:maxDetailLines]
