@@ -99,7 +99,7 @@ func Span(s sdktrace.ReadOnlySpan) jaeger.Span {
 }
 
 // tags converts attributes to Jaeger's tag values: string, bool, int64, float64, and a
-// slice as the JSON text Jaeger shows for it.
+// slice as its text (JSON for a list of strings).
 func tags(attrs []attribute.KeyValue) map[string]any {
 	out := make(map[string]any, len(attrs)+4)
 	for _, kv := range attrs {
@@ -119,6 +119,6 @@ func value(v attribute.Value) any {
 	case attribute.STRING:
 		return v.AsString()
 	default:
-		return v.Emit()
+		return v.String()
 	}
 }
