@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/sluice-go/sluice/handlers/example_payment"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -25,6 +26,8 @@ type hooks struct {
 	onRetry      func(retry.Event)
 	onDeadLetter func(poison.Event)
 	onDuplicate  func(key string)
+	// spans also receives every span the service records (the demo's waterfalls).
+	spans sdktrace.SpanProcessor
 }
 
 // service is the payment consumer: queue payments.requested, successes to
@@ -35,6 +38,8 @@ type service struct {
 	// secondary consumes the cluster AMQP_SECONDARY_URL names, nil without it.
 	secondary *secondary
 	gateway   *example_payment.Gateway
+	// telemetry are the OpenTelemetry providers: the span exporter and the metrics address.
+	telemetry *otelsetup.Providers
 	closers   []func() error
 	// consuming is true while the stack consumes: /readyz reads it.
 	consuming atomic.Bool
@@ -61,11 +66,16 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		}
 		return nil
 	})
-	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health})
+	ocfg := otelsetup.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health}
+	if h.spans != nil {
+		ocfg.SpanProcessors = []sdktrace.SpanProcessor{h.spans}
+	}
+	providers, err := otelsetup.Setup(ctx, ocfg)
 	if err != nil {
 		_ = b.Close()
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	svc.telemetry = providers
 	svc.closers = append(svc.closers, func() error {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
