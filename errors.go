@@ -43,6 +43,12 @@ func (c Class) String() string {
 // ErrDeferred is the error a Defer carries when it is given no reason.
 var ErrDeferred = errors.New("deferred")
 
+// ErrHandlerTimeout is matched (errors.Is) by the failure of an attempt the stack stopped
+// waiting for: its handler ran past the handler timeout and its grace without returning
+// (error type sluice.handler_timeout; the handler's goroutine may still be running), or was
+// still running when the stack closed.
+var ErrHandlerTimeout = errors.New("handler abandoned past its timeout")
+
 // ErrQueueNotFound is the one error every sluice package wraps for a queue that does not
 // exist on the broker: a depth read (broker/amqp, telemetry's depth sources), a DLQ that
 // is not there (dlq, the CLI). errors.Is(err, ErrQueueNotFound) tells it apart wherever

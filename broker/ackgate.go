@@ -16,8 +16,9 @@ import (
 // broker, a plain Watermill subscriber) makes HoldAck report false, and the step waits in
 // place as before.
 type AckGate struct {
-	mu   sync.Mutex
-	wait func(stop <-chan struct{}) error
+	mu     sync.Mutex
+	wait   func(stop <-chan struct{}) error
+	sealed bool // Held was called: the delivery is being settled
 }
 
 type ackGateKey struct{}
@@ -46,8 +47,9 @@ func WithAckGate(ctx context.Context) (context.Context, *AckGate) {
 // returns an error. wait runs once, off the handler's goroutine, whether the message was
 // acked or nacked; it must return once stop is closed, which the subscriber does when it
 // closes and the wait has outlasted its drain timeout. HoldAck reports false, holding
-// nothing, when the subscriber has no gate or the gate is held already: the caller then
-// waits in place.
+// nothing, when the subscriber has no gate, the gate is held already, or the delivery is
+// already being settled (an attempt abandoned at its handler timeout returning late): the
+// caller then waits in place.
 func HoldAck(ctx context.Context, wait func(stop <-chan struct{}) error) bool {
 	g, ok := ctx.Value(ackGateKey{}).(*AckGate)
 	if !ok {
@@ -55,16 +57,18 @@ func HoldAck(ctx context.Context, wait func(stop <-chan struct{}) error) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.wait != nil {
+	if g.wait != nil || g.sealed {
 		return false
 	}
 	g.wait = wait
 	return true
 }
 
-// Held returns the wait a step holds the ack with, or nil.
+// Held returns the wait a step holds the ack with, or nil. The subscriber calls it when it
+// settles the delivery: no HoldAck succeeds after it.
 func (g *AckGate) Held() func(stop <-chan struct{}) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.sealed = true
 	return g.wait
 }

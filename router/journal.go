@@ -55,8 +55,9 @@ type journalSlot struct {
 // (or its restore failed) before its idempotency journal was restored.
 var ErrRestoring = errors.New("router: idempotency journal not restored")
 
-func (sl *journalSlot) middleware(next message.HandlerFunc) message.HandlerFunc {
-	sl.next = next
+// gate holds a message until the journal is restored. It stands outside the attempt step:
+// waiting for the restore is not the handler's time.
+func (sl *journalSlot) gate(next message.HandlerFunc) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
 		select {
 		case <-sl.ready:
@@ -74,8 +75,14 @@ func (sl *journalSlot) middleware(next message.HandlerFunc) message.HandlerFunc 
 		if sl.step == nil {
 			return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: the restore failed", ErrRestoring, sl.name))
 		}
-		return sl.step(m)
+		return next(m)
 	}
+}
+
+// middleware is the journaled idempotency step, once gate let the message through.
+func (sl *journalSlot) middleware(next message.HandlerFunc) message.HandlerFunc {
+	sl.next = next
+	return func(m *message.Message) ([]*message.Message, error) { return sl.step(m) }
 }
 
 // journalSlot returns a slot for hc's idempotency step when it journals, else nil.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/internal/panics"
 )
@@ -72,16 +73,21 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 		step = s.retry.NativeFor(hc.breaker, *hc.native)
 	}
 	mws = append(mws, panics.Recoverer, step)
+	// The attempt step runs everything inside it on a goroutine of its own and stops
+	// waiting at the handler timeout plus its grace (package internal/attempt): idempotency
+	// and output confirmation stay inside, so a late return still goes through them.
 	if s.cfg.Idempotency != nil {
 		var obs []disposition.Observer
 		if s.cfg.Telemetry != nil {
 			obs = append(obs, s.cfg.Telemetry)
 		}
 		if sl := s.journalSlot(hc, obs); sl != nil {
-			mws = append(mws, sl.middleware)
+			mws = append(mws, sl.gate, s.attempts.Middleware, sl.middleware)
 		} else {
-			mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
+			mws = append(mws, s.attempts.Middleware, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
 		}
+	} else {
+		mws = append(mws, s.attempts.Middleware)
 	}
 	if outputTopic == "" && hc.sub.output != nil {
 		mws = append(mws, s.exchangeOutputs(*hc.sub.output)) // subscription.go
@@ -116,7 +122,8 @@ func (s *Stack) checkOptions(name string, hc handlerConfig) error {
 }
 
 // timeout gives the handler's context a deadline and restores the message's own context
-// after it returns: outer steps publish hand-offs with it, which must not be cancelled.
+// after it returns: outer steps publish hand-offs with it, which must not be cancelled. It
+// tells the attempt step when the handler returned: what runs after is sluice's own work.
 func timeout(d time.Duration) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -125,6 +132,9 @@ func timeout(d time.Duration) message.HandlerMiddleware {
 			defer cancel()
 			msg.SetContext(ctx)
 			defer msg.SetContext(parent)
+			if st := attempt.From(parent); st != nil {
+				defer st.HandlerReturned()
+			}
 			return h(msg)
 		}
 	}

@@ -58,7 +58,9 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -96,9 +98,22 @@ type Config struct {
 	Retry retry.Config
 	// Poison configures the dead-letter step. A nil DeadLetterer means the broker's DLQ.
 	Poison poison.Config
-	// HandlerTimeout is the deadline of the handler's context. Zero means 30s.
+	// HandlerTimeout is the deadline of the handler's context. An attempt still running
+	// AbandonGrace past it is abandoned, whether or not the handler looks at its context:
+	// the stack stops waiting, the attempt is a retryable failure (error type
+	// sluice.handler_timeout, its record holding the goroutine's stack) handed off like any
+	// other, and the handler's slot takes the next message. Zero means 30s.
 	HandlerTimeout time.Duration
-	// CloseTimeout is how long Close waits for in-flight handlers. Zero means 30s.
+	// AbandonGrace is how long past HandlerTimeout an attempt may still return before it is
+	// abandoned. Zero means 1s.
+	AbandonGrace time.Duration
+	// MaxAbandoned bounds, per handler, the abandoned attempts still running (Go cannot
+	// stop their goroutines): at the bound the handler pauses consuming, and Health reports
+	// it stuck, until some return. Zero means 16.
+	MaxAbandoned int
+	// CloseTimeout is how long Close, and Run once its context ends, wait for in-flight
+	// attempts; attempts still running then are abandoned and their messages returned to
+	// the broker unacked. Zero means 30s.
 	CloseTimeout time.Duration
 	// Concurrency is the default number of messages a handler works on at once. Zero
 	// means 1.
@@ -110,8 +125,9 @@ type Config struct {
 	Telemetry *telemetry.Instrumentation
 	// Breakers, when set, gives each handler a circuit breaker (see WithBreaker).
 	Breakers *breaker.Registry
-	// Health, when set, is told when a handler pauses while its breaker is open and when it
-	// resumes, so /readyz reports the process not ready meanwhile. Nil means nobody is told.
+	// Health, when set, is told when a handler pauses while its breaker is open or it has
+	// MaxAbandoned abandoned attempts still running, and when it resumes, so /readyz
+	// reports the process not ready meanwhile. Nil means nobody is told.
 	Health *telemetry.Health
 	// Idempotency, when set, adds the idempotency step to every handler.
 	Idempotency Idempotency
@@ -188,6 +204,13 @@ type Stack struct {
 	logger *slog.Logger
 	router *message.Router
 	retry  *retry.Retry
+	// attempts is the attempt step (internal/attempt); cut is closed once CloseTimeout
+	// has run out after Close or the end of Run's context, and every attempt still running
+	// is abandoned then.
+	attempts *attempt.Step
+	cut      chan struct{}
+	cutOnce  sync.Once
+	cutTimer *time.Timer
 	poison *poison.Poison
 	output message.Publisher
 
@@ -223,6 +246,12 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	}
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = 30 * time.Second
+	}
+	if cfg.AbandonGrace <= 0 {
+		cfg.AbandonGrace = attempt.DefaultGrace
+	}
+	if cfg.MaxAbandoned <= 0 {
+		cfg.MaxAbandoned = attempt.DefaultMaxAbandoned
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
@@ -290,13 +319,17 @@ func New(b Broker, cfg Config) (*Stack, error) {
 			return nil, fmt.Errorf("router: breaker state metric: %w", err)
 		}
 	}
-	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, newWatermillLogger(cfg.Logger))
+	// Watermill waits for its handlers past CloseTimeout only as long as a hand-off of the
+	// attempts abandoned at it may take: the attempt step returns them at CloseTimeout.
+	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout + lifecycle.HandoffTimeout}, newWatermillLogger(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
 	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{},
-		closing: make(chan struct{})}
+		closing: make(chan struct{}), cut: make(chan struct{})}
+	s.attempts = attempt.New(attempt.Config{Timeout: cfg.HandlerTimeout, Grace: cfg.AbandonGrace, HandoffTimeout: lifecycle.HandoffTimeout,
+		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)
 	if gauge != nil {
 		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
 	}
@@ -360,8 +393,10 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if outputTopic != "" {
 		s.plan.Output(outputTopic)
 	}
-	sub := s.subscriber(hc)
-	hc.pause = s.pauseFor(name, hc, sub)
+	mux := pause.NewMux(s.subscriber(hc))
+	sub := mux.Subscriber()
+	hc.pause = s.pauseFor(name, hc, mux.View("breaker"))
+	s.trackAbandoned(name, mux.View("abandoned"))
 	hc.journal = queue
 	stack := s.compose(h, outputTopic, hc)
 	s.consumes(name, queue)
@@ -384,6 +419,10 @@ func (s *Stack) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.started = true
 	s.mu.Unlock()
+	// Once ctx ends, attempts still running after CloseTimeout are abandoned, as on Close.
+	stopCut := context.AfterFunc(ctx, s.armCut)
+	defer stopCut()
+	defer s.stopCut()
 	if err := s.Declare(ctx); err != nil {
 		return err
 	}
@@ -448,11 +487,17 @@ func (s *Stack) Declare(ctx context.Context) error {
 // Running is closed once every handler consumes.
 func (s *Stack) Running() chan struct{} { return s.router.Running() }
 
-// Close stops consuming, waits up to CloseTimeout for in-flight handlers and closes the
-// subscribers. Messages not finished are returned to the broker and redelivered later. The
-// broker itself stays open: its owner closes it.
+// Close stops consuming, waits up to CloseTimeout for in-flight attempts and closes the
+// subscribers. Attempts still running then are abandoned (see Config.HandlerTimeout) and
+// their messages returned to the broker and redelivered later, never acked unfinished:
+// Close returns within CloseTimeout, plus the time a hand-off of an attempt abandoned just
+// before takes, whatever the handlers do, with an error wrapping sluice.ErrHandlerTimeout
+// that names the handlers whose abandoned attempts still run. The broker itself stays
+// open: its owner closes it.
 func (s *Stack) Close() error {
 	s.closeOnce.Do(func() { close(s.closing) })
+	s.armCut()
+	defer s.stopCut()
 	s.mu.Lock()
 	stop, done, ran := s.stopRestore, s.restoreDone, s.routerRun
 	s.mu.Unlock()
@@ -464,5 +509,5 @@ func (s *Stack) Close() error {
 	if !ran {
 		return nil
 	}
-	return s.router.Close()
+	return errors.Join(s.router.Close(), s.stillRunning())
 }

@@ -181,7 +181,7 @@ func (p *Poison) Record(msg *message.Message, queue string, err error) *message.
 	md.Set(headers.ErrorClass, sluice.ClassOf(err).String())
 	md.Set(headers.DeadLetterReason, disposition.DeadLetterReasonOf(err))
 	md.Set(sluice.HeaderErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
-	if stack, ok := sluice.PanicStack(err); ok {
+	if stack, ok := failure.Stack(err); ok {
 		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, maxStackBytes))
 	} else {
 		delete(md, sluice.HeaderErrorStack)
