@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -163,10 +165,14 @@ func TestAbandon_BoundPausesTheHandler(t *testing.T) {
 	b := newTestBroker(t)
 	h := &hangingHandler{release: make(chan struct{})}
 	health := &telemetry.Health{}
+	reader := sdkmetric.NewManualReader()
+	inst, err := telemetry.New(telemetry.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
+		telemetry.WithEventLog(silentLogger, telemetry.LogLimit{}))
+	require.NoError(t, err)
 	retries := fastRetries(5)
 	retries.InitialDelay, retries.MaxDelay = time.Hour, time.Hour // the hung ones do not come back
 	stack, err := router.New(b, router.Config{
-		Logger: silentLogger, Retry: retries, HandlerTimeout: 100 * time.Millisecond,
+		Logger: silentLogger, Retry: retries, HandlerTimeout: 100 * time.Millisecond, Telemetry: inst,
 		AbandonGrace: 50 * time.Millisecond, CloseTimeout: time.Second, Concurrency: 2, MaxAbandoned: 2, Health: health,
 	})
 	require.NoError(t, err)
@@ -184,11 +190,47 @@ func TestAbandon_BoundPausesTheHandler(t *testing.T) {
 	require.NoError(t, b.mem.Publish("payments", message.NewMessage("g1", []byte("ok"))))
 	time.Sleep(300 * time.Millisecond)
 	assert.Zero(t, h.good.Load(), "a paused handler takes no message")
+	abandoned, running := abandonedMetrics(t, reader)
+	assert.EqualValues(t, 2, abandoned, "sluice.handler.abandoned")
+	assert.EqualValues(t, 2, running, "sluice.handler.abandoned.running")
 
 	var once sync.Once
 	once.Do(func() { close(h.release) })
 	require.Eventually(t, func() bool { return h.good.Load() == 1 }, 5*time.Second, 5*time.Millisecond, "resumed once they returned")
 	assert.Empty(t, health.NotReady())
+	_, running = abandonedMetrics(t, reader)
+	assert.Zero(t, running, "none still running")
 	cancel()
 	require.NoError(t, stack.Close())
+}
+
+// abandonedMetrics reads the payments handler's sluice.handler.abandoned counter and
+// sluice.handler.abandoned.running gauge.
+func abandonedMetrics(t *testing.T, reader *sdkmetric.ManualReader) (abandoned, running int64) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				if m.Name == "sluice.handler.abandoned" {
+					for _, p := range data.DataPoints {
+						if v, _ := p.Attributes.Value("handler"); v.AsString() == "payments" {
+							abandoned += p.Value
+						}
+					}
+				}
+			case metricdata.Gauge[int64]:
+				if m.Name == "sluice.handler.abandoned.running" {
+					for _, p := range data.DataPoints {
+						if v, _ := p.Attributes.Value("handler"); v.AsString() == "payments" {
+							running += p.Value
+						}
+					}
+				}
+			}
+		}
+	}
+	return abandoned, running
 }

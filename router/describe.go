@@ -81,8 +81,12 @@ type HandlerDescription struct {
 	// archive them.
 	DeadLetterQueue string `json:"dead_letter_queue"`
 	Archive         string `json:"archive"`
-	// HandlerTimeout is the deadline of one attempt (a retryable failure when passed).
+	// HandlerTimeout is the deadline of one attempt (a retryable failure when passed);
+	// AbandonGrace how long past it the stack still waits before it abandons the attempt;
+	// MaxAbandoned how many abandoned attempts may still run before the handler pauses.
 	HandlerTimeout Duration `json:"handler_timeout"`
+	AbandonGrace   Duration `json:"abandon_grace"`
+	MaxAbandoned   int      `json:"max_abandoned"`
 	// ErrorClasses say what each class of error leads to.
 	ErrorClasses []ClassAction `json:"error_classes"`
 	// Retry is the retry policy.
@@ -264,7 +268,8 @@ func (s *Stack) Describe() Description {
 		if base, _, part := partitionOf(name); part && isName[base] {
 			continue // a partition's handler, described with its registration
 		}
-		h := HandlerDescription{Name: name, HandlerTimeout: Duration(s.cfg.HandlerTimeout), Retry: policy}
+		h := HandlerDescription{Name: name, HandlerTimeout: Duration(s.cfg.HandlerTimeout), AbandonGrace: Duration(s.cfg.AbandonGrace),
+			MaxAbandoned: s.cfg.MaxAbandoned, Retry: policy}
 		if q, ok := topics[name]; ok {
 			h.Queue, h.Consumes = q, []string{q}
 		} else {
@@ -498,7 +503,8 @@ func classActions(h HandlerDescription) []ClassAction {
 		{Class: sluice.ClassPermanent.String(), Action: "dead-lettered to " + dlq + " at once"},
 		{Class: sluice.ClassDiscard.String(), Action: "acked and logged (warn); not dead-lettered"},
 		{Class: sluice.ClassDefer.String(), Action: fmt.Sprintf("redelivered after the given delay (at most %s) without using an attempt, until %s after the first deferral; then dead-lettered (deferral expired)", p.MaxRetryAfter, p.MaxTotalAge)},
-		{Class: "handler_timeout", Action: fmt.Sprintf("an attempt past %s is a retryable failure", h.HandlerTimeout)},
+		{Class: "handler_timeout", Action: fmt.Sprintf("an attempt still running %s after it started (handler timeout %s + grace %s) is abandoned, returned or not: a retryable failure (sluice.handler_timeout, its stack in the record); at %d abandoned attempts still running the handler pauses (/readyz not ready)",
+			time.Duration(h.HandlerTimeout+h.AbandonGrace), h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned)},
 	}
 	if l := p.Learned; l != nil {
 		explore := "none explored"

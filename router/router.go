@@ -13,18 +13,23 @@
 //     rejected for the queue to hold back), a permanent one or one out of retries goes to
 //     the DLQ through the poison step (Config.Poison), each confirmed before the ack; then
 //     the observers are told once
-//  4. idempotency — a key already done is acked without calling the handler
-//  5. output — the handler's output messages are published, confirmed (so idempotency marks
+//  4. attempt — runs everything below on a goroutine of its own and stops waiting for it
+//     at HandlerTimeout plus AbandonGrace, returned or not: the attempt is a retryable
+//     failure (sluice.ErrHandlerTimeout), handed off by retry, and its late result still
+//     goes through the steps below (package internal/attempt)
+//  5. idempotency — a key already done is acked without calling the handler; a key held
+//     by an abandoned attempt still running is a failed attempt
+//  6. output — the handler's output messages are published, confirmed (so idempotency marks
 //     a key done only once its outputs are safe, and a failed output publish is retried)
-//  6. Config.Middleware — the user's own steps, in the order given: inside retry,
+//  7. Config.Middleware — the user's own steps, in the order given: inside retry,
 //     idempotency and output, so their failures are retried and dead-lettered like the
 //     handler's, duplicates never reach them and the messages they return are published;
 //     outside the breaker, so a validation or auth failure does not count against the
 //     dependency
-//  7. breaker — while open, the call is not made; the handler pauses (router/internal/pause) or, with
+//  8. breaker — while open, the call is not made; the handler pauses (router/internal/pause) or, with
 //     WithDeferWhileOpen, the message is deferred
-//  8. timeout — the handler's context carries a deadline
-//  9. the handler, whose own panic becomes an error carrying its stack, so retry treats it
+//  9. timeout — the handler's context carries a deadline
+//  10. the handler, whose own panic becomes an error carrying its stack, so retry treats it
 //     like any failure
 //
 // Steps that are not configured are absent, not stubs. A handler deadline, sluice's or
@@ -211,8 +216,8 @@ type Stack struct {
 	cut      chan struct{}
 	cutOnce  sync.Once
 	cutTimer *time.Timer
-	poison *poison.Poison
-	output message.Publisher
+	poison   *poison.Poison
+	output   message.Publisher
 
 	mu      sync.Mutex
 	names   map[string]bool
@@ -332,6 +337,20 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)
 	if gauge != nil {
 		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
+	}
+	if cfg.Telemetry != nil {
+		running, err := cfg.Telemetry.RegisterAbandoned(func() map[string]int {
+			out := map[string]int{}
+			for _, t := range s.attempts.Trackers() {
+				b := t.Snapshot()
+				out[b.Handler] = b.Running
+			}
+			return out
+		})
+		if err != nil {
+			return nil, fmt.Errorf("router: abandoned attempts metric: %w", err)
+		}
+		s.parts = append(s.parts, part{close: func() { _ = running.Unregister() }})
 	}
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)

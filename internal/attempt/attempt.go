@@ -233,7 +233,7 @@ func (s *Step) abandon(ctx context.Context, st *State, handler string, shutdown 
 
 // run runs the attempt on its own goroutine, labelled so that its stack can be found.
 func (s *Step) run(st *State, h message.HandlerFunc, hm *message.Message, handler string, done chan<- result) {
-	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels(labelKey, strconv.FormatUint(st.id, 10))))
+	pprof.SetGoroutineLabels(st.labels())
 	var r result
 	func() {
 		// The recoverer outside runs on another goroutine: a panic here would end the
@@ -254,20 +254,61 @@ func (s *Step) run(st *State, h message.HandlerFunc, hm *message.Message, handle
 	}
 }
 
-// labelKey is the pprof label that finds an attempt's goroutine (and those it started).
-const labelKey = "sluice_attempt"
+// labelKey is the pprof label that finds an attempt's goroutine (and those it started);
+// batchKey lists, as ",id,id,", the attempts whose batch a goroutine runs.
+const (
+	labelKey = "sluice_attempt"
+	batchKey = "sluice_batch"
+)
 
-// goroutineStack returns the stacks of the goroutines labelled with attempt id, bounded.
+// LabelBatch labels the calling goroutine, which runs the batch of the messages whose
+// contexts are ctxs, so that each of their attempts abandoned meanwhile finds it. self is
+// the context of the attempt whose goroutine this is, nil for another goroutine (a timer's);
+// restore puts the goroutine's own labels back.
+func LabelBatch(self context.Context, ctxs ...context.Context) (restore func()) {
+	var ids strings.Builder
+	ids.WriteString(",")
+	for _, ctx := range ctxs {
+		if st := From(ctx); st != nil {
+			ids.WriteString(strconv.FormatUint(st.id, 10) + ",")
+		}
+	}
+	if ids.Len() == 1 {
+		return func() {}
+	}
+	own := context.Background()
+	if self != nil {
+		if st := From(self); st != nil {
+			own = st.labels()
+		}
+	}
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels(batchKey, ids.String())))
+	return func() { pprof.SetGoroutineLabels(own) }
+}
+
+// labels is the label context of the attempt's goroutine.
+func (st *State) labels() context.Context {
+	return pprof.WithLabels(context.Background(), pprof.Labels(labelKey, strconv.FormatUint(st.id, 10)))
+}
+
+// goroutineStack returns the stacks of the goroutines labelled with attempt id (its own
+// and a batch's it waits for), bounded.
 func goroutineStack(id uint64) string {
 	var buf bytes.Buffer
 	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
 		return ""
 	}
-	want := `# labels: {"` + labelKey + `":"` + strconv.FormatUint(id, 10) + `"}`
+	n := strconv.FormatUint(id, 10)
+	own, inBatch := `"`+labelKey+`":"`+n+`"`, ","+n+","
 	var out strings.Builder
 	for _, block := range strings.Split(buf.String(), "\n\n") {
 		lines := strings.Split(block, "\n")
-		if len(lines) < 3 || lines[1] != want {
+		if len(lines) < 3 || !strings.HasPrefix(lines[1], "# labels: ") {
+			continue
+		}
+		labels := lines[1]
+		batch := strings.Contains(labels, `"`+batchKey+`":"`) && strings.Contains(labels, inBatch)
+		if !batch && !strings.Contains(labels, own) {
 			continue
 		}
 		if out.Len() > 0 {

@@ -160,6 +160,16 @@ const (
 	MetricRetriesRefused = "sluice.retry.refused"
 )
 
+// Metric instrument names of abandoned attempts (router.Config.HandlerTimeout).
+const (
+	// MetricAbandoned counts attempts the stack stopped waiting for at their handler
+	// timeout or at close (queue, handler).
+	MetricAbandoned = "sluice.handler.abandoned"
+	// MetricAbandonedRunning is, per handler, the abandoned attempts whose goroutine has
+	// not returned yet.
+	MetricAbandonedRunning = "sluice.handler.abandoned.running"
+)
+
 // Metric attribute keys of the overload metrics.
 const (
 	// MetricAttrDependency is the dependency a retry budget or refusal is about.

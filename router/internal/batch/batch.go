@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/panics"
 )
 
@@ -84,7 +85,7 @@ func (b *Batcher) Handle(msg *message.Message) ([]*message.Message, error) {
 	}
 	b.mu.Unlock()
 	if full != nil {
-		b.run(full)
+		b.run(msg.Context(), full)
 	}
 	r := <-it.done
 	return r.Out, r.Err
@@ -111,15 +112,21 @@ func (b *Batcher) flush(gen uint64) {
 	}
 	items := b.take()
 	b.mu.Unlock()
-	b.run(items)
+	b.run(nil, items)
 }
 
-// run calls the handler with items and gives each its result.
-func (b *Batcher) run(items []item) {
+// run calls the handler with items and gives each its result. self is the context of the
+// message whose goroutine runs it, nil on the timer's.
+func (b *Batcher) run(self context.Context, items []item) {
 	msgs := make([]*message.Message, len(items))
+	ctxs := make([]context.Context, len(items))
 	for i, it := range items {
 		msgs[i] = it.msg
+		ctxs[i] = it.msg.Context()
 	}
+	// An attempt of the batch abandoned at its handler timeout names where the batch is
+	// stuck: this goroutine's stack.
+	defer attempt.LabelBatch(self, ctxs...)()
 	ctx := msgs[0].Context()
 	end := func(error) {}
 	if b.tr != nil {

@@ -29,7 +29,9 @@ func NewMux(sub broker.Subscriber) *Mux { return &Mux{sub: sub, states: map[stri
 func (m *Mux) Subscriber() broker.Subscriber { return m.sub }
 
 // View returns the subscriber as cause sees it.
-func (m *Mux) View(cause string) broker.Subscriber { return view{Subscriber: m.sub, m: m, cause: cause} }
+func (m *Mux) View(cause string) broker.Subscriber {
+	return view{Subscriber: m.sub, m: m, cause: cause}
+}
 
 func (m *Mux) set(cause string, st muxState) {
 	m.mu.Lock()

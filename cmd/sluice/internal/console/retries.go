@@ -302,7 +302,7 @@ func policySummary(h router.HandlerDescription) HandlerPolicy {
 		archive = "/queues/" + url.PathEscape(h.Queue) + "?source=archive"
 	}
 	row("Archive", orUnknown(h.Archive), archive)
-	row("Handler timeout", h.HandlerTimeout.String(), "")
+	row("Handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned), "")
 	row("Maximum attempts", fmt.Sprintf("%d (%d retries)", p.MaxAttempts, p.MaxRetries), "")
 	row("Backoff", fmt.Sprintf("%s × %g up to %s, jitter ±%g%%", p.InitialDelay, p.Multiplier, p.MaxDelay, p.Jitter*100), "")
 	row("Maximum total age", p.MaxTotalAge.String()+" from the first failure", "")
