@@ -186,8 +186,10 @@ type TypedError interface {
 	ErrorType() string
 }
 
-// PanicStack returns the stack of a recovered panic carried by err, if any.
+// PanicStack returns the stack of a recovered panic carried by err, if any: the router's
+// (a handler's panic), or Watermill's middleware.RecoveredPanicError from a Recoverer of the
+// user's own.
 func PanicStack(err error) (string, bool) {
 	p, ok := recoveredPanic(err)
-	return p.Stacktrace, ok
+	return p.Stack, ok
 }

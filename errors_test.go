@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 var errBoom = errors.New("boom")
@@ -45,15 +46,29 @@ type wrapperErr struct{ err error }
 func (e *wrapperErr) Error() string { return "wrapper: " + e.err.Error() }
 func (e *wrapperErr) Unwrap() error { return e.err }
 
-// recoveredPanic returns the error Watermill's Recoverer makes of a handler's panic, the
-// way the stack produces it.
+// recoveredPanic returns the error Watermill's Recoverer makes of a handler's panic, as a
+// Recoverer in the user's own router produces it.
 func recoveredPanic(t *testing.T) error {
 	t.Helper()
-	h := middleware.Recoverer(func(*message.Message) ([]*message.Message, error) {
+	return panicThrough(t, middleware.Recoverer)
+}
+
+// sluicePanic returns the error sluice's router makes of a handler's panic (its own
+// recoverer, which does not import Watermill's middleware package).
+func sluicePanic(t *testing.T) error {
+	t.Helper()
+	return panicThrough(t, panics.Recoverer)
+}
+
+// panicThrough returns what recoverer makes of a handler panicking with "handler exploded".
+func panicThrough(t *testing.T, recoverer message.HandlerMiddleware) error {
+	t.Helper()
+	h := recoverer(func(*message.Message) ([]*message.Message, error) {
 		panic("handler exploded")
 	})
-	_, err := h(message.NewMessage(watermill.NewUUID(), nil))
+	out, err := h(message.NewMessage(watermill.NewUUID(), nil))
 	require.Error(t, err)
+	require.Empty(t, out)
 	return err
 }
 
@@ -216,6 +231,9 @@ func TestErrorType(t *testing.T) {
 		{"TypedError wins over a panic", errors.Join(&typedErr{name: "typed"}, panicErr), "typed"},
 		{"recovered panic", panicErr, "panic"},
 		{"recovered panic wrapped", sluice.Permanent(fmt.Errorf("step: %w", panicErr)), "panic"},
+		{"recovered by sluice", sluicePanic(t), "panic"},
+		{"recovered by sluice, wrapped", fmt.Errorf("step: %w", sluicePanic(t)), "panic"},
+		{"sluice's panic pointer", &panics.Error{Value: "x", Stack: "s"}, "panic"},
 		{"RecoveredPanicError value", middleware.RecoveredPanicError{V: "x", Stacktrace: "s"}, "panic"},
 		{"RecoveredPanicError pointer", &middleware.RecoveredPanicError{V: "x", Stacktrace: "s"}, "panic"},
 	}
@@ -235,9 +253,12 @@ func TestPanicStack(t *testing.T) {
 		wantStack string // a substring; empty: exactly ""
 	}{
 		{"recovered by watermill", panicErr, true, "TestPanicStack"},
+		{"recovered by sluice", sluicePanic(t), true, "TestPanicStack"},
+		{"recovered by sluice, wrapped by markers", sluice.Permanent(fmt.Errorf("x: %w", sluicePanic(t))), true, "TestPanicStack"},
 		{"wrapped by markers", sluice.Permanent(fmt.Errorf("x: %w", panicErr)), true, "TestPanicStack"},
 		{"value", middleware.RecoveredPanicError{Stacktrace: "value stack"}, true, "value stack"},
 		{"pointer", &middleware.RecoveredPanicError{Stacktrace: "pointer stack"}, true, "pointer stack"},
+		{"nil pointer", (*middleware.RecoveredPanicError)(nil), false, ""},
 		{"plain error", errBoom, false, ""},
 		{"nil", nil, false, ""},
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 var errInsufficientFunds = errors.New("insufficient funds")
@@ -94,6 +95,9 @@ func TestErrorMessage_PanicIsItsValue(t *testing.T) {
 		{"permanent panic", sluice.Permanent(panicErr), "permanent: panic: handler exploded"},
 		{"panic with an error value", middleware.RecoveredPanicError{V: errBoom, Stacktrace: "goroutine 1"}, "panic: boom"},
 		{"panic pointer", &middleware.RecoveredPanicError{V: 42, Stacktrace: "goroutine 1"}, "panic: 42"},
+		{"recovered by sluice", sluicePanic(t), "panic: handler exploded"},
+		{"recovered by sluice, wrapped", fmt.Errorf("step: %w", sluicePanic(t)), "step: panic: handler exploded"},
+		{"sluice's panic with an error value", panics.Error{Value: errBoom, Stack: "goroutine 1"}, "panic: boom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

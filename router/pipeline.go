@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 // ErrOutputWithoutTopic is the (permanent) failure of a handler that returned output
@@ -72,7 +72,7 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	if hc.native != nil {
 		step = s.retry.NativeFor(hc.breaker, *hc.native)
 	}
-	mws = append(mws, middleware.Recoverer, step)
+	mws = append(mws, panics.Recoverer, step)
 	// The attempt step runs everything inside it on a goroutine of its own and stops
 	// waiting at the handler timeout plus its grace (package internal/attempt): idempotency
 	// and output confirmation stay inside, so a late return still goes through them.
@@ -140,10 +140,10 @@ func timeout(d time.Duration) message.HandlerMiddleware {
 	}
 }
 
-// recoverHandlerPanic turns the handler's panic into an error carrying its stack (Watermill's
-// RecoveredPanicError), so it is retried and dead-lettered like any failure.
+// recoverHandlerPanic turns the handler's panic into an error carrying its stack (sluice's
+// own recoverer, package internal/panics), so it is retried and dead-lettered like any failure.
 func recoverHandlerPanic(h message.HandlerFunc) message.HandlerFunc {
-	return middleware.Recoverer(h)
+	return panics.Recoverer(h)
 }
 
 // publishOutputs publishes the handler's output to topic (empty: the handler's publish

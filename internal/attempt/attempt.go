@@ -23,7 +23,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -32,10 +31,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 // ErrorType is the error type of an abandoned attempt, in failure records, metrics and
@@ -241,7 +240,7 @@ func (s *Step) run(st *State, h message.HandlerFunc, hm *message.Message, handle
 		// process. It becomes an error carrying its stack, as a handler's does.
 		defer func() {
 			if p := recover(); p != nil {
-				r = result{err: middleware.RecoveredPanicError{V: p, Stacktrace: string(debug.Stack())}}
+				r = result{err: panics.Of(p)}
 			}
 		}()
 		r.out, r.err = h(hm)

@@ -1,7 +1,5 @@
 package headers
 
-import wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
-
 // Header names sluice writes that are its own bookkeeping rather than what a handler reads;
 // moved from package sluice (their Header-prefixed names there). Values unchanged.
 const (
@@ -60,6 +58,8 @@ const (
 	// published, and read-only like GivenBack.
 	HeldBack = "sluice-held-back"
 	// UUID is Watermill's message id header (watermill-amqp's
-	// DefaultMessageUUIDHeaderKey), kept for interoperability.
-	UUID = wamqp.DefaultMessageUUIDHeaderKey
+	// DefaultMessageUUIDHeaderKey), kept for interoperability. Spelled out rather than
+	// imported: importing watermill-amqp here compiled amqp091 into every broker-neutral
+	// package; broker/amqp's tests check that the two agree.
+	UUID = "_watermill_message_uuid"
 )

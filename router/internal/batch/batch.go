@@ -8,14 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/sluice-go/sluice/internal/attempt"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 // ErrResults is the (retryable) failure of every message of a batch whose handler
@@ -153,13 +152,13 @@ func (b *Batcher) run(self context.Context, items []item) {
 	}
 }
 
-// call calls the handler once, turning a panic into a RecoveredPanicError (as the
+// call calls the handler once, turning a panic into an error carrying its stack (as the
 // single-message recoverer does) and a wrong number of results into ErrResults for each
 // message.
 func (b *Batcher) call(ctx context.Context, msgs []*message.Message) (res []Result, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			res, err = nil, fmt.Errorf("batch handler %q on %d message(s): %w", b.name, len(msgs), middleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())})
+			res, err = nil, fmt.Errorf("batch handler %q on %d message(s): %w", b.name, len(msgs), panics.Of(r))
 		}
 	}()
 	res = b.h(ctx, msgs)
