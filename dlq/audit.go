@@ -25,29 +25,32 @@ var ErrAuditUnavailable = errors.New("dlq: audit record not written")
 // Bounds of the audit queue when an action creates it. A queue that exists already
 // (declared by an operator, or bounded by a policy) is used as it is.
 const (
-	// AuditMaxLength is the audit queue's x-max-length: past it RabbitMQ drops the
+	// auditMaxLength is the audit queue's x-max-length: past it RabbitMQ drops the
 	// oldest records.
-	AuditMaxLength = 100_000
-	// AuditRetention is the audit queue's x-message-ttl.
-	AuditRetention = 90 * 24 * time.Hour
+	auditMaxLength = 100_000
+	// auditRetention is the audit queue's x-message-ttl.
+	auditRetention = 90 * 24 * time.Hour
 	// auditIDs is how many ids an audit record lists.
 	auditIDs = 100
 	// auditTimeout bounds the wait for one record's confirm.
 	auditTimeout = 10 * time.Second
 )
 
-// Audit record phases and results.
+// Audit record phases and results (AuditEvent.Result).
 const (
-	AuditStarted = "started"
-	AuditOK      = "ok"
-	AuditFailed  = "failed"
+	auditStarted = "started"
+	auditOK      = "ok"
+	auditFailed  = "failed"
 )
 
-// AuditEvent is one operator action as the audit trail records it. Each action writes two
-// records with the same ID: one with Result "started" (Count 0), confirmed before the
-// action changes anything, and one with its outcome ("ok" or "failed") once it ended.
-// ReadAudit merges them into one event; a "started" event with no outcome is an action
-// whose process died or lost its connection before recording the end.
+// AuditEvent is one operator action as the audit trail records it, on the durable fanout
+// exchange sluice.audit (Operator.AuditExchange) and the queue of that name, which an
+// action creates when missing with x-max-length 100,000 and x-message-ttl 90 days (a queue
+// that exists is used as it is). Each action writes two records with the same ID: one with
+// Result "started" (Count 0), confirmed before the action changes anything, and one with
+// its outcome ("ok" or "failed") once it ended. ReadAudit merges them into one event; a
+// "started" event with no outcome is an action whose process died or lost its connection
+// before recording the end.
 type AuditEvent struct {
 	// ID identifies the action.
 	ID string `json:"id"`
@@ -74,8 +77,8 @@ type AuditEvent struct {
 	Error  string `json:"error,omitempty"`
 }
 
-// DefaultActor is the actor of an Operator with none set: the OS user and host name.
-func DefaultActor() string {
+// defaultActor is the actor of an Operator with none set: the OS user and host name.
+func defaultActor() string {
 	name := "unknown"
 	if u, err := user.Current(); err == nil && u.Username != "" {
 		name = u.Username
@@ -96,10 +99,10 @@ type auditLog struct {
 }
 
 // openAudit declares the audit exchange and, when missing, its queue (bounded by
-// AuditMaxLength and AuditRetention), bound to it.
+// auditMaxLength and auditRetention), bound to it.
 func openAudit(conn *amqp.Connection, exchange string) (*auditLog, error) {
 	if conn == nil {
-		return nil, ErrNoConnection
+		return nil, errNoConnection
 	}
 	ch, err := declareAudit(conn, exchange)
 	if err != nil {
@@ -134,7 +137,7 @@ func declareAudit(conn *amqp.Connection, exchange string) (ch *amqp.Channel, err
 		if ch, err = conn.Channel(); err != nil {
 			return nil, fmt.Errorf("open channel: %w", err)
 		}
-		args := amqp.Table{"x-max-length": int64(AuditMaxLength), "x-message-ttl": AuditRetention.Milliseconds()}
+		args := amqp.Table{"x-max-length": int64(auditMaxLength), "x-message-ttl": auditRetention.Milliseconds()}
 		if _, err := ch.QueueDeclare(exchange, true, false, false, false, args); err != nil {
 			return ch, fmt.Errorf("declare queue %q: %w", exchange, err)
 		}
@@ -191,7 +194,7 @@ func (a *auditLog) write(ctx context.Context, ev AuditEvent) error {
 // audited runs fn as the audited action op on queue: the "started" record is confirmed
 // first (else fn does not run), the outcome is recorded after. A dry run is not an action
 // and is not recorded.
-func (o *Operator) audited(ctx context.Context, op, queue, source, selector string, dry bool, fn func() (Result, error)) (Result, error) {
+func (o Operator) audited(ctx context.Context, op, queue, source, selector string, dry bool, fn func() (Result, error)) (Result, error) {
 	if dry {
 		return fn()
 	}
@@ -211,15 +214,15 @@ func (o *Operator) audited(ctx context.Context, op, queue, source, selector stri
 	return res, err
 }
 
-func (o *Operator) auditStart(ctx context.Context, op, queue, source, selector string) (AuditEvent, *auditLog, error) {
-	log, err := openAudit(o.conn, o.auditExchange())
+func (o Operator) auditStart(ctx context.Context, op, queue, source, selector string) (AuditEvent, *auditLog, error) {
+	log, err := openAudit(o.Conn, o.auditExchange())
 	if err != nil {
 		return AuditEvent{}, nil, err
 	}
 	var raw [12]byte
 	_, _ = rand.Read(raw[:])
 	ev := AuditEvent{ID: hex.EncodeToString(raw[:]), Action: op, Queue: queue, Source: source, Selector: selector,
-		Actor: o.actor(), At: now(o.Now).UTC(), Result: AuditStarted}
+		Actor: o.actor(), At: now(o.Now).UTC(), Result: auditStarted}
 	if err := log.write(ctx, ev); err != nil {
 		log.close()
 		return ev, nil, err
@@ -227,11 +230,11 @@ func (o *Operator) auditStart(ctx context.Context, op, queue, source, selector s
 	return ev, log, nil
 }
 
-func (o *Operator) auditEnd(ctx context.Context, log *auditLog, ev AuditEvent, count int, ids []string, err error) error {
+func (o Operator) auditEnd(ctx context.Context, log *auditLog, ev AuditEvent, count int, ids []string, err error) error {
 	ended := now(o.Now).UTC()
-	ev.Ended, ev.Count, ev.IDs, ev.Result = &ended, count, ids, AuditOK
+	ev.Ended, ev.Count, ev.IDs, ev.Result = &ended, count, ids, auditOK
 	if err != nil {
-		ev.Result, ev.Error = AuditFailed, err.Error()
+		ev.Result, ev.Error = auditFailed, err.Error()
 	}
 	// The action's context may be what ended it; its outcome is still recorded.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
@@ -239,7 +242,7 @@ func (o *Operator) auditEnd(ctx context.Context, log *auditLog, ev AuditEvent, c
 	return log.write(ctx, ev)
 }
 
-func (o *Operator) auditExchange() string {
+func (o Operator) auditExchange() string {
 	if o.AuditExchange != "" {
 		return o.AuditExchange
 	}
@@ -262,7 +265,7 @@ type AuditQuery struct {
 // not an error.
 func ReadAudit(ctx context.Context, conn *amqp.Connection, q AuditQuery) ([]AuditEvent, error) {
 	if conn == nil {
-		return nil, ErrNoConnection
+		return nil, errNoConnection
 	}
 	name := q.Exchange
 	if name == "" {
@@ -300,11 +303,11 @@ func ReadAudit(ctx context.Context, conn *amqp.Connection, q AuditQuery) ([]Audi
 		var ev AuditEvent
 		if err := json.Unmarshal(d.Body, &ev); err != nil || ev.ID == "" {
 			// Not sluice's: someone else published on the exchange. Shown, not hidden.
-			ev = AuditEvent{ID: d.MessageId, Action: "unknown", Result: AuditFailed, At: d.Timestamp.UTC(),
+			ev = AuditEvent{ID: d.MessageId, Action: "unknown", Result: auditFailed, At: d.Timestamp.UTC(),
 				Error: fmt.Sprintf("not an audit record: %.200q", d.Body)}
 		}
 		if i, seen := byID[ev.ID]; seen && ev.ID != "" {
-			if ev.Result != AuditStarted {
+			if ev.Result != auditStarted {
 				events[i] = ev
 			}
 			continue

@@ -102,8 +102,8 @@ func BenchmarkDLQ(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = conn.Close() })
-	op := dlq.NewOperator(conn)
-	in := dlq.NewInspector(conn)
+	op := dlq.Operator{Conn: conn}
+	in := dlq.Inspector{Conn: conn}
 
 	// each runs one operation per iteration on a DLQ of total messages, of which it
 	// handles msgs, and reports msgs per second. prep, untimed, returns the selector.

@@ -20,9 +20,11 @@ var (
 	ErrDestinationNotFound = dlqwire.ErrDestinationNotFound
 	// ErrNoSelector is returned by Replay when the Selector selects nothing explicitly.
 	ErrNoSelector = dlqwire.ErrNoSelector
-	// ErrNoConnection is returned when an Inspector or replayer has no connection.
-	ErrNoConnection = errors.New("dlq: no RabbitMQ connection")
 )
+
+// errNoConnection is returned by an Inspector or Operator without a Conn, and by
+// ListUnrouted and ReadAudit given none.
+var errNoConnection = errors.New("dlq: no RabbitMQ connection (Inspector.Conn, Operator.Conn)")
 
 // dlqName returns the dead-letter queue of queue (broker/amqp's naming).
 func dlqName(queue string) string { return topology.DLQ(queue) }
@@ -47,8 +49,8 @@ const (
 	FromArchive
 )
 
-// Name returns the name of queue's source queue.
-func (s Source) Name(queue string) string {
+// name returns the name of queue's source queue: Q.dlq or Q.dlq.archive.
+func (s Source) name(queue string) string {
 	if s == FromArchive {
 		return archiveName(queue)
 	}
@@ -67,12 +69,12 @@ func (s Source) String() string {
 // ready count.
 func openSource(conn *amqp.Connection, queue string, src Source) (*amqp.Channel, int, error) {
 	if conn == nil {
-		return nil, 0, ErrNoConnection
+		return nil, 0, errNoConnection
 	}
 	if queue == "" {
 		return nil, 0, errors.New("dlq: empty queue name")
 	}
-	name := src.Name(queue)
+	name := src.name(queue)
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, 0, fmt.Errorf("open channel: %w", err)

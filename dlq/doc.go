@@ -1,13 +1,13 @@
 // Package dlq is the Go API of sluice's failure operations on the dead-letter queue Q.dlq
 // of any queue Q that uses sluice's topology (see broker/amqp), and on its archive
-// Q.dlq.archive: read (Inspector: Messages, List, Show, Stats, Groups), replay, archive
-// and purge (Operator), with progress reported to a callback. It talks to RabbitMQ with a
-// plain amqp091-go connection, so the operator CLI (cmd/sluice dlq), the console, tests
-// and demos share one implementation.
+// Q.dlq.archive: read (Inspector: Messages, Show, Stats, Groups), replay, archive, edit
+// and purge (Operator), with progress reported to a callback. Inspector and Operator are
+// plain values over a plain amqp091-go connection, so the operator CLI (cmd/sluice dlq),
+// the console, tests and demos share one implementation.
 //
-//	in := dlq.NewInspector(conn)
+//	in := dlq.Inspector{Conn: conn}
 //	groups, _ := in.Groups(ctx, "payments")             // largest first
-//	op := dlq.NewOperator(conn)
+//	op := dlq.Operator{Conn: conn}
 //	op.Progress = func(p dlq.Progress) { ... }          // at most every 200ms, and at the end
 //	res, err := op.Replay(ctx, "payments", dlq.Selector{Group: groups[0].ID}, dlq.Options{})
 //	res, err = op.Archive(ctx, "payments", dlq.Selector{ErrorType: "gateway_down"}, dlq.Options{})
@@ -32,7 +32,8 @@
 // basic.get round trip per message (basic.get costs about 3 ms a message on a quorum
 // queue, and a quorum queue takes messages fetched with basic.get back in an order of its
 // own). A read takes every message the queue held when it started, even when it needs
-// only the first (List with a limit, Show), so that all of them go back in order.
+// only the first (Messages with a visit that stops, Show), so that all of them go back in
+// order.
 // Messages that arrive while a read runs, or a read cut short, can end up ahead of older
 // ones on a quorum queue.
 //

@@ -2,6 +2,7 @@ package dlq_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -21,30 +22,31 @@ func TestDuplicateIDs(t *testing.T) {
 			fx.deadLetter(t, failure{id: "dup", err: invalidAmount()})
 			fx.waitCount(t, fx.dlq, 3)
 			ctx := context.Background()
-			in := dlq.NewInspector(fx.conn)
+			in := dlq.Inspector{Conn: fx.conn}
 
-			all, err := in.ShowAll(ctx, fx.queue, "dup")
+			all, err := in.Show(ctx, fx.queue, "dup")
 			require.NoError(t, err)
 			require.Len(t, all, 2)
 			assert.Equal(t, 1, all[0].Position)
 			assert.Equal(t, "gateway_down", all[0].ErrorType)
 			assert.Equal(t, 3, all[1].Position)
 			assert.Equal(t, "invalid_amount", all[1].ErrorType)
-			assert.Equal(t, []int{3}, all[0].Display().SameID)
-			assert.Equal(t, []int{1}, all[1].Display().SameID)
-
-			first, err := in.Show(ctx, fx.queue, "dup")
+			assert.Equal(t, []int{3}, all[0].SameID, "each copy says where the other is")
+			assert.Equal(t, []int{1}, all[1].SameID)
+			b, err := json.Marshal(all[0])
 			require.NoError(t, err)
-			assert.Equal(t, 1, first.Position)
-			assert.Equal(t, []int{3}, first.Display().SameID, "show of the first says where the other is")
+			assert.Contains(t, string(b), `"same_id_positions":[3]`, "show --json says it too")
 
-			one, err := in.ShowAll(ctx, fx.queue, "other")
+			one, err := in.Show(ctx, fx.queue, "other")
 			require.NoError(t, err)
 			require.Len(t, one, 1)
-			assert.Empty(t, one[0].Display().SameID)
+			assert.Empty(t, one[0].SameID)
+			b, err = json.Marshal(one[0])
+			require.NoError(t, err)
+			assert.NotContains(t, string(b), "same_id_positions")
 			assert.Equal(t, []string{"dup", "other", "dup"}, fx.peek(t, fx.dlq), "reads leave the DLQ as it was")
 
-			op := dlq.NewOperator(fx.conn)
+			op := dlq.Operator{Conn: fx.conn}
 			dry, err := op.Replay(ctx, fx.queue, dlq.Selector{IDs: []string{"dup"}}, dlq.Options{DryRun: true})
 			require.NoError(t, err)
 			assert.Equal(t, map[string]int{"dup": 2}, dry.MovedByID)

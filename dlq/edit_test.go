@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -20,11 +21,9 @@ import (
 
 // auditedOperator returns an Operator acting as actor that records on an audit exchange of
 // the test's own, removed when t ends.
-func auditedOperator(t *testing.T, fx *fixture, actor string) *dlq.Operator {
+func auditedOperator(t *testing.T, fx *fixture, actor string) dlq.Operator {
 	t.Helper()
-	o := dlq.NewOperator(fx.conn)
-	o.Actor = actor
-	o.AuditExchange = testenv.Name("test.audit")
+	o := dlq.Operator{Conn: fx.conn, Actor: actor, AuditExchange: testenv.Name("test.audit")}
 	t.Cleanup(func() {
 		fx.rabbit.DeleteQueues(o.AuditExchange)
 		if ch, err := fx.rabbit.Conn.Channel(); err == nil {
@@ -72,9 +71,9 @@ func TestOperatorEdit(t *testing.T) {
 			assert.NotContains(t, c.Headers, sluice.HeaderRetryCount, "the copy starts over")
 			assert.NotContains(t, c.Headers, sluice.HeaderErrorType)
 			assert.Equal(t, "1", c.Headers[headers.ReplayCount])
-			assert.Equal(t, "alice@ops", c.Headers[dlq.HeaderEditedBy])
-			assert.NotEmpty(t, c.Headers[dlq.HeaderEditedAt])
-			assert.Equal(t, res.OriginalSHA256, c.Headers[dlq.HeaderOriginalSHA256])
+			assert.Equal(t, "alice@ops", c.Headers[headers.EditedBy])
+			assert.NotEmpty(t, c.Headers[headers.EditedAt])
+			assert.Equal(t, res.OriginalSHA256, c.Headers[headers.OriginalSHA256])
 			history, _ := c.Headers[sluice.HeaderRetryHistory].(string)
 			assert.Contains(t, history, "replayed from "+fx.dlq, "the failure history is kept and the replay added")
 
@@ -93,7 +92,7 @@ func TestOperatorEdit(t *testing.T) {
 			assert.Equal(t, []string{"pay-b"}, events[0].IDs)
 			assert.Equal(t, 1, events[0].Count)
 			assert.Equal(t, "alice@ops", events[0].Actor)
-			assert.Equal(t, dlq.AuditOK, events[0].Result)
+			assert.Equal(t, "ok", events[0].Result)
 		})
 	}
 }
@@ -116,8 +115,8 @@ func TestOperatorEditRefused(t *testing.T) {
 		text string
 	}{
 		{"invalid JSON", dlq.Edit{ID: "pay-a", Payload: []byte(`{"amount": 12.5`)}, dlq.ErrEditRefused, "not valid JSON"},
-		{"oversized payload", dlq.Edit{ID: "pay-a", Payload: []byte(`"` + strings.Repeat("x", dlq.MaxEditPayload) + `"`)}, dlq.ErrEditRefused, "over the 1048576-byte limit"},
-		{"oversized header", dlq.Edit{ID: "pay-a", SetHeaders: map[string]string{"note": strings.Repeat("x", dlq.MaxEditHeaderValue+1)}}, dlq.ErrEditRefused, "over the 4096-byte limit"},
+		{"oversized payload", dlq.Edit{ID: "pay-a", Payload: []byte(`"` + strings.Repeat("x", dlqwire.MaxEditPayload) + `"`)}, dlq.ErrEditRefused, "over the 1048576-byte limit"},
+		{"oversized header", dlq.Edit{ID: "pay-a", SetHeaders: map[string]string{"note": strings.Repeat("x", dlqwire.MaxEditHeaderValue+1)}}, dlq.ErrEditRefused, "over the 4096-byte limit"},
 		{"failure record header", dlq.Edit{ID: "pay-a", SetHeaders: map[string]string{sluice.HeaderErrorType: "none"}}, dlq.ErrEditRefused, "cannot be edited"},
 		{"message id header", dlq.Edit{ID: "pay-a", UnsetHeaders: []string{headers.UUID}}, dlq.ErrEditRefused, "cannot be edited"},
 		{"nothing to change", dlq.Edit{ID: "pay-a"}, dlq.ErrEditRefused, "nothing to change"},
@@ -138,7 +137,7 @@ func TestOperatorEditRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, events, 2, "the invalid JSON (found only once read) and the missing id")
 	for _, ev := range events {
-		assert.Equal(t, dlq.AuditFailed, ev.Result)
+		assert.Equal(t, "failed", ev.Result)
 		assert.Zero(t, ev.Count)
 	}
 	assert.Contains(t, events[0].Error, "not valid JSON")

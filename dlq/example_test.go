@@ -23,19 +23,23 @@ func dial() *amqp.Connection {
 	return conn
 }
 
-// Reading the head of payments.dlq. Reads never consume: every message is back in the queue,
-// in its place, when List returns.
-func ExampleInspector_List() {
+// Reading the head of payments.dlq: Messages visits each record, head first, until the
+// visit returns false. Reads never consume: every message is back in the queue, in its
+// place, when Messages returns.
+func ExampleInspector_Messages() {
 	conn := dial()
 	defer conn.Close()
-	listing, err := dlq.NewInspector(conn).List(context.Background(), "payments", 20)
+	n := 0
+	total, err := dlq.Inspector{Conn: conn}.Messages(context.Background(), "payments", dlq.Selector{},
+		func(r dlq.Record) bool {
+			fmt.Println(r.ID, r.ErrorType, r.Retries, r.Age)
+			n++
+			return n < 20 // the first 20
+		})
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("%s holds %d\n", listing.DLQ, listing.Total)
-	for _, r := range listing.Records {
-		fmt.Println(r.ID, r.ErrorType, r.Retries, r.ShortError(60))
-	}
+	fmt.Printf("payments.dlq holds %d\n", total)
 }
 
 // Replaying the largest failure group once its cause is fixed. Each batch is one AMQP
@@ -45,15 +49,14 @@ func ExampleOperator_Replay() {
 	conn := dial()
 	defer conn.Close()
 	ctx := context.Background()
-	groups, err := dlq.NewInspector(conn).Groups(ctx, "payments") // largest first
+	groups, err := dlq.Inspector{Conn: conn}.Groups(ctx, "payments") // largest first
 	if err != nil {
 		panic(err)
 	}
 	if len(groups) == 0 {
 		return // nothing dead-lettered
 	}
-	op := dlq.NewOperator(conn)
-	op.Progress = func(p dlq.Progress) { fmt.Printf("%d/%d\n", p.Moved, p.Total) }
+	op := dlq.Operator{Conn: conn, Progress: func(p dlq.Progress) { fmt.Printf("%d/%d\n", p.Moved, p.Total) }}
 	// DryRun: true would report what would move, changing nothing.
 	res, err := op.Replay(ctx, "payments", dlq.Selector{Group: groups[0].ID}, dlq.Options{})
 	if err != nil {
@@ -67,7 +70,7 @@ func ExampleOperator_Replay() {
 func ExampleOperator_Edit() {
 	conn := dial()
 	defer conn.Close()
-	res, err := dlq.NewOperator(conn).Edit(context.Background(), "payments", dlq.Edit{
+	res, err := dlq.Operator{Conn: conn}.Edit(context.Background(), "payments", dlq.Edit{
 		ID:         "pay-7",
 		Payload:    []byte(`{"payment_id":"pay-7","amount":42}`),
 		SetHeaders: map[string]string{"fixed-by": "ticket-123"},
@@ -94,17 +97,16 @@ func ExampleReadAudit() {
 	}
 }
 
-// A Selector is what an operation works on; it needs no broker to build or test. Its
-// String is the CLI's spelling of the same selection, as the audit trail records it.
+// A Selector is what an operation works on; it needs no broker to build. Its String is the
+// CLI's spelling of the same selection, as the audit trail records it.
 func ExampleSelector() {
 	sel := dlq.Selector{ErrorType: "gateway_down", OlderThan: time.Hour}
 	fmt.Println(sel)
-	// Operations refuse the zero Selector: a replay of everything must say All.
-	fmt.Println(sel.Validate(), errors.Is(dlq.Selector{}.Validate(), dlq.ErrNoSelector))
-	r := dlq.Record{ID: "pay-1", ErrorType: "gateway_down", Age: 2 * time.Hour, HasAge: true}
-	fmt.Println("selected:", sel.Match(r))
+	// Operations refuse the zero Selector before they touch RabbitMQ: a replay of
+	// everything must say All.
+	_, err := dlq.Operator{}.Replay(context.Background(), "payments", dlq.Selector{}, dlq.Options{})
+	fmt.Println(errors.Is(err, dlq.ErrNoSelector))
 	// Output:
 	// --error-type gateway_down --older-than 1h0m0s
-	// <nil> true
-	// selected: true
+	// true
 }

@@ -28,6 +28,11 @@ var (
 		return replayPublishing(d, n, now, source, dest, 0)
 	}
 	MaskError = dlqwire.MaskError
+	// MatchSelector and ValidateSelector are what every operation does with its Selector.
+	MatchSelector    = Selector.match
+	ValidateSelector = Selector.validate
+	// ErrNoConnection is what an Inspector or Operator without a Conn returns.
+	ErrNoConnection = errNoConnection
 )
 
 // Unexported types and constants, under the names the external tests use.

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/dlqview"
 	"github.com/sluice-go/sluice/internal/mask"
 )
 
@@ -52,15 +53,16 @@ const sampleBytes = 300
 
 // Groups reads every message of queue's DLQ (or archive) and returns its failure groups,
 // largest first (ties by error type, then id). Only the groups are kept in memory.
-func (i *Inspector) Groups(ctx context.Context, queue string) ([]Group, error) {
+func (i Inspector) Groups(ctx context.Context, queue string) ([]Group, error) {
 	byID := map[string]*Group{}
 	_, err := i.scanWith(ctx, queue, selectionRecord, func(r Record) bool {
 		g := byID[r.GroupID]
 		if g == nil {
 			g = &Group{
-				ID: r.GroupID, Handler: bounded(r.Handler, HeaderValueBytes), ErrorType: bounded(r.ErrorType, HeaderValueBytes),
-				Fingerprint: bounded(r.Fingerprint, HeaderValueBytes),
-				Sample:      shortError(mask.Credentials(r.ErrorMessage), sampleBytes), SampleID: r.ID,
+				ID: r.GroupID, Handler: dlqview.Bounded(r.Handler, dlqview.HeaderValueBytes),
+				ErrorType:   dlqview.Bounded(r.ErrorType, dlqview.HeaderValueBytes),
+				Fingerprint: dlqview.Bounded(r.Fingerprint, dlqview.HeaderValueBytes),
+				Sample:      dlqview.ShortError(mask.Credentials(r.ErrorMessage), sampleBytes), SampleID: r.ID,
 			}
 			byID[r.GroupID] = g
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -32,6 +33,25 @@ type fixture struct {
 
 // newFixture declares a fresh queue of type qt with sluice's own broker (so the topology is
 // the real one) and removes it when t ends.
+// listing is what a read of a DLQ's head returned: the ready count the queue held when
+// the read started, and the records read.
+type listing struct {
+	Total   int
+	Records []dlq.Record
+}
+
+// list reads up to limit records (0: all) from the head of queue's DLQ, as `sluice dlq
+// list` does: with Messages and a visit that stops at the limit.
+func list(ctx context.Context, in dlq.Inspector, queue string, limit int) (listing, error) {
+	var l listing
+	var err error
+	l.Total, err = in.Messages(ctx, queue, dlq.Selector{}, func(r dlq.Record) bool {
+		l.Records = append(l.Records, r)
+		return limit <= 0 || len(l.Records) < limit
+	})
+	return l, err
+}
+
 func newFixture(t *testing.T, qt amqp.QueueType) *fixture {
 	t.Helper()
 	r := testenv.NewRabbit(t)

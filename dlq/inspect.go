@@ -12,9 +12,12 @@ import (
 	"github.com/sluice-go/sluice/internal/dlqwire"
 )
 
-// Inspector reads dead-letter queues without consuming them (see the package doc).
+// Inspector reads dead-letter queues without consuming them (see the package doc). It is a
+// plain value: dlq.Inspector{Conn: conn} reads Q.dlq.
 type Inspector struct {
-	conn *amqp.Connection
+	// Conn is the RabbitMQ connection reads open their channels on. Required; the caller
+	// owns it.
+	Conn *amqp.Connection
 	// Now is the clock ages are measured against. Nil means time.Now.
 	Now func() time.Time
 	// From is the queue read: Q.dlq (the zero value) or Q.dlq.archive.
@@ -25,47 +28,12 @@ type Inspector struct {
 	Progress func(Progress)
 }
 
-// NewInspector returns an Inspector on conn. The caller owns conn.
-func NewInspector(conn *amqp.Connection) *Inspector { return &Inspector{conn: conn} }
-
-// Listing is the head of a DLQ.
-type Listing struct {
-	// Queue is the consumed queue Q; DLQ is Q.dlq.
-	Queue string `json:"queue"`
-	DLQ   string `json:"dlq"`
-	// Total is the number of ready messages the DLQ held when the listing started.
-	Total int `json:"total"`
-	// Records are the messages read, head first.
-	Records []Record `json:"messages"`
-}
-
-// List returns up to limit records from the head of queue's DLQ (limit <= 0: all).
-func (i *Inspector) List(ctx context.Context, queue string, limit int) (Listing, error) {
-	l := Listing{Queue: queue, DLQ: i.From.Name(queue), Records: []Record{}}
-	total, err := i.scan(ctx, queue, func(r Record) bool {
-		l.Records = append(l.Records, r)
-		return limit <= 0 || len(l.Records) < limit
-	})
-	l.Total = total
-	return l, err
-}
-
-// Show returns the record of the first message of queue's DLQ whose id is id, or an error
-// matching ErrMessageNotFound. When other messages hold the same id, the record's display
-// names their positions (Display.SameID); ShowAll returns them all.
-func (i *Inspector) Show(ctx context.Context, queue, id string) (Record, error) {
-	all, err := i.ShowAll(ctx, queue, id)
-	if err != nil {
-		return Record{}, err
-	}
-	return all[0], nil
-}
-
-// ShowAll returns the records of every message of queue's DLQ whose id is id, head first,
-// each naming the others' positions (Display.SameID), or an error matching
-// ErrMessageNotFound. Two dead letters can share an id: a producer that reuses ids, or a
-// message dead-lettered again after a replay while its first copy is still there.
-func (i *Inspector) ShowAll(ctx context.Context, queue, id string) ([]Record, error) {
+// Show returns the records of every message of queue's DLQ whose id is id, head first,
+// or an error matching ErrMessageNotFound. Two dead letters can share an id (a producer
+// that reuses ids, or a message dead-lettered again after a replay while its first copy is
+// still there): each record's SameID then names the others' positions, and the first is
+// the oldest.
+func (i Inspector) Show(ctx context.Context, queue, id string) ([]Record, error) {
 	var found []Record
 	// Only a message with the id is decoded whole: the read goes through the whole DLQ.
 	decode := func(d amqp.Delivery, queue string, pos int, now time.Time) Record {
@@ -84,13 +52,13 @@ func (i *Inspector) ShowAll(ctx context.Context, queue, id string) ([]Record, er
 		return nil, err
 	}
 	if len(found) == 0 {
-		return nil, fmt.Errorf("message %q in %q: %w", id, i.From.Name(queue), ErrMessageNotFound)
+		return nil, fmt.Errorf("message %q in %q: %w", id, i.From.name(queue), ErrMessageNotFound)
 	}
 	if len(found) > 1 {
 		for k := range found {
 			for j, other := range found {
 				if j != k {
-					found[k].sameID = append(found[k].sameID, other.Position)
+					found[k].SameID = append(found[k].SameID, other.Position)
 				}
 			}
 		}
@@ -138,8 +106,8 @@ func (t typeStats) MarshalJSON() ([]byte, error) {
 
 // Stats reads every message of queue's DLQ and counts them by error type. A message
 // without an error type counts under "".
-func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
-	s := Stats{Queue: queue, DLQ: i.From.Name(queue), ByErrorType: []typeStats{}}
+func (i Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
+	s := Stats{Queue: queue, DLQ: i.From.name(queue), ByErrorType: []typeStats{}}
 	byType := map[string]*typeStats{}
 	_, err := i.scanWith(ctx, queue, selectionRecord, func(r Record) bool {
 		s.Total++
@@ -172,12 +140,13 @@ func (i *Inspector) Stats(ctx context.Context, queue string) (Stats, error) {
 }
 
 // Messages calls visit with each message of queue's DLQ (or archive) that sel matches,
-// head first, until visit returns false, and returns the number of messages the queue held
-// when the read started. A zero Selector matches every message. Records are not kept:
-// memory stays flat however long the queue is.
-func (i *Inspector) Messages(ctx context.Context, queue string, sel Selector, visit func(Record) bool) (int, error) {
+// head first, until visit returns false (a limit: return false once you have enough), and
+// returns the number of messages the queue held when the read started. A zero Selector
+// matches every message. Records are not kept: memory stays flat however long the queue
+// is.
+func (i Inspector) Messages(ctx context.Context, queue string, sel Selector, visit func(Record) bool) (int, error) {
 	return i.scan(ctx, queue, func(r Record) bool {
-		if !sel.Match(r) {
+		if !sel.match(r) {
 			return true
 		}
 		return visit(r)
@@ -190,24 +159,24 @@ func (i *Inspector) Messages(ctx context.Context, queue string, sel Selector, vi
 // the start: on quorum queues RabbitMQ puts a returned message at the tail, so only giving
 // back all of them, in order, keeps the order. Closing the channel gives every message
 // back. It returns the number of ready messages the queue had at the start.
-func (i *Inspector) scan(ctx context.Context, queue string, visit func(Record) bool) (int, error) {
+func (i Inspector) scan(ctx context.Context, queue string, visit func(Record) bool) (int, error) {
 	return i.scanWith(ctx, queue, newRecord, visit)
 }
 
-// scanWith is scan with records made by decode (NewRecord, or selectionRecord for the
+// scanWith is scan with records made by decode (newRecord, or selectionRecord for the
 // reads that need only the failure record's summary: Stats, Groups).
-func (i *Inspector) scanWith(ctx context.Context, queue string, decode func(amqp.Delivery, string, int, time.Time) Record, visit func(Record) bool) (int, error) {
-	ch, total, err := openSource(i.conn, queue, i.From)
+func (i Inspector) scanWith(ctx context.Context, queue string, decode func(amqp.Delivery, string, int, time.Time) Record, visit func(Record) bool) (int, error) {
+	ch, total, err := openSource(i.Conn, queue, i.From)
 	if err != nil {
 		return 0, err
 	}
-	rd, err := newReader(i.conn, ch, i.From.Name(queue), total, i.Window, 0, nil)
+	rd, err := newReader(i.Conn, ch, i.From.name(queue), total, i.Window, 0, nil)
 	if err != nil {
 		_ = ch.Close()
 		return total, err
 	}
 	defer rd.close() // gives back everything read, in order
-	prog := newProgressor(i.Progress, "read", i.From.Name(queue), total)
+	prog := newProgressor(i.Progress, "read", i.From.name(queue), total)
 	clock := now(i.Now)
 	visiting := true
 	for n := 1; ; n++ {

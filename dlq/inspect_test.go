@@ -26,7 +26,7 @@ func TestInspectorLeavesDLQUntouched(t *testing.T) {
 			fx.waitCount(t, fx.dlq, 4)
 			before := fx.peek(t, fx.dlq)
 			require.Equal(t, []string{"m-1", "m-2", "m-3", "m-4"}, before)
-			in := dlq.NewInspector(fx.conn)
+			in := dlq.Inspector{Conn: fx.conn}
 			ctx := context.Background()
 
 			steps := []struct {
@@ -34,7 +34,7 @@ func TestInspectorLeavesDLQUntouched(t *testing.T) {
 				run  func(t *testing.T)
 			}{
 				{name: "list", run: func(t *testing.T) {
-					l, err := in.List(ctx, fx.queue, 0)
+					l, err := list(ctx, in, fx.queue, 0)
 					require.NoError(t, err)
 					assert.Equal(t, 4, l.Total)
 					require.Len(t, l.Records, 4)
@@ -51,14 +51,17 @@ func TestInspectorLeavesDLQUntouched(t *testing.T) {
 					assert.Equal(t, 1, l.Records[1].Retries)
 				}},
 				{name: "list with a limit", run: func(t *testing.T) {
-					l, err := in.List(ctx, fx.queue, 2)
+					l, err := list(ctx, in, fx.queue, 2)
 					require.NoError(t, err)
 					assert.Equal(t, 4, l.Total)
 					assert.Equal(t, []string{"m-1", "m-2"}, ids(l.Records))
 				}},
 				{name: "show", run: func(t *testing.T) {
-					r, err := in.Show(ctx, fx.queue, "m-3")
+					recs, err := in.Show(ctx, fx.queue, "m-3")
 					require.NoError(t, err)
+					require.Len(t, recs, 1)
+					r := recs[0]
+					assert.Empty(t, r.SameID, "one message holds the id")
 					assert.Equal(t, 3, r.Position)
 					assert.Equal(t, `{"id":"m-3"}`, string(r.Payload))
 					assert.Equal(t, "application/json", r.Properties.ContentType)
@@ -103,14 +106,14 @@ func TestInspectorNotFound(t *testing.T) {
 	fx := newFixture(t, amqp.QueueClassic)
 	fx.deadLetter(t, failure{id: "m-1", err: invalidAmount()})
 	fx.waitCount(t, fx.dlq, 1)
-	in := dlq.NewInspector(fx.conn)
+	in := dlq.Inspector{Conn: fx.conn}
 	ctx := context.Background()
 	cases := []struct {
 		name string
 		run  func() error
 		want error
 	}{
-		{name: "list of a queue without a DLQ", run: func() error { _, err := in.List(ctx, "no.such.queue", 0); return err }, want: sluice.ErrQueueNotFound},
+		{name: "list of a queue without a DLQ", run: func() error { _, err := list(ctx, in, "no.such.queue", 0); return err }, want: sluice.ErrQueueNotFound},
 		{name: "stats of a queue without a DLQ", run: func() error { _, err := in.Stats(ctx, "no.such.queue"); return err }, want: sluice.ErrQueueNotFound},
 		{name: "show of a queue without a DLQ", run: func() error { _, err := in.Show(ctx, "no.such.queue", "m-1"); return err }, want: sluice.ErrQueueNotFound},
 		{name: "show of an unknown id", run: func() error { _, err := in.Show(ctx, fx.queue, "nope"); return err }, want: dlq.ErrMessageNotFound},

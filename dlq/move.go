@@ -10,12 +10,13 @@ import (
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // headerArchivedAt is the time a message was archived (RFC 3339), set on its copy in
 // Q.dlq.archive; a replay removes it.
-const headerArchivedAt = "x-archived-at"
+const headerArchivedAt = headers.ArchivedAt
 
 // item is a message read by an operation, waiting for its batch's transaction: a selected
 // one (moved to its destination) or, with keep, one the selector skipped (published
@@ -87,7 +88,7 @@ func (m *mover) moved(rec Record) Moved {
 // publishing is what a move publishes for d.
 func (m *mover) publishing(it item) amqp.Publishing {
 	if m.op == opReplay || m.op == opEdit {
-		pub := replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination, m.o.conn.Config.FrameSize)
+		pub := replayPublishing(it.d, it.moved.ReplayCount, m.now, m.source, it.moved.Destination, m.o.Conn.Config.FrameSize)
 		if m.edit != nil {
 			pub = m.edit.publishing(it.d, pub, m)
 		}
@@ -268,7 +269,7 @@ func isDestinationMissing(err error) bool {
 // exist.
 func (m *mover) checkDestination(queue string) error {
 	if m.probe == nil {
-		ch, err := m.o.conn.Channel()
+		ch, err := m.o.Conn.Channel()
 		if err != nil {
 			return fmt.Errorf("open channel: %w", err)
 		}
@@ -298,7 +299,7 @@ func (m *mover) ensureArchive(name string, opts Options) error {
 	if qt == "" {
 		qt = sluiceamqp.QueueClassic
 	}
-	ch, err := m.o.conn.Channel()
+	ch, err := m.o.Conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}

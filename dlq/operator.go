@@ -19,9 +19,12 @@ const defaultBatchSize = 500
 
 // Operator replays, archives and purges dead letters in bulk, in batches, each batch one
 // AMQP transaction (see the package doc: a process killed at any point neither loses nor
-// duplicates a message). The console and the CLI share it.
+// duplicates a message). The console and the CLI share it. It is a plain value:
+// dlq.Operator{Conn: conn} acts as the OS user, with batches of 500.
 type Operator struct {
-	conn *amqp.Connection
+	// Conn is the RabbitMQ connection operations open their channels on. Required; the
+	// caller owns it.
+	Conn *amqp.Connection
 	// Now is the clock ages are measured against. Nil means time.Now.
 	Now func() time.Time
 	// BatchSize is how many messages one transaction moves. Zero means 500.
@@ -35,7 +38,7 @@ type Operator struct {
 	// run: for each message that would move), in queue order.
 	OnMoved func(Moved)
 	// Actor names who acts in the audit trail (see AuditEvent.Actor): the console sets
-	// "console:<token name>". Empty means DefaultActor(), the OS user and host.
+	// "console:<token name>". Empty means the OS user and host name ("alice@host").
 	Actor string
 	// AuditExchange is the durable fanout exchange every action is recorded on, bound to
 	// a durable queue of the same name (see AuditEvent). Empty means "sluice.audit".
@@ -49,9 +52,6 @@ type Operator struct {
 	// commit, to exercise the restore path.
 	skipDestinationCheck bool
 }
-
-// NewOperator returns an Operator on conn. The caller owns conn.
-func NewOperator(conn *amqp.Connection) *Operator { return &Operator{conn: conn} }
 
 // Options are the settings of one operation. The zero value reads Q.dlq, sends replays to
 // each message's original queue and creates the archive with a retention of 14 days.
@@ -135,11 +135,11 @@ type Failure struct {
 // ErrAuditUnavailable.
 
 // Replay sends the messages of queue's DLQ (or archive) that sel selects to their original
-// queue, or to opts.To, with their retry state reset (see ReplayPublishing). Errors match
+// queue, or to opts.To, with their retry state reset (see the package doc). Errors match
 // ErrNothingSelected, ErrMessageNotFound (an id of sel is missing), sluice.ErrQueueNotFound (no
 // such DLQ) or ErrDestinationNotFound (a destination queue is missing: those messages
 // stay, the others move).
-func (o *Operator) Replay(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
+func (o Operator) Replay(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
 	return o.act(ctx, opReplay, queue, sel, opts, func() (Result, error) {
 		return o.run(ctx, opReplay, queue, sel, opts)
 	})
@@ -148,7 +148,7 @@ func (o *Operator) Replay(ctx context.Context, queue string, sel Selector, opts 
 // Archive moves the messages of queue's DLQ that sel selects, unchanged, to
 // Q.dlq.archive, creating it with opts.Retention when it does not exist. Archived messages
 // can be read (Inspector.From) and replayed or purged (Options.From) like dead letters.
-func (o *Operator) Archive(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
+func (o Operator) Archive(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
 	if opts.From == FromArchive {
 		return Result{Op: opArchive, Queue: queue}, errors.New("dlq: archived messages are archived already")
 	}
@@ -160,7 +160,7 @@ func (o *Operator) Archive(ctx context.Context, queue string, sel Selector, opts
 // Purge deletes the messages of queue's DLQ (or archive) that sel selects. With sel.All
 // it empties the queue in one queue.purge; messages another client holds unacknowledged
 // at that moment are not ready and survive.
-func (o *Operator) Purge(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
+func (o Operator) Purge(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
 	return o.act(ctx, opPurge, queue, sel, opts, func() (Result, error) {
 		if sel.All && !opts.DryRun {
 			return o.purgeAll(ctx, queue, opts.From)
@@ -171,11 +171,11 @@ func (o *Operator) Purge(ctx context.Context, queue string, sel Selector, opts O
 
 // act runs fn, the operation op on queue, audited, once sel is valid: a selector that
 // selects nothing is refused before anything is recorded.
-func (o *Operator) act(ctx context.Context, op, queue string, sel Selector, opts Options, fn func() (Result, error)) (Result, error) {
-	if err := sel.Validate(); err != nil {
-		return Result{Op: op, Queue: queue, Source: opts.From.Name(queue), DryRun: opts.DryRun}, err
+func (o Operator) act(ctx context.Context, op, queue string, sel Selector, opts Options, fn func() (Result, error)) (Result, error) {
+	if err := sel.validate(); err != nil {
+		return Result{Op: op, Queue: queue, Source: opts.From.name(queue), DryRun: opts.DryRun}, err
 	}
-	return o.audited(ctx, op, queue, opts.From.Name(queue), sel.String(), opts.DryRun, fn)
+	return o.audited(ctx, op, queue, opts.From.name(queue), sel.String(), opts.DryRun, fn)
 }
 
 const (
@@ -185,13 +185,13 @@ const (
 	opEdit    = "edit"
 )
 
-func (o *Operator) purgeAll(ctx context.Context, queue string, src Source) (Result, error) {
+func (o Operator) purgeAll(ctx context.Context, queue string, src Source) (Result, error) {
 	start := time.Now()
-	res := Result{Op: opPurge, Queue: queue, Source: src.Name(queue)}
+	res := Result{Op: opPurge, Queue: queue, Source: src.name(queue)}
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	ch, total, err := openSource(o.conn, queue, src)
+	ch, total, err := openSource(o.Conn, queue, src)
 	if err != nil {
 		return res, err
 	}
@@ -208,18 +208,18 @@ func (o *Operator) purgeAll(ctx context.Context, queue string, src Source) (Resu
 	return res, nil
 }
 
-func (o *Operator) run(ctx context.Context, op, queue string, sel Selector, opts Options) (Result, error) {
+func (o Operator) run(ctx context.Context, op, queue string, sel Selector, opts Options) (Result, error) {
 	return o.runWith(ctx, op, queue, sel, opts, nil)
 }
 
 // runWith is run with the mover adjusted by configure (an edit's).
-func (o *Operator) runWith(ctx context.Context, op, queue string, sel Selector, opts Options, configure func(*mover)) (Result, error) {
+func (o Operator) runWith(ctx context.Context, op, queue string, sel Selector, opts Options, configure func(*mover)) (Result, error) {
 	start := time.Now()
-	res := Result{Op: op, Queue: queue, Source: opts.From.Name(queue), DryRun: opts.DryRun}
-	if err := sel.Validate(); err != nil {
+	res := Result{Op: op, Queue: queue, Source: opts.From.name(queue), DryRun: opts.DryRun}
+	if err := sel.validate(); err != nil {
 		return res, err
 	}
-	ch, total, err := openSource(o.conn, queue, opts.From)
+	ch, total, err := openSource(o.Conn, queue, opts.From)
 	if err != nil {
 		return res, err
 	}
@@ -230,7 +230,7 @@ func (o *Operator) runWith(ctx context.Context, op, queue string, sel Selector, 
 		}
 	}()
 	res.Total = total
-	m := &mover{o: o, op: op, queue: queue, source: res.Source, to: opts.To, now: now(o.Now), returns: map[*amqp.Channel]<-chan amqp.Return{},
+	m := &mover{o: &o, op: op, queue: queue, source: res.Source, to: opts.To, now: now(o.Now), returns: map[*amqp.Channel]<-chan amqp.Return{},
 		byID: len(sel.IDs) > 0}
 	defer m.closeProbe()
 	if configure != nil {
@@ -283,7 +283,7 @@ func (o *Operator) runWith(ctx context.Context, op, queue string, sel Selector, 
 	if opts.DryRun {
 		reserve = 0
 	}
-	rd, err := newReader(o.conn, ch, res.Source, total, window, reserve, setup)
+	rd, err := newReader(o.Conn, ch, res.Source, total, window, reserve, setup)
 	if err != nil {
 		return res, err
 	}
@@ -319,7 +319,7 @@ func (o *Operator) runWith(ctx context.Context, op, queue string, sel Selector, 
 		rec := selectionRecord(d, queue, res.Scanned, m.now)
 		var it item
 		// An edit takes the first message with its id; later copies stay.
-		if sel.Match(rec) && (op != opEdit || res.Matched == 0) {
+		if sel.match(rec) && (op != opEdit || res.Matched == 0) {
 			res.Matched++
 			prog.scanned(1, true)
 			if len(sel.IDs) > 0 {
@@ -375,7 +375,7 @@ func (o *Operator) runWith(ctx context.Context, op, queue string, sel Selector, 
 
 // outcome is the error a finished run returns: failed moves first, then ids not found,
 // then a selector that matched nothing.
-func (o *Operator) outcome(res *Result, sel Selector, found map[string]bool) error {
+func (o Operator) outcome(res *Result, sel Selector, found map[string]bool) error {
 	for _, id := range sel.IDs {
 		if !found[id] && !slices.Contains(res.MissingIDs, id) {
 			res.MissingIDs = append(res.MissingIDs, id)

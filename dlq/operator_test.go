@@ -98,7 +98,7 @@ func TestGroups(t *testing.T) {
 		t.Run(string(qt), func(t *testing.T) {
 			fx := newFixture(t, qt)
 			order, _ := fillMixed(t, fx)
-			groups, err := dlq.NewInspector(fx.conn).Groups(context.Background(), fx.queue)
+			groups, err := dlq.Inspector{Conn: fx.conn}.Groups(context.Background(), fx.queue)
 			require.NoError(t, err)
 			require.Len(t, groups, 5, "three error types and two panic sites: %+v", groups)
 			for i, g := range mixedGroups {
@@ -136,7 +136,7 @@ func TestOperationsByGroup(t *testing.T) {
 			fx := newFixture(t, qt)
 			order, groupOf := fillMixed(t, fx)
 			ctx := context.Background()
-			groups, err := dlq.NewInspector(fx.conn).Groups(ctx, fx.queue)
+			groups, err := dlq.Inspector{Conn: fx.conn}.Groups(ctx, fx.queue)
 			require.NoError(t, err)
 			groupID := map[string]string{}
 			for i, g := range mixedGroups {
@@ -148,7 +148,7 @@ func TestOperationsByGroup(t *testing.T) {
 			idsOf := func(name string) []string {
 				return slices.DeleteFunc(slices.Clone(order), func(id string) bool { return groupOf[id] != name })
 			}
-			op := dlq.NewOperator(fx.conn)
+			op := dlq.Operator{Conn: fx.conn}
 			op.BatchSize = 2 // several transactions per group
 			var progress []dlq.Progress
 			op.Progress = func(p dlq.Progress) { progress = append(progress, p) }
@@ -185,9 +185,9 @@ func TestOperationsByGroup(t *testing.T) {
 				assert.Equal(t, left("gateway", "account panic"), fx.peek(t, fx.dlq))
 				assertRetention(t, fx, archive, dlq.DefaultRetention)
 
-				in := dlq.NewInspector(fx.conn)
+				in := dlq.Inspector{Conn: fx.conn}
 				in.From = dlq.FromArchive
-				l, err := in.List(ctx, fx.queue, 0)
+				l, err := list(ctx, in, fx.queue, 0)
 				require.NoError(t, err)
 				require.Len(t, l.Records, 3)
 				assert.Equal(t, "panic", l.Records[0].ErrorType, "the failure record travels with an archived message")
@@ -276,7 +276,7 @@ func TestLargeReadsKeepOrder(t *testing.T) {
 			require.Len(t, order, n)
 			ctx := context.Background()
 
-			in := dlq.NewInspector(fx.conn)
+			in := dlq.Inspector{Conn: fx.conn}
 			in.Window = 100
 			var seen []string
 			total, err := in.Messages(ctx, fx.queue, dlq.Selector{}, func(r dlq.Record) bool {
@@ -288,7 +288,7 @@ func TestLargeReadsKeepOrder(t *testing.T) {
 			assert.Equal(t, order, seen, "read in order, none dropped")
 			assert.Equal(t, order, fx.peek(t, fx.dlq))
 
-			op := dlq.NewOperator(fx.conn)
+			op := dlq.Operator{Conn: fx.conn}
 			op.Window, op.BatchSize = 100, 30
 			res, err := op.Replay(ctx, fx.queue, dlq.Selector{ErrorType: "gateway_down"}, dlq.Options{})
 			require.NoError(t, err)
@@ -334,9 +334,9 @@ func TestQuorumDLQReadManyTimes(t *testing.T) {
 	})
 	fx.waitCount(t, fx.dlq, n)
 	order := fx.peek(t, fx.dlq)
-	in := dlq.NewInspector(fx.conn)
+	in := dlq.Inspector{Conn: fx.conn}
 	for i := range reads {
-		l, err := in.List(context.Background(), fx.queue, 0)
+		l, err := list(context.Background(), in, fx.queue, 0)
 		require.NoError(t, err)
 		require.Equal(t, order, ids(l.Records), "read %d", i+1)
 		fx.waitCount(t, fx.dlq, n)

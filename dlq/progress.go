@@ -5,7 +5,7 @@ import "time"
 // Progress says how far a long operation is. A Progress callback receives it at most every
 // progressInterval while the operation runs, and once more at its end with Done set.
 type Progress struct {
-	// Op is "read" (List, Show, Stats, Groups, a dry run), "replay", "archive" or "purge".
+	// Op is "read" (Messages, Show, Stats, Groups, a dry run), "replay", "archive" or "purge".
 	Op string `json:"op"`
 	// Queue is the queue read: Q.dlq or Q.dlq.archive.
 	Queue string `json:"queue"`

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/dlqview"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
@@ -76,35 +77,25 @@ type Record struct {
 	// Headers are all AMQP headers in text form (see broker/amqp.Marshaler), the failure
 	// record included; Watermill's id header is in ID.
 	Headers map[string]string `json:"headers"`
-	// Properties are the AMQP basic properties.
-	Properties properties `json:"properties"`
+	// Properties are the AMQP basic properties: ContentType, ContentEncoding,
+	// DeliveryMode, Priority, CorrelationID, ReplyTo, Expiration, MessageID, Timestamp,
+	// Type, UserID and AppID.
+	Properties dlqview.Properties `json:"properties"`
 	// Payload is the body, byte for byte.
 	Payload []byte `json:"-"`
-
-	// sameID are the positions of the other messages with this id (see Inspector.ShowAll).
-	sameID []int
+	// SameID are the positions of the other messages of the queue that hold this id, when
+	// Inspector.Show found several (JSON: same_id_positions).
+	SameID []int `json:"-"`
 }
 
-// properties are a message's AMQP basic properties.
-type properties struct {
-	ContentType     string    `json:"content_type,omitempty"`
-	ContentEncoding string    `json:"content_encoding,omitempty"`
-	DeliveryMode    uint8     `json:"delivery_mode,omitempty"`
-	Priority        uint8     `json:"priority,omitempty"`
-	CorrelationID   string    `json:"correlation_id,omitempty"`
-	ReplyTo         string    `json:"reply_to,omitempty"`
-	Expiration      string    `json:"expiration,omitempty"`
-	MessageID       string    `json:"message_id,omitempty"`
-	Timestamp       time.Time `json:"timestamp,omitzero"`
-	Type            string    `json:"type,omitempty"`
-	UserID          string    `json:"user_id,omitempty"`
-	AppID           string    `json:"app_id,omitempty"`
-}
-
-// MarshalJSON writes the record's display form (see Display): masked and bounded, the
-// payload as a preview with its size. The exact payload is Payload.
+// MarshalJSON writes the record's display form, what `sluice dlq show --json` prints:
+// credentials masked (any URL's password, the values of Authorization-like headers),
+// every text bounded (4 KiB of payload, 1 KiB of a header value, 64 headers, 8 KiB of
+// error text and of stack), the payload as a preview with its size, age_seconds,
+// failed_at and first_failure_at, same_id_positions, and a note that the masking is
+// display-only. The exact message is the Record itself.
 func (r Record) MarshalJSON() ([]byte, error) {
-	return r.Display().MarshalJSON()
+	return dlqview.Of(dlqview.Record(r)).MarshalJSON()
 }
 
 // newRecord reads the record of a delivery from queue's DLQ at position pos, with ages
@@ -132,7 +123,7 @@ func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		FailedPID:     md.Get(headers.FailedPID),
 		History:       failure.History(md),
 		Headers:       make(map[string]string, len(md)),
-		Properties: properties{
+		Properties: dlqview.Properties{
 			ContentType:     d.ContentType,
 			ContentEncoding: d.ContentEncoding,
 			DeliveryMode:    d.DeliveryMode,
@@ -197,16 +188,6 @@ func replayCount(raw string) int {
 	return n
 }
 
-// ShortError returns the first line of the record's error message cut to n bytes, for
-// tables.
-func (r Record) ShortError(n int) string {
-	msg := r.ErrorMessage
-	if i := strings.IndexAny(msg, "\r\n"); i >= 0 {
-		msg = msg[:i]
-	}
-	return failure.Truncate(msg, n)
-}
-
 // originalQueue is where a message came from: sluice's x-original-queue, else, for a
 // message RabbitMQ dead-lettered itself (a quorum queue's delivery limit), the queue its
 // x-first-death-queue names.
@@ -231,10 +212,10 @@ func (r *Record) resolveOrigin(queue string) {
 	}
 }
 
-// selectionRecord is the part of NewRecord a Selector and a move need (id, original queue,
+// selectionRecord is the part of newRecord a Selector and a move need (id, original queue,
 // error type and message, stack, reason, handler, group, failure time, replays), read straight
 // from the AMQP headers: a bulk move reads every message of the DLQ, and decoding the
-// whole record cost it more than the move itself. It agrees with NewRecord on every field
+// whole record cost it more than the move itself. It agrees with newRecord on every field
 // it fills.
 func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 	h := func(key string) string {
@@ -286,7 +267,7 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 }
 
 // plainHeaders reports whether the failure-record headers selectionRecord reads are all
-// strings (as sluice writes them) or absent; anything else takes NewRecord's full decoding.
+// strings (as sluice writes them) or absent; anything else takes newRecord's full decoding.
 func plainHeaders(t amqp.Table) bool {
 	for _, k := range []string{sluice.HeaderOriginalQueue, headers.Handler, sluice.HeaderErrorType,
 		sluice.HeaderErrorMessage, sluice.HeaderErrorStack, headers.ReplayCount, sluice.HeaderLastError,

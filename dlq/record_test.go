@@ -162,7 +162,7 @@ func TestSelector(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.sel.Validate()
+			err := dlq.ValidateSelector(tc.sel)
 			if tc.wantErr != nil {
 				require.Error(t, err)
 				if errors.Is(tc.wantErr, dlq.ErrNoSelector) {
@@ -171,7 +171,7 @@ func TestSelector(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tc.want, []bool{tc.sel.Match(old), tc.sel.Match(young), tc.sel.Match(ageless)})
+			assert.Equal(t, tc.want, []bool{dlq.MatchSelector(tc.sel, old), dlq.MatchSelector(tc.sel, young), dlq.MatchSelector(tc.sel, ageless)})
 		})
 	}
 }

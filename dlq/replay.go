@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	sluiceamqp "github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 )
@@ -64,7 +65,7 @@ func (r *replayer) DryRun(ctx context.Context, queue string, sel Selector) (repl
 
 func (r *replayer) run(ctx context.Context, queue string, sel Selector, dry bool) (replayResult, error) {
 	res := replayResult{Queue: queue, DLQ: dlqName(queue), DryRun: dry, Replayed: []Moved{}}
-	o := &Operator{conn: r.conn, Now: r.Now, Pace: r.Pace, skipDestinationCheck: r.skipDestinationCheck}
+	o := Operator{Conn: r.conn, Now: r.Now, Pace: r.Pace, skipDestinationCheck: r.skipDestinationCheck}
 	o.OnMoved = func(m Moved) {
 		res.Replayed = append(res.Replayed, m)
 		if r.OnReplay != nil && !dry {
@@ -87,21 +88,10 @@ func quoteAll(ids []string) string {
 	return strings.Join(q, ", ")
 }
 
-// resetOnReplay are the headers a replay removes: the retry state and the failure record,
-// so the message starts over with a full set of retries. x-original-queue stays (for the
-// record; a replay goes to Q whatever it says), and so do the first failure time and the
-// history, to which the replay adds an entry.
-var resetOnReplay = func() map[string]bool {
-	set := headers.Set([][]string{headers.RetryState, headers.FailureRecord}, headerArchivedAt)
-	delete(set, headers.FirstFailureTime)
-	delete(set, sluice.HeaderRetryHistory)
-	return set
-}()
-
 // resetHeader reports whether a replay removes header key: the retry and failure-record
 // headers and the headers RabbitMQ owns (x-death, ...).
 func resetHeader(key string) bool {
-	return resetOnReplay[key] || headers.BrokerOwned(key)
+	return dlqwire.ResetOnReplay[key] || headers.BrokerOwned(key)
 }
 
 // replayEntryType is the type of the history entry a replay adds.

@@ -214,7 +214,7 @@ func TestReplayIgnoresAForeignOrigin(t *testing.T) {
 	fx.waitCount(t, fx.dlq, 2)
 
 	var moved []dlq.Moved
-	o := dlq.NewOperator(fx.conn)
+	o := dlq.Operator{Conn: fx.conn}
 	o.OnMoved = func(m dlq.Moved) { moved = append(moved, m) }
 	res, err := o.Replay(context.Background(), fx.queue, dlq.Selector{All: true}, dlq.Options{})
 	require.NoError(t, err)

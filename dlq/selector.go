@@ -28,9 +28,9 @@ type Selector struct {
 	All bool
 }
 
-// Validate reports a Selector that selects nothing explicitly (ErrNoSelector), combines
+// validate reports a Selector that selects nothing explicitly (ErrNoSelector), combines
 // All with a filter, or has a negative age.
-func (s Selector) Validate() error {
+func (s Selector) validate() error {
 	switch {
 	case s.OlderThan < 0:
 		return fmt.Errorf("dlq: negative age %s", s.OlderThan)
@@ -46,8 +46,8 @@ func (s Selector) filtered() bool {
 	return len(s.IDs) > 0 || s.Group != "" || s.ErrorType != "" || s.Reason != "" || s.OlderThan != 0
 }
 
-// Match reports whether r is selected.
-func (s Selector) Match(r Record) bool {
+// match reports whether r is selected.
+func (s Selector) match(r Record) bool {
 	if s.All {
 		return true
 	}

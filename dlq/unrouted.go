@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/dlqview"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
@@ -23,9 +24,9 @@ import (
 // sluice.unrouted, whose queue keeps what the exchange could route nowhere, with the
 // exchange and routing key it was published with (RabbitMQ keeps both on a message an
 // alternate exchange routes). ListUnrouted reads that queue the way Inspector reads a
-// DLQ, never consuming it; ReplayUnrouted publishes selected events again to their
+// DLQ, never consuming it; Operator.ReplayUnrouted publishes selected events again to their
 // exchange with their routing key, each in its own transaction with the removal of its
-// copy, as replayer does (see the package documentation). The queue is shared by every
+// copy (see the package documentation). The queue is shared by every
 // service of the vhost: select by exchange.
 
 // unroutedQueue is the queue that keeps events no queue was bound for.
@@ -55,8 +56,8 @@ type UnroutedEvent struct {
 	// Replays is how often the event was replayed already (x-replay-count).
 	Replays int `json:"replays"`
 	// Headers are the event's headers, string values masked and bounded like a dead
-	// letter's (see Display); Payload a masked preview of its body (at most PreviewBytes)
-	// as text, Encoding "utf-8" or "base64"; PayloadBytes the body's size.
+	// letter's (see Record.MarshalJSON); Payload a masked preview of its body (at most 4
+	// KiB) as text, Encoding "utf-8" or "base64"; PayloadBytes the body's size.
 	Headers          amqp.Table `json:"headers"`
 	Payload          string     `json:"payload"`
 	Encoding         string     `json:"payload_encoding"`
@@ -70,7 +71,7 @@ func newUnroutedEvent(d amqp.Delivery, pos int) UnroutedEvent {
 		Headers: make(amqp.Table, len(d.Headers)), PayloadBytes: len(d.Body)}
 	for k, v := range d.Headers {
 		if text, ok := v.(string); ok {
-			v = failure.Truncate(mask.Header(k, text), HeaderValueBytes)
+			v = failure.Truncate(mask.Header(k, text), dlqview.HeaderValueBytes)
 		}
 		ev.Headers[k] = v
 	}
@@ -79,7 +80,7 @@ func newUnroutedEvent(d amqp.Delivery, pos int) UnroutedEvent {
 		ev.RoutingKey, _ = d.Headers[headerUnroutedRoutingKey].(string)
 	}
 	ev.Replays = replayCountOf(d.Headers)
-	ev.Payload, ev.Encoding, ev.PayloadTruncated = preview(d.Body, PreviewBytes)
+	ev.Payload, ev.Encoding, ev.PayloadTruncated = dlqview.Preview(d.Body, dlqview.PreviewBytes)
 	return ev
 }
 
@@ -106,8 +107,8 @@ type UnroutedSelector struct {
 	IDs []string
 }
 
-// Match reports whether sel selects ev.
-func (sel UnroutedSelector) Match(ev UnroutedEvent) bool {
+// match reports whether sel selects ev.
+func (sel UnroutedSelector) match(ev UnroutedEvent) bool {
 	return (sel.Exchange == "" || sel.Exchange == ev.Exchange) &&
 		(sel.RoutingKey == "" || sel.RoutingKey == ev.RoutingKey) &&
 		(len(sel.IDs) == 0 || slices.Contains(sel.IDs, ev.ID))
@@ -144,7 +145,7 @@ func ListUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSelect
 		if !ok {
 			break
 		}
-		if ev := newUnroutedEvent(d, n+1); sel.Match(ev) && (limit <= 0 || len(l.Events) < limit) {
+		if ev := newUnroutedEvent(d, n+1); sel.match(ev) && (limit <= 0 || len(l.Events) < limit) {
 			l.Events = append(l.Events, ev)
 		}
 	}
@@ -153,7 +154,7 @@ func ListUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSelect
 
 func openUnrouted(conn *amqp.Connection) (*amqp.Channel, int, error) {
 	if conn == nil {
-		return nil, 0, ErrNoConnection
+		return nil, 0, errNoConnection
 	}
 	ch, err := conn.Channel()
 	if err != nil {
@@ -170,7 +171,7 @@ func openUnrouted(conn *amqp.Connection) (*amqp.Channel, int, error) {
 	return ch, q.Messages, nil
 }
 
-// UnroutedReplay says what ReplayUnrouted did.
+// UnroutedReplay says what Operator.ReplayUnrouted did.
 type UnroutedReplay struct {
 	DryRun bool `json:"dry_run"`
 	// Scanned is how many events were read.
@@ -179,18 +180,6 @@ type UnroutedReplay struct {
 	Replayed []UnroutedEvent `json:"replayed"`
 	// Failed are selected events left in sluice.unrouted, with why.
 	Failed []Failure `json:"failed,omitempty"`
-}
-
-// ReplayUnrouted publishes the events of sluice.unrouted that sel selects again to their
-// exchange with their routing key (mandatory), headers, properties and payload kept and
-// x-replay-count incremented, removing each from sluice.unrouted in the same transaction.
-// An event whose exchange is missing stays (ErrNoExchange). An event still nobody is bound
-// for is routed back to sluice.unrouted by the exchange's alternate exchange, at the tail:
-// a run reads only the events present at its start, so it never loops. With dry, nothing
-// changes and Replayed says what would be published.
-// It is Operator.ReplayUnrouted by the DefaultActor: recorded in the audit trail.
-func ReplayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSelector, dry bool) (UnroutedReplay, error) {
-	return NewOperator(conn).ReplayUnrouted(ctx, sel, dry)
 }
 
 // String spells sel as the CLI's flags do.
@@ -211,13 +200,19 @@ func (sel UnroutedSelector) String() string {
 	return strings.Join(parts, " ")
 }
 
-// ReplayUnrouted is the package's ReplayUnrouted, recorded in the audit trail as the action
-// "replay-unrouted" by o.Actor (a dry run is not recorded).
-func (o *Operator) ReplayUnrouted(ctx context.Context, sel UnroutedSelector, dry bool) (UnroutedReplay, error) {
+// ReplayUnrouted publishes the events of sluice.unrouted that sel selects again to their
+// exchange with their routing key (mandatory), headers, properties and payload kept and
+// x-replay-count incremented, removing each from sluice.unrouted in the same transaction.
+// An event whose exchange is missing stays (ErrNoExchange). An event still nobody is bound
+// for is routed back to sluice.unrouted by the exchange's alternate exchange, at the tail:
+// a run reads only the events present at its start, so it never loops. With dry, nothing
+// changes and Replayed says what would be published. It is recorded in the audit trail as
+// the action "replay-unrouted" by o.Actor (a dry run is not recorded).
+func (o Operator) ReplayUnrouted(ctx context.Context, sel UnroutedSelector, dry bool) (UnroutedReplay, error) {
 	out := UnroutedReplay{DryRun: dry, Replayed: []UnroutedEvent{}}
 	_, err := o.audited(ctx, opReplayUnrouted, unroutedQueue, unroutedQueue, sel.String(), dry, func() (Result, error) {
 		var err error
-		out, err = replayUnrouted(ctx, o.conn, sel, dry)
+		out, err = replayUnrouted(ctx, o.Conn, sel, dry)
 		res := Result{Op: opReplayUnrouted, Queue: unroutedQueue, Moved: len(out.Replayed)}
 		for _, ev := range out.Replayed[:min(len(out.Replayed), auditIDs)] {
 			res.IDs = append(res.IDs, ev.ID)
@@ -279,7 +274,7 @@ func replayUnrouted(ctx context.Context, conn *amqp.Connection, sel UnroutedSele
 		}
 		res.Scanned++
 		ev := newUnroutedEvent(d, res.Scanned)
-		if !sel.Match(ev) {
+		if !sel.match(ev) {
 			continue
 		}
 		if ev.Exchange == "" || ev.Exchange == topology.UnroutedExchange {

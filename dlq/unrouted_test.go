@@ -88,13 +88,13 @@ func TestUnroutedListAndReplay(t *testing.T) {
 	assert.Equal(t, `{"id":"e1"}`, events[0].Payload)
 	assert.Len(t, fx.list(t), 2, "listing leaves the events where they are")
 
-	res, err := dlq.ReplayUnrouted(ctx, fx.rabbit.Conn, dlq.UnroutedSelector{Exchange: fx.exchange}, true)
+	res, err := dlq.Operator{Conn: fx.rabbit.Conn}.ReplayUnrouted(ctx, dlq.UnroutedSelector{Exchange: fx.exchange}, true)
 	require.NoError(t, err)
 	require.Len(t, res.Replayed, 2)
 	assert.Len(t, fx.list(t), 2, "a dry run changes nothing")
 
 	// Nobody bound yet: the events come back, once each, counted as replayed.
-	res, err = dlq.ReplayUnrouted(ctx, fx.rabbit.Conn, dlq.UnroutedSelector{Exchange: fx.exchange}, false)
+	res, err = dlq.Operator{Conn: fx.rabbit.Conn}.ReplayUnrouted(ctx, dlq.UnroutedSelector{Exchange: fx.exchange}, false)
 	require.NoError(t, err)
 	require.Len(t, res.Replayed, 2)
 	require.Eventually(t, func() bool { return len(fx.list(t)) == 2 }, 10*time.Second, 20*time.Millisecond)
@@ -103,7 +103,7 @@ func TestUnroutedListAndReplay(t *testing.T) {
 	queue := testenv.Name("test.unrouted.sub")
 	fx.rabbit.DeleteQueues(queue, topology.DLQ(queue))
 	require.NoError(t, fx.broker.DeclareSubscription(ctx, queue, []amqp.Binding{{Exchange: fx.exchange, Keys: []string{"order.paid"}}}, false))
-	res, err = dlq.ReplayUnrouted(ctx, fx.rabbit.Conn, dlq.UnroutedSelector{Exchange: fx.exchange, RoutingKey: "order.paid"}, false)
+	res, err = dlq.Operator{Conn: fx.rabbit.Conn}.ReplayUnrouted(ctx, dlq.UnroutedSelector{Exchange: fx.exchange, RoutingKey: "order.paid"}, false)
 	require.NoError(t, err)
 	require.Len(t, res.Replayed, 1)
 	require.Eventually(t, func() bool { return fx.rabbit.Count(queue) == 1 }, 10*time.Second, 20*time.Millisecond)
@@ -126,14 +126,14 @@ func TestUnroutedReplayKeepsWhatCannotGoBack(t *testing.T) {
 	ch, err := fx.rabbit.Conn.Channel()
 	require.NoError(t, err)
 	require.NoError(t, ch.ExchangeDelete(fx.exchange, false, false))
-	_, err = dlq.ReplayUnrouted(ctx, fx.rabbit.Conn, dlq.UnroutedSelector{Exchange: fx.exchange}, false)
+	_, err = dlq.Operator{Conn: fx.rabbit.Conn}.ReplayUnrouted(ctx, dlq.UnroutedSelector{Exchange: fx.exchange}, false)
 	require.ErrorIs(t, err, dlq.ErrNoExchange)
 	require.Len(t, fx.list(t), 1, "the event stays")
 
 	// Redeclared by someone else, without an alternate exchange.
 	require.NoError(t, ch.ExchangeDeclare(fx.exchange, amqp091.ExchangeTopic, true, false, false, false, nil))
 	require.NoError(t, ch.Close())
-	res, err := dlq.ReplayUnrouted(ctx, fx.rabbit.Conn, dlq.UnroutedSelector{Exchange: fx.exchange}, false)
+	res, err := dlq.Operator{Conn: fx.rabbit.Conn}.ReplayUnrouted(ctx, dlq.UnroutedSelector{Exchange: fx.exchange}, false)
 	require.Error(t, err)
 	require.Len(t, res.Failed, 1)
 	events := fx.list(t)

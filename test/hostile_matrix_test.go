@@ -324,9 +324,9 @@ func TestHostileHeaderMatrix(t *testing.T) {
 	t.Cleanup(func() { _ = conn.Close() })
 	records := map[string]dlq.Record{}
 	for _, s := range all {
-		rec, err := dlq.NewInspector(conn).Show(ctx, queue, s.id)
+		recs, err := dlq.Inspector{Conn: conn}.Show(ctx, queue, s.id)
 		require.NoError(t, err, s.id)
-		records[s.id] = rec
+		records[s.id] = recs[0]
 	}
 
 	svc.healed.Store(true)

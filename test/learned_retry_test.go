@@ -224,13 +224,12 @@ func TestReplayRetryUnlikely(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ins := dlq.NewInspector(e.rabbit.Conn)
-	listing, err := ins.List(ctx, queue, 100)
-	require.NoError(t, err)
 	reasons := map[string]string{}
-	for _, r := range listing.Records {
+	_, err = dlq.Inspector{Conn: e.rabbit.Conn}.Messages(ctx, queue, dlq.Selector{}, func(r dlq.Record) bool {
 		reasons[r.ID] = r.Reason
-	}
+		return true
+	})
+	require.NoError(t, err)
 	for _, id := range exhausted {
 		assert.Equal(t, disposition.ReasonRetriesExhausted, reasons[id])
 	}
@@ -239,7 +238,7 @@ func TestReplayRetryUnlikely(t *testing.T) {
 	}
 
 	fixed.Store(true)
-	op := dlq.NewOperator(e.rabbit.Conn)
+	op := dlq.Operator{Conn: e.rabbit.Conn}
 	res, err := op.Replay(ctx, queue, dlq.Selector{Reason: disposition.ReasonRetryUnlikely}, dlq.Options{})
 	require.NoError(t, err)
 	assert.Len(t, res.IDs, 10)

@@ -40,8 +40,11 @@ func TestErrQueueNotFound_OneSentinelFromEveryPackage(t *testing.T) {
 		read func() error
 	}{
 		{"amqp.Broker.QueueDepth", func() error { _, err := b.QueueDepth(ctx, missing); return err }},
-		{"dlq.Inspector.Stats", func() error { _, err := dlq.NewInspector(r.Conn).Stats(ctx, missing); return err }},
-		{"dlq.Inspector.List", func() error { _, err := dlq.NewInspector(r.Conn).List(ctx, missing, 0); return err }},
+		{"dlq.Inspector.Stats", func() error { _, err := dlq.Inspector{Conn: r.Conn}.Stats(ctx, missing); return err }},
+		{"dlq.Inspector.Messages", func() error {
+			_, err := dlq.Inspector{Conn: r.Conn}.Messages(ctx, missing, dlq.Selector{}, func(dlq.Record) bool { return true })
+			return err
+		}},
 		{"telemetry.ManagementSource.QueueDepth", func() error { _, err := ms.QueueDepth(ctx, missing); return err }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

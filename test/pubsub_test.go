@@ -147,7 +147,7 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		op := dlq.NewOperator(e.rabbit.Conn)
+		op := dlq.Operator{Conn: e.rabbit.Conn}
 		var replayed []dlq.Moved
 		op.OnMoved = func(m dlq.Moved) { replayed = append(replayed, m) }
 		_, err := op.Replay(ctx, qa, dlq.Selector{IDs: []string{"paid-1"}}, dlq.Options{})
@@ -190,7 +190,7 @@ func (e *env) replayUnrouted(t *testing.T, exchange string) int {
 		require.NoError(t, err)
 		return n
 	}
-	res, err := dlq.ReplayUnrouted(ctx, e.rabbit.Conn, dlq.UnroutedSelector{Exchange: exchange}, false)
+	res, err := dlq.Operator{Conn: e.rabbit.Conn}.ReplayUnrouted(ctx, dlq.UnroutedSelector{Exchange: exchange}, false)
 	require.NoError(t, err)
 	return len(res.Replayed)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/dlqwire"
+	"github.com/sluice-go/sluice/internal/topology"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
@@ -140,15 +141,17 @@ func inspect(e *env, archive bool, read func(*dlq.Inspector) error) error {
 		return err
 	}
 	defer conn.Close()
-	in := dlq.NewInspector(conn)
-	in.Now = e.now
-	if archive {
-		in.From = dlq.FromArchive
-	}
 	line := newProgressLine(e)
-	in.Progress = line.report
 	defer line.end()
-	return read(in)
+	return read(&dlq.Inspector{Conn: conn, Now: e.now, From: sourceOf(archive), Progress: line.report})
+}
+
+// sourceQueue is the queue src names for queue: Q.dlq or Q.dlq.archive.
+func sourceQueue(src dlq.Source, queue string) string {
+	if src == dlq.FromArchive {
+		return topology.Archive(queue)
+	}
+	return topology.DLQ(queue)
 }
 
 // dlqError gives not-found errors their exit code.

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/dlqwire"
 )
 
 // headerList is a repeatable flag of headers: K=V for --set-header, K for --unset-header.
@@ -86,10 +87,11 @@ func runDLQEdit(ctx context.Context, e *env, args []string) error {
 	}
 	defer conn.Close()
 	if *editor {
-		rec, err := dlq.NewInspector(conn).Show(ctx, f.queue, *id)
+		recs, err := dlq.Inspector{Conn: conn}.Show(ctx, f.queue, *id)
 		if err != nil {
 			return dlqError(err)
 		}
+		rec := recs[0] // the copy Edit takes: the oldest
 		p, err := editPayload(e, rec.Payload)
 		if err != nil {
 			return err
@@ -99,12 +101,10 @@ func runDLQEdit(ctx context.Context, e *env, args []string) error {
 		}
 		edit.Payload = p
 	}
-	if err := edit.Validate(); err != nil {
+	if err := dlqwire.CheckEdit(edit.ID, edit.Payload, edit.SetHeaders, edit.UnsetHeaders); err != nil {
 		return &codeError{code: exitUsage, err: err}
 	}
-	o := dlq.NewOperator(conn)
-	o.Now = e.now
-	res, err := o.Edit(ctx, f.queue, edit, dlq.Options{})
+	res, err := dlq.Operator{Conn: conn, Now: e.now}.Edit(ctx, f.queue, edit, dlq.Options{})
 	if f.json {
 		out := struct {
 			dlq.EditResult
@@ -137,7 +137,7 @@ func readPayload(path string) ([]byte, error) {
 		r = f
 	}
 	// One byte past the limit, so that Validate names an oversized payload.
-	p, err := io.ReadAll(io.LimitReader(r, dlq.MaxEditPayload+1))
+	p, err := io.ReadAll(io.LimitReader(r, dlqwire.MaxEditPayload+1))
 	if err != nil {
 		return nil, fmt.Errorf("sluice dlq edit: read payload %s: %w", path, err)
 	}

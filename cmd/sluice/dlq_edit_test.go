@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -77,7 +77,7 @@ func TestDLQEditWithEditor(t *testing.T) {
 		d, ok := r.Get(queue)
 		require.True(t, ok)
 		assert.JSONEq(t, `{"id":"pay-ed","currency":"EUR"}`, string(d.Body))
-		assert.NotEmpty(t, d.Headers[dlq.HeaderEditedBy])
+		assert.NotEmpty(t, d.Headers[headers.EditedBy])
 		assert.Equal(t, 1, r.Count(topology.Archive(queue)))
 	})
 }

@@ -36,7 +36,7 @@ sample, sample_id, count, first_failed_at and last_failed_at.`)
 	if f.json {
 		return writeJSON(e, groups)
 	}
-	name := sourceOf(*archive).Name(f.queue)
+	name := sourceQueue(sourceOf(*archive), f.queue)
 	if len(groups) == 0 {
 		fmt.Fprintf(e.stdout, "%s is empty\n", name)
 		return nil

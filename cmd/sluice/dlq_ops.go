@@ -64,14 +64,14 @@ func (f *opFlags) selector(optional bool) (dlq.Selector, error) {
 	if f.sel.All && (len(f.sel.IDs) > 0 || f.sel.Group != "" || f.sel.ErrorType != "" || f.sel.Reason != "" || f.sel.OlderThan != 0) {
 		return f.sel, f.usageErrorf("--all cannot be combined with --id, --group, --error-type, --reason or --older-than")
 	}
-	if err := f.sel.Validate(); err != nil {
-		if errors.Is(err, dlq.ErrNoSelector) {
-			if optional {
-				return dlq.Selector{All: true}, nil
-			}
-			return f.sel, f.usageErrorf("one selector is required: %s", f.selectors)
+	if f.sel.OlderThan < 0 {
+		return f.sel, f.usageErrorf("negative age %s", f.sel.OlderThan)
+	}
+	if !f.sel.All && f.sel.String() == "" { // no selector flag: what dlq refuses with ErrNoSelector
+		if optional {
+			return dlq.Selector{All: true}, nil
 		}
-		return f.sel, f.usageErrorf("%s", strings.TrimPrefix(err.Error(), "dlq: "))
+		return f.sel, f.usageErrorf("one selector is required: %s", f.selectors)
 	}
 	return f.sel, nil
 }
@@ -83,10 +83,7 @@ func (f *opFlags) operate(e *env, op func(*dlq.Operator) (dlq.Result, error)) (d
 		return dlq.Result{}, nil, err
 	}
 	defer conn.Close()
-	o := dlq.NewOperator(conn)
-	o.Now = e.now
-	o.Pace = *f.pace
-	o.BatchSize = *f.batch
+	o := &dlq.Operator{Conn: conn, Now: e.now, Pace: *f.pace, BatchSize: *f.batch}
 	var ids []string
 	o.OnMoved = func(m dlq.Moved) {
 		if len(ids) <= maxListedIDs {
@@ -189,7 +186,7 @@ transaction. This cannot be undone; without --yes nothing happens.`)
 		if !sel.All {
 			what = "the selected messages"
 		}
-		return f.usageErrorf("refusing to purge %s without --yes: it deletes %s in it", opts.From.Name(f.queue), what)
+		return f.usageErrorf("refusing to purge %s without --yes: it deletes %s in it", sourceQueue(opts.From, f.queue), what)
 	}
 	res, ids, err := f.operate(e, func(o *dlq.Operator) (dlq.Result, error) {
 		return o.Purge(ctx, f.queue, sel, opts)

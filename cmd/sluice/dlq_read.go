@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/dlqview"
 	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/mask"
@@ -34,7 +35,7 @@ func runDLQList(ctx context.Context, e *env, args []string) error {
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err
 	}
-	out := newListWriter(e, f.json, f.queue, sourceOf(*archive).Name(f.queue))
+	out := newListWriter(e, f.json, f.queue, sourceQueue(sourceOf(*archive), f.queue))
 	var total int
 	err := inspect(e, *archive, func(in *dlq.Inspector) (err error) {
 		total, err = in.Messages(ctx, f.queue, sel, func(r dlq.Record) bool {
@@ -84,7 +85,7 @@ func (w *listWriter) add(r dlq.Record) {
 		} else {
 			fmt.Fprint(w.e.stdout, ",\n")
 		}
-		b, _ := json.Marshal(r.Summary()) // no headers, no payload: see `dlq show --json`
+		b, _ := json.Marshal(dlqview.SummaryOf(dlqview.Record(r))) // no headers, no payload: see `dlq show --json`
 		fmt.Fprintf(w.e.stdout, "    %s", b)
 		return
 	}
@@ -92,7 +93,7 @@ func (w *listWriter) add(r dlq.Record) {
 		w.tw = tabwriter.NewWriter(w.e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w.tw, "ID\tAGE\tERROR TYPE\tERROR\tRETRIES")
 	}
-	sum := r.Summary() // masked
+	sum := dlqview.SummaryOf(dlqview.Record(r)) // masked
 	fmt.Fprintf(w.tw, "%s\t%s\t%s\t%s\t%d\n", r.ID, age(r), orDash(failure.Truncate(sum.ErrorType, shortErrorBytes)), orDash(failure.Truncate(sum.Error, shortErrorBytes)), r.Retries)
 	if w.n%listFlushRows == 0 {
 		_ = w.tw.Flush()
@@ -139,7 +140,7 @@ func runDLQShow(ctx context.Context, e *env, args []string) error {
 		fmt.Sprintf("Shows one message of Q.dlq: its failure record, properties, headers and the first\n"+
 			"%d bytes of its payload, with passwords in URLs and Authorization-like header\n"+
 			"values masked (display only). When several messages hold the id, all are shown,\n"+
-			"by position. The DLQ is left exactly as it was.", dlq.PreviewBytes))
+			"by position. The DLQ is left exactly as it was.", dlqview.PreviewBytes))
 	archive := f.fs.Bool("archive", false, "show a message of Q.dlq.archive instead of Q.dlq")
 	position := f.fs.Int("position", 0, "of several messages with the id, show the one at position `N` in the DLQ")
 	full := f.fs.Bool("full", false, "print the whole payload (credentials still masked)")
@@ -153,13 +154,13 @@ func runDLQShow(ctx context.Context, e *env, args []string) error {
 	}
 	var recs []dlq.Record
 	err = inspect(e, *archive, func(in *dlq.Inspector) (err error) {
-		recs, err = in.ShowAll(ctx, f.queue, pos[0])
+		recs, err = in.Show(ctx, f.queue, pos[0])
 		return err
 	})
 	if err != nil {
 		return dlqError(err)
 	}
-	dlqName := sourceOf(*archive).Name(f.queue)
+	dlqName := sourceQueue(sourceOf(*archive), f.queue)
 	if *position > 0 {
 		i := slices.IndexFunc(recs, func(r dlq.Record) bool { return r.Position == *position })
 		if i < 0 {
@@ -204,11 +205,11 @@ func positions(recs []dlq.Record) string {
 	return strings.Join(ps, ", ")
 }
 
-// printRecord prints the display form of r (see dlq.Display): masked and bounded, the
-// payload cut to dlq.PreviewBytes unless full.
+// printRecord prints the display form of r (see dlqview.Display): masked and bounded, the
+// payload cut to dlqview.PreviewBytes unless full.
 func printRecord(w io.Writer, dlqName string, rec dlq.Record, full bool) {
-	d := rec.Display()
-	r := d.Record
+	d := dlqview.Of(dlqview.Record(rec))
+	r := dlq.Record(d.Record)
 	fmt.Fprintf(w, "Message %s (position %d in %s)\n\nRecord:\n", r.ID, r.Position, dlqName)
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	row := func(k, v string) {
@@ -295,7 +296,7 @@ func printRecord(w io.Writer, dlqName string, rec dlq.Record, full bool) {
 	}
 	_ = tw.Flush()
 	if d.HeadersOmitted > 0 {
-		fmt.Fprintf(w, "  ... and %d more headers (--json shows the same %d)\n", d.HeadersOmitted, dlq.MaxHeadersShown)
+		fmt.Fprintf(w, "  ... and %d more headers (--json shows the same %d)\n", d.HeadersOmitted, dlqview.MaxHeadersShown)
 	}
 	if len(d.SameID) > 0 {
 		fmt.Fprintf(w, "\nSame id also at positions: %s\n", joinInts(d.SameID))

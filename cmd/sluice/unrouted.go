@@ -122,7 +122,7 @@ func runUnroutedReplay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	res, err := dlq.ReplayUnrouted(ctx, conn, f.sel, *dry)
+	res, err := dlq.Operator{Conn: conn}.ReplayUnrouted(ctx, f.sel, *dry)
 	if f.js {
 		if jerr := writeJSON(e, res); jerr != nil {
 			return jerr

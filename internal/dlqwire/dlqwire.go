@@ -1,6 +1,6 @@
 // Package dlqwire holds what package dlq and the sluice CLI share below dlq's API: the
 // connection (Dial), error masking, a delivery's id and payload text, the archive's
-// default retention and the sentinel errors dlq re-exports.
+// default retention, an edit's limits and checks, and the sentinel errors dlq re-exports.
 package dlqwire
 
 import (

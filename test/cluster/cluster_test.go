@@ -330,7 +330,7 @@ func TestPartitionedRetryAndReplayStayOnPartition(t *testing.T) {
 		}()
 	}, 60*time.Second, 50*time.Millisecond, "retries done and poison dead-lettered")
 
-	op := dlq.NewOperator(conn)
+	op := dlq.Operator{Conn: conn}
 	var replayed []dlq.Moved
 	op.OnMoved = func(m dlq.Moved) { replayed = append(replayed, m) }
 	_, err = op.Replay(pctx, n.queue, dlq.Selector{All: true}, dlq.Options{})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Ops are the actions the console offers on a message, a selection or a group of a DLQ.
@@ -87,17 +88,20 @@ type ActionResult struct {
 // operator returns an Operator acting as the identity in ctx, recording on the
 // configured audit exchange.
 func (s *Server) operator(ctx context.Context) *dlq.Operator {
-	o := dlq.NewOperator(s.cfg.Conn)
-	o.Actor = identityOf(ctx).Actor()
-	o.AuditExchange = s.cfg.AuditExchange
-	return o
+	return &dlq.Operator{Conn: s.cfg.Conn, Actor: identityOf(ctx).Actor(), AuditExchange: s.cfg.AuditExchange}
+}
+
+// sourceQueue is the queue src names for queue: Q.dlq or Q.dlq.archive.
+func sourceQueue(src dlq.Source, queue string) string {
+	if src == dlq.FromArchive {
+		return topology.Archive(queue)
+	}
+	return topology.DLQ(queue)
 }
 
 // inspector returns an Inspector reading src.
 func (s *Server) inspector(src dlq.Source) *dlq.Inspector {
-	i := dlq.NewInspector(s.cfg.Conn)
-	i.From = src
-	return i
+	return &dlq.Inspector{Conn: s.cfg.Conn, From: src}
 }
 
 // act runs op on the messages req selects in queue's DLQ (or archive), as the identity in

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/dlqview"
 	"github.com/sluice-go/sluice/internal/topology"
 
 	"github.com/sluice-go/sluice/dlq"
@@ -81,7 +82,7 @@ func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 	for _, g := range groups {
 		total += g.Count
 	}
-	s.writeJSON(w, http.StatusOK, map[string]any{"queue": queue, "dlq": topology.DLQ(queue), "source": src.Name(queue), "total": total, "groups": groups})
+	s.writeJSON(w, http.StatusOK, map[string]any{"queue": queue, "dlq": topology.DLQ(queue), "source": sourceQueue(src, queue), "total": total, "groups": groups})
 }
 
 // apiMessages lists one page of a DLQ's (or archive's) messages, filtered as the queue
@@ -106,7 +107,7 @@ func (s *Server) apiMessages(w http.ResponseWriter, r *http.Request) {
 		Queue  string `json:"queue"`
 		Source string `json:"source"`
 		Listing
-	}{queue, f.Source.Name(queue), l})
+	}{queue, sourceQueue(f.Source, queue), l})
 }
 
 func (s *Server) apiMessage(w http.ResponseWriter, r *http.Request) {
@@ -117,7 +118,7 @@ func (s *Server) apiMessage(w http.ResponseWriter, r *http.Request) {
 		s.apiFail(w, r, err)
 		return
 	}
-	d := rec.Display()
+	d := dlqview.Of(dlqview.Record(rec))
 	d.Download = downloadPath(r.PathValue("queue"), rec, sourceOf(r))
 	s.writeJSON(w, http.StatusOK, d)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/dlqview"
 )
 
 // pageSize is how many messages one page of a list shows (and the API returns).
@@ -129,7 +130,7 @@ func (f filter) values(page int) url.Values {
 type Listing struct {
 	// Messages are the page's messages, head first: summaries only, so 200 dead letters of
 	// 20 MB each cost no more memory than one.
-	Messages []dlq.Summary `json:"messages"`
+	Messages []dlqview.Summary `json:"messages"`
 	// Total is how many messages the queue held when the read started; Matched how many of
 	// them the filters match.
 	Total   int `json:"total"`
@@ -150,7 +151,7 @@ type Listing struct {
 // source is read (a read gives every message back, in order), and the matches are
 // counted; only the page's summaries are kept.
 func (s *Server) listMessages(ctx context.Context, queue string, f filter) (Listing, error) {
-	l := Listing{Messages: []dlq.Summary{}, Page: f.Page, PageSize: pageSize}
+	l := Listing{Messages: []dlqview.Summary{}, Page: f.Page, PageSize: pageSize}
 	skip := (f.Page - 1) * pageSize
 	total, err := s.inspector(f.Source).Messages(ctx, queue, f.selector(), func(rec dlq.Record) bool {
 		if !f.match(rec) {
@@ -158,7 +159,7 @@ func (s *Server) listMessages(ctx context.Context, queue string, f filter) (List
 		}
 		l.Matched++
 		if l.Matched > skip && l.Matched <= skip+pageSize {
-			l.Messages = append(l.Messages, rec.Summary())
+			l.Messages = append(l.Messages, dlqview.SummaryOf(dlqview.Record(rec)))
 		}
 		return true
 	})
@@ -167,7 +168,7 @@ func (s *Server) listMessages(ctx context.Context, queue string, f filter) (List
 		return l, err
 	}
 	if f.Group != "" && l.Matched == 0 && !f.narrowed() {
-		return l, errors.Join(dlq.ErrNothingSelected, errors.New("no message of group "+f.Group+" in "+f.Source.Name(queue)))
+		return l, errors.Join(dlq.ErrNothingSelected, errors.New("no message of group "+f.Group+" in "+sourceQueue(f.Source, queue)))
 	}
 	l.Pages = max(1, (l.Matched+pageSize-1)/pageSize)
 	if len(l.Messages) > 0 {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/dlqview"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
 
@@ -86,7 +87,7 @@ func TestDisplayBoundsAndMasks(t *testing.T) {
 			require.NoError(t, json.Unmarshal([]byte(body), &got))
 			assert.Equal(t, sizes[id], got.PayloadBytes)
 			assert.True(t, got.PayloadTruncated)
-			assert.LessOrEqual(t, len(got.Payload), dlq.PreviewBytes)
+			assert.LessOrEqual(t, len(got.Payload), dlqview.PreviewBytes)
 			assert.Equal(t, "xxxxx", got.Headers["Authorization"])
 			assert.Equal(t, "postgres://app:xxxxx@db/app", got.Headers["x-db"])
 
@@ -151,7 +152,7 @@ func TestBrowserLargeMessage(t *testing.T) {
 		into(&attrs, chromedp.Attributes(chromedp.CSS(`#download`))),
 	))
 	t.Logf("%d MB message page opened and shown in %s (the read of the DLQ included)", large>>20, time.Since(start).Round(time.Millisecond))
-	assert.LessOrEqual(t, len(payload), dlq.PreviewBytes)
+	assert.LessOrEqual(t, len(payload), dlqview.PreviewBytes)
 	assert.Contains(t, payload, "amqp://admin:xxxxx@rabbit:5672/")
 	assert.NotContains(t, payload, "payload-pw")
 	assert.Equal(t, strconv.Itoa(large), size)

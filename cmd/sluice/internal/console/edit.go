@@ -14,20 +14,22 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/dlqview"
+	"github.com/sluice-go/sluice/internal/dlqwire"
 	"github.com/sluice-go/sluice/internal/mask"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
 // Edit-and-retry: the message page's form posts the edited payload and headers to a
-// preview (the diff, the header changes, dlq.Edit.Validate's verdict), whose Confirm
+// preview (the diff, the header changes, dlqwire.CheckEdit's verdict), whose Confirm
 // posts them, base64-encoded, to the edit itself (dlq.Operator.Edit): a corrected copy to
 // the original queue, the original to Q.dlq.archive, in one transaction.
 
-// Request body bounds of an edit: a payload of at most dlq.MaxEditPayload, its headers, and
+// Request body bounds of an edit: a payload of at most dlqwire.MaxEditPayload, its headers, and
 // room for the encoding (JSON's escapes; the confirm form's base64).
 const (
-	apiEditBody  = dlq.MaxEditPayload + dlq.MaxEditPayload/4
-	formEditBody = dlq.MaxEditPayload + dlq.MaxEditPayload/2
+	apiEditBody  = dlqwire.MaxEditPayload + dlqwire.MaxEditPayload/4
+	formEditBody = dlqwire.MaxEditPayload + dlqwire.MaxEditPayload/2
 )
 
 // EditRequest is the body of POST /api/v1/queues/{queue}/messages/{id}/edit.
@@ -84,7 +86,7 @@ type EditForm struct {
 	Others   int
 	// Payload is the editor's text: the exact payload, JSON indented (Pretty) when its
 	// content type is JSON and it parses. Editable is false for a payload that is not
-	// UTF-8 or is over dlq.MaxEditPayload; Note says why.
+	// UTF-8 or is over dlqwire.MaxEditPayload; Note says why.
 	Payload  string
 	Editable bool
 	Pretty   bool
@@ -100,8 +102,8 @@ type EditForm struct {
 // editText returns rec's payload as the editor shows it.
 func editText(rec dlq.Record) (text string, editable, pretty bool, note string) {
 	switch {
-	case len(rec.Payload) > dlq.MaxEditPayload:
-		return "", false, false, fmt.Sprintf("The payload (%d bytes) is over the %d-byte limit of an edit: only headers can be changed.", len(rec.Payload), dlq.MaxEditPayload)
+	case len(rec.Payload) > dlqwire.MaxEditPayload:
+		return "", false, false, fmt.Sprintf("The payload (%d bytes) is over the %d-byte limit of an edit: only headers can be changed.", len(rec.Payload), dlqwire.MaxEditPayload)
 	case !utf8.Valid(rec.Payload):
 		return "", false, false, "The payload is binary (not UTF-8): only headers can be changed here."
 	}
@@ -164,10 +166,10 @@ func parseUnsetHeaders(text string) []string {
 	return out
 }
 
-// checkEdit is dlq.Edit.Validate and the check Operator.Edit makes against the message:
-// a JSON message's new payload must parse.
+// checkEdit is the checks Operator.Edit makes, first of e alone (dlqwire.CheckEdit), then
+// against the message: a JSON message's new payload must parse.
 func checkEdit(e dlq.Edit, rec dlq.Record) error {
-	if err := e.Validate(); err != nil {
+	if err := dlqwire.CheckEdit(e.ID, e.Payload, e.SetHeaders, e.UnsetHeaders); err != nil {
 		return err
 	}
 	if e.Payload != nil && isJSONType(rec.Properties.ContentType) && !json.Valid(e.Payload) {
@@ -232,7 +234,7 @@ func (s *Server) formFail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // editPreview shows what the edit form's change would do: the payload's line diff, the
-// header changes and, when dlq.Edit.Validate (or the JSON check) refuses it, why. Nothing
+// header changes and, when dlqwire.CheckEdit (or the JSON check) refuses it, why. Nothing
 // changes; its Confirm button posts the edit.
 func (s *Server) editPreview(w http.ResponseWriter, r *http.Request) {
 	if err := s.parseEditForm(w, r); err != nil {
@@ -242,7 +244,7 @@ func (s *Server) editPreview(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	queue, id := r.PathValue("queue"), r.PathValue("id")
-	all, err := s.inspector(dlq.FromDLQ).ShowAll(ctx, queue, id)
+	all, err := s.inspector(dlq.FromDLQ).Show(ctx, queue, id)
 	if err != nil {
 		s.pageFail(w, r, err)
 		return
@@ -278,10 +280,10 @@ func (s *Server) editPreview(w http.ResponseWriter, r *http.Request) {
 	diff := lineDiff(oldText, newText)
 	removed, added := diffStats(diff)
 	data := map[string]any{
-		"Title": "Edit " + id, "Queue": queue, "ID": id, "Form": form, "Record": rec.Display().Record,
+		"Title": "Edit " + id, "Queue": queue, "ID": id, "Form": form, "Record": dlqview.Of(dlqview.Record(rec)).Record,
 		"Diff": diff, "Removed": removed, "Added": added, "PayloadChanged": e.Payload != nil, "Compacted": compacted,
 		"Headers": headerChanges(e, rec), "DLQ": topology.DLQ(queue), "Archive": topology.Archive(queue),
-		"MaxPayload": dlq.MaxEditPayload,
+		"MaxPayload": dlqwire.MaxEditPayload,
 	}
 	code := http.StatusOK
 	if problem != nil {

@@ -20,6 +20,8 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/dlqwire"
+	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -74,10 +76,10 @@ func TestEditAPI(t *testing.T) {
 		want     string
 	}{
 		{"invalid JSON for a JSON message", "s1", "e-1", `{"payload":"{\"id\":"}`, true, http.StatusBadRequest, "not valid JSON"},
-		{"payload over the limit", "s1", "e-1", `{"payload":` + quote(strings.Repeat("a", dlq.MaxEditPayload+1)) + `}`, true, http.StatusBadRequest, "over the 1048576-byte limit"},
-		{"body over the limit", "s1", "e-1", `{"payload":` + quote(strings.Repeat("a", 2*dlq.MaxEditPayload)) + `}`, true, http.StatusRequestEntityTooLarge, "too large"},
+		{"payload over the limit", "s1", "e-1", `{"payload":` + quote(strings.Repeat("a", dlqwire.MaxEditPayload+1)) + `}`, true, http.StatusBadRequest, "over the 1048576-byte limit"},
+		{"body over the limit", "s1", "e-1", `{"payload":` + quote(strings.Repeat("a", 2*dlqwire.MaxEditPayload)) + `}`, true, http.StatusRequestEntityTooLarge, "too large"},
 		{"reserved header", "s1", "e-1", `{"set_headers":{"x-retry-count":"0"}}`, true, http.StatusBadRequest, "cannot be edited"},
-		{"header value over the limit", "s1", "e-1", `{"set_headers":{"tenant":` + quote(strings.Repeat("v", dlq.MaxEditHeaderValue+1)) + `}}`, true, http.StatusBadRequest, "over the"},
+		{"header value over the limit", "s1", "e-1", `{"set_headers":{"tenant":` + quote(strings.Repeat("v", dlqwire.MaxEditHeaderValue+1)) + `}}`, true, http.StatusBadRequest, "over the"},
 		{"nothing to change", "s1", "e-1", `{}`, true, http.StatusBadRequest, "nothing to change"},
 		{"unknown field", "s1", "e-1", `{"paylod":"x"}`, true, http.StatusBadRequest, "unknown field"},
 		{"missing id", "s1", "no-such-id", `{"payload":"{}"}`, true, http.StatusNotFound, "no-such-id"},
@@ -120,7 +122,7 @@ func TestEditAPI(t *testing.T) {
 	assert.JSONEq(t, `{"id":"e-1","amount":5}`, string(copyMsg.Body))
 	assert.Equal(t, "globex", copyMsg.Headers["tenant"])
 	assert.NotContains(t, copyMsg.Headers, "x-note")
-	assert.Equal(t, "console:alice", copyMsg.Headers[dlq.HeaderEditedBy])
+	assert.Equal(t, "console:alice", copyMsg.Headers[headers.EditedBy])
 	require.Equal(t, 1, fx.rabbit.Count(archive))
 	orig, ok := fx.rabbit.Get(archive)
 	require.True(t, ok)
@@ -128,7 +130,7 @@ func TestEditAPI(t *testing.T) {
 
 	var edit *dlq.AuditEvent
 	for _, ev := range auditEvents(t, fx) {
-		if ev.Action == "edit" && ev.Result == dlq.AuditOK {
+		if ev.Action == "edit" && ev.Result == "ok" {
 			edit = &ev
 		}
 	}
@@ -227,8 +229,8 @@ func TestEditForm(t *testing.T) {
 		want     string
 	}{
 		{"invalid JSON", "s1", [][2]string{{"csrf", csrf}, {"payload", `{"id": "f-1", "amount": `}}, http.StatusBadRequest, "not valid JSON"},
-		{"oversized payload", "s1", [][2]string{{"csrf", csrf}, {"payload", `"` + strings.Repeat("a", dlq.MaxEditPayload) + `"`}}, http.StatusBadRequest, "over the 1048576-byte limit"},
-		{"body over the form's limit", "s1", [][2]string{{"csrf", csrf}, {"payload", strings.Repeat("a", 2*dlq.MaxEditPayload)}}, http.StatusRequestEntityTooLarge, "too large"},
+		{"oversized payload", "s1", [][2]string{{"csrf", csrf}, {"payload", `"` + strings.Repeat("a", dlqwire.MaxEditPayload) + `"`}}, http.StatusBadRequest, "over the 1048576-byte limit"},
+		{"body over the form's limit", "s1", [][2]string{{"csrf", csrf}, {"payload", strings.Repeat("a", 2*dlqwire.MaxEditPayload)}}, http.StatusRequestEntityTooLarge, "too large"},
 		{"nothing changed", "s1", [][2]string{{"csrf", csrf}, {"payload", "{\r\n  \"id\": \"f-1\",\r\n  \"amount\": -5,\r\n  \"currency\": \"EUR\"\r\n}"}}, http.StatusBadRequest, "nothing to change"},
 		{"a bad header line", "s1", [][2]string{{"csrf", csrf}, {"set_headers", "tenant"}}, http.StatusBadRequest, "is not name=value"},
 		{"a reserved header", "s1", [][2]string{{"csrf", csrf}, {"unset_headers", "x-error-type"}}, http.StatusBadRequest, "cannot be edited"},
@@ -299,5 +301,5 @@ func TestEditForm(t *testing.T) {
 	last := events[len(events)-1]
 	assert.Equal(t, "edit", last.Action)
 	assert.Equal(t, "console:alice", last.Actor)
-	assert.Equal(t, dlq.AuditOK, last.Result)
+	assert.Equal(t, "ok", last.Result)
 }

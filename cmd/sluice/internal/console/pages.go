@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/sluice-go/sluice/internal/dlqview"
 	"github.com/sluice-go/sluice/internal/topology"
 
 	"github.com/sluice-go/sluice/dlq"
@@ -67,7 +68,7 @@ func (s *Server) queuePage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	queue := r.PathValue("queue")
-	data := map[string]any{"Title": queue, "Queue": queue, "DLQ": topology.DLQ(queue), "Source": f.Source.Name(queue),
+	data := map[string]any{"Title": queue, "Queue": queue, "DLQ": topology.DLQ(queue), "Source": sourceQueue(f.Source, queue),
 		"Archive": topology.Archive(queue), "Ops": opsFor(f.Source), "Filter": f, "SourceParam": f.SourceParam()}
 	groups, err := s.inspector(f.Source).Groups(ctx, queue)
 	if err != nil {
@@ -115,13 +116,13 @@ func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	src := sourceOf(r)
-	d := rec.Display()
+	d := dlqview.Of(dlqview.Record(rec))
 	preview, pretty := prettyJSON(d.Preview, rec.Properties.ContentType, d.PayloadTruncated)
 	data := map[string]any{
 		"Title": id, "Queue": queue, "Record": d.Record, "Display": d, "Positions": positionsOf(all),
-		"Download": downloadPath(queue, rec, src), "MaskingNote": dlq.MaskingNote, "PreviewBytes": dlq.PreviewBytes,
+		"Download": downloadPath(queue, rec, src), "MaskingNote": dlqview.MaskingNote, "PreviewBytes": dlqview.PreviewBytes,
 		"HeaderKeys": slices.Sorted(maps.Keys(d.Record.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": opsFor(src),
-		"Preview": preview, "Pretty": pretty, "Archived": src == dlq.FromArchive, "Source": src.Name(queue),
+		"Preview": preview, "Pretty": pretty, "Archived": src == dlq.FromArchive, "Source": sourceQueue(src, queue),
 		"SourceParam": map[bool]string{true: sourceArchive}[src == dlq.FromArchive],
 	}
 	if src == dlq.FromDLQ {
@@ -147,7 +148,7 @@ func (s *Server) message(ctx context.Context, r *http.Request) (dlq.Record, []dl
 	if err != nil {
 		return dlq.Record{}, nil, err
 	}
-	all, err := s.inspector(src).ShowAll(ctx, queue, id)
+	all, err := s.inspector(src).Show(ctx, queue, id)
 	if err != nil {
 		return dlq.Record{}, nil, err
 	}
@@ -159,7 +160,7 @@ func (s *Server) message(ctx context.Context, r *http.Request) (dlq.Record, []dl
 			return rec, all, nil
 		}
 	}
-	return dlq.Record{}, nil, fmt.Errorf("message %q is not at position %d in %s: %w", id, pos, src.Name(queue), dlq.ErrMessageNotFound)
+	return dlq.Record{}, nil, fmt.Errorf("message %q is not at position %d in %s: %w", id, pos, sourceQueue(src, queue), dlq.ErrMessageNotFound)
 }
 
 // positionsOf lists the positions of recs when there are several, for links to each.
@@ -248,7 +249,7 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n == 0 {
-		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, src.Name(queue), dlq.ErrNothingSelected))
+		s.pageFail(w, r, fmt.Errorf("nothing to %s in %s: %w", op, sourceQueue(src, queue), dlq.ErrNothingSelected))
 		return
 	}
 	shown := req.IDs
@@ -256,7 +257,7 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 		shown = shown[:20]
 	}
 	s.render(w, r, http.StatusOK, "confirm", map[string]any{
-		"Title": "Confirm " + op, "Queue": queue, "DLQ": src.Name(queue), "Archive": topology.Archive(queue),
+		"Title": "Confirm " + op, "Queue": queue, "DLQ": sourceQueue(src, queue), "Archive": topology.Archive(queue),
 		"Op": op, "IDs": req.IDs, "Shown": shown, "More": len(req.IDs) - len(shown), "Group": req.Group, "Count": n,
 		"SourceParam": req.Source,
 	})

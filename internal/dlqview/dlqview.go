@@ -1,4 +1,13 @@
-package dlq
+// Package dlqview is how an operator sees a dead letter: the display form of a dlq.Record
+// (credentials masked, every text bounded, the payload a preview) that dlq.Record's JSON,
+// the sluice CLI and the console show, and the summary a list shows. It is presentation,
+// not part of dlq's API: a Go program reads the exact Record, and json.Marshal of a Record
+// gives its display form.
+//
+// Record is a copy of dlq.Record's fields, so that dlq (whose MarshalJSON writes the
+// display form) can import this package: dlq converts a dlq.Record into a Record, and so
+// does a caller (dlqview.Record(rec)), and the compiler keeps both field lists identical.
+package dlqview
 
 import (
 	"encoding/base64"
@@ -37,13 +46,65 @@ const (
 // straddling the cut is masked whole and no prefix of its password shows.
 const maskSlack = 1024
 
+// MaskingNote says what the display masks, and that the message itself is unchanged.
+const MaskingNote = "display only: passwords in URLs and Authorization-like header values are shown as xxxxx; the message itself (replay, download, --payload-file) keeps the exact bytes"
+
+// Record has exactly the fields of dlq.Record, in its order, with its JSON names (see
+// dlq.Record for what each means; dlq's tests compare the two).
+type Record struct {
+	ID                    string                 `json:"id"`
+	Position              int                    `json:"position"`
+	OriginalQueue         string                 `json:"original_queue"`
+	IgnoredOrigin         string                 `json:"ignored_origin,omitempty"`
+	ProducerOriginalQueue string                 `json:"producer_original_queue,omitempty"`
+	FailedStage           string                 `json:"failed_stage,omitempty"`
+	RetryNote             string                 `json:"retry_note,omitempty"`
+	Handler               string                 `json:"handler,omitempty"`
+	GroupID               string                 `json:"group_id"`
+	Fingerprint           string                 `json:"fingerprint"`
+	ErrorType             string                 `json:"error_type"`
+	ErrorClass            string                 `json:"error_class,omitempty"`
+	Reason                string                 `json:"reason,omitempty"`
+	ErrorMessage          string                 `json:"error_message"`
+	ErrorStack            string                 `json:"error_stack,omitempty"`
+	Retries               int                    `json:"retries"`
+	Replays               int                    `json:"replays"`
+	FailedAt              time.Time              `json:"-"`
+	FirstFailureAt        time.Time              `json:"-"`
+	Age                   time.Duration          `json:"-"`
+	HasAge                bool                   `json:"-"`
+	FailedHost            string                 `json:"failed_host,omitempty"`
+	FailedPID             string                 `json:"failed_pid,omitempty"`
+	History               []failure.HistoryEntry `json:"history,omitempty"`
+	Headers               map[string]string      `json:"headers"`
+	Properties            Properties             `json:"properties"`
+	Payload               []byte                 `json:"-"`
+	SameID                []int                  `json:"-"`
+}
+
+// Properties are a message's AMQP basic properties (the type of dlq.Record.Properties).
+type Properties struct {
+	ContentType     string    `json:"content_type,omitempty"`
+	ContentEncoding string    `json:"content_encoding,omitempty"`
+	DeliveryMode    uint8     `json:"delivery_mode,omitempty"`
+	Priority        uint8     `json:"priority,omitempty"`
+	CorrelationID   string    `json:"correlation_id,omitempty"`
+	ReplyTo         string    `json:"reply_to,omitempty"`
+	Expiration      string    `json:"expiration,omitempty"`
+	MessageID       string    `json:"message_id,omitempty"`
+	Timestamp       time.Time `json:"timestamp,omitzero"`
+	Type            string    `json:"type,omitempty"`
+	UserID          string    `json:"user_id,omitempty"`
+	AppID           string    `json:"app_id,omitempty"`
+}
+
 // Display is a Record as an operator sees it: credentials masked (any URL's password,
 // the values of Authorization-like headers, see internal/mask), every text bounded (see
 // PreviewBytes and the others) and the payload reduced to a preview. Masking is for
 // display only: the Record keeps the exact bytes.
 type Display struct {
 	// Record is the record with Headers, ErrorMessage, ErrorStack, History and the
-	// properties masked and bounded, and Payload nil.
+	// properties masked and bounded, and Payload and SameID nil.
 	Record Record
 	// Preview is the start of the payload, masked: its text, or base64 when the payload
 	// is not UTF-8 (PreviewEncoding).
@@ -56,39 +117,39 @@ type Display struct {
 	// HeadersOmitted is how many headers beyond MaxHeadersShown are not shown.
 	HeadersOmitted int
 	// SameID are the positions of the other messages of the queue with the same id, when
-	// the reader found any (see Inspector.ShowAll).
+	// the read found any (Record.SameID, see dlq.Inspector.Show).
 	SameID []int
 	// Download, when set, is where the exact payload can be fetched (the console's link).
 	Download string
 }
 
-// Display returns the record as an operator may see it (see Display).
-func (r Record) Display() Display {
-	d := Display{PayloadBytes: len(r.Payload), SameID: r.sameID}
-	d.Preview, d.PreviewEncoding, d.PayloadTruncated = preview(r.Payload, PreviewBytes)
+// Of returns r as an operator may see it (see Display).
+func Of(r Record) Display {
+	d := Display{PayloadBytes: len(r.Payload), SameID: r.SameID}
+	d.Preview, d.PreviewEncoding, d.PayloadTruncated = Preview(r.Payload, PreviewBytes)
 	out := r
-	out.Payload, out.sameID = nil, nil
-	out.ErrorMessage = bounded(r.ErrorMessage, ErrorTextBytes)
-	out.ErrorStack = bounded(r.ErrorStack, ErrorTextBytes)
-	out.Fingerprint = bounded(r.Fingerprint, HeaderValueBytes)
-	out.OriginalQueue = bounded(r.OriginalQueue, HeaderValueBytes)
-	out.Handler = bounded(r.Handler, HeaderValueBytes)
-	out.ErrorType = bounded(r.ErrorType, HeaderValueBytes)
-	out.Reason = bounded(r.Reason, HeaderValueBytes)
+	out.Payload, out.SameID = nil, nil
+	out.ErrorMessage = Bounded(r.ErrorMessage, ErrorTextBytes)
+	out.ErrorStack = Bounded(r.ErrorStack, ErrorTextBytes)
+	out.Fingerprint = Bounded(r.Fingerprint, HeaderValueBytes)
+	out.OriginalQueue = Bounded(r.OriginalQueue, HeaderValueBytes)
+	out.Handler = Bounded(r.Handler, HeaderValueBytes)
+	out.ErrorType = Bounded(r.ErrorType, HeaderValueBytes)
+	out.Reason = Bounded(r.Reason, HeaderValueBytes)
 	// What a producer said (an origin not followed, x-producer-original-queue) is shown
 	// like any header value.
-	out.IgnoredOrigin = bounded(r.IgnoredOrigin, HeaderValueBytes)
-	out.ProducerOriginalQueue = bounded(r.ProducerOriginalQueue, HeaderValueBytes)
-	out.FailedStage = bounded(r.FailedStage, HeaderValueBytes)
+	out.IgnoredOrigin = Bounded(r.IgnoredOrigin, HeaderValueBytes)
+	out.ProducerOriginalQueue = Bounded(r.ProducerOriginalQueue, HeaderValueBytes)
+	out.FailedStage = Bounded(r.FailedStage, HeaderValueBytes)
 	out.History = make([]failure.HistoryEntry, len(r.History))
 	for i, h := range r.History {
-		h.Type = bounded(h.Type, HeaderValueBytes)
-		h.Message = bounded(h.Message, HeaderValueBytes)
+		h.Type = Bounded(h.Type, HeaderValueBytes)
+		h.Message = Bounded(h.Message, HeaderValueBytes)
 		out.History[i] = h
 	}
 	p := &out.Properties
 	for _, s := range []*string{&p.CorrelationID, &p.ReplyTo, &p.MessageID, &p.Type, &p.UserID, &p.AppID, &p.ContentType, &p.ContentEncoding} {
-		*s = bounded(*s, HeaderValueBytes)
+		*s = Bounded(*s, HeaderValueBytes)
 	}
 	out.Headers = make(map[string]string, min(len(r.Headers), MaxHeadersShown))
 	for i, k := range slices.Sorted(maps.Keys(r.Headers)) {
@@ -102,14 +163,14 @@ func (r Record) Display() Display {
 	return d
 }
 
-// bounded masks s's credentials and cuts it to n bytes.
-func bounded(s string, n int) string {
+// Bounded masks s's credentials and cuts it to n bytes.
+func Bounded(s string, n int) string {
 	return failure.Truncate(mask.Credentials(s), n)
 }
 
-// preview returns the first n bytes of payload's display form, masked, and whether the
+// Preview returns the first n bytes of payload's display form, masked, and whether the
 // form is longer.
-func preview(payload []byte, n int) (text, encoding string, truncated bool) {
+func Preview(payload []byte, n int) (text, encoding string, truncated bool) {
 	if utf8.Valid(payload) {
 		if len(payload) <= n {
 			return mask.Credentials(string(payload)), "utf-8", false
@@ -139,7 +200,7 @@ func preview(payload []byte, n int) (text, encoding string, truncated bool) {
 // preview (payload, payload_encoding), payload_bytes (the whole size), payload_truncated,
 // headers_omitted, same_id_positions and masking, which says the masking is display-only.
 func (d Display) MarshalJSON() ([]byte, error) {
-	type plain Record // drops Record's MarshalJSON, keeps the field tags
+	type plain Record
 	r := d.Record
 	out := struct {
 		plain
@@ -169,9 +230,6 @@ func (d Display) MarshalJSON() ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// MaskingNote says what the display masks, and that the message itself is unchanged.
-const MaskingNote = "display only: passwords in URLs and Authorization-like header values are shown as xxxxx; the message itself (replay, download, --payload-file) keeps the exact bytes"
-
 // Summary is one message of a list: its failure record's summary and its payload's size,
 // no payload and no headers, so a list of many messages stays small whatever they hold.
 type Summary struct {
@@ -191,15 +249,15 @@ type Summary struct {
 	PayloadBytes  int        `json:"payload_bytes"`
 }
 
-// Summary returns the record's summary: masked, its error message's first line cut to
+// SummaryOf returns r's summary: masked, its error message's first line cut to
 // SummaryErrorBytes.
-func (r Record) Summary() Summary {
+func SummaryOf(r Record) Summary {
 	s := Summary{
 		ID: r.ID, Position: r.Position, GroupID: r.GroupID,
-		ErrorType: bounded(r.ErrorType, HeaderValueBytes), ErrorClass: bounded(r.ErrorClass, HeaderValueBytes),
-		Reason: bounded(r.Reason, HeaderValueBytes),
-		Error:  shortError(mask.Credentials(r.ErrorMessage), SummaryErrorBytes), Retries: r.Retries, Replays: r.Replays,
-		OriginalQueue: bounded(r.OriginalQueue, HeaderValueBytes), Handler: bounded(r.Handler, HeaderValueBytes),
+		ErrorType: Bounded(r.ErrorType, HeaderValueBytes), ErrorClass: Bounded(r.ErrorClass, HeaderValueBytes),
+		Reason: Bounded(r.Reason, HeaderValueBytes),
+		Error:  ShortError(mask.Credentials(r.ErrorMessage), SummaryErrorBytes), Retries: r.Retries, Replays: r.Replays,
+		OriginalQueue: Bounded(r.OriginalQueue, HeaderValueBytes), Handler: Bounded(r.Handler, HeaderValueBytes),
 		PayloadBytes: len(r.Payload),
 	}
 	if r.HasAge {
@@ -213,8 +271,8 @@ func (r Record) Summary() Summary {
 	return s
 }
 
-// shortError is msg's first line cut to n bytes.
-func shortError(msg string, n int) string {
+// ShortError is msg's first line cut to n bytes.
+func ShortError(msg string, n int) string {
 	if i := strings.IndexAny(msg, "\r\n"); i >= 0 {
 		msg = msg[:i]
 	}
