@@ -133,8 +133,8 @@ func (c *Cluster) Broker() *amqp.Broker {
 	return c.broker
 }
 
-// Connected reports whether one of the cluster's nodes is connected now.
-func (c *Cluster) Connected() bool {
+// connected reports whether one of the cluster's nodes is connected now.
+func (c *Cluster) connected() bool {
 	b := c.Broker()
 	return b != nil && b.Publisher().Connected()
 }
@@ -183,7 +183,7 @@ func (p *clusterPublisher) PublishContext(ctx context.Context, topic string, mes
 
 // Connected reports whether the cluster is connected now (failover.Config.PrimaryUp uses
 // it when the publisher is a primary).
-func (p *clusterPublisher) Connected() bool { return p.c.Connected() }
+func (p *clusterPublisher) Connected() bool { return p.c.connected() }
 
 // Close does nothing.
 func (p *clusterPublisher) Close() error { return nil }

@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-go/sluice/failover"
 )
 
-func TestConfig_Validate(t *testing.T) {
+func TestConfig_Defaults(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  failover.Config
@@ -24,7 +24,7 @@ func TestConfig_Validate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.cfg.Validate()
+			err := failover.Validate(&tt.cfg)
 			if tt.err {
 				require.Error(t, err)
 				return

@@ -80,13 +80,13 @@ func TestFailover(t *testing.T) {
 	}
 
 	publish(per)
-	p, s := pub.Counts()
+	p, s := failover.Counts(pub)
 	require.Equal(t, [2]uint64{per, 0}, [2]uint64{p, s}, "primary up: every publish on the primary")
 	require.False(t, pub.OnSecondary())
 
 	ctl("stop_app")
 	publish(per)
-	p, s = pub.Counts()
+	p, s = failover.Counts(pub)
 	require.Equal(t, [2]uint64{per, per}, [2]uint64{p, s}, "primary down: every publish on the secondary, none lost")
 	require.True(t, pub.OnSecondary())
 
@@ -103,9 +103,9 @@ func TestFailover(t *testing.T) {
 		require.True(t, time.Now().Before(back), "publishes did not return to the primary within 30s of its reconnect")
 		time.Sleep(50 * time.Millisecond)
 	}
-	p0, s0 := pub.Counts()
+	p0, s0 := failover.Counts(pub)
 	publish(per)
-	p, s = pub.Counts()
+	p, s = failover.Counts(pub)
 	require.Equal(t, [2]uint64{p0 + per, s0}, [2]uint64{p, s}, "primary back: new publishes on it again")
 	require.False(t, pub.OnSecondary())
 	require.Equal(t, uint64(sent), p+s, "every publish confirmed by one cluster")
@@ -173,7 +173,7 @@ func TestFailover(t *testing.T) {
 		}
 
 		publish(per)
-		p, s := pub.Counts()
+		p, s := failover.Counts(pub)
 		require.Equal(t, [2]uint64{0, per}, [2]uint64{p, s}, "primary never reached: every publish on the secondary")
 		require.True(t, pub.OnSecondary())
 		require.Nil(t, primaryCluster.Broker(), "no primary broker yet")
@@ -197,9 +197,9 @@ func TestFailover(t *testing.T) {
 			require.True(t, time.Now().Before(back), "publishes did not go to the primary within 30s of its connecting")
 			time.Sleep(50 * time.Millisecond)
 		}
-		p0, s0 := pub.Counts()
+		p0, s0 := failover.Counts(pub)
 		publish(per)
-		p, s = pub.Counts()
+		p, s = failover.Counts(pub)
 		require.Equal(t, [2]uint64{p0 + per, s0}, [2]uint64{p, s}, "primary appeared: new publishes on it")
 		require.False(t, pub.OnSecondary())
 		require.Equal(t, uint64(2*per+probes), p+s, "every publish confirmed by one cluster")

@@ -45,8 +45,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Validate fills in the defaults.
-func (c *Config) Validate() error {
+// validate fills in the defaults and refuses negative durations.
+func (c *Config) validate() error {
 	if c.PrimaryTimeout < 0 || c.RetryPrimaryEvery < 0 {
 		return errors.New("failover: negative PrimaryTimeout or RetryPrimaryEvery")
 	}
@@ -85,9 +85,10 @@ type Publisher struct {
 	toPrimary, toSecondary atomic.Uint64
 }
 
-// NewPublisher returns a publisher over primary and secondary. Close closes neither.
+// NewPublisher returns a publisher over primary and secondary, or an error for a negative
+// PrimaryTimeout or RetryPrimaryEvery. Close closes neither.
 func NewPublisher(primary, secondary message.Publisher, cfg Config) (*Publisher, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	p := &Publisher{primary: primary, secondary: secondary, cfg: cfg, up: cfg.PrimaryUp}
@@ -174,8 +175,8 @@ func (p *Publisher) OnSecondary() bool {
 	return p.onSecondary
 }
 
-// Counts returns how many messages each cluster confirmed.
-func (p *Publisher) Counts() (primary, secondary uint64) {
+// counts returns how many messages each cluster confirmed.
+func (p *Publisher) counts() (primary, secondary uint64) {
 	return p.toPrimary.Load(), p.toSecondary.Load()
 }
 
