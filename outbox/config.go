@@ -50,8 +50,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Validate fills in the defaults and checks the values.
-func (c *Config) Validate() error {
+// validate fills in the defaults and checks the values.
+func (c *Config) validate() error {
 	if c.Dir == "" {
 		return ErrNoDir
 	}

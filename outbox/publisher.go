@@ -65,7 +65,7 @@ type Stats struct {
 // by an earlier run are forwarded first, and new publishes queue behind them. Close does
 // not close pub.
 func New(pub message.Publisher, cfg Config) (*Publisher, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	store, err := outboxstore.OpenStore(cfg.Dir, cfg.MaxMessages, cfg.MaxBytes)
@@ -158,9 +158,37 @@ func (p *Publisher) Stats() Stats {
 	}
 }
 
-// Store returns the outbox file the publisher writes, for its rejected entries
-// (Store().Rejected(), each with the reason it was set aside).
-func (p *Publisher) Store() *outboxstore.Store { return p.store }
+// RejectedMessage is a message the forwarder set aside because publishing it failed with
+// an error Config.Permanent names (no queue bound any more, say), so that it does not block
+// the messages behind it. It stays in the outbox file's rejected set.
+type RejectedMessage struct {
+	// Topic is the topic Publish was given.
+	Topic string
+	// Message is the message: its UUID, metadata and payload.
+	Message *message.Message
+	// Reason is the error it was set aside with.
+	Reason string
+}
+
+// Rejected returns the messages the outbox file holds set aside as rejected, by this
+// publisher or an earlier one on the same directory, oldest first. It fails with ErrClosed
+// once the publisher is closed.
+func (p *Publisher) Rejected() ([]RejectedMessage, error) {
+	select {
+	case <-p.closing:
+		return nil, ErrClosed
+	default:
+	}
+	entries, err := p.store.Rejected()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]RejectedMessage, len(entries))
+	for i, e := range entries {
+		out[i] = RejectedMessage{Topic: e.Topic, Message: e.Message(), Reason: e.Reason}
+	}
+	return out, nil
+}
 
 // Close stops the forwarder and closes the outbox file; what is still in it is forwarded
 // by the next publisher opened on the same directory. It does not close the wrapped

@@ -82,11 +82,16 @@ func TestPublisher_ForwardsLeftEntriesFirstAndSetsAsideUnroutable(t *testing.T) 
 		require.True(t, ok, "message %d", i)
 		require.Equal(t, fmt.Sprintf("p0-%06d", i), d.MessageId)
 	}
-	rejected, err := ob.Store().Rejected()
+	rejected, err := ob.Rejected()
 	require.NoError(t, err)
 	require.Len(t, rejected, 1)
-	require.Equal(t, "lost", rejected[0].UUID)
+	require.Equal(t, queue+".nobody", rejected[0].Topic)
+	require.Equal(t, "lost", rejected[0].Message.UUID)
+	require.Equal(t, []byte("x"), []byte(rejected[0].Message.Payload))
 	require.Contains(t, rejected[0].Reason, "unroutable")
+	require.NoError(t, ob.Close())
+	_, err = ob.Rejected()
+	require.ErrorIs(t, err, outbox.ErrClosed)
 }
 
 // failing is a publisher that never confirms, for the outbox's own limits (a unit test:
@@ -110,7 +115,7 @@ func TestPublisher_FullOutboxRefuses(t *testing.T) {
 	require.ErrorIs(t, ob.Publish("q", seqMessage(0, 4)), outbox.ErrClosed)
 }
 
-func TestConfig_Validate(t *testing.T) {
+func TestConfig_Defaults(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  outbox.Config
@@ -122,7 +127,7 @@ func TestConfig_Validate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.cfg.Validate()
+			err := outbox.Validate(&tt.cfg)
 			if tt.err == "" {
 				require.NoError(t, err)
 				require.Equal(t, 2*time.Second, tt.cfg.DirectTimeout)

@@ -44,8 +44,8 @@ type Config struct {
 
 var topicPattern = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 
-// Validate fills in the defaults and checks the values.
-func (c *Config) Validate() error {
+// validate fills in the defaults and checks the values.
+func (c *Config) validate() error {
 	if c.Topic == "" {
 		c.Topic = "sluice_outbox"
 	}
@@ -84,7 +84,7 @@ type Outbox struct {
 // New creates the outbox table in db if missing and a forwarder that
 // publishes its rows through out (a confirmed publisher). Start it with Run.
 func New(db *stdsql.DB, out message.Publisher, cfg Config) (*Outbox, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	ackDeadline := 2*cfg.ForwardTimeout + time.Minute
@@ -135,7 +135,8 @@ func (o *Outbox) DBPublisher() (message.Publisher, error) {
 // Run forwards rows until ctx ends or Close.
 func (o *Outbox) Run(ctx context.Context) error { return o.fwd.Run(ctx) }
 
-// Running is closed once the forwarder runs.
+// Running is closed once the forwarder runs: wait for it before Close when Run was
+// started in a goroutine, as with Watermill's Forwarder.
 func (o *Outbox) Running() chan struct{} { return o.fwd.Running() }
 
 // Pending counts the rows not yet forwarded.
