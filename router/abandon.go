@@ -49,16 +49,14 @@ func (s *Stack) stillRunning() error {
 }
 
 // trackAbandoned gives handler a tracker of its abandoned attempts that pauses sub at
-// MaxAbandoned and tells Config.Health; s.mu is held.
+// MaxAbandoned and tells Config.Health (PausedHandlers stays the breaker's); s.mu is held.
 func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 	var mu sync.Mutex
-	paused := false
 	s.attempts.Tracker(handler, s.cfg.MaxAbandoned, func(b attempt.Bound) {
 		mu.Lock()
 		defer mu.Unlock()
 		who := "handler " + handler
 		if b.Stuck {
-			paused = true
 			sub.Pause()
 			if s.cfg.Health != nil {
 				s.cfg.Health.Pause(who, fmt.Sprintf("stuck since %s: %d abandoned attempts still running (MaxAbandoned %d)",
@@ -68,18 +66,12 @@ func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 				"handler", handler, "running", b.Running, "max_abandoned", b.Max, "since", b.Since)
 			return
 		}
-		paused = false
 		sub.Resume(0)
 		if s.cfg.Health != nil {
 			s.cfg.Health.Resume(who)
 		}
 		s.logger.Info("handler resumed: abandoned attempts returned", "handler", handler, "running", b.Running, "stuck_for", time.Since(b.Since))
 	})
-	s.parts = append(s.parts, part{handler: handler, paused: func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return paused
-	}})
 }
 
 // abandonObserver logs each abandoned attempt and each late return, at most

@@ -13,8 +13,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/retrystats"
 )
 
 // Duration is a time.Duration written to and read from JSON as a Go duration ("1.5s").

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 // Markdown renders the description for a runbook: a section per handler with a table of

@@ -17,12 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -57,12 +56,12 @@ func describedStack(t *testing.T) (*router.Stack, string, string) {
 	require.NoError(t, s.Handle("ledger", ledger, describedNoop, router.WithPartitions(2), router.WithDeferWhileOpen()))
 	// "down" never recovers: 12 messages exhausted their retries; "flaky" recovered twice.
 	for range 12 {
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true})
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "down", Resolved: "down", End: disposition.Exhausted, Attempt: 4})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "down", Resolved: "down", End: retrystats.Exhausted, Attempt: 4})
 	}
 	for range 2 {
-		stats.Record("ledger", disposition.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
-		stats.Record("ledger", disposition.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: disposition.Recovered, Attempt: 2})
+		stats.Record("ledger", retrystats.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
+		stats.Record("ledger", retrystats.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: retrystats.Recovered, Attempt: 2})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -385,8 +384,8 @@ func TestDescription_LearnedShorten(t *testing.T) {
 	q := uniqueQueue("describe.shorten")
 	require.NoError(t, s.Handle("orders", q, describedNoop))
 	for range retry.MinShortenRecoveries {
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: disposition.Recovered, Attempt: 2})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: retrystats.Recovered, Attempt: 2})
 	}
 	d := s.Describe()
 	require.Len(t, d.Handlers, 1)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -67,13 +68,13 @@ func (sl *journalSlot) gate(next message.HandlerFunc) message.HandlerFunc {
 			select {
 			case <-sl.ready:
 			case <-sl.closing:
-				return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: the stack is closing", ErrRestoring, sl.name))
+				return nil, markers.ReturnUnprocessed(fmt.Errorf("%w: queue %q: the stack is closing", ErrRestoring, sl.name))
 			case <-m.Context().Done():
-				return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: %w", ErrRestoring, sl.name, m.Context().Err()))
+				return nil, markers.ReturnUnprocessed(fmt.Errorf("%w: queue %q: %w", ErrRestoring, sl.name, m.Context().Err()))
 			}
 		}
 		if sl.step == nil {
-			return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: the restore failed", ErrRestoring, sl.name))
+			return nil, markers.ReturnUnprocessed(fmt.Errorf("%w: queue %q: the restore failed", ErrRestoring, sl.name))
 		}
 		return next(m)
 	}

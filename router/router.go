@@ -11,7 +11,7 @@
 //     out in one place: a retryable error with attempts left goes back to the broker
 //     delayed (through the delay cascade, or, with WithNativeRetry on RabbitMQ 4.3,
 //     rejected for the queue to hold back), a permanent one or one out of retries goes to
-//     the DLQ through the poison step (Config.Poison), each confirmed before the ack; then
+//     the DLQ (Config.Retry.DeadLetterer, else the broker's), each confirmed before the ack; then
 //     the observers are told once
 //  4. attempt — runs everything below on a goroutine of its own and stops waiting for it
 //     at HandlerTimeout plus AbandonGrace, returned or not: the attempt is a retryable
@@ -67,7 +67,6 @@ import (
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/middleware/breaker"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
 	"github.com/sluice-go/sluice/router/internal/pause"
@@ -97,12 +96,11 @@ type Config struct {
 	// Logger is used by the stack, its steps and Watermill (through its slog adapter).
 	// Nil means slog.Default().
 	Logger *slog.Logger
-	// Retry configures the retry step. A nil Delayer means the broker's delay; DeadLetter
-	// is always the stack's poison step (Poison). With Telemetry, the step's observers are
+	// Retry configures the failure path: the retry step, which decides every failed
+	// attempt's fate and carries it out. A nil Delayer means the broker's delay, a nil
+	// DeadLetterer the broker's dead-letter queue. With Telemetry, the step's observers are
 	// Retry.Observer and Telemetry.
 	Retry retry.Config
-	// Poison configures the dead-letter step. A nil DeadLetterer means the broker's DLQ.
-	Poison poison.Config
 	// HandlerTimeout is the deadline of the handler's context. An attempt still running
 	// AbandonGrace past it is abandoned, whether or not the handler looks at its context:
 	// the stack stops waiting, the attempt is a retryable failure (error type
@@ -216,7 +214,6 @@ type Stack struct {
 	cut      chan struct{}
 	cutOnce  sync.Once
 	cutTimer *time.Timer
-	poison   *poison.Poison
 	output   message.Publisher
 
 	mu      sync.Mutex
@@ -266,34 +263,21 @@ func New(b Broker, cfg Config) (*Stack, error) {
 			return nil, fmt.Errorf("router: Config.Middleware[%d] is nil", i)
 		}
 	}
-	// The broker does the hand-offs unless the caller gave the steps their own.
-	var delayer retry.Delayer = b
-	if cfg.Retry.Delayer != nil {
-		delayer = cfg.Retry.Delayer
+	// The broker does the hand-offs unless the caller gave the retry step its own. The
+	// steps get copies: the caller's Config is never changed.
+	rcfg := cfg.Retry
+	if rcfg.Delayer == nil {
+		rcfg.Delayer = b
 	}
-	var dead poison.DeadLetterer = b
-	if cfg.Poison.DeadLetterer != nil {
-		dead = cfg.Poison.DeadLetterer
+	if rcfg.DeadLetterer == nil {
+		rcfg.DeadLetterer = b
 	}
 	var output message.Publisher = broker.QueuePublisher(b)
 	if cfg.Telemetry != nil {
-		delayer = cfg.Telemetry.WrapDelayer(delayer)
-		dead = cfg.Telemetry.WrapDeadLetterer(dead)
+		rcfg.Delayer = cfg.Telemetry.WrapDelayer(rcfg.Delayer)
+		rcfg.DeadLetterer = cfg.Telemetry.WrapDeadLetterer(rcfg.DeadLetterer)
 		output = cfg.Telemetry.WrapPublisher(output)
 	}
-	// The steps get copies: the caller's Config is never changed.
-	pcfg := cfg.Poison
-	pcfg.DeadLetterer = dead
-	if pcfg.Logger == nil {
-		pcfg.Logger = cfg.Logger
-	}
-	p, err := poison.New(pcfg)
-	if err != nil {
-		return nil, err
-	}
-	rcfg := cfg.Retry
-	rcfg.Delayer = delayer
-	rcfg.DeadLetter = p
 	if cfg.Telemetry != nil {
 		// Telemetry observes every attempt's outcome beside the caller's observer.
 		obs := disposition.Observers{cfg.Telemetry}
@@ -331,7 +315,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{},
+	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, output: output, names: map[string]bool{},
 		closing: make(chan struct{}), cut: make(chan struct{})}
 	s.attempts = attempt.New(attempt.Config{Timeout: cfg.HandlerTimeout, Grace: cfg.AbandonGrace, HandoffTimeout: lifecycle.HandoffTimeout,
 		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)

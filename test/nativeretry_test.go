@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -257,7 +258,7 @@ func TestNativeRetryOn43_UnprocessedReturnsAreNotHeldBack(t *testing.T) {
 	start(t, e, router.Config{Retry: retry.Config{MaxRetries: 3, Observer: outcomes}}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
 			if log.add(m.UUID) <= 2 {
-				return disposition.ReturnUnprocessedError(errors.New("gateway breaker open: handler paused"))
+				return markers.ReturnUnprocessed(errors.New("gateway breaker open: handler paused"))
 			}
 			close(done)
 			return nil

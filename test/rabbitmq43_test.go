@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/membership"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
@@ -102,7 +102,7 @@ func TestDeliveryLimitOn43(t *testing.T) {
 				defer mu.Unlock()
 				attempts++
 				if attempts <= returns {
-					return disposition.ReturnUnprocessedError(errors.New("gateway breaker open: handler paused"))
+					return markers.ReturnUnprocessed(errors.New("gateway breaker open: handler paused"))
 				}
 				close(succeeded)
 				return nil

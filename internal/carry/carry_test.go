@@ -14,7 +14,9 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 )
 
@@ -23,53 +25,56 @@ var (
 	errBroker = errors.New("broker unreachable")
 )
 
-// Every disposition is carried out with at most one hand-off and told to the observer
-// exactly once; a failed hand-off is observed (and returned) as a GiveBack, never as what
-// was meant.
+// Every fate is carried out with at most one hand-off and told to the observer exactly
+// once; a failed hand-off is observed (and returned) as a GiveBack, never as what was meant.
 func TestCarry_OneHandOffOneObservation(t *testing.T) {
+	policy := decide.Policy{MaxRetries: 3, MaxTotalAge: time.Hour, MaxRetryAfter: time.Hour, Backoff: func(int) time.Duration { return time.Second }}
 	tests := []struct {
 		name       string
-		d          disposition.Disposition
+		in         decide.Input
 		failWith   error
 		wantDelays int
 		wantDead   int
 		wantKind   disposition.Kind
 		wantNack   bool
-		// wantMarked: returned unprocessed, with the subscriber's basic.nack mark.
-		wantMarked bool
+		// wantMarked: returned unprocessed, with the subscriber's basic.nack mark;
+		// wantHeld: rejected for the queue's native delayed retry.
+		wantMarked, wantHeld bool
 	}{
-		{name: "ack", d: disposition.Disposition{Kind: disposition.Ack}, wantKind: disposition.Ack},
-		{name: "retry", d: disposition.Disposition{Kind: disposition.Retry, Delay: time.Second, Reason: errBoom}, wantDelays: 1, wantKind: disposition.Retry},
-		{name: "defer", d: disposition.Disposition{Kind: disposition.Defer, Delay: time.Second, Reason: errBoom}, wantDelays: 1, wantKind: disposition.Defer},
-		{name: "dead letter", d: disposition.Disposition{Kind: disposition.DeadLetter, Reason: sluice.Permanent(errBoom)}, wantDead: 1, wantKind: disposition.DeadLetter},
-		{name: "discard", d: disposition.Disposition{Kind: disposition.Discard, Reason: sluice.Discard(errBoom)}, wantKind: disposition.Discard},
-		{name: "give back", d: disposition.Disposition{Kind: disposition.GiveBack, Reason: errBoom}, wantKind: disposition.GiveBack, wantNack: true},
-		{name: "give back unprocessed", d: disposition.Disposition{Kind: disposition.GiveBack, Reason: errBoom, Unprocessed: true}, wantKind: disposition.GiveBack, wantNack: true, wantMarked: true},
-		{name: "retry hand-off fails", d: disposition.Disposition{Kind: disposition.Retry, Delay: time.Second, Reason: errBoom}, failWith: errBroker, wantDelays: 1, wantKind: disposition.GiveBack, wantNack: true},
-		{name: "dead letter fails", d: disposition.Disposition{Kind: disposition.DeadLetter, Reason: errBoom}, failWith: errBroker, wantDead: 1, wantKind: disposition.GiveBack, wantNack: true},
+		{name: "ack", in: decide.Input{}, wantKind: disposition.Ack},
+		{name: "retry", in: decide.Input{Err: errBoom}, wantDelays: 1, wantKind: disposition.Retry},
+		{name: "defer", in: decide.Input{Err: sluice.Defer(time.Second, errBoom)}, wantDelays: 1, wantKind: disposition.Defer},
+		{name: "dead letter", in: decide.Input{Err: sluice.Permanent(errBoom)}, wantDead: 1, wantKind: disposition.DeadLetter},
+		{name: "discard", in: decide.Input{Err: sluice.Discard(errBoom)}, wantKind: disposition.Discard},
+		{name: "returned unprocessed", in: decide.Input{Err: markers.ReturnUnprocessed(errBoom)}, wantKind: disposition.GiveBack, wantNack: true, wantMarked: true},
+		{name: "held back by the queue", in: decide.Input{Err: errBoom, Native: &decide.Native{Delay: time.Second}}, wantKind: disposition.Retry, wantNack: true, wantHeld: true},
+		{name: "retry hand-off fails", in: decide.Input{Err: errBoom}, failWith: errBroker, wantDelays: 1, wantKind: disposition.GiveBack, wantNack: true},
+		{name: "dead letter fails", in: decide.Input{Err: sluice.Permanent(errBoom)}, failWith: errBroker, wantDead: 1, wantKind: disposition.GiveBack, wantNack: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var delays, dead int
 			obs := &steptest.Observer{}
-			c := &carry.Carrier{
+			c := carry.New(carry.Carrier{
 				Delayer: steptest.DelayerFunc(func(context.Context, string, time.Duration, *message.Message) error {
 					delays++
 					return tt.failWith
 				}),
-				DeadLetter: func(_ context.Context, msg *message.Message, _ string, _ error) (*message.Message, error) {
+				DeadLetterer: deadLettererFunc(func(context.Context, string, *message.Message) error {
 					dead++
-					return msg, tt.failWith
-				},
+					return tt.failWith
+				}),
 				Observer: obs,
 				Logger:   slog.New(slog.DiscardHandler),
-			}
+			})
 			msg := message.NewMessage("m-1", []byte("x"))
 			now := time.Now()
-			err := c.Carry(context.Background(), carry.Attempt{Msg: msg, Queue: "orders", Number: 1, First: now, Now: now, Dependency: "gateway"}, tt.d)
+			in := tt.in
+			in.Policy, in.History.Now = policy, now
+			err := c.Carry(context.Background(), carry.Attempt{Msg: msg, Queue: "orders", Number: 1, First: now, Now: now, Dependency: "gateway"}, in)
 			if tt.wantNack {
-				require.Error(t, err)
-				assert.True(t, disposition.IsGiveBack(err), "%v", err)
+				var gb *carry.GiveBack
+				require.ErrorAs(t, err, &gb)
 			} else {
 				require.NoError(t, err)
 			}
@@ -78,11 +83,15 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 			} else {
 				assert.Empty(t, msg.Metadata.Get(headers.GivenBack), "a failure, or a failed hand-off, is a basic.reject")
 			}
+			if tt.wantHeld {
+				assert.Equal(t, "1", msg.Metadata.Get(headers.HeldBack), "rejected at once, for the queue to hold back")
+			}
 			assert.Equal(t, tt.wantDelays, delays)
 			assert.Equal(t, tt.wantDead, dead)
 			all := obs.All()
 			require.Len(t, all, 1, "observed once")
 			assert.Equal(t, tt.wantKind, all[0].Disposition.Kind)
+			assert.Equal(t, tt.wantHeld, all[0].Disposition.HeldBack)
 			assert.Equal(t, "gateway", all[0].Dependency)
 			assert.Equal(t, "m-1", all[0].MessageID)
 			if tt.failWith != nil {
@@ -90,6 +99,12 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 			}
 		})
 	}
+}
+
+type deadLettererFunc func(ctx context.Context, queue string, msg *message.Message) error
+
+func (f deadLettererFunc) DeadLetter(ctx context.Context, queue string, msg *message.Message) error {
+	return f(ctx, queue, msg)
 }
 
 // An attempt after a failure names the failure it was retried for; a first attempt reads
@@ -107,10 +122,10 @@ func TestCarry_RetriedErrorType(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			obs := &steptest.Observer{}
-			c := &carry.Carrier{Observer: obs, Logger: slog.New(slog.DiscardHandler)}
+			c := carry.New(carry.Carrier{Observer: obs, Logger: slog.New(slog.DiscardHandler)})
 			msg := message.NewMessage("m-1", []byte("x"))
 			msg.Metadata.Set(sluice.HeaderLastError, tt.last)
-			require.NoError(t, c.Carry(context.Background(), carry.Attempt{Msg: msg, Queue: "orders", Number: tt.number}, disposition.Disposition{Kind: disposition.Ack}))
+			require.NoError(t, c.Carry(context.Background(), carry.Attempt{Msg: msg, Queue: "orders", Number: tt.number}, decide.Input{}))
 			require.Len(t, obs.All(), 1)
 			assert.Equal(t, tt.want, obs.All()[0].RetriedErrorType)
 		})

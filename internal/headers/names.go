@@ -18,7 +18,7 @@ const (
 	FailedHost = "x-failed-host"
 	FailedPID  = "x-failed-pid"
 	ErrorClass = "x-error-class"
-	// DeadLetterReason says why sluice stopped trying (disposition.DeadLetterReasonOf:
+	// DeadLetterReason says why sluice stopped trying (decide.ReasonOf:
 	// permanent, retries_exhausted, max_age, retry_unlikely, ...), beside the error type
 	// that says what failed.
 	DeadLetterReason = "x-dead-letter-reason"

@@ -16,10 +16,11 @@ import (
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
-// ErrInFlight is the reason of the sluice.DeferError returned for a duplicate whose key is
+// ErrInFlight is the reason of the markers.Defer returned for a duplicate whose key is
 // being processed by another attempt.
 var ErrInFlight = errors.New("idempotency: key in flight")
 
@@ -28,7 +29,7 @@ var ErrInFlight = errors.New("idempotency: key in flight")
 // not returned yet (error type sluice.still_running): running the handler beside it could
 // do the work twice, and deferring for free could defer for ever, so it uses an attempt
 // and ends in the dead-letter queue once the retries are spent.
-var ErrStillRunning = errors.New("idempotency: key held by an abandoned attempt still running")
+var ErrStillRunning = markers.ErrStillRunning
 
 // stillRunningError is ErrStillRunning's failure for one message.
 type stillRunningError struct{ id string }

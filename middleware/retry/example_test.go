@@ -12,23 +12,21 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
 // The retry step used alone in a plain Watermill router. The embedded broker is the
 // subscriber, the delay (retries come back through it, not through a sleeping handler)
-// and the dead-letter queue (through the poison step the retry step requires).
+// and the dead-letter queue.
 func Example() {
 	quiet := slog.New(slog.DiscardHandler)
 	b := memory.New(memory.Config{Logger: quiet})
 	defer b.Close()
 	_ = b.DeclareQueue(context.Background(), "orders") // orders and orders.dlq
 
-	p, _ := poison.New(poison.Config{DeadLetterer: b, Logger: quiet})
 	r, err := retry.New(retry.Config{
-		Delayer:      b,
-		DeadLetter:   p,
+		Delayer:      b, // the broker's delay
+		DeadLetterer: b, // and its dead-letter queue
 		MaxRetries:   2,
 		InitialDelay: 10 * time.Millisecond,
 		Jitter:       retry.NoJitter,
@@ -76,10 +74,9 @@ func Example() {
 func ExampleRetry_Backoff() {
 	b := memory.New(memory.Config{})
 	defer b.Close()
-	p, _ := poison.New(poison.Config{DeadLetterer: b})
 	r, err := retry.New(retry.Config{
 		Delayer:      b,
-		DeadLetter:   p,
+		DeadLetterer: b,
 		MaxRetries:   5,
 		InitialDelay: time.Second,
 		Multiplier:   3,

@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/mask"
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/router"
 )
 
