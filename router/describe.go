@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -481,50 +482,28 @@ func (s *Stack) idempotencyOf(h HandlerDescription, slots []*journalSlot) *Idemp
 	return d
 }
 
-// classActions says what each class of error leads to for h.
+// classActions says what each case of the decision table leads to for h: the table's own
+// sentences (package internal/decide), with h's settings.
 func classActions(h HandlerDescription) []ClassAction {
 	p := h.Retry
-	dlq := "the dead-letter queue"
-	if h.DeadLetterQueue != "" {
-		dlq = h.DeadLetterQueue
-	}
-	retryable := fmt.Sprintf("retried after the schedule's delay, up to %d retries (%d attempts) within %s of the first failure; then dead-lettered to %s (retries exhausted)",
-		p.MaxRetries, p.MaxAttempts, p.MaxTotalAge, dlq)
-	if p.Native != nil {
-		retryable = fmt.Sprintf("rejected back to its queue, which holds it back the schedule's delay (native delayed retry), up to %d retries (%d attempts); then dead-lettered to %s (retries exhausted)",
-			p.MaxRetries, p.MaxAttempts, dlq)
-	}
-	if p.MaxRetries == 0 {
-		retryable = fmt.Sprintf("dead-lettered to %s at once (no retries)", dlq)
-	}
-	out := []ClassAction{
-		{Class: sluice.ClassRetryable.String(), Action: retryable},
-		{Class: "retry_after", Action: fmt.Sprintf("retried after the error's own delay (at most %s), using an attempt; as retryable otherwise", p.MaxRetryAfter)},
-		{Class: sluice.ClassPermanent.String(), Action: "dead-lettered to " + dlq + " at once"},
-		{Class: sluice.ClassDiscard.String(), Action: "acked and logged (warn); not dead-lettered"},
-		{Class: sluice.ClassDefer.String(), Action: fmt.Sprintf("redelivered after the given delay (at most %s) without using an attempt, until %s after the first deferral; then dead-lettered (deferral expired)", p.MaxRetryAfter, p.MaxTotalAge)},
-		{Class: "handler_timeout", Action: fmt.Sprintf("an attempt still running %s after it started (handler timeout %s + grace %s) is abandoned, returned or not: a retryable failure (sluice.handler_timeout, its stack in the record); at %d abandoned attempts still running the handler pauses (/readyz not ready)",
-			time.Duration(h.HandlerTimeout+h.AbandonGrace), h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned)},
+	v := decide.View{
+		DeadLetterQueue: h.DeadLetterQueue, MaxRetries: p.MaxRetries, MaxTotalAge: time.Duration(p.MaxTotalAge),
+		MaxRetryAfter: time.Duration(p.MaxRetryAfter), Native: p.Native != nil, Idempotent: h.Idempotency != nil,
+		HandlerTimeout: time.Duration(h.HandlerTimeout), AbandonGrace: time.Duration(h.AbandonGrace), MaxAbandoned: h.MaxAbandoned,
 	}
 	if l := p.Learned; l != nil {
-		explore := "none explored"
-		if l.Explore > 0 {
-			explore = fmt.Sprintf("%g%% still retried to explore", l.Explore*100)
-		}
-		out = append(out, ClassAction{Class: "retry_unlikely", Action: fmt.Sprintf(
-			"a retryable error type with at least %d retried messages ended in the window, below %g%% recovered, is dead-lettered at once (%s)",
-			l.MinEvidence, l.UnlikelyBelow*100, explore)})
+		v.Learned = &decide.Learned{MinEvidence: l.MinEvidence, UnlikelyBelow: l.UnlikelyBelow, Explore: l.Explore}
 	}
 	if b := p.Budget; b != nil && b.WhenSpent != "no budget" {
-		out = append(out, ClassAction{Class: "retry_budget_exhausted", Action: fmt.Sprintf(
-			"a retry past the dependency's budget (%g of first attempts over %s, at least %g/s) is %s", b.Ratio, b.Window, b.MinRetriesPerSecond, b.WhenSpent)})
+		v.Budget = fmt.Sprintf("a retry past the dependency's budget (%g of first attempts over %s, at least %g/s) is %s",
+			b.Ratio, b.Window, b.MinRetriesPerSecond, b.WhenSpent)
 	}
 	if b := h.Breaker; b != nil {
-		action := "the handler pauses (stops taking deliveries, /readyz not ready) until the breaker lets probes through"
-		if b.WhileOpen == "defer" {
-			action = "each message is deferred through the delay without using an attempt, until the breaker lets it through"
-		}
-		out = append(out, ClassAction{Class: "breaker_open", Action: action})
+		v.Breaker = b.WhileOpen
+	}
+	var out []ClassAction
+	for _, r := range decide.Explain(v) {
+		out = append(out, ClassAction{Class: r.Case, Action: r.Fate})
 	}
 	return out
 }
