@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/retrystats"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/policy"
 )
 
 func TestPolicy(t *testing.T) {
@@ -52,7 +52,7 @@ func TestPolicy(t *testing.T) {
 			}
 			assert.Equal(t, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}, delays)
 			require.Len(t, d.Handlers[1].Learned, 1)
-			assert.Equal(t, router.LearnedView{ErrorType: "down", Verdict: retrystats.Verdict{
+			assert.Equal(t, policy.LearnedView{ErrorType: "down", Verdict: retrystats.Verdict{
 				Decision: retrystats.DecisionStop, Exploring: true, Explore: 0.05, Evidence: "0 of 12 recovered in the last hour",
 				Reason: "dead-lettered at once (5% explored): 0 of 12 recovered in the last hour"}}, d.Handlers[1].Learned[0])
 		}},
