@@ -87,6 +87,10 @@ type HandlerDescription struct {
 	HandlerTimeout Duration `json:"handler_timeout"`
 	AbandonGrace   Duration `json:"abandon_grace"`
 	MaxAbandoned   int      `json:"max_abandoned"`
+	// SettleWithin is how long after its delivery the stack acks or gives back any of the
+	// handler's deliveries at the latest, a wait in the prefetch buffer included: the
+	// consumer timeout the broker is asked not to go below (docs/reliability.md).
+	SettleWithin Duration `json:"settle_within"`
 	// ErrorClasses say what each class of error leads to.
 	ErrorClasses []ClassAction `json:"error_classes"`
 	// Retry is the retry policy.
@@ -98,6 +102,15 @@ type HandlerDescription struct {
 	// Learned is the learned retry policy's current view of each error type the handler
 	// failed with in the statistics' window; nil without Config.Retry.Learned.
 	Learned []LearnedView `json:"learned,omitempty"`
+}
+
+// SettleText says SettleWithin for a reader: "every delivery settled within …", or that
+// the service did not report it (a description from a sluice before the bound).
+func (h HandlerDescription) SettleText() string {
+	if h.SettleWithin <= 0 {
+		return "not reported by the service"
+	}
+	return fmt.Sprintf("every delivery settled within %s of its delivery, prefetch wait included; RabbitMQ's consumer timeout must not be lower", h.SettleWithin)
 }
 
 // ClassAction is what an error class leads to.
@@ -238,6 +251,7 @@ func (s *Stack) Describe() Description {
 	slots := slices.Clone(s.slots)
 	topics := maps.Clone(s.topics)
 	native := maps.Clone(s.native)
+	settle := maps.Clone(s.settle)
 	s.mu.Unlock()
 	slices.Sort(names)
 
@@ -269,7 +283,7 @@ func (s *Stack) Describe() Description {
 			continue // a partition's handler, described with its registration
 		}
 		h := HandlerDescription{Name: name, HandlerTimeout: Duration(s.cfg.HandlerTimeout), AbandonGrace: Duration(s.cfg.AbandonGrace),
-			MaxAbandoned: s.cfg.MaxAbandoned, Retry: policy}
+			MaxAbandoned: s.cfg.MaxAbandoned, SettleWithin: Duration(settle[name]), Retry: policy}
 		if q, ok := topics[name]; ok {
 			h.Queue, h.Consumes = q, []string{q}
 		} else {
