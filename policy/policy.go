@@ -84,6 +84,10 @@ type HandlerDescription struct {
 	HandlerTimeout Duration `json:"handler_timeout"`
 	AbandonGrace   Duration `json:"abandon_grace"`
 	MaxAbandoned   int      `json:"max_abandoned"`
+	// SettleWithin is how long after its delivery the stack acks or gives back any of the
+	// handler's deliveries at the latest, a wait in the prefetch buffer included: the
+	// consumer timeout the broker is asked not to go below (docs/reliability.md).
+	SettleWithin Duration `json:"settle_within"`
 	// ErrorClasses say what each class of error leads to.
 	ErrorClasses []ClassAction `json:"error_classes"`
 	// Retry is the retry policy.
@@ -212,4 +216,13 @@ type IdempotencyDescription struct {
 type LearnedView struct {
 	ErrorType string `json:"error_type"`
 	retrystats.Verdict
+}
+
+// SettleText says SettleWithin for a reader: "every delivery settled within …", or that
+// the service did not report it (a description from a sluice before the bound).
+func (h HandlerDescription) SettleText() string {
+	if h.SettleWithin <= 0 {
+		return "not reported by the service"
+	}
+	return fmt.Sprintf("every delivery settled within %s of its delivery, prefetch wait included; RabbitMQ's consumer timeout must not be lower", h.SettleWithin)
 }

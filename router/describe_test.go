@@ -121,6 +121,8 @@ func TestDescribe(t *testing.T) {
 			assert.Equal(t, topology.DLQ(tc.queue), h.DeadLetterQueue)
 			assert.Equal(t, topology.Archive(tc.queue), h.Archive)
 			assert.Equal(t, policy.Duration(5*time.Second), h.HandlerTimeout)
+			// One turn of its one slot: 5s + 1s grace + two 30s hand-offs + 10s.
+			assert.Equal(t, policy.Duration(76*time.Second), h.SettleWithin)
 
 			// The schedule is the step's own backoff: without jitter, exactly Backoff(n).
 			assert.Equal(t, 3, h.Retry.MaxRetries)
@@ -222,6 +224,7 @@ func TestDescription_Markdown(t *testing.T) {
 		{name: "the schedule", want: []string{"| Retry | Attempt | Delay | With jitter | After first failure |",
 			"| 1 | 2 | 100ms | 100ms – 100ms | 100ms |", "| 3 | 4 | 300ms | 300ms – 300ms | 600ms |"}},
 		{name: "attempts", want: []string{"| Maximum attempts | 4 (3 retries) |"}},
+		{name: "settle bound", want: []string{"| Settle bound | every delivery settled within 1m16s of its delivery, prefetch wait included; RabbitMQ's consumer timeout must not be lower |"}},
 		{name: "error classes", want: []string{"| `permanent` | dead-lettered to " + topology.DLQ(orders) + " at once |", "| `breaker_open` |"}},
 		{name: "learned view", want: []string{"| `down` | stop retrying (exploring 5%) | dead-lettered at once", "| `flaky` | retry (not enough evidence) |"}},
 		{name: "breakers", want: []string{"| `gateway` | closed | 7s | 3 |"}},

@@ -93,6 +93,7 @@ func printPolicy(w io.Writer, d policyReport) error {
 		kv("dead-letter queue", orDash(h.DeadLetterQueue))
 		kv("archive", orDash(h.Archive))
 		kv("handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned))
+		kv("settle bound", h.SettleText())
 		kv("max attempts", fmt.Sprintf("%d (%d retries), within %s of the first failure", p.MaxAttempts, p.MaxRetries, p.MaxTotalAge))
 		kv("backoff", fmt.Sprintf("%s × %g up to %s, jitter ±%g%%", p.InitialDelay, p.Multiplier, p.MaxDelay, p.Jitter*100))
 		for _, r := range p.Schedule {

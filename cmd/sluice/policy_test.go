@@ -30,6 +30,7 @@ func TestPolicy(t *testing.T) {
 			assert.Regexp(t, `dead-letter queue\s+cli\.pay\.dlq\n`, out)
 			assert.Regexp(t, `archive\s+cli\.pay\.dlq\.archive\n`, out)
 			assert.Regexp(t, `max attempts\s+4 \(3 retries\)`, out)
+			assert.Regexp(t, `settle bound\s+every delivery settled within 1m41s of its delivery`, out)
 			assert.Regexp(t, `retry 1\s+100ms \(100ms – 100ms\), attempt 2 at \+100ms`, out)
 			assert.Regexp(t, `retry 3\s+400ms \(400ms – 400ms\), attempt 4 at \+700ms`, out)
 			assert.Regexp(t, `down\s+stop retrying \(exploring 5%\): 0 of 12 recovered in the last hour\n`, out)

@@ -56,9 +56,11 @@ type Inputs struct {
 	// journaled queues.
 	Idempotency string
 	Journals    []Journal
-	// HandlerTimeout, AbandonGrace and MaxAbandoned are the attempt step's.
+	// HandlerTimeout, AbandonGrace and MaxAbandoned are the attempt step's; Settle is
+	// each handler's settle bound.
 	HandlerTimeout, AbandonGrace time.Duration
 	MaxAbandoned                 int
+	Settle                       map[string]time.Duration
 }
 
 // Build returns the description of in: a handler per registration (a partitioned
@@ -85,7 +87,7 @@ func Build(in Inputs) policy.Description {
 			continue // a partition's handler, described with its registration
 		}
 		h := policy.HandlerDescription{Name: name, HandlerTimeout: policy.Duration(in.HandlerTimeout), AbandonGrace: policy.Duration(in.AbandonGrace),
-			MaxAbandoned: in.MaxAbandoned, Retry: base}
+			MaxAbandoned: in.MaxAbandoned, SettleWithin: policy.Duration(in.Settle[name]), Retry: base}
 		if q, ok := in.Topics[name]; ok {
 			h.Queue, h.Consumes = q, []string{q}
 		} else {

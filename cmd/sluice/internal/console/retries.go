@@ -303,6 +303,7 @@ func policySummary(h policy.HandlerDescription) HandlerPolicy {
 	}
 	row("Archive", orUnknown(h.Archive), archive)
 	row("Handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned), "")
+	row("Settle bound", h.SettleText(), "")
 	row("Maximum attempts", fmt.Sprintf("%d (%d retries)", p.MaxAttempts, p.MaxRetries), "")
 	row("Backoff", fmt.Sprintf("%s × %g up to %s, jitter ±%g%%", p.InitialDelay, p.Multiplier, p.MaxDelay, p.Jitter*100), "")
 	row("Maximum total age", p.MaxTotalAge.String()+" from the first failure", "")
