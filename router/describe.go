@@ -35,7 +35,7 @@ func (s *Stack) Describe() policy.Description {
 		}
 	}
 	for _, sl := range s.slots {
-		in.Journals = append(in.Journals, describe.Journal{Queue: sl.name, WithKey: sl.key != nil})
+		in.Journals = append(in.Journals, describe.Journal{Queue: sl.Queue(), WithKey: sl.WithKey()})
 	}
 	s.mu.Unlock()
 	if o := in.Retry.Overload; o != nil {

@@ -69,6 +69,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
+	"github.com/sluice-go/sluice/router/internal/journal"
 	"github.com/sluice-go/sluice/router/internal/pause"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -221,7 +222,7 @@ type Stack struct {
 	started bool
 	plan    declare.Plan                  // what Run declares
 	parts   []part                        // what the options and the configuration hold until Close
-	slots   []*journalSlot                // idempotency steps Run restores before handling (journal.go)
+	slots   []*journal.Slot               // idempotency steps Run restores before handling (journal.go)
 	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
 	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
 	settle  map[string]time.Duration      // each handler's settle bound (broker.go), for Describe
