@@ -7,10 +7,13 @@ package carry
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,6 +75,18 @@ type Attempt struct {
 	First, Now time.Time
 	// Dependency is the handler's dependency, for the observers.
 	Dependency string
+	// Compensation is the handler's compensation event; nil without one.
+	Compensation *Compensation
+}
+
+// Compensation is a handler's compensation: the event published beside a dead letter whose
+// fate is final (disposition.Disposition.Compensate).
+type Compensation struct {
+	// Build returns the event for msg, whose dead letter is record; its id is set after.
+	Build func(msg, record *message.Message) (*message.Message, error)
+	// Publish publishes the event, confirmed; To names where, for records and logs.
+	Publish func(ctx context.Context, event *message.Message) error
+	To      string
 }
 
 // Carry carries out the fate in decides for attempt a: the fate's hand-off, confirmed;
@@ -108,6 +123,9 @@ func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposit
 		hctx, cancel := lifecycle.HandoffContext(ctx)
 		defer cancel()
 		rec := c.Record(msg, a.Queue, a.Retries, d.Reason)
+		if d.Compensate && a.Compensation != nil {
+			return c.compensate(hctx, a, rec)
+		}
 		if err := c.DeadLetterer.DeadLetter(hctx, a.Queue, rec); err != nil {
 			err = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, a.Queue, err)
 			c.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", a.Queue, "message_id", msg.UUID, "error", err)
@@ -236,4 +254,72 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 		o.RetriedErrorType = a.Msg.Metadata.Get(sluice.HeaderLastError)
 	}
 	c.Observer.Observe(ctx, o)
+}
+
+// compensate publishes a's dead letter rec and its compensation event at once, both
+// confirmed: the original is acked only when both are, and given back when either fails,
+// so that the redelivery hands both off again. The event's id is the same on every
+// redelivery, so its consumers deduplicate.
+func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Message) error {
+	comp := a.Compensation
+	event, err := comp.Build(a.Msg, rec)
+	switch {
+	case err != nil:
+		// A builder that fails would fail on every redelivery: the dead letter goes alone,
+		// and its record says why, for the operator.
+		rec.Metadata.Set(headers.CompensationError, failure.Truncate(err.Error(), failure.MaxErrorMessageBytes))
+		c.Logger.Error("compensation event not built; dead-lettering without it", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
+		event = nil
+	case event == nil:
+		rec.Metadata.Set(headers.CompensationError, "the compensation builder returned no event")
+	}
+	if event == nil {
+		if err := c.DeadLetterer.DeadLetter(ctx, a.Queue, rec); err != nil {
+			return fmt.Errorf("dead-letter publish of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+		}
+		return nil
+	}
+	event.UUID = CompensationID(a.Msg)
+	if event.Metadata == nil {
+		event.Metadata = message.Metadata{}
+	}
+	for _, k := range []string{headers.CorrelationID, headers.WatermillCorrelationID} {
+		if v := a.Msg.Metadata.Get(k); v != "" && event.Metadata.Get(k) == "" {
+			event.Metadata.Set(k, v)
+		}
+	}
+	event.Metadata.Set(headers.CompensationOf, a.Msg.UUID)
+	event.SetContext(ctx) // the message's trace: the publisher's span continues it
+	rec.Metadata.Set(headers.CompensationID, event.UUID)
+	rec.Metadata.Set(headers.CompensationTo, comp.To)
+	var wg sync.WaitGroup
+	var eventErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		eventErr = comp.Publish(ctx, event)
+	}()
+	deadErr := c.DeadLetterer.DeadLetter(ctx, a.Queue, rec)
+	wg.Wait()
+	if err := errors.Join(deadErr, eventErr); err != nil {
+		err = fmt.Errorf("dead letter and compensation of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+		c.Logger.Error("dead-letter or compensation publish failed; message will be redelivered", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
+		return err
+	}
+	if c.Logger.Enabled(ctx, slog.LevelDebug) {
+		c.Logger.Debug("message dead-lettered and compensated", "queue", a.Queue, "message_id", a.Msg.UUID, "compensation_id", event.UUID, "to", comp.To)
+	}
+	return nil
+}
+
+// CompensationID is the id of the compensation event of msg's final fate: derived from the
+// message id and the number of times an operator replayed it, so it is the same on every
+// redelivery and native retry of one fate, and new for the fate a replay starts. A UUID
+// (version 8, from SHA-256), as Watermill's ids are.
+func CompensationID(msg *message.Message) string {
+	h := sha256.Sum256([]byte("sluice compensation\x00" + msg.UUID + "\x00" + msg.Metadata.Get(headers.ReplayCount)))
+	b := h[:16]
+	b[6] = (b[6] & 0x0f) | 0x80 // version 8
+	b[8] = (b[8] & 0x3f) | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -131,3 +131,87 @@ func TestCarry_RetriedErrorType(t *testing.T) {
 		})
 	}
 }
+
+// A final dead letter with the handler's compensation: the dead letter and the event are
+// both published, confirmed, before the ack; the event's id is the same on every
+// redelivery and new after a replay; the record names it; either publish failing gives the
+// message back; a builder that fails leaves the dead letter alone, its record saying why.
+func TestCarry_Compensation(t *testing.T) {
+	errBuild := errors.New("no order id")
+	tests := []struct {
+		name                     string
+		deadErr, eventErr, build error
+		wantGiveBack             bool
+		wantEvents               int
+	}{
+		{name: "both confirmed", wantEvents: 1},
+		{name: "the dead letter fails", deadErr: errBroker, wantGiveBack: true, wantEvents: 1},
+		{name: "the event fails", eventErr: errBroker, wantGiveBack: true, wantEvents: 1},
+		{name: "the builder fails", build: errBuild, wantEvents: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var dead, events []*message.Message
+			c := carry.New(carry.Carrier{
+				DeadLetterer: deadLettererFunc(func(_ context.Context, _ string, m *message.Message) error {
+					dead = append(dead, m)
+					return tt.deadErr
+				}),
+				Logger: slog.New(slog.DiscardHandler),
+			})
+			comp := &carry.Compensation{
+				Build: func(msg, record *message.Message) (*message.Message, error) {
+					if tt.build != nil {
+						return nil, tt.build
+					}
+					return message.NewMessage("ignored", []byte(`{"cancel":"`+msg.UUID+`","because":"`+record.Metadata.Get(sluice.HeaderErrorType)+`"}`)), nil
+				},
+				Publish: func(_ context.Context, ev *message.Message) error {
+					events = append(events, ev)
+					return tt.eventErr
+				},
+				To: "exchange orders, key payment.failed",
+			}
+			msg := message.NewMessage("pay-1", []byte("x"))
+			msg.Metadata.Set(headers.WatermillCorrelationID, "order-7")
+			now := time.Now()
+			a := carry.Attempt{Msg: msg, Queue: "payments", Number: 1, First: now, Now: now, Compensation: comp}
+			err := c.Carry(context.Background(), a, decide.Input{Err: sluice.Permanent(errBoom), Compensation: true, History: decide.History{Now: now}})
+			if tt.wantGiveBack {
+				var gb *carry.GiveBack
+				require.ErrorAs(t, err, &gb, "the original is given back: both go again on its redelivery")
+			} else {
+				require.NoError(t, err)
+			}
+			require.Len(t, dead, 1)
+			require.Len(t, events, tt.wantEvents)
+			rec := dead[0].Metadata
+			if tt.build != nil {
+				assert.Empty(t, rec.Get(headers.CompensationID))
+				assert.Equal(t, "no order id", rec.Get(headers.CompensationError), "the record says why no event went")
+				return
+			}
+			ev := events[0]
+			assert.Equal(t, carry.CompensationID(msg), ev.UUID)
+			assert.Equal(t, ev.UUID, rec.Get(headers.CompensationID), "the record names the event")
+			assert.Equal(t, "exchange orders, key payment.failed", rec.Get(headers.CompensationTo))
+			assert.Equal(t, "order-7", ev.Metadata.Get(headers.WatermillCorrelationID), "it carries the correlation")
+			assert.Equal(t, "pay-1", ev.Metadata.Get(headers.CompensationOf))
+			assert.JSONEq(t, `{"cancel":"pay-1","because":"error"}`, string(ev.Payload), "built from the message and its record")
+		})
+	}
+}
+
+func TestCompensationID(t *testing.T) {
+	msg := message.NewMessage("pay-1", nil)
+	id := carry.CompensationID(msg)
+	assert.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, id, "a UUID")
+	again := message.NewMessage("pay-1", nil)
+	again.Metadata.Set("x-delivery-count", "3")
+	again.Metadata.Set(sluice.HeaderRetryCount, "5")
+	assert.Equal(t, id, carry.CompensationID(again), "stable across redeliveries and retries")
+	replayed := message.NewMessage("pay-1", nil)
+	replayed.Metadata.Set(headers.ReplayCount, "1")
+	assert.NotEqual(t, id, carry.CompensationID(replayed), "a replay starts a new fate")
+	assert.NotEqual(t, id, carry.CompensationID(message.NewMessage("pay-2", nil)))
+}

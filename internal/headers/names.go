@@ -24,6 +24,17 @@ const (
 	DeadLetterReason = "x-dead-letter-reason"
 	// ReplayCount counts replays from the dead-letter queue.
 	ReplayCount = "x-replay-count"
+	// CompensationID and CompensationTo say, on a dead letter, that the handler's
+	// compensation event was published beside it: its id and where it went;
+	// CompensationError that it was not, and why. CompensationOf names, on the event, the
+	// message it compensates.
+	CompensationID    = "x-compensation-id"
+	CompensationTo    = "x-compensation-to"
+	CompensationError = "x-compensation-error"
+	CompensationOf    = "x-compensation-of"
+	// WatermillCorrelationID is Watermill's correlation id metadata
+	// (middleware.CorrelationIDMetadataKey), carried onto a compensation event.
+	WatermillCorrelationID = "correlation_id"
 	// TraceParent and TraceState carry W3C trace context.
 	TraceParent = "traceparent"
 	TraceState  = "tracestate"
