@@ -256,6 +256,20 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 	c.Observer.Observe(ctx, o)
 }
 
+type compensationKey struct{}
+
+// WithCompensation returns ctx carrying the handler's compensation, for the retry step to
+// find (the router sets it on the messages of a handler that has one).
+func WithCompensation(ctx context.Context, c *Compensation) context.Context {
+	return context.WithValue(ctx, compensationKey{}, c)
+}
+
+// CompensationFrom returns the compensation ctx carries, nil when none.
+func CompensationFrom(ctx context.Context) *Compensation {
+	c, _ := ctx.Value(compensationKey{}).(*Compensation)
+	return c
+}
+
 // compensate publishes a's dead letter rec and its compensation event at once, both
 // confirmed: the original is acked only when both are, and given back when either fails,
 // so that the redelivery hands both off again. The event's id is the same on every
