@@ -52,7 +52,9 @@ else
 	user="$(id -un)"
 fi
 dir="${SLUICE_RABBITMQ310_DIR:-$repo/.cache/rabbitmq310}"
-if [ -z "${SLUICE_RABBITMQ310_DIR:-}" ] && [ "$(id -u)" = 0 ] && id rabbitmq >/dev/null 2>&1 &&
+# (Once a node ran from the checkout's own folder, the check is moot: run and ctl, which
+# tests call often, skip it.)
+if [ -z "${SLUICE_RABBITMQ310_DIR:-}" ] && [ ! -d "$dir/home" ] && [ "$(id -u)" = 0 ] && id rabbitmq >/dev/null 2>&1 &&
 	! runuser -u rabbitmq -- test -x "$repo" 2>/dev/null; then
 	dir="/tmp/sluice-rabbitmq310-$(printf '%s' "$repo" | md5sum | cut -c1-12)"
 fi

@@ -40,6 +40,7 @@
 #   SLUICE_TEST_CHAOS=0|1  leave out or add the chaos test (default: in a whole run, or
 #                          when PKGS names ./test/chaos)
 #   SLUICE_TEST_FAULTS=0|1 the same for the fault suite (test/faults)
+#   SLUICE_TEST_SIDE_BY_SIDE=0  part 2's contract suites after part 1, not beside its packages
 #   SLUICE_TEST_SOAK       0: leave out test/soak; 1: its unit tests; ci: those and a 3-minute
 #                          soak (default: ci under CI=true, else 1; 0 when PKGS is not ./...)
 #   SLUICE_RABBITMQ4_CACHE  where the 4.3 chroot is cached (scripts/rabbitmq4.sh)
@@ -66,11 +67,12 @@ node310="sluicetest310-$tag"
 # Everything this run starts, stopped at the end whatever happens (in reverse order).
 stops=()
 cleanup() {
-	local i
+	local i pids=()
 	for ((i = ${#stops[@]} - 1; i >= 0; i--)); do
 		eval "${stops[$i]}" >/dev/null 2>&1 &
+		pids+=($!)
 	done
-	wait
+	for i in "${pids[@]}"; do wait "$i"; done
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -332,9 +334,13 @@ pkgs310="$PKGS"
 # ./... is alphabetical: ./test, which takes longest (its tests run one after another), used
 # to start near the end and run alone for a quarter of an hour. The slowest packages go
 # first (measured in make test's own runs), the rest fill in beside them.
-slow="test test/cluster outbox broker/amqp cmd/sluice/internal/console cmd/sluice failover router dlq"
-order() { # PATTERNS...: their packages, the slow ones first
-	local all p
+# Part 2's contract suites, beside part 1's packages, start ./test a few minutes later, so
+# that the same heavy tests (16 MiB messages, the browser) do not run on both at once.
+slow1="test test/cluster outbox broker/amqp cmd/sluice/internal/console cmd/sluice failover router dlq"
+slow2="broker/amqp cmd/sluice/internal/console test cmd/sluice router dlq"
+order() { # SLOW PATTERNS...: the packages of PATTERNS, those in SLOW first, in its order
+	local slow=$1 all p
+	shift
 	all="$("$GO" list "$@")" || return 1
 	for p in $slow; do
 		grep -qx "$module/$p" <<<"$all" && echo "$module/$p"
@@ -344,9 +350,11 @@ order() { # PATTERNS...: their packages, the slow ones first
 pkgs1=""
 if [ -n "$PKGS" ]; then
 	# shellcheck disable=SC2086 # PKGS is a list of patterns
-	pkgs1="$(order $PKGS | tr '\n' ' ')" || exit 1
+	pkgs1="$(order "$slow1" $PKGS | tr '\n' ' ')" || exit 1
+	slow2_now="$slow1"
+	[ "$v43" != 0 ] && [ "${SLUICE_TEST_SIDE_BY_SIDE:-1}" != 0 ] && slow2_now="$slow2"
 	# shellcheck disable=SC2086
-	pkgs310="$(order $pkgs310 | tr '\n' ' ')" || exit 1
+	pkgs310="$(order "$slow2_now" $pkgs310 | tr '\n' ' ')" || exit 1
 fi
 
 dirty_before="$(git status --porcelain 2>/dev/null || true)"
@@ -363,7 +371,7 @@ dirty_before="$(git status --porcelain 2>/dev/null || true)"
 if [ "$v43" != 0 ]; then
 	say "part 1: every test on $label43 ($(masked "$url43"))"
 	pid2=""
-	if [ "$v310" != 0 ] && [ -n "$pkgs1" ]; then
+	if [ "$v310" != 0 ] && [ -n "$pkgs1" ] && [ "${SLUICE_TEST_SIDE_BY_SIDE:-1}" != 0 ]; then
 		say "part 2: the contract suites on $label310 ($(masked "$url310")), beside part 1; its lines follow part 1's"
 		# shellcheck disable=SC2086
 		part 2-contract "$label310" "${p2[@]}" -race -count=1 -timeout 25m $pkgs310 >"$work/2-contract.out" 2>&1 &
@@ -374,7 +382,7 @@ if [ "$v43" != 0 ]; then
 		part 1-packages "$label43" "${p1[@]}" -race -count=1 -timeout 25m $pkgs1 || status=1
 	fi
 	# The soak's own unit tests (its growth detector and table), which need no broker.
-	if [ "$soak" != 0 ]; then part 1-soak-units "$label43" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1; fi
+	if [ "$soak" != 0 ]; then part 1-soak-units "$label43" "${p1[@]}" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1; fi
 	if [ -n "$pid2" ]; then
 		wait "$pid2" || status=1
 		cat "$work/2-contract.out"
@@ -392,6 +400,11 @@ if [ "$v43" != 0 ]; then
 	# Its node is not needed any more: it stops while part 2 goes on.
 	if [ -n "$pid43" ]; then ./scripts/rabbitmq4.sh reset "$node43" >/dev/null 2>&1 & fi
 	if [ "$v310" != 0 ]; then
+		if [ -n "$pkgs1" ] && [ -z "$pid2" ]; then
+			say "part 2: the contract suites on $label310 ($(masked "$url310"))"
+			# shellcheck disable=SC2086
+			part 2-contract "$label310" "${p2[@]}" -race -count=1 -timeout 25m $pkgs310 || status=1
+		fi
 		if [ "$faults" != 0 ]; then
 			part 2-partition "$label310" "${p2[@]}" -race -count=1 -timeout 15m -tags faults -run '^TestPartition$' ./test/faults/ || status=1
 		fi
@@ -402,7 +415,7 @@ elif [ "$v310" != 0 ]; then
 		# shellcheck disable=SC2086
 		part 2-packages "$label310" "${p2[@]}" -race -count=1 -timeout 25m $pkgs310 || status=1
 	fi
-	if [ "$soak" != 0 ]; then part 2-soak-units "$label310" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1; fi
+	if [ "$soak" != 0 ]; then part 2-soak-units "$label310" "${p2[@]}" -race -count=1 -tags soak -skip '^TestSoak$' ./test/soak/ || status=1; fi
 	if [ "$chaos" != 0 ]; then
 		part 2-chaos "$label310" "${p2[@]}" -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/ || status=1
 	fi
