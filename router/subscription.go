@@ -152,7 +152,7 @@ func (s *Stack) exchangeOutputs(out Output) message.HandlerMiddleware {
 
 // exchangePublisher is a message.Publisher whose topic is an exchange and whose routing
 // key is each message's RoutingKeyMetadata.
-type exchangePublisher struct{ eb broker.ExchangePublisher }
+type exchangePublisher struct{ eb broker.Broker }
 
 func (p exchangePublisher) Publish(exchange string, messages ...*message.Message) error {
 	for len(messages) > 0 {
@@ -166,7 +166,7 @@ func (p exchangePublisher) Publish(exchange string, messages ...*message.Message
 		for _, m := range batch {
 			delete(m.Metadata, RoutingKeyMetadata)
 		}
-		ctx, cancel := broker.MessageDeadline(batch[0])
+		ctx, cancel := lifecycle.MessageDeadline(batch[0])
 		err := p.eb.PublishToExchange(ctx, exchange, key, batch...)
 		cancel()
 		if err != nil {
