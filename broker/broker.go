@@ -225,6 +225,11 @@ type SubscribeOptions struct {
 	// count). Zero means Concurrency; a smaller value is raised to Concurrency. A broker
 	// without prefetch ignores it.
 	Prefetch int
+	// SettleWithin is how long after its delivery the subscriber's user settles (acks or
+	// gives back) every delivery at the latest, prefetch wait included: the broker must
+	// not take a delivery back before (RabbitMQ's consumer timeout). Zero means no bound is
+	// declared. A broker that takes nothing back ignores it.
+	SettleWithin time.Duration
 }
 
 // Subscriber is a Watermill subscriber that can stop taking deliveries and take them

@@ -76,7 +76,7 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 		s.names[hname] = true
 		hc.journal = topology.Partition(queue, k)
 		stack := s.compose(h, outputTopic, hc)
-		var sub message.Subscriber = s.subscriber(hc)
+		var sub message.Subscriber = s.subscriber(name, hc)
 		if reb != nil {
 			sub = reb.Subscriber(sub, k, s.logger)
 		} else if claimer != nil {

@@ -68,6 +68,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
+	"github.com/sluice-go/sluice/router/internal/journal"
 	"github.com/sluice-go/sluice/router/internal/pause"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -220,9 +221,10 @@ type Stack struct {
 	started bool
 	plan    declare.Plan                  // what Run declares
 	parts   []part                        // what the options and the configuration hold until Close
-	slots   []*journalSlot                // idempotency steps Run restores before handling (journal.go)
+	slots   []*journal.Slot               // idempotency steps Run restores before handling (journal.go)
 	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
 	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
+	settle  map[string]time.Duration      // each handler's settle bound (broker.go), for Describe
 	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -395,7 +397,7 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if outputTopic != "" {
 		s.plan.Output(outputTopic)
 	}
-	mux := pause.NewMux(s.subscriber(hc))
+	mux := pause.NewMux(s.subscriber(name, hc))
 	sub := mux.Subscriber()
 	hc.pause = s.pauseFor(name, hc, mux.View("breaker"))
 	s.trackAbandoned(name, mux.View("abandoned"))

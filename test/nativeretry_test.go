@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -152,7 +153,7 @@ func TestNativeRetryOn43(t *testing.T) {
 	require.Len(t, desc.Handlers, 1)
 	pol := desc.Handlers[0].Retry
 	require.NotNil(t, pol.Native)
-	assert.Equal(t, router.NativeRetryPolicy{Min: router.Duration(nativeMin), Max: router.Duration(nativeMax)}, *pol.Native)
+	assert.Equal(t, policy.NativeRetryPolicy{Min: policy.Duration(nativeMin), Max: policy.Duration(nativeMax)}, *pol.Native)
 	var schedule []time.Duration
 	for _, r := range pol.Schedule {
 		schedule = append(schedule, time.Duration(r.Delay))

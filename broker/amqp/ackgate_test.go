@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
 
-// A step that holds a delivery's ack (broker.HoldAck, what the idempotency journal does)
+// A step that holds a delivery's ack (broker.Delivery.HoldAck, what the idempotency journal does)
 // frees the handler's slot at once: with one handler at a time, the next message is handed
 // out while the first one's ack waits. The held message is acknowledged when the wait
 // returns nil, and goes back to its queue when it returns an error.

@@ -45,6 +45,8 @@ type Broker struct {
 
 	declared sync.Map // queue name -> amqp.Table: extra arguments DeclareQueue or DeclareNativeRetryQueue declared it with
 
+	timeouts consumerTimeouts // what the subscribers learned of each queue's consumer timeout (consumertimeout.go)
+
 	journalsRecreated atomic.Int64 // journal.go
 }
 
@@ -111,6 +113,7 @@ func (b *Broker) DeclareDelays(ctx context.Context, max time.Duration) error {
 func (b *Broker) Subscriber(opts broker.SubscribeOptions) broker.Subscriber {
 	s := newSubscriber(b.conn, b.cfg, opts)
 	s.redeclare = b.redeclare
+	s.timeouts = &b.timeouts
 	b.subsMu.Lock()
 	b.subs = append(b.subs, s)
 	b.subsMu.Unlock()

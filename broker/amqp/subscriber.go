@@ -49,13 +49,16 @@ type Subscriber struct {
 
 	gate pausegate.Gate // Pause and Resume (pause.go)
 
+	// timeouts is shared by the broker's subscribers (consumertimeout.go).
+	timeouts *consumerTimeouts
+
 	// redeclare declares a queue again after it was deleted under its consumer; it fails
 	// for a queue its broker did not declare. Nil means never.
 	redeclare func(ctx context.Context, queue string) error
 }
 
 func newSubscriber(conn *connection, cfg Config, opts broker.SubscribeOptions) *Subscriber {
-	return &Subscriber{conn: conn, opts: normalized(opts), cfg: cfg, logger: cfg.Logger, closing: make(chan struct{})}
+	return &Subscriber{conn: conn, opts: normalized(opts), cfg: cfg, logger: cfg.Logger, closing: make(chan struct{}), timeouts: &consumerTimeouts{}}
 }
 
 // Subscribe starts consuming queue. The channel closes when ctx is done or Close is called,
@@ -119,7 +122,7 @@ func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *
 		if s.stopping(ctx) {
 			return
 		}
-		if errors.Is(err, errGateChanged) {
+		if errors.Is(err, errGateChanged) || errors.Is(err, errConsumerTimeoutRefused) {
 			continue
 		}
 		var amqpErr *amqp.Error
@@ -186,8 +189,12 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		return fmt.Errorf("set prefetch %d: %w", opts.Prefetch, err)
 	}
 	tag := fmt.Sprintf("sluice-%s-%d", queue, rand.Uint64())
-	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	args := s.consumeArgs(queue, opts)
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, args)
 	if err != nil {
+		if args != nil && s.timeoutRefused(queue, err) {
+			return errConsumerTimeoutRefused // consume again at once, on a new channel, without it
+		}
 		return fmt.Errorf("consume queue %q: %w", queue, err)
 	}
 	// Stop the consumer on Close (or Pause, Resume) so no new deliveries arrive while
