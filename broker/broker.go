@@ -1,14 +1,21 @@
-// Package broker declares what sluice's stack needs from a message broker, one capability
-// per interface, each with one method and one signature. Both of sluice's brokers,
-// broker/amqp (RabbitMQ) and broker/memory (the embedded one), implement Broker, checked
-// at compile time beside each of them; a third broker implements the same interfaces and
-// the stack (package router) runs on it unchanged.
+// Package broker declares what sluice's stack needs from a message broker. Both of sluice's
+// brokers, broker/amqp (RabbitMQ) and broker/memory (the embedded one), implement Broker,
+// checked at compile time beside each of them and at run time by the conformance suite,
+// package broker/brokertest, which states what every method must do; a third broker that
+// passes the suite runs the stack (package router) unchanged.
 //
-// Broker is the contract the stack requires. ConsumerCounter and Joiner are capabilities a
-// broker may add: the stack uses them when they are there (claiming partitions at start,
-// rebalancing partitions between instances) and says so in the option that needs them.
-// The embedded broker lives in one process, where no other instance competes for a
-// partition, so it has neither.
+// Broker is the contract the stack requires; Delayer and DeadLetterer are the parts of it
+// the retry and poison steps take alone. ConsumerCounter, Joiner, NativeRetrier and
+// Journaler are capabilities a broker may add: the stack uses them when they are there
+// (claiming partitions at start, rebalancing partitions between instances, native delayed
+// retry, journaled idempotency keys) and says so in the option that needs them. The
+// embedded broker lives in one process, where no other instance competes for a partition
+// and nothing outlives the process, so it has none of them.
+//
+// How a delivery leaves its consumer is typed too: a subscriber gives each delivery's
+// context a Delivery, on which the step that nacks a message says how it is settled
+// (Settlement: returned unprocessed, held back by the queue, or rejected as a failure), and
+// the idempotency step holds an ack until its journal record is confirmed (HoldAck).
 //
 // The router never asserts a broker's concrete type: what it cannot get through these
 // interfaces, it does not use.
