@@ -45,10 +45,6 @@ func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.par
 // partitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
 func partitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
 
-// PartitionPublisher is what a producer needs to publish to a partitioned queue: package
-// broker's; every Broker is one.
-type PartitionPublisher = broker.PartitionPublisher
-
 // addPartitioned registers one handler per partition; s.mu is held.
 func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.HandlerFunc, hc handlerConfig, comp *carry.Compensation) error {
 	if hc.partitions < 0 {

@@ -64,7 +64,6 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
-	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -415,11 +414,15 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	s.consumes(name, queue)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
-		if err != nil && m.Metadata.Get(headers.HeldBack) != "" {
-			// A retry the queue holds back (WithNativeRetry) is a nack by design, observed
-			// and logged by the retry step: Watermill would log it as a handler error.
-			m.Nack()
-			return nil
+		if err != nil {
+			switch broker.DeliveryFrom(m.Context()).Settlement() {
+			case broker.SettleReturn, broker.SettleHoldBack:
+				// Returned unprocessed, or a retry the queue holds back (WithNativeRetry): a
+				// nack by decision, observed and logged by the step that made it, not a
+				// handler error for Watermill to log.
+				m.Nack()
+				return nil
+			}
 		}
 		return err
 	})

@@ -140,22 +140,27 @@ func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposit
 	return nil
 }
 
-// settle marks how the subscriber settles the delivery, tells the observers, and returns
-// what the step returns: nil to ack, an error to have the message nacked.
+// settle says how the subscriber settles the delivery (broker.Delivery.Settle, on the
+// context the message arrived with), tells the observers, and returns what the step
+// returns: nil to ack, an error to have the message nacked. Outside a subscriber that
+// gives deliveries a broker.Delivery (a plain Watermill one) the settlement is dropped and
+// the nack is the subscriber's own.
 func (c *Carrier) settle(ctx context.Context, a Attempt, d disposition.Disposition) error {
 	msg := a.Msg
 	var err error
 	switch {
 	case d.Kind == disposition.Retry && d.HeldBack:
 		// Rejected at once: the queue holds it back (and its delivery limit counts it).
-		msg.Metadata.Set(headers.HeldBack, "1")
+		broker.DeliveryFrom(ctx).Settle(broker.SettleHoldBack)
 		err = &GiveBack{Reason: fmt.Errorf("retry %d of message %s held back by queue %q for %s: %w", a.Retries+1, msg.UUID, a.Queue, d.Delay, d.Reason)}
 	case d.Kind == disposition.GiveBack:
+		settlement := broker.SettleReject // a failed hand-off: counted, after a growing pause
 		if d.Unprocessed {
-			// No fault of the message: a basic.nack, which RabbitMQ 4.x does not count
-			// toward a quorum queue's delivery limit.
-			msg.Metadata.Set(headers.GivenBack, "1")
+			// No fault of the message: returned at once, and not counted toward a quorum
+			// queue's delivery limit.
+			settlement = broker.SettleReturn
 		}
+		broker.DeliveryFrom(ctx).Settle(settlement)
 		err = &GiveBack{Reason: d.Reason}
 	}
 	c.observe(ctx, a, d)

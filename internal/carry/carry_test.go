@@ -12,10 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/decide"
-	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 )
@@ -37,19 +37,20 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 		wantDead   int
 		wantKind   disposition.Kind
 		wantNack   bool
-		// wantMarked: returned unprocessed, with the subscriber's basic.nack mark;
-		// wantHeld: rejected for the queue's native delayed retry.
-		wantMarked, wantHeld bool
+		// wantSettle is how the subscriber settles a nacked message; wantHeld: the
+		// observers hear of a retry the queue holds back.
+		wantSettle broker.Settlement
+		wantHeld   bool
 	}{
 		{name: "ack", in: decide.Input{}, wantKind: disposition.Ack},
 		{name: "retry", in: decide.Input{Err: errBoom}, wantDelays: 1, wantKind: disposition.Retry},
 		{name: "defer", in: decide.Input{Err: sluice.Defer(time.Second, errBoom)}, wantDelays: 1, wantKind: disposition.Defer},
 		{name: "dead letter", in: decide.Input{Err: sluice.Permanent(errBoom)}, wantDead: 1, wantKind: disposition.DeadLetter},
 		{name: "discard", in: decide.Input{Err: sluice.Discard(errBoom)}, wantKind: disposition.Discard},
-		{name: "returned unprocessed", in: decide.Input{Err: markers.ReturnUnprocessed(errBoom)}, wantKind: disposition.GiveBack, wantNack: true, wantMarked: true},
-		{name: "held back by the queue", in: decide.Input{Err: errBoom, Native: &decide.Native{Delay: time.Second}}, wantKind: disposition.Retry, wantNack: true, wantHeld: true},
-		{name: "retry hand-off fails", in: decide.Input{Err: errBoom}, failWith: errBroker, wantDelays: 1, wantKind: disposition.GiveBack, wantNack: true},
-		{name: "dead letter fails", in: decide.Input{Err: sluice.Permanent(errBoom)}, failWith: errBroker, wantDead: 1, wantKind: disposition.GiveBack, wantNack: true},
+		{name: "returned unprocessed", in: decide.Input{Err: markers.ReturnUnprocessed(errBoom)}, wantKind: disposition.GiveBack, wantNack: true, wantSettle: broker.SettleReturn},
+		{name: "held back by the queue", in: decide.Input{Err: errBoom, Native: &decide.Native{Delay: time.Second}}, wantKind: disposition.Retry, wantNack: true, wantSettle: broker.SettleHoldBack, wantHeld: true},
+		{name: "retry hand-off fails", in: decide.Input{Err: errBoom}, failWith: errBroker, wantDelays: 1, wantKind: disposition.GiveBack, wantNack: true, wantSettle: broker.SettleReject},
+		{name: "dead letter fails", in: decide.Input{Err: sluice.Permanent(errBoom)}, failWith: errBroker, wantDead: 1, wantKind: disposition.GiveBack, wantNack: true, wantSettle: broker.SettleReject},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,24 +69,24 @@ func TestCarry_OneHandOffOneObservation(t *testing.T) {
 				Logger:   slog.New(slog.DiscardHandler),
 			})
 			msg := message.NewMessage("m-1", []byte("x"))
+			ctx, delivery := broker.WithDelivery(context.Background())
+			msg.SetContext(ctx)
 			now := time.Now()
 			in := tt.in
 			in.Policy, in.History.Now = policy, now
-			err := c.Carry(context.Background(), carry.Attempt{Msg: msg, Queue: "orders", Number: 1, First: now, Now: now, Dependency: "gateway"}, in)
+			err := c.Carry(ctx, carry.Attempt{Msg: msg, Queue: "orders", Number: 1, First: now, Now: now, Dependency: "gateway"}, in)
 			if tt.wantNack {
 				var gb *carry.GiveBack
 				require.ErrorAs(t, err, &gb)
 			} else {
 				require.NoError(t, err)
 			}
-			if tt.wantMarked {
-				assert.Equal(t, "1", msg.Metadata.Get(headers.GivenBack), "returned with basic.nack, not counted as a failed delivery")
-			} else {
-				assert.Empty(t, msg.Metadata.Get(headers.GivenBack), "a failure, or a failed hand-off, is a basic.reject")
+			if tt.wantNack {
+				// Returned unprocessed: a basic.nack, at once and not counted; held back: a
+				// basic.reject at once; a failed hand-off: a basic.reject after a pause.
+				assert.Equal(t, tt.wantSettle, delivery.Settlement(), "how the subscriber settles the nack")
 			}
-			if tt.wantHeld {
-				assert.Equal(t, "1", msg.Metadata.Get(headers.HeldBack), "rejected at once, for the queue to hold back")
-			}
+			assert.Equal(t, message.Metadata{}, msg.Metadata, "the message's metadata is left alone")
 			assert.Equal(t, tt.wantDelays, delays)
 			assert.Equal(t, tt.wantDead, dead)
 			all := obs.All()
