@@ -75,6 +75,12 @@ type AuditEvent struct {
 	// Result is "started", "ok" or "failed"; Error says why it failed.
 	Result string `json:"result"`
 	Error  string `json:"error,omitempty"`
+	// ConfirmedCompensated says the actor confirmed replaying (or editing) dead letters
+	// whose compensation was published (Options.Compensated: `sluice dlq replay
+	// --compensated`, the console's confirmation), in both records; Compensated, in the
+	// outcome, how many such messages the action moved.
+	ConfirmedCompensated bool `json:"confirmed_compensated,omitempty"`
+	Compensated          int  `json:"compensated,omitempty"`
 }
 
 // defaultActor is the actor of an Operator with none set: the OS user and host name.
@@ -194,16 +200,17 @@ func (a *auditLog) write(ctx context.Context, ev AuditEvent) error {
 // audited runs fn as the audited action op on queue: the "started" record is confirmed
 // first (else fn does not run), the outcome is recorded after. A dry run is not an action
 // and is not recorded.
-func (o Operator) audited(ctx context.Context, op, queue, source, selector string, dry bool, fn func() (Result, error)) (Result, error) {
-	if dry {
+func (o Operator) audited(ctx context.Context, op, queue, source, selector string, opts Options, fn func() (Result, error)) (Result, error) {
+	if opts.DryRun {
 		return fn()
 	}
-	ev, log, err := o.auditStart(ctx, op, queue, source, selector)
+	ev, log, err := o.auditStart(ctx, op, queue, source, selector, opts.Compensated && (op == opReplay || op == opEdit))
 	if err != nil {
 		return Result{Op: op, Queue: queue, Source: source}, fmt.Errorf("%s of %q not started: %w", op, queue, err)
 	}
 	defer log.close()
 	res, err := fn()
+	ev.Compensated = res.Compensated
 	if endErr := o.auditEnd(ctx, log, ev, res.Moved, res.IDs, err); endErr != nil {
 		endErr = fmt.Errorf("%s of %q done (%d moved) but its outcome is not in the audit trail: %w", op, queue, res.Moved, endErr)
 		if err == nil {
@@ -214,7 +221,7 @@ func (o Operator) audited(ctx context.Context, op, queue, source, selector strin
 	return res, err
 }
 
-func (o Operator) auditStart(ctx context.Context, op, queue, source, selector string) (AuditEvent, *auditLog, error) {
+func (o Operator) auditStart(ctx context.Context, op, queue, source, selector string, confirmed bool) (AuditEvent, *auditLog, error) {
 	log, err := openAudit(o.Conn, o.auditExchange())
 	if err != nil {
 		return AuditEvent{}, nil, err
@@ -222,7 +229,7 @@ func (o Operator) auditStart(ctx context.Context, op, queue, source, selector st
 	var raw [12]byte
 	_, _ = rand.Read(raw[:])
 	ev := AuditEvent{ID: hex.EncodeToString(raw[:]), Action: op, Queue: queue, Source: source, Selector: selector,
-		Actor: o.actor(), At: now(o.Now).UTC(), Result: auditStarted}
+		Actor: o.actor(), At: now(o.Now).UTC(), Result: auditStarted, ConfirmedCompensated: confirmed}
 	if err := log.write(ctx, ev); err != nil {
 		log.close()
 		return ev, nil, err

@@ -54,8 +54,10 @@ type EditResult struct {
 // SHA-256, hex) added; and moves the original, unchanged, to Q.dlq.archive (created as
 // Archive creates it). Both publishes and the original's removal are one transaction: the original is never lost, and never both kept and replayed. When
 // several messages share the id, the first (oldest) is edited. Errors match ErrEditRefused
-// (nothing changed), ErrMessageNotFound (the id is no longer in the DLQ),
-// ErrDestinationNotFound or ErrAuditUnavailable.
+// (nothing changed), ErrCompensated (the message's compensation was published and
+// opts.Compensated does not confirm processing it again: nothing changed),
+// ErrMessageNotFound (the id is no longer in the DLQ), ErrDestinationNotFound or
+// ErrAuditUnavailable.
 func (o Operator) Edit(ctx context.Context, queue string, e Edit, opts Options) (EditResult, error) {
 	out := EditResult{ID: e.ID, Archive: archiveName(queue)}
 	if err := dlqwire.CheckEdit(e.ID, e.Payload, e.SetHeaders, e.UnsetHeaders); err != nil {
@@ -68,7 +70,7 @@ func (o Operator) Edit(ctx context.Context, queue string, e Edit, opts Options) 
 	}
 	sel := Selector{IDs: []string{e.ID}}
 	var err error
-	out.Result, err = o.audited(ctx, opEdit, queue, dlqName(queue), sel.String(), false, func() (Result, error) {
+	out.Result, err = o.audited(ctx, opEdit, queue, dlqName(queue), sel.String(), opts, func() (Result, error) {
 		return o.runEdit(ctx, queue, sel, opts, &e, &out)
 	})
 	return out, err

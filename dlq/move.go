@@ -48,9 +48,13 @@ type mover struct {
 	archive string
 }
 
-// count adds a committed (or, in a dry run, selected) move of id to res.
-func (m *mover) count(res *Result, id string) {
+// count adds a committed (or, in a dry run, selected) move to res.
+func (m *mover) count(res *Result, mv Moved) {
+	id := mv.ID
 	res.Moved++
+	if mv.CompensationID != "" {
+		res.Compensated++
+	}
 	if len(res.IDs) < auditIDs {
 		res.IDs = append(res.IDs, id)
 	}
@@ -68,7 +72,7 @@ func (m *mover) moved(rec Record) Moved {
 	mv := Moved{ID: rec.ID, ErrorType: rec.ErrorType, GroupID: rec.GroupID}
 	switch m.op {
 	case opReplay, opEdit:
-		mv.Destination, mv.ReplayCount = rec.OriginalQueue, rec.Replays+1
+		mv.Destination, mv.ReplayCount, mv.CompensationID = rec.OriginalQueue, rec.Replays+1, rec.CompensationID
 		switch {
 		case m.to != "":
 			mv.Destination = m.to
@@ -83,6 +87,19 @@ func (m *mover) moved(rec Record) Moved {
 		mv.Destination = m.to
 	}
 	return mv
+}
+
+// refuseCompensated returns the error a replay or an edit of rec is refused with: rec's
+// compensation was published and opts does not confirm processing it again.
+func (m *mover) refuseCompensated(rec Record, opts Options) error {
+	if (m.op != opReplay && m.op != opEdit) || rec.CompensationID == "" || opts.Compensated {
+		return nil
+	}
+	to := rec.CompensationTo
+	if to == "" {
+		to = "its destination"
+	}
+	return fmt.Errorf("message %q: %w (event %s to %s): replaying it redoes the work the compensation undid", rec.ID, ErrCompensated, rec.CompensationID, to)
 }
 
 // publishing is what a move publishes for d.
@@ -204,7 +221,7 @@ drain:
 			continue
 		}
 		moved++
-		m.count(res, it.moved.ID)
+		m.count(res, it.moved)
 		if m.edit != nil {
 			res.Destination = it.moved.Destination
 		}

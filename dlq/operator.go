@@ -14,6 +14,13 @@ import (
 // changed.
 var ErrNothingSelected = errors.New("no message matches the selector")
 
+// ErrCompensated means a replay or an edit was refused for a dead letter whose
+// compensation event was published (Record.CompensationID): the work the message was part
+// of was undone elsewhere (an order cancelled when its payment gave up), and processing it
+// again redoes that work. Options.Compensated confirms it. A refused message stays in the
+// source, in its place, named in Result.Failed; the others of the selection move.
+var ErrCompensated = errors.New("dlq: the dead letter's compensation was published")
+
 // defaultBatchSize is how many messages an Operator moves in one transaction.
 const defaultBatchSize = 500
 
@@ -70,6 +77,12 @@ type Options struct {
 	ArchiveType string
 	// DryRun reads and selects but changes nothing.
 	DryRun bool
+	// Compensated, for Replay and Edit, confirms processing again dead letters whose
+	// compensation event was published (Record.CompensationID): the operator knows the
+	// work they were part of was undone, and wants it redone. The audit trail records the
+	// confirmation (AuditEvent.ConfirmedCompensated). False refuses them with
+	// ErrCompensated.
+	Compensated bool
 }
 
 // Moved is one message an operation moved or deleted (or, in a dry run, would have).
@@ -85,6 +98,9 @@ type Moved struct {
 	// RabbitMQ's x-first-death-queue) was neither Q nor one of Q's partitions, and the
 	// replay sent it to Q instead.
 	IgnoredOrigin bool `json:"ignored_origin,omitempty"`
+	// CompensationID, for a replay or an edit, is the id of the compensation event that
+	// was published beside the dead letter (Record.CompensationID); empty when none was.
+	CompensationID string `json:"compensation_id,omitempty"`
 }
 
 // Result says what an operation did. Every count is exact also when an error is returned.
@@ -111,8 +127,12 @@ type Result struct {
 	// MovedByID, when the selector names ids, counts the messages moved of each: more
 	// than 1 when several messages of the source share the id, and all of them moved.
 	MovedByID map[string]int `json:"moved_by_id,omitempty"`
-	// Failed are selected messages left in the source because their move failed.
+	// Failed are selected messages left in the source because their move failed, or was
+	// refused (a compensated dead letter without Options.Compensated: ErrCompensated).
 	Failed []Failure `json:"-"`
+	// Compensated, for Replay and Edit, counts the moved messages whose compensation event
+	// had been published (Record.CompensationID), which Options.Compensated confirmed.
+	Compensated int `json:"compensated,omitempty"`
 	// MissingIDs are ids of the Selector found nowhere in the source.
 	MissingIDs []string `json:"missing_ids,omitempty"`
 	// IgnoredOrigins, for Replay, counts the selected messages whose recorded origin was
@@ -137,8 +157,9 @@ type Failure struct {
 // Replay sends the messages of queue's DLQ (or archive) that sel selects to their original
 // queue, or to opts.To, with their retry state reset (see the package doc). Errors match
 // ErrNothingSelected, ErrMessageNotFound (an id of sel is missing), sluice.ErrQueueNotFound (no
-// such DLQ) or ErrDestinationNotFound (a destination queue is missing: those messages
-// stay, the others move).
+// such DLQ), ErrDestinationNotFound (a destination queue is missing: those messages
+// stay, the others move) or ErrCompensated (a selected dead letter's compensation was
+// published and opts.Compensated does not confirm replaying it: it stays, the others move).
 func (o Operator) Replay(ctx context.Context, queue string, sel Selector, opts Options) (Result, error) {
 	return o.act(ctx, opReplay, queue, sel, opts, func() (Result, error) {
 		return o.run(ctx, opReplay, queue, sel, opts)
@@ -175,7 +196,7 @@ func (o Operator) act(ctx context.Context, op, queue string, sel Selector, opts 
 	if err := sel.validate(); err != nil {
 		return Result{Op: op, Queue: queue, Source: opts.From.name(queue), DryRun: opts.DryRun}, err
 	}
-	return o.audited(ctx, op, queue, opts.From.name(queue), sel.String(), opts.DryRun, fn)
+	return o.audited(ctx, op, queue, opts.From.name(queue), sel.String(), opts, fn)
 }
 
 const (
@@ -293,6 +314,7 @@ func (o Operator) runWith(ctx context.Context, op, queue string, sel Selector, o
 	prog := newProgressor(o.Progress, op, res.Source, total)
 
 	found := map[string]bool{}
+	moving := 0 // selected messages to move (not refused)
 	batch := make([]item, 0, batchSize)
 	finish := func(err error) (Result, error) {
 		if err == nil {
@@ -319,29 +341,45 @@ func (o Operator) runWith(ctx context.Context, op, queue string, sel Selector, o
 		rec := selectionRecord(d, queue, res.Scanned, m.now)
 		var it item
 		// An edit takes the first message with its id; later copies stay.
-		if sel.match(rec) && (op != opEdit || res.Matched == 0) {
+		selected := sel.match(rec) && (op != opEdit || res.Matched == 0)
+		refused := false
+		if selected {
 			res.Matched++
 			prog.scanned(1, true)
 			if len(sel.IDs) > 0 {
 				found[rec.ID] = true
 			}
 			it = item{d: d, ch: dch, moved: m.moved(rec)}
+			if err := m.refuseCompensated(rec, opts); err != nil {
+				if op == opEdit {
+					return finish(err)
+				}
+				// Left where it is, like a message the selector skipped: a run whose every
+				// selected message is refused writes nothing.
+				res.Failed = append(res.Failed, Failure{ID: rec.ID, Destination: it.moved.Destination, Err: err})
+				refused = true
+			}
 			if m.edit != nil {
 				if err := m.edit.check(d); err != nil {
 					return finish(err)
 				}
 			}
-			if it.moved.IgnoredOrigin {
+			if it.moved.IgnoredOrigin && !refused {
 				res.IgnoredOrigins++
 			}
+		}
+		if selected && !refused {
+			moving++
 		} else {
-			prog.scanned(1, false)
+			if !selected {
+				prog.scanned(1, false)
+			}
 			// Until the first match, a skipped message is held and goes back in place when
 			// the run ends, so a run that matches nothing writes nothing; from the first
 			// match on (or once holding more would need a second consumer), skipped
 			// messages are published back to the tail, behind the held ones: the source
 			// keeps its order either way.
-			if opts.DryRun || (res.Matched == 0 && rd.canHold()) {
+			if opts.DryRun || (moving == 0 && rd.canHold()) {
 				rd.hold(d)
 				continue
 			}
@@ -349,7 +387,7 @@ func (o Operator) runWith(ctx context.Context, op, queue string, sel Selector, o
 		}
 		if opts.DryRun {
 			rd.hold(d)
-			m.count(&res, it.moved.ID)
+			m.count(&res, it.moved)
 			if o.OnMoved != nil {
 				o.OnMoved(it.moved)
 			}
@@ -381,7 +419,22 @@ func (o Operator) outcome(res *Result, sel Selector, found map[string]bool) erro
 			res.MissingIDs = append(res.MissingIDs, id)
 		}
 	}
+	refused := 0
+	for _, f := range res.Failed {
+		if errors.Is(f.Err, ErrCompensated) {
+			refused++
+		}
+	}
 	switch {
+	case refused > 0:
+		// First, whatever else failed: the operator's decision is what is asked for.
+		i := slices.IndexFunc(res.Failed, func(f Failure) bool { return errors.Is(f.Err, ErrCompensated) })
+		err := fmt.Errorf("%d of %d selected messages not moved, still in %q: %d refused because their compensation was published (Options.Compensated confirms replaying them); first: %w",
+			len(res.Failed), res.Matched, res.Source, refused, res.Failed[i].Err)
+		if i > 0 {
+			err = fmt.Errorf("%w; and: %w", err, res.Failed[0].Err)
+		}
+		return err
 	case len(res.Failed) > 0:
 		return fmt.Errorf("%d of %d selected messages not moved, still in %q; first: %w",
 			len(res.Failed), res.Matched, res.Source, res.Failed[0].Err)

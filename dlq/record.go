@@ -56,6 +56,17 @@ type Record struct {
 	Reason string `json:"reason,omitempty"`
 	// ErrorMessage is x-error-message, else x-last-error-message.
 	ErrorMessage string `json:"error_message"`
+	// CompensationID is the id of the compensation event the handler published beside
+	// this dead letter (x-compensation-id, see router.WithCompensation), and
+	// CompensationTo where it went ("queue Q", "exchange E, key K"): the work the message
+	// was part of was undone elsewhere, so a replay or an edit redoes it and needs
+	// Options.Compensated. Both empty when no compensation was published.
+	CompensationID string `json:"compensation_id,omitempty"`
+	CompensationTo string `json:"compensation_to,omitempty"`
+	// CompensationError says why the handler's compensation was not published
+	// (x-compensation-error: its builder failed, or returned no event); empty when it
+	// was, or the handler has none.
+	CompensationError string `json:"compensation_error,omitempty"`
 	// ErrorStack is a recovered panic's stack (x-error-stack).
 	ErrorStack string `json:"error_stack,omitempty"`
 	// Retries is the retry count the message had when it was dead-lettered.
@@ -140,6 +151,7 @@ func newRecord(d amqp.Delivery, queue string, pos int, now time.Time) Record {
 		Payload: d.Body,
 	}
 	r.ProducerOriginalQueue = md.Get(headers.ProducerOriginalQueue)
+	r.CompensationID, r.CompensationTo, r.CompensationError = md.Get(headers.CompensationID), md.Get(headers.CompensationTo), md.Get(headers.CompensationError)
 	r.resolveOrigin(queue)
 	if r.ErrorType == "" {
 		r.ErrorType = md.Get(sluice.HeaderLastError)
@@ -213,7 +225,8 @@ func (r *Record) resolveOrigin(queue string) {
 }
 
 // selectionRecord is the part of newRecord a Selector and a move need (id, original queue,
-// error type and message, stack, reason, handler, group, failure time, replays), read straight
+// error type and message, stack, reason, handler, group, failure time, replays,
+// compensation), read straight
 // from the AMQP headers: a bulk move reads every message of the DLQ, and decoding the
 // whole record cost it more than the move itself. It agrees with newRecord on every field
 // it fills.
@@ -237,6 +250,7 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 		Replays:       replayCount(h(headers.ReplayCount)),
 		Payload:       d.Body,
 	}
+	r.CompensationID, r.CompensationTo, r.CompensationError = h(headers.CompensationID), h(headers.CompensationTo), h(headers.CompensationError)
 	r.resolveOrigin(queue)
 	if r.ErrorType == "" {
 		r.ErrorType = h(sluice.HeaderLastError)
@@ -271,7 +285,8 @@ func selectionRecord(d amqp.Delivery, queue string, pos int, now time.Time) Reco
 func plainHeaders(t amqp.Table) bool {
 	for _, k := range []string{sluice.HeaderOriginalQueue, headers.Handler, sluice.HeaderErrorType,
 		sluice.HeaderErrorMessage, sluice.HeaderErrorStack, headers.ReplayCount, sluice.HeaderLastError,
-		sluice.HeaderLastErrorMessage, headers.FailedAt, "x-first-death-reason", headers.DeadLetterReason} {
+		sluice.HeaderLastErrorMessage, headers.FailedAt, "x-first-death-reason", headers.DeadLetterReason,
+		headers.CompensationID, headers.CompensationTo, headers.CompensationError} {
 		if v, ok := t[k]; ok {
 			if _, isString := v.(string); !isString {
 				return false

@@ -210,7 +210,7 @@ func (sel UnroutedSelector) String() string {
 // the action "replay-unrouted" by o.Actor (a dry run is not recorded).
 func (o Operator) ReplayUnrouted(ctx context.Context, sel UnroutedSelector, dry bool) (UnroutedReplay, error) {
 	out := UnroutedReplay{DryRun: dry, Replayed: []UnroutedEvent{}}
-	_, err := o.audited(ctx, opReplayUnrouted, unroutedQueue, unroutedQueue, sel.String(), dry, func() (Result, error) {
+	_, err := o.audited(ctx, opReplayUnrouted, unroutedQueue, unroutedQueue, sel.String(), Options{DryRun: dry}, func() (Result, error) {
 		var err error
 		out, err = replayUnrouted(ctx, o.Conn, sel, dry)
 		res := Result{Op: opReplayUnrouted, Queue: unroutedQueue, Moved: len(out.Replayed)}

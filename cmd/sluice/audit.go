@@ -80,8 +80,13 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 		if len(ev.IDs) > 5 {
 			ids += fmt.Sprintf(",… (%d)", len(ev.IDs))
 		}
+		sel := ev.Selector
+		if ev.ConfirmedCompensated {
+			// The confirmation, as the CLI spells it.
+			sel += " --" + compensatedFlag
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", ev.At.UTC().Format(time.RFC3339), ev.Actor, ev.Action,
-			ev.Source, ev.Selector, ev.Count, res, ids)
+			ev.Source, sel, ev.Count, res, ids)
 	}
 	return tw.Flush()
 }

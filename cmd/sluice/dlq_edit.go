@@ -44,16 +44,19 @@ that parses. Limits: payload 1 MiB, header value 4 KiB; sluice's and RabbitMQ's
 own headers (retry state, failure record, message id, trace context, x-death)
 cannot be set or unset. The edit is recorded in the audit trail (sluice audit).
 Exit codes: 2 for a refused edit (nothing changed), 3 when the id is no longer
-in Q.dlq.`
+in Q.dlq.
+
+` + compensatedAbout
 
 func runDLQEdit(ctx context.Context, e *env, args []string) error {
-	f := newDLQFlags(e, "edit", "--queue Q --id ID (--payload-file F | --editor) [--set-header K=V]... [--unset-header K]... [--json]", dlqEditAbout)
+	f := newDLQFlags(e, "edit", "--queue Q --id ID (--payload-file F | --editor) [--set-header K=V]... [--unset-header K]... [--compensated] [--json]", dlqEditAbout)
 	id := f.fs.String("id", "", "edit the message with this `ID` (required)")
 	payloadFile := f.fs.String("payload-file", "", "read the new payload from `F` (- for standard input)")
 	editor := f.fs.Bool("editor", false, "edit the current payload in $VISUAL or $EDITOR")
 	var set, unset headerList
 	f.fs.Var(&set, "set-header", "set header `K=V` on the copy (repeatable)")
 	f.fs.Var(&unset, "unset-header", "remove header `K` from the copy (repeatable)")
+	compensated := f.fs.Bool(compensatedFlag, false, compensatedUsage)
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err
 	}
@@ -104,7 +107,7 @@ func runDLQEdit(ctx context.Context, e *env, args []string) error {
 	if err := dlqwire.CheckEdit(edit.ID, edit.Payload, edit.SetHeaders, edit.UnsetHeaders); err != nil {
 		return &codeError{code: exitUsage, err: err}
 	}
-	res, err := dlq.Operator{Conn: conn, Now: e.now}.Edit(ctx, f.queue, edit, dlq.Options{})
+	res, err := dlq.Operator{Conn: conn, Now: e.now}.Edit(ctx, f.queue, edit, dlq.Options{Compensated: *compensated})
 	if f.json {
 		out := struct {
 			dlq.EditResult
@@ -119,6 +122,9 @@ func runDLQEdit(ctx context.Context, e *env, args []string) error {
 	} else if err == nil {
 		fmt.Fprintf(e.stdout, "edited %s: replayed to %s as id %s; the original (sha256 %s) is in %s\n",
 			*id, res.Destination, res.ID, res.OriginalSHA256, res.Archive)
+		if res.Compensated > 0 {
+			fmt.Fprintf(e.stdout, "its compensation event had been published (confirmed with --%s): the work it undid is redone\n", compensatedFlag)
+		}
 	}
 	if errors.Is(err, dlq.ErrEditRefused) {
 		return &codeError{code: exitUsage, err: err, quiet: f.json}

@@ -14,6 +14,20 @@ import (
 	"github.com/sluice-go/sluice/dlq"
 )
 
+// compensatedFlag confirms replaying (or editing) dead letters whose compensation event
+// was published: dlq.Options.Compensated.
+const compensatedFlag = "compensated"
+
+const compensatedUsage = "confirm replaying dead letters whose compensation event was published (dlq show names it): the work it undid is redone; recorded in the audit trail"
+
+// compensatedAbout is what replay's and edit's help say of compensated dead letters.
+const compensatedAbout = `A handler with a compensation (router.WithCompensation) published an event beside
+the dead letter that undid the work the message was part of (an order cancelled
+when its payment gave up); 'sluice dlq show' names it. Processing such a message
+again redoes that work, so it is refused (exit 2, the message stays in Q.dlq, the
+rest of the selection moves) unless --compensated confirms it; the audit trail
+records the confirmation. Undo the compensation first, or archive the message.`
+
 // idList is a repeatable --id flag.
 type idList []string
 
@@ -99,7 +113,7 @@ func (f *opFlags) operate(e *env, op func(*dlq.Operator) (dlq.Result, error)) (d
 
 func runDLQReplay(ctx context.Context, e *env, args []string) error {
 	f := newOpFlags(e, "replay", "replay",
-		"--queue Q (--id ID... | --group ID | --error-type T | --reason R | --older-than D | --all) [--to QUEUE] [--archive] [--dry-run] [--json]",
+		"--queue Q (--id ID... | --group ID | --error-type T | --reason R | --older-than D | --all) [--to QUEUE] [--archive] [--compensated] [--dry-run] [--json]",
 		`Sends messages of Q.dlq back to their original queue (header x-original-queue
 when it names Q or one of Q's partitions, else Q: ignored_origins counts those),
 or to --to QUEUE, with their retry state reset: x-retry-count and the
@@ -110,9 +124,12 @@ the message id, payload, AMQP properties and trace context are kept. With
 batches, each one AMQP transaction, so a replay killed at any point neither
 loses nor duplicates a message: run it again to finish. One selector is
 required; the filters (--id, --group, --error-type, --reason, --older-than) combine with
-AND. A selector that matches nothing exits 3.`)
+AND. A selector that matches nothing exits 3.
+
+`+compensatedAbout)
 	to := f.fs.String("to", "", "send the messages to `QUEUE` instead of their original queue (it must exist)")
 	archive := f.fs.Bool("archive", false, "replay from Q.dlq.archive instead of Q.dlq")
+	compensated := f.fs.Bool(compensatedFlag, false, compensatedUsage)
 	if _, err := f.parse(e, args, 0, ""); err != nil {
 		return err
 	}
@@ -120,7 +137,7 @@ AND. A selector that matches nothing exits 3.`)
 	if err != nil {
 		return err
 	}
-	opts := dlq.Options{To: *to, DryRun: *f.dry}
+	opts := dlq.Options{To: *to, DryRun: *f.dry, Compensated: *compensated}
 	if *archive {
 		opts.From = dlq.FromArchive
 	}
@@ -241,6 +258,16 @@ func (f *opFlags) report(e *env, res dlq.Result, ids []string, err error) error 
 	if len(res.MissingIDs) > 0 {
 		fmt.Fprintf(w, "not found in %s: %s\n", res.Source, strings.Join(res.MissingIDs, ", "))
 	}
+	if res.Compensated > 0 {
+		did := done
+		if res.DryRun {
+			did = "would " + res.Op
+		}
+		fmt.Fprintf(w, "%s %d message(s) whose compensation event was published (confirmed with --%s): the work it undid is redone\n", did, res.Compensated, compensatedFlag)
+	}
+	if errors.Is(err, dlq.ErrCompensated) {
+		fmt.Fprintf(w, "compensated messages stay in %s: 'sluice dlq show' names their compensation event; --%s replays them once that is what you want\n", res.Source, compensatedFlag)
+	}
 	if res.IgnoredOrigins > 0 {
 		dest := res.Destination
 		if dest == "" {
@@ -255,7 +282,11 @@ func (f *opFlags) report(e *env, res dlq.Result, ids []string, err error) error 
 // opError gives not-found errors exit code 3: a selector that matched nothing, a missing
 // destination queue, a missing DLQ or message.
 func opError(err error) error {
-	if errors.Is(err, dlq.ErrNothingSelected) || errors.Is(err, dlq.ErrDestinationNotFound) {
+	switch {
+	case errors.Is(err, dlq.ErrCompensated):
+		// Refused, as a purge without --yes is: the flag is what is missing.
+		return &codeError{code: exitUsage, err: fmt.Errorf("%w (--%s confirms it)", err, compensatedFlag)}
+	case errors.Is(err, dlq.ErrNothingSelected) || errors.Is(err, dlq.ErrDestinationNotFound):
 		return notFound(err)
 	}
 	return dlqError(err)

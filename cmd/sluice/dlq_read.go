@@ -224,6 +224,12 @@ func printRecord(w io.Writer, dlqName string, rec dlq.Record, full bool) {
 	row("error type", typ)
 	row("reason", r.Reason)
 	row("error", r.ErrorMessage)
+	if c := dlqview.Compensation(dlqview.Record(r)); c != "" {
+		if r.CompensationID != "" {
+			c += " (replay and edit need --" + compensatedFlag + ": the work it undid would be redone)"
+		}
+		row("compensation", c)
+	}
 	if r.FailedStage != "" {
 		row("failed in", r.FailedStage+" (no handler ran)")
 	} else {

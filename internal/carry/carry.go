@@ -126,6 +126,11 @@ func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposit
 		if d.Compensate && a.Compensation != nil {
 			return c.compensate(hctx, a, rec)
 		}
+		if a.Compensation != nil {
+			// The decision withheld it: the work may still be done (see decide's
+			// Compensate). The record says so, for the operator who decides.
+			rec.Metadata.Set(headers.CompensationError, NotCompensatedStillRunning)
+		}
 		if err := c.DeadLetterer.DeadLetter(hctx, a.Queue, rec); err != nil {
 			err = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, a.Queue, err)
 			c.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", a.Queue, "message_id", msg.UUID, "error", err)
@@ -330,6 +335,10 @@ func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Messag
 	}
 	return nil
 }
+
+// NotCompensatedStillRunning is the x-compensation-error of a dead letter whose
+// compensation was withheld because its last attempt may still be running.
+const NotCompensatedStillRunning = "withheld: the last attempt was abandoned at its handler timeout and may still be running; the operator decides"
 
 // CompensationID is the id of the compensation event of msg's final fate: derived from the
 // message id and the number of times an operator replayed it, so it is the same on every

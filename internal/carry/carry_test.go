@@ -143,6 +143,7 @@ func TestCarry_Compensation(t *testing.T) {
 	tests := []struct {
 		name                     string
 		deadErr, eventErr, build error
+		handlerErr               error
 		wantGiveBack             bool
 		wantEvents               int
 	}{
@@ -150,6 +151,7 @@ func TestCarry_Compensation(t *testing.T) {
 		{name: "the dead letter fails", deadErr: errBroker, wantGiveBack: true, wantEvents: 1},
 		{name: "the event fails", eventErr: errBroker, wantGiveBack: true, wantEvents: 1},
 		{name: "the builder fails", build: errBuild, wantEvents: 0},
+		{name: "the last attempt may still run", handlerErr: sluice.ErrHandlerTimeout, wantEvents: 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,7 +180,11 @@ func TestCarry_Compensation(t *testing.T) {
 			msg.Metadata.Set(headers.WatermillCorrelationID, "order-7")
 			now := time.Now()
 			a := carry.Attempt{Msg: msg, Queue: "payments", Number: 1, First: now, Now: now, Compensation: comp}
-			err := c.Carry(context.Background(), a, decide.Input{Err: sluice.Permanent(errBoom), Compensation: true, History: decide.History{Now: now}})
+			handlerErr := sluice.Permanent(errBoom)
+			if tt.handlerErr != nil {
+				handlerErr = sluice.Permanent(tt.handlerErr)
+			}
+			err := c.Carry(context.Background(), a, decide.Input{Err: handlerErr, Compensation: true, History: decide.History{Now: now}})
 			if tt.wantGiveBack {
 				var gb *carry.GiveBack
 				require.ErrorAs(t, err, &gb, "the original is given back: both go again on its redelivery")
@@ -191,6 +197,11 @@ func TestCarry_Compensation(t *testing.T) {
 			if tt.build != nil {
 				assert.Empty(t, rec.Get(headers.CompensationID))
 				assert.Equal(t, "no order id", rec.Get(headers.CompensationError), "the record says why no event went")
+				return
+			}
+			if tt.handlerErr != nil {
+				assert.Empty(t, rec.Get(headers.CompensationID))
+				assert.Equal(t, carry.NotCompensatedStillRunning, rec.Get(headers.CompensationError), "the record says why no event went")
 				return
 			}
 			ev := events[0]

@@ -66,6 +66,9 @@ type Record struct {
 	ErrorClass            string                 `json:"error_class,omitempty"`
 	Reason                string                 `json:"reason,omitempty"`
 	ErrorMessage          string                 `json:"error_message"`
+	CompensationID        string                 `json:"compensation_id,omitempty"`
+	CompensationTo        string                 `json:"compensation_to,omitempty"`
+	CompensationError     string                 `json:"compensation_error,omitempty"`
 	ErrorStack            string                 `json:"error_stack,omitempty"`
 	Retries               int                    `json:"retries"`
 	Replays               int                    `json:"replays"`
@@ -141,6 +144,9 @@ func Of(r Record) Display {
 	out.IgnoredOrigin = Bounded(r.IgnoredOrigin, HeaderValueBytes)
 	out.ProducerOriginalQueue = Bounded(r.ProducerOriginalQueue, HeaderValueBytes)
 	out.FailedStage = Bounded(r.FailedStage, HeaderValueBytes)
+	out.CompensationID = Bounded(r.CompensationID, HeaderValueBytes)
+	out.CompensationTo = Bounded(r.CompensationTo, HeaderValueBytes)
+	out.CompensationError = Bounded(r.CompensationError, ErrorTextBytes)
 	out.History = make([]failure.HistoryEntry, len(r.History))
 	for i, h := range r.History {
 		h.Type = Bounded(h.Type, HeaderValueBytes)
@@ -247,6 +253,9 @@ type Summary struct {
 	OriginalQueue string     `json:"original_queue"`
 	Handler       string     `json:"handler,omitempty"`
 	PayloadBytes  int        `json:"payload_bytes"`
+	// CompensationID is the id of the compensation event published beside the dead
+	// letter (see dlq.Record.CompensationID); empty when none was.
+	CompensationID string `json:"compensation_id,omitempty"`
 }
 
 // SummaryOf returns r's summary: masked, its error message's first line cut to
@@ -258,7 +267,7 @@ func SummaryOf(r Record) Summary {
 		Reason: Bounded(r.Reason, HeaderValueBytes),
 		Error:  ShortError(mask.Credentials(r.ErrorMessage), SummaryErrorBytes), Retries: r.Retries, Replays: r.Replays,
 		OriginalQueue: Bounded(r.OriginalQueue, HeaderValueBytes), Handler: Bounded(r.Handler, HeaderValueBytes),
-		PayloadBytes: len(r.Payload),
+		PayloadBytes: len(r.Payload), CompensationID: Bounded(r.CompensationID, HeaderValueBytes),
 	}
 	if r.HasAge {
 		a := r.Age.Seconds()
@@ -277,4 +286,21 @@ func ShortError(msg string, n int) string {
 		msg = msg[:i]
 	}
 	return failure.Truncate(msg, n)
+}
+
+// Compensation says what became of a dead letter's compensation, as `sluice dlq show`
+// and the console's message page say it: "event ID published to DEST", "not published:
+// WHY", or "" when the handler had none. r is a display form (see Of).
+func Compensation(r Record) string {
+	switch {
+	case r.CompensationID != "":
+		to := r.CompensationTo
+		if to == "" {
+			to = "its destination"
+		}
+		return "event " + r.CompensationID + " published to " + to
+	case r.CompensationError != "":
+		return "not published: " + r.CompensationError
+	}
+	return ""
 }

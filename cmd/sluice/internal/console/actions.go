@@ -58,6 +58,9 @@ type ActionRequest struct {
 	Group string   `json:"group,omitempty"`
 	// Source is "dlq" (or empty) or "archive". A restore always reads the archive.
 	Source string `json:"source,omitempty"`
+	// Compensated confirms a replay or restore of dead letters whose compensation event
+	// was published (dlq.Options.Compensated); without it they are refused (409).
+	Compensated bool `json:"compensated,omitempty"`
 }
 
 // selector returns the dlq.Selector of req, refusing anything but ids or one group: the
@@ -118,9 +121,9 @@ func (s *Server) act(ctx context.Context, queue, op string, req ActionRequest) (
 	o := s.operator(ctx)
 	switch op {
 	case "replay":
-		return o.Replay(ctx, queue, sel, dlq.Options{From: src})
+		return o.Replay(ctx, queue, sel, dlq.Options{From: src, Compensated: req.Compensated})
 	case "restore":
-		return o.Replay(ctx, queue, sel, dlq.Options{From: dlq.FromArchive})
+		return o.Replay(ctx, queue, sel, dlq.Options{From: dlq.FromArchive, Compensated: req.Compensated})
 	case "archive":
 		if src == dlq.FromArchive {
 			return dlq.Result{}, fmt.Errorf("archived messages are archived already (restore or purge them): %w", ErrBadRequest)
@@ -143,6 +146,10 @@ func status(err error) int {
 	case errors.Is(err, sluice.ErrQueueNotFound), errors.Is(err, dlq.ErrMessageNotFound),
 		errors.Is(err, dlq.ErrNothingSelected), errors.Is(err, errNotSluice):
 		return http.StatusNotFound
+	case errors.Is(err, dlq.ErrCompensated):
+		// The operator's confirmation is missing: the request conflicts with what the
+		// message's record says happened.
+		return http.StatusConflict
 	case errors.Is(err, dlq.ErrAuditUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, context.DeadlineExceeded):

@@ -36,6 +36,9 @@ const (
 type EditRequest struct {
 	// Payload replaces the payload; omitted (null) keeps it.
 	Payload *string `json:"payload,omitempty"`
+	// Compensated confirms editing a dead letter whose compensation event was published
+	// (dlq.Options.Compensated); without it such an edit is refused (409).
+	Compensated bool `json:"compensated,omitempty"`
 	// SetHeaders sets headers; UnsetHeaders removes them.
 	SetHeaders   map[string]string `json:"set_headers,omitempty"`
 	UnsetHeaders []string          `json:"unset_headers,omitempty"`
@@ -285,6 +288,10 @@ func (s *Server) editPreview(w http.ResponseWriter, r *http.Request) {
 		"Headers": headerChanges(e, rec), "DLQ": topology.DLQ(queue), "Archive": topology.Archive(queue),
 		"MaxPayload": dlqwire.MaxEditPayload,
 	}
+	if rec.CompensationID != "" {
+		// Confirm asks once more: the edit redoes the work the compensation undid.
+		data["Compensation"] = dlqview.Compensation(dlqview.Of(dlqview.Record(rec)).Record)
+	}
 	code := http.StatusOK
 	if problem != nil {
 		code = status(problem)
@@ -332,7 +339,7 @@ func (s *Server) editForm(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.actionCtx(r)
 	defer cancel()
-	res, err := s.operator(r.Context()).Edit(ctx, queue, e, dlq.Options{})
+	res, err := s.operator(r.Context()).Edit(ctx, queue, e, dlq.Options{Compensated: r.PostFormValue("compensated") == "yes"})
 	if err != nil {
 		s.pageFail(w, r, err)
 		return
@@ -365,7 +372,7 @@ func (s *Server) apiEdit(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.actionCtx(r)
 	defer cancel()
-	res, err := s.operator(r.Context()).Edit(ctx, r.PathValue("queue"), e, dlq.Options{})
+	res, err := s.operator(r.Context()).Edit(ctx, r.PathValue("queue"), e, dlq.Options{Compensated: req.Compensated})
 	if err != nil {
 		s.apiFail(w, r, err)
 		return

@@ -123,7 +123,8 @@ func (s *Server) messagePage(w http.ResponseWriter, r *http.Request) {
 		"Download": downloadPath(queue, rec, src), "MaskingNote": dlqview.MaskingNote, "PreviewBytes": dlqview.PreviewBytes,
 		"HeaderKeys": slices.Sorted(maps.Keys(d.Record.Headers)), "Timeline": s.timeline(ctx, rec), "Ops": opsFor(src),
 		"Preview": preview, "Pretty": pretty, "Archived": src == dlq.FromArchive, "Source": sourceQueue(src, queue),
-		"SourceParam": map[bool]string{true: sourceArchive}[src == dlq.FromArchive],
+		"SourceParam":  map[bool]string{true: sourceArchive}[src == dlq.FromArchive],
+		"Compensation": dlqview.Compensation(d.Record),
 	}
 	if src == dlq.FromDLQ {
 		data["Edit"] = newEditForm(rec, all, r.URL.Query().Get("edit") == "" || !identityOf(ctx).Operator())
@@ -209,7 +210,7 @@ func target(r *http.Request) (ActionRequest, error) {
 	if err := r.ParseForm(); err != nil {
 		return ActionRequest{}, fmt.Errorf("form: %w: %w", err, ErrBadRequest)
 	}
-	req := ActionRequest{Group: r.Form.Get("group"), Source: r.Form.Get("source")}
+	req := ActionRequest{Group: r.Form.Get("group"), Source: r.Form.Get("source"), Compensated: r.Form.Get("compensated") == "yes"}
 	for _, id := range r.Form["id"] {
 		if !slices.Contains(req.IDs, id) {
 			req.IDs = append(req.IDs, id)
@@ -242,9 +243,18 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	// Count what the action would move, so the question says how many and a stale link
-	// (the group is gone) is a 404 before anyone confirms.
+	// (the group is gone) is a 404 before anyone confirms; a replay or restore of
+	// compensated dead letters asks for one more confirmation, naming their events.
 	n := 0
-	if _, err := s.inspector(src).Messages(ctx, queue, dlq.Selector{IDs: req.IDs, Group: req.Group}, func(dlq.Record) bool { n++; return true }); err != nil {
+	var compensated []dlq.Record
+	if _, err := s.inspector(src).Messages(ctx, queue, dlq.Selector{IDs: req.IDs, Group: req.Group}, func(rec dlq.Record) bool {
+		n++
+		if rec.CompensationID != "" && (op == "replay" || op == "restore") {
+			rec.Payload = nil
+			compensated = append(compensated, rec)
+		}
+		return true
+	}); err != nil {
 		s.pageFail(w, r, err)
 		return
 	}
@@ -259,8 +269,28 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "confirm", map[string]any{
 		"Title": "Confirm " + op, "Queue": queue, "DLQ": sourceQueue(src, queue), "Archive": topology.Archive(queue),
 		"Op": op, "IDs": req.IDs, "Shown": shown, "More": len(req.IDs) - len(shown), "Group": req.Group, "Count": n,
-		"SourceParam": req.Source,
+		"SourceParam": req.Source, "Compensated": compensatedRows(compensated), "CompensatedCount": len(compensated),
+		"CompensatedMore": max(len(compensated)-maxCompensatedShown, 0),
 	})
+}
+
+// compensatedRow is a compensated dead letter as the confirmation page names it.
+type compensatedRow struct {
+	ID, Compensation string
+}
+
+// maxCompensatedShown is how many compensated messages a confirmation page names.
+const maxCompensatedShown = 20
+
+// compensatedRows names the compensation events of recs' first maxCompensatedShown, masked
+// and bounded as the message page shows them.
+func compensatedRows(recs []dlq.Record) []compensatedRow {
+	var rows []compensatedRow
+	for _, rec := range recs[:min(len(recs), maxCompensatedShown)] {
+		d := dlqview.Of(dlqview.Record(rec)).Record
+		rows = append(rows, compensatedRow{ID: d.ID, Compensation: dlqview.Compensation(d)})
+	}
+	return rows
 }
 
 // actionForm runs the action a confirmation page posted.
@@ -279,7 +309,7 @@ func (s *Server) actionForm(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.actionCtx(r)
 	defer cancel()
 	res, err := s.act(ctx, queue, op, req)
-	if err != nil && !errors.Is(err, dlq.ErrMessageNotFound) && !errors.Is(err, dlq.ErrNothingSelected) {
+	if err != nil && !errors.Is(err, dlq.ErrMessageNotFound) && !errors.Is(err, dlq.ErrNothingSelected) && !errors.Is(err, dlq.ErrCompensated) {
 		s.pageFail(w, r, err)
 		return
 	}
