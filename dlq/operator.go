@@ -429,7 +429,7 @@ func (o Operator) outcome(res *Result, sel Selector, found map[string]bool) erro
 	case refused > 0:
 		// First, whatever else failed: the operator's decision is what is asked for.
 		i := slices.IndexFunc(res.Failed, func(f Failure) bool { return errors.Is(f.Err, ErrCompensated) })
-		err := fmt.Errorf("%d of %d selected messages not moved, still in %q: %d refused because their compensation was published (Options.Compensated confirms replaying them); first: %w",
+		err := fmt.Errorf("%d of %d selected messages not moved, still in %q: %d refused because their compensation was published and replaying them was not confirmed; first: %w",
 			len(res.Failed), res.Matched, res.Source, refused, res.Failed[i].Err)
 		if i > 0 {
 			err = fmt.Errorf("%w; and: %w", err, res.Failed[0].Err)
