@@ -85,6 +85,11 @@ type Disposition struct {
 	// broker's native delayed retry, router.WithNativeRetry): it is rejected back to its
 	// queue and nothing is handed to a delay.
 	HeldBack bool
+	// Compensate, on a DeadLetter, says the handler's compensation event
+	// (router.WithCompensation) is published beside the dead letter, both confirmed before
+	// the ack. It is not set when the message's last attempt was abandoned at its handler
+	// timeout and may still be running: its effect may still happen.
+	Compensate bool
 }
 
 // Errors that end a message's retries; they are matched (errors.Is) by a DeadLetter's

@@ -64,7 +64,6 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
-	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -191,6 +190,8 @@ type handlerConfig struct {
 	heartbeat time.Duration // WithRebalancing (rebalance.go)
 
 	native *broker.NativeRetry // WithNativeRetry (nativeretry.go)
+
+	compensation *Compensation // WithCompensation (compensation.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -242,6 +243,8 @@ type Stack struct {
 	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
 	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
 	settle  map[string]time.Duration      // each handler's settle bound (broker.go), for Describe
+	// compensations names where each compensated handler's event goes, for Describe.
+	compensations map[string]string
 	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -401,8 +404,12 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if err != nil {
 		return err
 	}
+	comp, err := s.compensation(name, hc)
+	if err != nil {
+		return err
+	}
 	if hc.partitions != 0 {
-		return s.addPartitioned(name, queue, outputTopic, h, hc)
+		return s.addPartitioned(name, queue, outputTopic, h, hc, comp)
 	}
 	s.names[name] = true
 	switch {
@@ -423,15 +430,19 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	hc.pause = s.pauseFor(name, hc, mux.View("breaker"))
 	s.trackAbandoned(name, mux.View("abandoned"))
 	hc.journal = queue
-	stack := s.compose(h, outputTopic, hc)
+	stack := withCompensation(s.compose(h, outputTopic, hc), comp)
 	s.consumes(name, queue)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
-		if err != nil && m.Metadata.Get(headers.HeldBack) != "" {
-			// A retry the queue holds back (WithNativeRetry) is a nack by design, observed
-			// and logged by the retry step: Watermill would log it as a handler error.
-			m.Nack()
-			return nil
+		if err != nil {
+			switch broker.DeliveryFrom(m.Context()).Settlement() {
+			case broker.SettleReturn, broker.SettleHoldBack:
+				// Returned unprocessed, or a retry the queue holds back (WithNativeRetry): a
+				// nack by decision, observed and logged by the step that made it, not a
+				// handler error for Watermill to log.
+				m.Nack()
+				return nil
+			}
 		}
 		return err
 	})

@@ -7,13 +7,15 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluice-go/sluice/broker"
 )
 
 // RabbitMQ's consumer timeout takes back a delivery held unacknowledged longer than the
 // node's consumer_timeout: RabbitMQ 4.x cancels a quorum queue's consumer (basic.cancel),
 // 3.x closes the channel (measured on 3.10: at its next channel tick, up to a minute
 // late). The stack settles every delivery within its settle bound
-// (SubscribeOptions.SettleWithin); a timeout below it would take back a delivery the stack
+// (broker.SubscribeOptions.SettleWithin); a timeout below it would take back a delivery the stack
 // still decides about, and hand it to another consumer while the first attempt runs. What
 // the node does with a consumer's own timeout, measured on 4.3.x and 3.10:
 //
@@ -58,7 +60,7 @@ func once(m *sync.Map, queue string) bool {
 // settleWithin is the subscription's settle bound for a consumer with opts: a pause gate's
 // limit (a breaker's half-open probes) may let the prefetch hold more turns of the handler
 // slots than the subscription's own, and the bound grows with the turns.
-func (s *Subscriber) settleWithin(opts SubscribeOptions) time.Duration {
+func (s *Subscriber) settleWithin(opts broker.SubscribeOptions) time.Duration {
 	within := s.opts.SettleWithin
 	base, now := turns(s.opts), turns(opts)
 	if within <= 0 || now <= base {
@@ -72,7 +74,7 @@ func (s *Subscriber) settleWithin(opts SubscribeOptions) time.Duration {
 }
 
 // turns is how many turns of the handler slots the prefetch buffer holds.
-func turns(o SubscribeOptions) int {
+func turns(o broker.SubscribeOptions) int {
 	c := max(o.Concurrency, 1)
 	return (max(o.Prefetch, c) + c - 1) / c
 }
@@ -80,7 +82,7 @@ func turns(o SubscribeOptions) int {
 // consumeArgs returns basic.consume's arguments for queue: x-consumer-timeout when the
 // settle bound exceeds the node's consumer timeout on RabbitMQ 4.x and queue has not
 // refused it; nil otherwise. On 3.x it logs, once per queue, what the operator sets.
-func (s *Subscriber) consumeArgs(queue string, opts SubscribeOptions) amqp.Table {
+func (s *Subscriber) consumeArgs(queue string, opts broker.SubscribeOptions) amqp.Table {
 	within, node := s.settleWithin(opts), s.cfg.ConsumerTimeout
 	if within <= 0 || node < 0 || within <= node {
 		return nil

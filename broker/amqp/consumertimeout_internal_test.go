@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/pausegate"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
@@ -51,7 +52,7 @@ func TestConsumeArgs(t *testing.T) {
 			var logs strings.Builder
 			cfg := Config{URLs: []string{"amqp://127.0.0.1/"}, ConsumerTimeout: tc.node, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 			require.NoError(t, cfg.setDefaults())
-			s := newSubscriber(conn, cfg, SubscribeOptions{Concurrency: 1, SettleWithin: tc.within})
+			s := newSubscriber(conn, cfg, broker.SubscribeOptions{Concurrency: 1, SettleWithin: tc.within})
 			if tc.refused {
 				s.timeouts.refused.Store("q", struct{}{})
 			}
@@ -94,7 +95,7 @@ func TestTimeoutRefused(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
-			s := newSubscriber(nil, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, SubscribeOptions{})
+			s := newSubscriber(nil, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, broker.SubscribeOptions{})
 			for range 2 {
 				assert.Equal(t, tc.want, s.timeoutRefused("q", tc.err))
 			}

@@ -7,10 +7,13 @@ package carry
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,6 +75,18 @@ type Attempt struct {
 	First, Now time.Time
 	// Dependency is the handler's dependency, for the observers.
 	Dependency string
+	// Compensation is the handler's compensation event; nil without one.
+	Compensation *Compensation
+}
+
+// Compensation is a handler's compensation: the event published beside a dead letter whose
+// fate is final (disposition.Disposition.Compensate).
+type Compensation struct {
+	// Build returns the event for msg, whose dead letter is record; its id is set after.
+	Build func(msg, record *message.Message) (*message.Message, error)
+	// Publish publishes the event, confirmed; To names where, for records and logs.
+	Publish func(ctx context.Context, event *message.Message) error
+	To      string
 }
 
 // Carry carries out the fate in decides for attempt a: the fate's hand-off, confirmed;
@@ -108,6 +123,9 @@ func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposit
 		hctx, cancel := lifecycle.HandoffContext(ctx)
 		defer cancel()
 		rec := c.Record(msg, a.Queue, a.Retries, d.Reason)
+		if d.Compensate && a.Compensation != nil {
+			return c.compensate(hctx, a, rec)
+		}
 		if err := c.DeadLetterer.DeadLetter(hctx, a.Queue, rec); err != nil {
 			err = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, a.Queue, err)
 			c.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", a.Queue, "message_id", msg.UUID, "error", err)
@@ -122,22 +140,27 @@ func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposit
 	return nil
 }
 
-// settle marks how the subscriber settles the delivery, tells the observers, and returns
-// what the step returns: nil to ack, an error to have the message nacked.
+// settle says how the subscriber settles the delivery (broker.Delivery.Settle, on the
+// context the message arrived with), tells the observers, and returns what the step
+// returns: nil to ack, an error to have the message nacked. Outside a subscriber that
+// gives deliveries a broker.Delivery (a plain Watermill one) the settlement is dropped and
+// the nack is the subscriber's own.
 func (c *Carrier) settle(ctx context.Context, a Attempt, d disposition.Disposition) error {
 	msg := a.Msg
 	var err error
 	switch {
 	case d.Kind == disposition.Retry && d.HeldBack:
 		// Rejected at once: the queue holds it back (and its delivery limit counts it).
-		msg.Metadata.Set(headers.HeldBack, "1")
+		broker.DeliveryFrom(ctx).Settle(broker.SettleHoldBack)
 		err = &GiveBack{Reason: fmt.Errorf("retry %d of message %s held back by queue %q for %s: %w", a.Retries+1, msg.UUID, a.Queue, d.Delay, d.Reason)}
 	case d.Kind == disposition.GiveBack:
+		settlement := broker.SettleReject // a failed hand-off: counted, after a growing pause
 		if d.Unprocessed {
-			// No fault of the message: a basic.nack, which RabbitMQ 4.x does not count
-			// toward a quorum queue's delivery limit.
-			msg.Metadata.Set(headers.GivenBack, "1")
+			// No fault of the message: returned at once, and not counted toward a quorum
+			// queue's delivery limit.
+			settlement = broker.SettleReturn
 		}
+		broker.DeliveryFrom(ctx).Settle(settlement)
 		err = &GiveBack{Reason: d.Reason}
 	}
 	c.observe(ctx, a, d)
@@ -236,4 +259,86 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 		o.RetriedErrorType = a.Msg.Metadata.Get(sluice.HeaderLastError)
 	}
 	c.Observer.Observe(ctx, o)
+}
+
+type compensationKey struct{}
+
+// WithCompensation returns ctx carrying the handler's compensation, for the retry step to
+// find (the router sets it on the messages of a handler that has one).
+func WithCompensation(ctx context.Context, c *Compensation) context.Context {
+	return context.WithValue(ctx, compensationKey{}, c)
+}
+
+// CompensationFrom returns the compensation ctx carries, nil when none.
+func CompensationFrom(ctx context.Context) *Compensation {
+	c, _ := ctx.Value(compensationKey{}).(*Compensation)
+	return c
+}
+
+// compensate publishes a's dead letter rec and its compensation event at once, both
+// confirmed: the original is acked only when both are, and given back when either fails,
+// so that the redelivery hands both off again. The event's id is the same on every
+// redelivery, so its consumers deduplicate.
+func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Message) error {
+	comp := a.Compensation
+	event, err := comp.Build(a.Msg, rec)
+	switch {
+	case err != nil:
+		// A builder that fails would fail on every redelivery: the dead letter goes alone,
+		// and its record says why, for the operator.
+		rec.Metadata.Set(headers.CompensationError, failure.Truncate(err.Error(), failure.MaxErrorMessageBytes))
+		c.Logger.Error("compensation event not built; dead-lettering without it", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
+		event = nil
+	case event == nil:
+		rec.Metadata.Set(headers.CompensationError, "the compensation builder returned no event")
+	}
+	if event == nil {
+		if err := c.DeadLetterer.DeadLetter(ctx, a.Queue, rec); err != nil {
+			return fmt.Errorf("dead-letter publish of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+		}
+		return nil
+	}
+	event.UUID = CompensationID(a.Msg)
+	if event.Metadata == nil {
+		event.Metadata = message.Metadata{}
+	}
+	for _, k := range []string{headers.CorrelationID, headers.WatermillCorrelationID} {
+		if v := a.Msg.Metadata.Get(k); v != "" && event.Metadata.Get(k) == "" {
+			event.Metadata.Set(k, v)
+		}
+	}
+	event.Metadata.Set(headers.CompensationOf, a.Msg.UUID)
+	event.SetContext(ctx) // the message's trace: the publisher's span continues it
+	rec.Metadata.Set(headers.CompensationID, event.UUID)
+	rec.Metadata.Set(headers.CompensationTo, comp.To)
+	var wg sync.WaitGroup
+	var eventErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		eventErr = comp.Publish(ctx, event)
+	}()
+	deadErr := c.DeadLetterer.DeadLetter(ctx, a.Queue, rec)
+	wg.Wait()
+	if err := errors.Join(deadErr, eventErr); err != nil {
+		err = fmt.Errorf("dead letter and compensation of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+		c.Logger.Error("dead-letter or compensation publish failed; message will be redelivered", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
+		return err
+	}
+	if c.Logger.Enabled(ctx, slog.LevelDebug) {
+		c.Logger.Debug("message dead-lettered and compensated", "queue", a.Queue, "message_id", a.Msg.UUID, "compensation_id", event.UUID, "to", comp.To)
+	}
+	return nil
+}
+
+// CompensationID is the id of the compensation event of msg's final fate: derived from the
+// message id and the number of times an operator replayed it, so it is the same on every
+// redelivery and native retry of one fate, and new for the fate a replay starts. A UUID
+// (version 8, from SHA-256), as Watermill's ids are.
+func CompensationID(msg *message.Message) string {
+	h := sha256.Sum256([]byte("sluice compensation\x00" + msg.UUID + "\x00" + msg.Metadata.Get(headers.ReplayCount)))
+	b := h[:16]
+	b[6] = (b[6] & 0x0f) | 0x80 // version 8
+	b[8] = (b[8] & 0x3f) | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

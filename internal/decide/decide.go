@@ -97,6 +97,9 @@ type Input struct {
 	// HandOff is the error of carrying out an earlier decision for this attempt (the retry
 	// copy or the dead letter could not be confirmed); nil when nothing failed.
 	HandOff error
+	// Compensation says the handler has a compensation event (router.WithCompensation): a
+	// final fate (a dead letter) compensates, unless the effect may still happen.
+	Compensation bool
 }
 
 // rule is one row of the table.
@@ -117,10 +120,19 @@ func Decide(in Input) disposition.Disposition {
 	class := sluice.ClassOf(in.Err)
 	for i := range rules {
 		if rules[i].then != nil && rules[i].when(&in, class) {
-			return rules[i].then(&in, class)
+			d := rules[i].then(&in, class)
+			d.Compensate = d.Kind == disposition.DeadLetter && in.Compensation && !mayStillRun(in.Err)
+			return d
 		}
 	}
 	panic("decide: no rule holds") // the last rule always holds
+}
+
+// mayStillRun reports whether err says the message's work may still be done: its attempt
+// was abandoned at its handler timeout, or its key is held by an abandoned attempt still
+// running. Its dead letter is not compensated: the operator decides.
+func mayStillRun(err error) bool {
+	return errors.Is(err, sluice.ErrHandlerTimeout) || errors.Is(err, markers.ErrStillRunning)
 }
 
 // rules is the table, in the order Decide reads it.

@@ -118,6 +118,43 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// TestDecide_Compensate: a handler's compensation goes with a final dead letter, never with
+// a discard or a retry, nor when the last attempt may still be running.
+func TestDecide_Compensate(t *testing.T) {
+	policy := decide.Policy{MaxRetries: 1, MaxTotalAge: time.Hour, MaxRetryAfter: time.Hour}
+	abandoned := fmt.Errorf("abandoned: %w", sluice.ErrHandlerTimeout)
+	tests := []struct {
+		name string
+		in   decide.Input
+		want bool
+	}{
+		{name: "retries exhausted", in: decide.Input{Err: errBoom, History: decide.History{Retries: 1}}, want: true},
+		{name: "permanent", in: decide.Input{Err: sluice.Permanent(errBoom)}, want: true},
+		{name: "unlikely to recover", in: decide.Input{Err: errBoom, Policy: decide.Policy{Unlikely: &decide.Evidence{}}}, want: true},
+		{name: "over budget", in: decide.Input{Err: errBoom, Admit: func(time.Duration) (time.Duration, error) { return 0, errBudget }}, want: true},
+		{name: "a retry", in: decide.Input{Err: errBoom}, want: false},
+		{name: "a discard", in: decide.Input{Err: sluice.Discard(errBoom)}, want: false},
+		{name: "a hand-off that failed", in: decide.Input{Err: sluice.Permanent(errBoom), HandOff: errBudget}, want: false},
+		{name: "last attempt abandoned, may still run", in: decide.Input{Err: abandoned, History: decide.History{Retries: 1}}, want: false},
+		{name: "key held by an abandoned attempt", in: decide.Input{Err: markers.ErrStillRunning, History: decide.History{Retries: 1}}, want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := tt.in
+			in.Compensation = true
+			if in.Policy.Unlikely != nil {
+				in.Policy.MaxRetries, in.Policy.MaxTotalAge, in.Policy.MaxRetryAfter = 1, time.Hour, time.Hour
+			} else {
+				in.Policy = policy
+			}
+			in.History.Now = time.Now()
+			assert.Equal(t, tt.want, decide.Decide(in).Compensate)
+			in.Compensation = false
+			assert.False(t, decide.Decide(in).Compensate, "a handler without a compensation never compensates")
+		})
+	}
+}
+
 func TestKind_String(t *testing.T) {
 	// The labels of metrics and spans, unchanged by the typed value.
 	want := map[disposition.Kind]string{

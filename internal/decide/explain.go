@@ -30,6 +30,8 @@ type View struct {
 	Learned *Learned
 	// Breaker is "pause" or "defer" while the handler's breaker is open; empty without one.
 	Breaker string
+	// Compensation names where the handler's compensation event goes; empty without one.
+	Compensation string
 }
 
 // Learned is the learned policy as the table's sentences name it.
@@ -122,6 +124,18 @@ func init() {
 			return "its idempotency key is held by an abandoned attempt still running: a failed attempt, retried as retryable (never run beside it, never deferred for free)"
 		},
 	}
+	compensation := rule{
+		name: "compensation",
+		when: func(*Input, sluice.Class) bool { return false }, // an effect of a dead letter, not a case of its own
+		says: func(v View) string {
+			if v.Compensation == "" {
+				return ""
+			}
+			return "a message dead-lettered (retries exhausted, permanent, unlikely to recover, over budget; not a discard) also publishes the handler's compensation event to " +
+				v.Compensation + ", confirmed with the dead letter before the ack; not when its last attempt was abandoned and may still be running"
+		},
+	}
+	rules = append(rules, compensation)
 	insertBefore("unprocessed", breakerOpen)
 	insertBefore(sluice.ClassRetryable.String(), abandoned, stillRunning)
 }

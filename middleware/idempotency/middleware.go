@@ -315,7 +315,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			pending = true
 			rec := g.store.doneRecord(lease)
 			req, jerr := jd.send(ctx, rec)
-			if jerr == nil && broker.HoldAck(ctx, func(stop <-chan struct{}) error { return g.journaledDone(jd, lease, rec, jd.await(req, stop)) }) {
+			if jerr == nil && broker.DeliveryFrom(ctx).HoldAck(func(stop <-chan struct{}) error { return g.journaledDone(jd, lease, rec, jd.await(req, stop)) }) {
 				// The subscriber acknowledges once the record is confirmed, and the
 				// handler's slot takes the next message meanwhile.
 				return out, nil

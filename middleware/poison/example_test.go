@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/middleware/poison"
@@ -42,7 +43,7 @@ func ExampleMiddleware() {
 
 	r, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	r.AddMiddleware(mw)
-	r.AddConsumerHandler("ship", "orders", b.Subscriber(memory.SubscribeOptions{}), func(*message.Message) error {
+	r.AddConsumerHandler("ship", "orders", b.Subscriber(broker.SubscribeOptions{}), func(*message.Message) error {
 		return sluice.Permanent(errors.New("amount must be positive"))
 	})
 	go func() { _ = r.Run(context.Background()) }()

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/decide"
@@ -120,6 +121,8 @@ type result struct {
 	err      error
 	report   steptest.Report
 	reported bool
+	// settlement is how the subscriber settles the message when the step nacks it.
+	settlement broker.Settlement
 }
 
 // run sends a message with md through mw around h inside a real watermill router, as the
@@ -127,7 +130,7 @@ type result struct {
 func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
 	t.Helper()
 	r := steptest.Run(t, mw, h, steptest.Message{Queue: queueName, Handler: handlerName, Payload: []byte(payload), Metadata: md})
-	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err}
+	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err, settlement: r.Settlement}
 	if observed != nil {
 		res.report, res.reported = observed.Last()
 	}
@@ -435,7 +438,8 @@ func TestMiddleware_DeadLetterFails(t *testing.T) {
 	assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 	assert.Equal(t, 3, res.report.Attempt)
 	assert.ErrorIs(t, res.report.Err, errBroker)
-	assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+	assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
+	assert.Equal(t, broker.SettleReject, res.settlement, "a failed dead letter is a failure: requeued after a pause, counted")
 }
 
 func TestMiddleware_NotDeadLettered(t *testing.T) {
@@ -462,6 +466,7 @@ func TestMiddleware_NotDeadLettered(t *testing.T) {
 				var gb *carry.GiveBack
 				assert.ErrorAs(t, res.err, &gb, "given back")
 				assert.ErrorIs(t, res.err, tt.wantErr)
+				assert.Equal(t, broker.SettleReturn, res.settlement, "returned unprocessed: at once, not counted as a failed delivery")
 			} else {
 				assert.NoError(t, res.err)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
@@ -38,7 +39,7 @@ func Example() {
 
 	wr, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	wr.AddMiddleware(r.Middleware)
-	wr.AddConsumerHandler("ship", "orders", b.Subscriber(memory.SubscribeOptions{}), func(msg *message.Message) error {
+	wr.AddConsumerHandler("ship", "orders", b.Subscriber(broker.SubscribeOptions{}), func(msg *message.Message) error {
 		fmt.Println("attempt", sluice.RetryCount(msg.Metadata)+1)
 		if string(msg.Payload) == "declined" {
 			return sluice.Permanent(errors.New("card declined")) // never retried

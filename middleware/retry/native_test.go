@@ -75,8 +75,7 @@ func TestNativeFor(t *testing.T) {
 				// queue does not delay), unchanged, and nothing published.
 				require.Error(t, res.err)
 				require.True(t, isGiveBack(res.err), "given back to be rejected: %v", res.err)
-				assert.Empty(t, res.msg.Metadata.Get(headers.GivenBack))
-				assert.Equal(t, "1", res.msg.Metadata.Get(headers.HeldBack), "rejected at once, without the requeue backoff")
+				assert.Equal(t, broker.SettleHoldBack, res.settlement, "rejected at once, without the requeue backoff")
 				assert.ErrorIs(t, res.err, errBoom)
 				assert.Empty(t, delayer.Calls())
 				assert.Empty(t, dead.calls.All())

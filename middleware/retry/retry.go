@@ -317,7 +317,8 @@ func (r *Retry) wrap(h message.HandlerFunc, dependency string, native *broker.Na
 		if native != nil {
 			count, redeliveries = headers.NativeRetries(msg.Metadata)
 		}
-		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: count, Number: count + 1, Dependency: dep}
+		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: count, Number: count + 1, Dependency: dep,
+			Compensation: carry.CompensationFrom(ctx)}
 		if count == sluice.MaxRetryCountHeader {
 			a.Number = count
 		}
@@ -340,7 +341,7 @@ func (r *Retry) input(ctx context.Context, a *carry.Attempt, err error, native *
 	md := a.Msg.Metadata
 	// Cancelled, not past a deadline: the consumer is stopping and the failure is an
 	// artifact of it. A deadline (a timeout inside this step) is the handler failing.
-	in := decide.Input{Err: err, Stopping: lifecycle.ShuttingDown(ctx)}
+	in := decide.Input{Err: err, Stopping: lifecycle.ShuttingDown(ctx), Compensation: a.Compensation != nil}
 	trip := headers.ReadTrip(md)
 	in.History = decide.History{Retries: a.Retries, Arrived: trip.Arrived, Made: trip.Made, Now: a.Now}
 	class := sluice.ClassOf(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/decide"
@@ -148,6 +149,8 @@ type result struct {
 	reported bool
 	// dead is the reason of the message's dead letter, nil when it was not dead-lettered.
 	dead error
+	// settlement is how the subscriber settles the message when the step nacks it.
+	settlement broker.Settlement
 }
 
 // run sends a message with md through mw around h inside a real watermill router, as the
@@ -155,7 +158,7 @@ type result struct {
 func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
 	t.Helper()
 	r := steptest.Run(t, mw, h, steptest.Message{Queue: queueName, Handler: handlerName, Payload: []byte(`{"order":"o-1"}`), Metadata: md})
-	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err}
+	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err, settlement: r.Settlement}
 	if observed != nil {
 		res.report, res.reported = observed.Last()
 	}
@@ -353,7 +356,7 @@ func TestMiddleware_SuccessPassesThrough(t *testing.T) {
 	assert.Empty(t, d.Calls())
 	assert.Empty(t, events.All())
 	assert.False(t, res.reported, "a success is reported by telemetry as an ack, not by retry")
-	assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+	assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
 }
 
 func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
@@ -659,7 +662,10 @@ func TestMiddleware_NotRetried(t *testing.T) {
 			assert.Nil(t, res.out)
 			assert.Empty(t, d.Calls(), "no hand-off")
 			assert.Empty(t, events.All())
-			assert.Equal(t, steptest.Original(res.before, tt.wantErr != nil), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
+			if tt.wantErr != nil {
+				assert.Equal(t, broker.SettleReturn, res.settlement, "returned unprocessed: at once, not counted as a failed delivery")
+			}
 			if tt.wantReport != nil {
 				assert.True(t, res.reported)
 				assert.Equal(t, *tt.wantReport, res.report)
@@ -746,7 +752,7 @@ func TestMiddleware_Exhausted(t *testing.T) {
 			assert.Equal(t, tt.wantAge, ee.Age)
 			assert.Empty(t, d.Calls(), "no hand-off once exhausted")
 			assert.Empty(t, events.All())
-			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
 		})
 	}
 }
@@ -926,7 +932,8 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 			assert.Equal(t, tt.wantAttempt, res.report.Attempt)
 			assert.ErrorIs(t, res.report.Err, errBroker)
-			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
+			assert.Equal(t, broker.SettleReject, res.settlement, "a failed hand-off is a failure: requeued after a pause, counted")
 		})
 	}
 }

@@ -66,7 +66,7 @@ func Step(pub message.Publisher, topic string, prepare func(*message.Message)) m
 
 // Exchange is a message.Publisher whose topic is an exchange and whose routing key is each
 // message's RoutingKeyMetadata, published through b, confirmed.
-type Exchange struct{ B broker.ExchangePublisher }
+type Exchange struct{ B broker.Broker }
 
 // Publish publishes messages to exchange, a batch per run of one routing key.
 func (p Exchange) Publish(exchange string, messages ...*message.Message) error {
@@ -81,7 +81,7 @@ func (p Exchange) Publish(exchange string, messages ...*message.Message) error {
 		for _, m := range batch {
 			delete(m.Metadata, RoutingKeyMetadata)
 		}
-		ctx, cancel := broker.MessageDeadline(batch[0])
+		ctx, cancel := lifecycle.MessageDeadline(batch[0])
 		err := p.B.PublishToExchange(ctx, exchange, key, batch...)
 		cancel()
 		if err != nil {
