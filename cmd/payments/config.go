@@ -63,6 +63,10 @@ type config struct {
 	// default 1h); RETRY_LEARNED=on sets retry.Learned (the learned retry policy, with its
 	// defaults) in retry.
 	retryStatsWindow time.Duration
+	// stopWhenIdle is router.Config.StopWhenIdle (PAYMENTS_STOP_WHEN_IDLE; unset: serve
+	// until SIGINT or SIGTERM): serve exits 0 once its queues have been empty and nothing
+	// in flight that long, as a job or a pod KEDA scales to zero does (deploy/keda).
+	stopWhenIdle time.Duration
 }
 
 func loadConfig() (config, error) {
@@ -115,6 +119,9 @@ func loadConfig() (config, error) {
 		return c, fmt.Errorf("RETRY_LEARNED=%q: want on or off", v)
 	}
 	if c.snapshotEvery, err = envDuration("IDEMPOTENCY_SNAPSHOT_INTERVAL", time.Second); err != nil {
+		return c, err
+	}
+	if c.stopWhenIdle, err = envDuration("PAYMENTS_STOP_WHEN_IDLE", 0); err != nil {
 		return c, err
 	}
 	if c.depthInterval, err = envDuration("QUEUE_DEPTH_INTERVAL", telemetry.DefaultDepthInterval); err != nil {

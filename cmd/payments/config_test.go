@@ -116,3 +116,28 @@ func TestLoadConfigRetryStatistics(t *testing.T) {
 		})
 	}
 }
+
+func TestLoadConfigStopWhenIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        time.Duration
+		wantErr     bool
+	}{
+		{name: "unset: serve until a signal", value: "", want: 0},
+		{name: "an idle time", value: "30s", want: 30 * time.Second},
+		{name: "zero", value: "0s", wantErr: true},
+		{name: "not a duration", value: "soon", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PAYMENTS_STOP_WHEN_IDLE", tc.value)
+			cfg, err := loadConfig()
+			if tc.wantErr {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "PAYMENTS_STOP_WHEN_IDLE")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cfg.stopWhenIdle)
+		})
+	}
+}

@@ -10,7 +10,8 @@
 // RETRY_STATS_WINDOW (how far back the retry statistics reach, default 1h), RETRY_LEARNED
 // (on: the learned retry policy),
 // PAYMENTS_CONCURRENCY, PAYMENTS_QUEUE, PAYMENTS_OUTPUT_QUEUE, PAYMENTS_PARTITIONS (consume
-// as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), METRICS_ADDR
+// as that many key-partitioned queues), PAYMENTS_STOP_WHEN_IDLE (serve exits once the queues
+// were empty that long), AMQP_QUEUE_TYPE (classic or quorum), METRICS_ADDR
 // (/metrics, /healthz, /readyz, and the retry statistics and decision matrix on
 // /debug/sluice/retries and /debug/sluice/policy), QUEUE_DEPTH_INTERVAL, RABBITMQ_MANAGEMENT_URL (queue depths
 // with unacknowledged counts), OTEL_SERVICE_NAME and the standard OTEL_EXPORTER_OTLP_*
@@ -33,7 +34,7 @@ import (
 const usage = `usage: payments <command> [flags]
 
 commands:
-  serve   consume payments.requested until SIGINT or SIGTERM
+  serve   consume payments.requested until SIGINT or SIGTERM (or idle, PAYMENTS_STOP_WHEN_IDLE)
   demo    publish a mix of requests, show progress, print a summary (what 'make run' runs)
 `
 

@@ -166,6 +166,8 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 			Prefetch:    cfg.concurrency * 4,
 			Breakers:    breakers,
 			Health:      health,
+			// PAYMENTS_STOP_WHEN_IDLE: Run returns nil once the queues were empty that long.
+			StopWhenIdle: cfg.stopWhenIdle,
 		})
 		if err != nil {
 			return nil, err
