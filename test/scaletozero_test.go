@@ -2,9 +2,11 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,4 +332,83 @@ func declareOnly(t *testing.T, r *testenv.Rabbit, queue, output string) {
 	require.NoError(t, s.HandleWithOutput("payments", queue, output, func(*message.Message) ([]*message.Message, error) { return nil, nil }))
 	require.NoError(t, s.Declare(ctx))
 	require.NoError(t, s.Close())
+}
+
+// Issue 54, point 6: a retry waiting out its delay in the broker is not work in flight, on
+// each broker: Run with StopWhenIdle returns while it waits (the queue reads empty), the
+// retry comes back into the queue on time, and the next run handles it. On RabbitMQ the
+// retry waits in the delay cascade (classic queues) or is held back by a quorum queue's
+// native delayed retry (4.3); on the embedded broker it is a timer in this process, lost if
+// the process exits.
+func TestStopWhenIdle_RetriesWaitInTheBroker(t *testing.T) {
+	const delay = 2 * time.Second
+	for _, tc := range []struct {
+		name string
+		env  func(t *testing.T) *env
+		opts []router.HandlerOption
+	}{
+		{name: "RabbitMQ, delay cascade", env: func(t *testing.T) *env { return rabbitEnv(t) }},
+		{name: "RabbitMQ 4.3, native delayed retry", env: func(t *testing.T) *env {
+			testenv.Require43(t)
+			return quorumEnv(t)
+		}, opts: []router.HandlerOption{router.WithNativeRetry(delay, delay)}},
+		{name: "embedded broker", env: func(t *testing.T) *env { return memoryEnv(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := tc.env(t)
+			queue := e.newQueue(t, "test.idle.retry")
+			var attempts atomic.Int64
+			// run runs a stack until it stops by itself and returns how long it ran; publish,
+			// when set, is sent once the queues are declared.
+			run := func(publish *message.Message) time.Duration {
+				t.Helper()
+				s, err := router.New(e.broker, router.Config{
+					Logger:       testLogger(),
+					StopWhenIdle: 300 * time.Millisecond,
+					Retry:        retry.Config{MaxRetries: 3, InitialDelay: delay, MaxDelay: delay, Jitter: retry.NoJitter},
+				})
+				require.NoError(t, err)
+				require.NoError(t, s.Handle("work", queue, func(*message.Message) error {
+					if attempts.Add(1) == 1 {
+						return errors.New("gateway timeout")
+					}
+					return nil
+				}, tc.opts...))
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				require.NoError(t, s.Declare(ctx))
+				if publish != nil {
+					e.publish(t, queue, publish)
+				}
+				start := time.Now()
+				require.NoError(t, s.Run(ctx))
+				require.NoError(t, ctx.Err(), "Run returned only because its context ended")
+				return time.Since(start)
+			}
+			first := time.Now()
+			took := run(message.NewMessage("m-1", []byte(`{}`)))
+			assert.Less(t, took, delay, "the first run waited for the retry's delay")
+			assert.EqualValues(t, 1, attempts.Load(), "attempts in the first run")
+			assert.Equal(t, 0, ready(t, e, queue), "the waiting retry counted in the queue's length")
+
+			require.Eventually(t, func() bool { return ready(t, e, queue) == 1 }, 30*time.Second, 20*time.Millisecond,
+				"the retry came back into the queue")
+			assert.GreaterOrEqual(t, time.Since(first), delay, "the retry came back before its delay")
+			run(nil)
+			assert.EqualValues(t, 2, attempts.Load(), "attempts after the second run")
+			assert.Equal(t, 0, ready(t, e, queue), "left in the queue")
+			assert.Empty(t, e.dlq(t, queue), "dead letters")
+		})
+	}
+}
+
+// ready is queue's length as the broker's depth reader gives it, and as KEDA's scaler
+// reads it: ready messages, not a retry still waiting out its delay.
+func ready(t *testing.T, e *env, queue string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := e.broker.QueueDepth(ctx, queue)
+	require.NoError(t, err, "depth of %s", queue)
+	return int(d.Ready)
 }
