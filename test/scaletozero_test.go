@@ -412,3 +412,32 @@ func ready(t *testing.T, e *env, queue string) int {
 	require.NoError(t, err, "depth of %s", queue)
 	return int(d.Ready)
 }
+
+// PAYMENTS_STOP_WHEN_IDLE makes `payments serve` a job: it handles what the queue holds,
+// exits 0 once the queue has been empty that long, and leaves nothing behind it.
+func TestPaymentsServeExitsWhenIdle(t *testing.T) {
+	r := testenv.NewRabbit(t)
+	queue, output := testenv.Name("idle.payments.requested"), testenv.Name("idle.payments.succeeded")
+	r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output), topology.IdempotencyJournal(queue))
+	declareOnly(t, r, queue, output)
+	run := fmt.Sprintf("%d", time.Now().UnixNano()%1e9)
+	for i := range 5 {
+		id := fmt.Sprintf("pay_%s_%d", run, i)
+		r.Publish(queue, amqp091.Publishing{MessageId: "req-" + id, ContentType: "application/json",
+			DeliveryMode: amqp091.Persistent, Body: paymentBody(id, "tok_visa")})
+	}
+	testenv.Binary(t, "./cmd/payments") // built before the clock starts
+	start := time.Now()
+	svc := startPayments(t, append(fastPaymentsEnv(r.URL, queue, output), "PAYMENTS_STOP_WHEN_IDLE=500ms"))
+	select {
+	case err := <-svc.exited:
+		require.NoError(t, err, "payments serve exits 0 when idle")
+	case <-time.After(60 * time.Second):
+		t.Fatal("payments serve did not exit once idle")
+	}
+	t.Logf("payments serve (race build) started, handled 5 payments and exited 500ms idle after them in %s", time.Since(start).Round(time.Millisecond))
+	assert.Equal(t, 5, r.Count(output), "success events")
+	assert.Equal(t, 0, r.Count(queue), "left in the queue")
+	assert.Contains(t, svc.logs.String(), "nothing was in flight", "the service says why it stopped")
+	svc.exited <- nil // for the cleanup, which waits for the exit
+}
