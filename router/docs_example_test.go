@@ -116,3 +116,22 @@ func ExampleStack_HandleBatch() {
 	}, router.WithBatch(50, 100*time.Millisecond))
 	_ = stack.Run(context.Background())
 }
+
+// docs/scaling.md, "Scaling to zero": Run returns nil once the queues were empty and
+// nothing in flight for 30 s, so the job or pod exits.
+func ExampleConfig_stopWhenIdle() {
+	b, err := amqp.Connect(context.Background(), os.Getenv("AMQP_URL"), slog.Default())
+	if err != nil {
+		panic(err)
+	}
+	defer b.Close()
+	stack, err := router.New(b, router.Config{StopWhenIdle: 30 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	stack.Handle("payments", "payments.requested", func(*message.Message) error { return nil })
+	err = stack.Run(context.Background()) // nil once idle for 30s: the job or pod exits
+	if err != nil {
+		os.Exit(1)
+	}
+}
