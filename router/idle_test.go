@@ -56,14 +56,14 @@ func newIdleRun(t *testing.T, b router.Broker, cfg router.Config, h func(*messag
 }
 
 // run runs the stack until it returns by itself (the test fails after 20 s), and returns
-// Run's error and when it returned.
-func (r *idleRun) run(t *testing.T) (error, time.Time) {
+// when it returned and Run's error.
+func (r *idleRun) run(t *testing.T) (time.Time, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	err := r.s.Run(ctx)
 	require.NoError(t, ctx.Err(), "Run returned only because its context ended")
-	return err, time.Now()
+	return time.Now(), err
 }
 
 func (r *idleRun) handlerLastReturned() time.Time {
@@ -144,7 +144,7 @@ func TestStopWhenIdle_ReturnsOnceTheWorkIsDone(t *testing.T) {
 			if tt.during != nil {
 				wg.Go(func() { tt.during(t, b) })
 			}
-			err, returned := r.run(t)
+			returned, err := r.run(t)
 			wg.Wait()
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, r.handled.Load(), "messages handled before Run returned")
@@ -173,7 +173,7 @@ func TestStopWhenIdle_WaitsForAQueueThatIsNotEmpty(t *testing.T) {
 		emptied <- time.Now()
 		b.ready.Store(0)
 	}()
-	err, returned := r.run(t)
+	returned, err := r.run(t)
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, returned.Sub(start), 5*idleFor, "Run returned while the queue held a ready message")
 	assert.GreaterOrEqual(t, returned.Sub(<-emptied), idleFor, "the idle time runs from when the queue read empty")
@@ -212,7 +212,7 @@ func TestStopWhenIdle_ARetryWaitingOutItsDelayIsNotWorkInFlight(t *testing.T) {
 	first := newIdleRun(t, b, cfg, handler)
 	publish(t, b, "work", "m-1")
 	start := time.Now()
-	err, returned := first.run(t)
+	returned, err := first.run(t)
 	require.NoError(t, err)
 	assert.Less(t, returned.Sub(start), delay, "the first run waited for the retry's delay")
 	assert.EqualValues(t, 1, attempts.Load())
@@ -225,7 +225,7 @@ func TestStopWhenIdle_ARetryWaitingOutItsDelayIsNotWorkInFlight(t *testing.T) {
 	}, 10*delay, 10*time.Millisecond, "the retry came back into the queue")
 	assert.GreaterOrEqual(t, time.Since(start), delay, "the retry came back before its delay")
 	second := newIdleRun(t, b, cfg, handler)
-	err, _ = second.run(t)
+	_, err = second.run(t)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, attempts.Load())
 	assert.EqualValues(t, 1, second.handled.Load())
