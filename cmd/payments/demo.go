@@ -201,12 +201,17 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 	orders := example_order.Options{
 		// An order.created repeated: the order side absorbs it.
 		OnDuplicate: func(o example_order.Order) { t.duplicate(o.PaymentID) },
-		// The order side consumes the success events: they are counted as it sees them.
-		OnSettled: func(m *message.Message, o example_order.Order) {
-			var ev example_payment.Succeeded
-			if o.Status == example_order.StatusPaid && middleware.MessageCorrelationID(m) == runID && json.Unmarshal(m.Payload, &ev) == nil {
-				t.success(ev)
+		// The order side consumes the success events: they are counted as it sees them,
+		// and an earlier run's (an interrupted demo, a payments serve) taken out.
+		OnOutcome: func(m *message.Message, asked example_order.Status, o example_order.Order) {
+			if asked != example_order.StatusPaid {
+				return
 			}
+			var ev example_payment.Succeeded
+			if middleware.MessageCorrelationID(m) == runID && o.ID != "" && json.Unmarshal(m.Payload, &ev) == nil && t.success(ev) {
+				return
+			}
+			t.leftover()
 		},
 	}
 	svc, err := newService(ctx, cfg, logger, hooks{onRetry: t.retry, onDeadLetter: t.deadLetter, onDuplicate: t.duplicate, spans: rec, orders: orders})

@@ -33,7 +33,7 @@
 //     unless a payment is requested twice and its copies end differently: a real system
 //     would refund a charge that arrives for a cancelled order.
 //   - an outcome event for an order the book does not know (a payment requested without an
-//     order) is acknowledged and ignored.
+//     order, or none named) is acknowledged and ignored.
 //
 // The book writes each change before the handler returns, so the stack's confirmed
 // publish of the handler's output and the acknowledgement come after it. With a file

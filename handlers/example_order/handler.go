@@ -50,9 +50,10 @@ type Options struct {
 	// OnDuplicate, when set, is called with the order of an order.created whose order id
 	// the book knows from another message.
 	OnDuplicate func(o Order)
-	// OnSettled, when set, is called with the payment event msg and the order after it,
-	// by Paid and Cancel, for orders the book knows.
-	OnSettled func(msg *message.Message, o Order)
+	// OnOutcome, when set, is called by Paid and Cancel with each payment event msg they
+	// decode, the state it asks for (StatusPaid or StatusCancelled) and the order after
+	// it: the zero Order when the book does not know the order.
+	OnOutcome func(msg *message.Message, asked Status, o Order)
 }
 
 // Handler is the order side of the saga; its methods are watermill handler functions
@@ -106,7 +107,7 @@ func (h *Handler) Create(msg *message.Message) ([]*message.Message, error) {
 // Paid consumes an example_payment.Succeeded event and marks its order paid.
 func (h *Handler) Paid(msg *message.Message) ([]*message.Message, error) {
 	var ev example_payment.Succeeded
-	if err := decodeEvent(msg, &ev, &ev.OrderID); err != nil {
+	if err := decodeEvent(msg, &ev); err != nil {
 		return nil, err
 	}
 	return h.settle(msg, ev.OrderID, StatusPaid, Outcome{ChargeID: ev.ChargeID})
@@ -116,33 +117,37 @@ func (h *Handler) Paid(msg *message.Message) ([]*message.Message, error) {
 // cancels its order.
 func (h *Handler) Cancel(msg *message.Message) ([]*message.Message, error) {
 	var ev example_payment.Failed
-	if err := decodeEvent(msg, &ev, &ev.OrderID); err != nil {
+	if err := decodeEvent(msg, &ev); err != nil {
 		return nil, err
 	}
 	return h.settle(msg, ev.OrderID, StatusCancelled, Outcome{ErrorType: ev.ErrorType, Reason: ev.Reason})
 }
 
-// decodeEvent decodes msg's payload into ev, whose order id is *orderID; a body that is not
-// the event, or names no order, is permanent.
-func decodeEvent(msg *message.Message, ev any, orderID *string) error {
+// decodeEvent decodes msg's payload into ev; a body that is not a JSON object is permanent.
+func decodeEvent(msg *message.Message, ev any) error {
 	if err := json.Unmarshal(msg.Payload, ev); err != nil {
 		return sluice.Permanent(fmt.Errorf("decode payment event %s: %w", msg.UUID, err))
-	}
-	if *orderID == "" {
-		return sluice.Permanent(fmt.Errorf("payment event %s has no order_id", msg.UUID))
 	}
 	return nil
 }
 
 // settle moves the order to status and returns its Outcome when that is its state: the
-// first outcome wins.
+// first outcome wins. An event naming no order, or one the book does not know, returns
+// nothing.
 func (h *Handler) settle(msg *message.Message, orderID string, status Status, out Outcome) ([]*message.Message, error) {
-	o, known, err := h.book.settle(orderID, status)
-	if err != nil || !known {
-		return nil, err
+	var o Order
+	known := false
+	if orderID != "" {
+		var err error
+		if o, known, err = h.book.settle(orderID, status); err != nil {
+			return nil, err
+		}
 	}
-	if h.opts.OnSettled != nil {
-		h.opts.OnSettled(msg, o)
+	if h.opts.OnOutcome != nil {
+		h.opts.OnOutcome(msg, status, o)
+	}
+	if !known {
+		return nil, nil
 	}
 	if o.Status != status {
 		return nil, nil // a conflict: the book counted it

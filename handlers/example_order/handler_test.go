@@ -144,6 +144,25 @@ func TestHandler_Events(t *testing.T) {
 		ErrorType: "gateway_timeout", Reason: "retries_exhausted"}, oc)
 }
 
+// An outcome event naming no order (a payment requested without one) is ignored; the hook
+// still sees it, so a demo can tell an earlier run's events from its own.
+func TestHandler_OutcomeWithoutOrder(t *testing.T) {
+	var asked []example_order.Status
+	h := example_order.NewHandler(example_order.NewBook(), example_order.Options{
+		OnOutcome: func(_ *message.Message, s example_order.Status, o example_order.Order) {
+			asked = append(asked, s)
+			assert.Empty(t, o.ID)
+		},
+	})
+	out, err := h.Paid(message.NewMessage("s", []byte(`{"payment_id":"pay_stale_1","attempts":1}`)))
+	require.NoError(t, err)
+	assert.Empty(t, out)
+	out, err = h.Cancel(failed(t, "unknown"))
+	require.NoError(t, err)
+	assert.Empty(t, out)
+	assert.Equal(t, []example_order.Status{example_order.StatusPaid, example_order.StatusCancelled}, asked)
+}
+
 // Bodies that are not their events are permanent failures: no retry can fix them.
 func TestHandler_BadBodiesArePermanent(t *testing.T) {
 	h := example_order.NewHandler(example_order.NewBook(), example_order.Options{})
