@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -162,6 +163,11 @@ func loadConfig() (config, error) {
 	}
 	if err := producerConfig(&c); err != nil {
 		return c, err
+	}
+	if c.orders && c.secondaryURL != "" {
+		// The compensation of a payment settled on the secondary would wait there for an
+		// order side that only consumes the primary.
+		return c, errors.New("ORDERS=on with AMQP_SECONDARY_URL: the order side runs on one cluster; unset one")
 	}
 	return c, nil
 }
