@@ -44,7 +44,6 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 	row("Archive", orUnknown(code(h.Archive)))
 	row("Handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned))
 	row("Settle bound", h.SettleText())
-	row("Settle bound", h.SettleText())
 	row("Maximum attempts", fmt.Sprintf("%d (%d retries)", p.MaxAttempts, p.MaxRetries))
 	if nr := p.Native; nr != nil {
 		row("Backoff", fmt.Sprintf("held back by the queue (native delayed retry): %s × retry up to %s, no jitter; waits the queue cannot carry use the cascade", nr.Min, nr.Max))
@@ -97,6 +96,7 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 	} else {
 		row("Learned policy", "none")
 	}
+	row("Compensation", cell(h.CompensationText()))
 
 	b.WriteString("\n| Error class | Action |\n|---|---|\n")
 	for _, c := range h.ErrorClasses {
