@@ -118,7 +118,7 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 			if l.Probe != "" {
 				why += "; probe in flight: message " + l.Probe
 			}
-			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), l.Verdict.Text(), cell(why))
+			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), l.Text(), cell(why))
 		}
 		if len(h.Learned) == 0 {
 			b.WriteString("| – | no failures in the window | – |\n")
