@@ -108,6 +108,10 @@ func WithEventLog(logger *slog.Logger, limit LogLimit) Option {
 //   - sluice.handler.abandoned (counter; queue, handler): attempts abandoned at their
 //     handler timeout or at close; sluice.handler.abandoned.running (gauge; handler):
 //     those still running, see RegisterAbandoned;
+//   - sluice.compensations (counter; queue, handler, outcome): the final dead letters of a
+//     handler with a compensation, by what became of its event: sent (confirmed with the
+//     dead letter), build_failed (its builder failed: the dead letter went alone),
+//     withheld (the last attempt was abandoned and may still run);
 //   - sluice.connection.up, sluice.connection.reconnects, see RegisterConnection;
 //   - sluice.queue.depth, sluice.queue.consumers, see WatchDepth;
 //   - sluice.log.dropped (counter; event), see WithEventLog.
@@ -132,6 +136,7 @@ type Instrumentation struct {
 	breaker     metric.Int64ObservableGauge
 	abandoned   metric.Int64Counter
 	running     metric.Int64ObservableGauge // abandoned attempts still running
+	compensated metric.Int64Counter
 
 	// The counters of every attempt, observed from the flows (flow.go).
 	consumedObs     metric.Int64ObservableCounter
@@ -230,6 +235,7 @@ func (in *Instrumentation) createInstruments() error {
 	in.deadLetters = counter(otelnames.MetricDeadLetters, "Messages sent to a dead-letter queue.")
 	in.idemHits = counter(otelnames.MetricIdempotencyHits, "Duplicates acknowledged without calling the handler.")
 	in.abandoned = counter(otelnames.MetricAbandoned, "Attempts abandoned at their handler timeout (plus its grace) or at close, returned or not.")
+	in.compensated = counter(otelnames.MetricCompensations, "Final dead letters of handlers with a compensation, by what became of its event: sent, build_failed, withheld.")
 	if err != nil {
 		return err
 	}
