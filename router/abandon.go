@@ -49,7 +49,7 @@ func (s *Stack) stillRunning() error {
 }
 
 // trackAbandoned gives handler a tracker of its abandoned attempts that pauses sub at
-// MaxAbandoned and tells Config.Health; s.mu is held.
+// MaxAbandoned and tells the stack's pauses (readiness); s.mu is held.
 func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 	var mu sync.Mutex
 	paused := false
@@ -60,19 +60,15 @@ func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 		if b.Stuck {
 			paused = true
 			sub.Pause()
-			if s.cfg.Health != nil {
-				s.cfg.Health.Pause(who, fmt.Sprintf("stuck since %s: %d abandoned attempts still running (MaxAbandoned %d)",
-					b.Since.UTC().Format(time.RFC3339), b.Running, b.Max))
-			}
+			s.pauses.Pause(who, fmt.Sprintf("stuck since %s: %d abandoned attempts still running (MaxAbandoned %d)",
+				b.Since.UTC().Format(time.RFC3339), b.Running, b.Max))
 			s.logger.Error("handler paused: too many abandoned attempts still running; restart the instance if they never return",
 				"handler", handler, "running", b.Running, "max_abandoned", b.Max, "since", b.Since)
 			return
 		}
 		paused = false
 		sub.Resume(0)
-		if s.cfg.Health != nil {
-			s.cfg.Health.Resume(who)
-		}
+		s.pauses.Resume(who)
 		s.logger.Info("handler resumed: abandoned attempts returned", "handler", handler, "running", b.Running, "stuck_for", time.Since(b.Since))
 	})
 	s.parts = append(s.parts, part{handler: handler, paused: func() bool {

@@ -20,7 +20,7 @@ import (
 // handler). Consuming starts at once (a partitioned handler claims its partitions as
 // early as its peers), but no message is handled until every journal has restored the keys
 // done within their TTL: a message that arrives meanwhile waits, unacknowledged, and is
-// returned unprocessed when the stack closes first. /readyz (Config.Health) says
+// returned unprocessed when the stack closes first. /readyz (otelsetup.Operate) says
 // "restoring" meanwhile. Middlewares, for a router of the user's own, does not journal.
 type JournalingIdempotency interface {
 	Idempotency
@@ -116,10 +116,8 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 		return nil
 	}
 	const pauser = "idempotency"
-	if s.cfg.Health != nil {
-		s.cfg.Health.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
-		defer s.cfg.Health.Resume(pauser)
-	}
+	s.pauses.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
+	defer s.pauses.Resume(pauser)
 	// All at once: a partitioned handler has a journal per partition, and the instances
 	// started together claim partitions only once consuming, so the restore's length
 	// should not grow with the partitions (nor differ much between instances).

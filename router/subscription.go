@@ -121,8 +121,8 @@ func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerCon
 // ordinary retryable error, as for a queue output.
 func (s *Stack) exchangeOutputs(out Output) message.HandlerMiddleware {
 	var pub message.Publisher = exchangePublisher{eb: s.broker}
-	if s.cfg.Telemetry != nil {
-		pub = s.cfg.Telemetry.WrapPublisher(pub)
+	if s.tel != nil {
+		pub = s.tel.WrapPublisher(pub)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
