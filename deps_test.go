@@ -308,7 +308,7 @@ func isDigits(s string) bool {
 // failure names, for each version, the chain that brings it. (broker/amqp is not checked:
 // watermill-amqp compiles backoff v3 beside sluice's v4.)
 func TestCoreCompilesOneMajorVersionOfEachModule(t *testing.T) {
-	for _, pkg := range []string{".", "./router", "./middleware/...", "./disposition", "./telemetry", "./broker/memory", "./retrystats"} {
+	for _, pkg := range []string{".", "./router", "./middleware/...", "./disposition", "./telemetry", "./broker/memory", "./internal/retrystats"} {
 		t.Run(pkg, func(t *testing.T) {
 			graph, modules, roots := depModules(t, pkg)
 			versions := map[string]map[string]string{} // base module -> major -> a package of it

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/panics"
 )
 
@@ -102,7 +102,6 @@ func TestClassOf(t *testing.T) {
 		{"Discard in errors.Join", errors.Join(errBoom, sluice.Discard(errBoom)), sluice.ClassDiscard},
 		{"first marker of two %w wins", fmt.Errorf("%w, %w", sluice.Discard(errBoom), sluice.Permanent(errBoom)), sluice.ClassDiscard},
 		{"plain errors joined", errors.Join(errBoom, sentinel), sluice.ClassRetryable},
-		{"give-back", disposition.GiveBackError(errBoom), sluice.ClassRetryable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -143,7 +142,6 @@ func TestHelpers_WrapAndUnwrap(t *testing.T) {
 		{"Discard", sluice.Discard(errBoom), "discard: boom"},
 		{"RetryAfter", sluice.RetryAfter(3*time.Second, errBoom), "retry after 3s: boom"},
 		{"Defer", sluice.Defer(2*time.Second, errBoom), "deferred for 2s: boom"},
-		{"GiveBack", disposition.GiveBackError(errBoom), "nack: boom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,7 +160,6 @@ func TestHelpers_NilIsNil(t *testing.T) {
 		{"Permanent", sluice.Permanent(nil)},
 		{"Discard", sluice.Discard(nil)},
 		{"RetryAfter", sluice.RetryAfter(time.Second, nil)},
-		{"GiveBack", disposition.GiveBackError(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,7 +172,7 @@ func TestHelpers_NilIsNil(t *testing.T) {
 
 func TestRetryAfter_CarriesTheWait(t *testing.T) {
 	err := fmt.Errorf("gateway: %w", sluice.RetryAfter(1500*time.Millisecond, errBoom))
-	var ra *sluice.RetryAfterError
+	var ra *markers.RetryAfter
 	require.ErrorAs(t, err, &ra)
 	assert.Equal(t, 1500*time.Millisecond, ra.After)
 	assert.Equal(t, errBoom, ra.Err)
@@ -197,7 +194,7 @@ func TestDefer(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			err := sluice.Defer(tt.d, tt.reason)
 			require.Error(t, err)
-			var de *sluice.DeferError
+			var de *markers.Defer
 			require.ErrorAs(t, err, &de)
 			assert.Equal(t, tt.d, de.After)
 			assert.Equal(t, tt.wantReason, de.Reason)
@@ -271,33 +268,6 @@ func TestPanicStack(t *testing.T) {
 				return
 			}
 			assert.Contains(t, stack, tt.wantStack)
-		})
-	}
-}
-
-func TestGiveBack(t *testing.T) {
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"GiveBack", disposition.GiveBackError(errBoom), true},
-		{"wrapped with %w", fmt.Errorf("retry: %w", disposition.GiveBackError(errBoom)), true},
-		{"inside a marker", sluice.Permanent(disposition.GiveBackError(errBoom)), true},
-		{"plain error", errBoom, false},
-		{"nil", nil, false},
-		{"GiveBackError(nil)", disposition.GiveBackError(nil), false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, disposition.IsGiveBack(tt.err))
-			if tt.want {
-				d, ok := disposition.Of(tt.err)
-				require.True(t, ok)
-				assert.Equal(t, disposition.GiveBack, d.Kind)
-				assert.Equal(t, errBoom, d.Reason)
-				assert.ErrorIs(t, tt.err, errBoom)
-			}
 		})
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/panics"
 )
 
@@ -49,7 +49,7 @@ func TestErrorType_NamesUntypedErrorsUsefully(t *testing.T) {
 	}{
 		{"net.OpError wrapped by fmt.Errorf", fmt.Errorf("charge: %w", dialError()), "net.OpError"},
 		{"json.SyntaxError behind Permanent", sluice.Permanent(fmt.Errorf("decode: %w", syntaxError(t))), "json.SyntaxError"},
-		{"behind RetryAfter and a hand-off", disposition.GiveBackError(sluice.RetryAfter(time.Second, dialError())), "net.OpError"},
+		{"behind RetryAfter and a hand-off", &carry.GiveBack{Reason: sluice.RetryAfter(time.Second, dialError())}, "net.OpError"},
 		{"behind pkg/errors WithStack and WithMessage", pkgerrors.WithMessage(pkgerrors.WithStack(dialError()), "ctx"), "net.OpError"},
 		{"first named type in errors.Join", errors.Join(errBoom, syntaxError(t), dialError()), "json.SyntaxError"},
 		{"registered sentinel", fmt.Errorf("charge ord_1: %w", errInsufficientFunds), "insufficient_funds"},

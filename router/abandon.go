@@ -1,9 +1,7 @@
 package router
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -49,16 +47,15 @@ func (s *Stack) stillRunning() error {
 }
 
 // trackAbandoned gives handler a tracker of its abandoned attempts that pauses sub at
-// MaxAbandoned and tells the stack's pauses (readiness); s.mu is held.
+// MaxAbandoned and tells the stack's pauses (readiness; PausedHandlers stays the
+// breaker's); s.mu is held.
 func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 	var mu sync.Mutex
-	paused := false
 	s.attempts.Tracker(handler, s.cfg.MaxAbandoned, func(b attempt.Bound) {
 		mu.Lock()
 		defer mu.Unlock()
 		who := "handler " + handler
 		if b.Stuck {
-			paused = true
 			sub.Pause()
 			s.pauses.Pause(who, fmt.Sprintf("stuck since %s: %d abandoned attempts still running (MaxAbandoned %d)",
 				b.Since.UTC().Format(time.RFC3339), b.Running, b.Max))
@@ -66,80 +63,12 @@ func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 				"handler", handler, "running", b.Running, "max_abandoned", b.Max, "since", b.Since)
 			return
 		}
-		paused = false
 		sub.Resume(0)
 		s.pauses.Resume(who)
 		s.logger.Info("handler resumed: abandoned attempts returned", "handler", handler, "running", b.Running, "stuck_for", time.Since(b.Since))
 	})
-	s.parts = append(s.parts, part{handler: handler, paused: func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return paused
-	}})
 }
 
-// abandonObserver logs each abandoned attempt and each late return, at most
-// abandonLogLines a second (a stuck dependency abandons many at once).
-func (s *Stack) abandonObserver() attempt.Observer {
-	return &abandonLog{logger: s.logger}
-}
-
-const abandonLogLines = 10
-
-type abandonLog struct {
-	logger *slog.Logger
-
-	mu      sync.Mutex
-	window  time.Time
-	used    int
-	dropped int
-}
-
-func (l *abandonLog) allow() (bool, int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	var summary int
-	if now.Sub(l.window) >= time.Second {
-		l.window, l.used = now, 0
-		summary, l.dropped = l.dropped, 0
-	}
-	if l.used >= abandonLogLines {
-		l.dropped++
-		return false, summary
-	}
-	l.used++
-	return true, summary
-}
-
-func (l *abandonLog) write(ctx context.Context, level slog.Level, msg string, attrs ...slog.Attr) {
-	ok, summary := l.allow()
-	if summary > 0 {
-		l.logger.LogAttrs(ctx, slog.LevelWarn, "abandoned-attempt log lines dropped by the rate limit", slog.Int("dropped", summary))
-	}
-	if ok {
-		l.logger.LogAttrs(ctx, level, msg, attrs...)
-	}
-}
-
-func (l *abandonLog) Abandoned(ctx context.Context, a *attempt.Abandoned, running int) {
-	msg := "attempt abandoned past the handler timeout; it may still be running"
-	if a.Shutdown {
-		msg = "attempt abandoned at close; its message goes back to the queue"
-	}
-	l.write(ctx, slog.LevelWarn, msg, slog.String("handler", a.Handler), slog.Duration("ran", a.Ran),
-		slog.Duration("handler_timeout", a.Timeout), slog.Int("abandoned_running", running), slog.String("stack", firstFrame(a.Stack)))
-}
-
-func (l *abandonLog) Returned(ctx context.Context, handler string, ran time.Duration, err error, running int) {
-	l.write(ctx, slog.LevelInfo, "abandoned attempt returned", slog.String("handler", handler), slog.Duration("ran", ran),
-		slog.String("error", sluice.ErrorMessage(err)), slog.Int("abandoned_running", running))
-}
-
-// firstFrame is the innermost frame of a stack, for a log line (the record keeps it all).
-func firstFrame(stack string) string {
-	if i := strings.Index(stack, "\n"); i >= 0 {
-		return stack[:i]
-	}
-	return stack
-}
+// abandonObserver logs each abandoned attempt and each late return (at most 10 lines a
+// second: a stuck dependency abandons many at once).
+func (s *Stack) abandonObserver() attempt.Observer { return attempt.NewLog(s.logger) }

@@ -184,7 +184,6 @@ func TestAbandon_BoundPausesTheHandler(t *testing.T) {
 	reasons := strings.Join(pauseReasons(stack), "\n")
 	assert.Contains(t, reasons, "handler payments")
 	assert.Contains(t, reasons, "stuck since")
-	assert.Equal(t, []string{"payments"}, stack.PausedHandlers())
 	require.NoError(t, b.mem.Publish("payments", message.NewMessage("g1", []byte("ok"))))
 	time.Sleep(300 * time.Millisecond)
 	assert.Zero(t, h.good.Load(), "a paused handler takes no message")

@@ -61,8 +61,9 @@ func (s *Stack) Consuming() bool {
 	return s.router.IsRunning() && !s.router.IsClosed()
 }
 
-// PausedHandlers returns, sorted, the handlers that have paused consuming: their breaker
-// is open, or they hold MaxAbandoned abandoned attempts still running.
+// PausedHandlers returns, sorted, the handlers whose breaker has paused consuming. A
+// handler paused by MaxAbandoned abandoned attempts still running shows in readiness
+// (otelsetup.Operate), named as stuck.
 func (s *Stack) PausedHandlers() []string {
 	var out []string
 	for name, paused := range s.pausedHandlers() {

@@ -37,8 +37,8 @@ func (s *Stack) closeParts() {
 	}
 }
 
-// pausedHandlers says, for each handler that can pause (its breaker open, its abandoned
-// attempts at MaxAbandoned), whether it is paused now: by any of its parts.
+// pausedHandlers says, for each handler that pauses while its breaker is open, whether it
+// is paused now.
 func (s *Stack) pausedHandlers() map[string]bool {
 	s.mu.Lock()
 	parts := slices.Clone(s.parts)
@@ -46,7 +46,7 @@ func (s *Stack) pausedHandlers() map[string]bool {
 	out := map[string]bool{}
 	for _, p := range parts {
 		if p.paused != nil {
-			out[p.handler] = out[p.handler] || p.paused()
+			out[p.handler] = p.paused()
 		}
 	}
 	return out

@@ -2,23 +2,21 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
-	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/internal/panics"
+	"github.com/sluice-go/sluice/router/internal/output"
 )
 
 // ErrOutputWithoutTopic is the (permanent) failure of a handler that returned output
 // messages where nothing says where they go: a Handle handler, or a handler added to a
 // plain router without a publish topic. Acking would drop them; nacking would loop.
-var ErrOutputWithoutTopic = errors.New("router: handler returned output messages but has no output topic")
+var ErrOutputWithoutTopic = output.ErrNoTopic
 
 // Middlewares returns sluice's steps for a Watermill message.Router of the user's own, in
 // the stack's order (see the package documentation), outermost first, as
@@ -82,17 +80,21 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 			obs = append(obs, s.tel)
 		}
 		if sl := s.journalSlot(hc, obs); sl != nil {
-			mws = append(mws, sl.gate, s.attempts.Middleware, sl.middleware)
+			mws = append(mws, sl.Gate, s.attempts.Middleware, sl.Middleware)
 		} else {
 			mws = append(mws, s.attempts.Middleware, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
 		}
 	} else {
 		mws = append(mws, s.attempts.Middleware)
 	}
-	if outputTopic == "" && hc.sub.output != nil {
-		mws = append(mws, s.exchangeOutputs(*hc.sub.output)) // subscription.go
+	if out := hc.sub.output; outputTopic == "" && out != nil {
+		var pub message.Publisher = output.Exchange{B: s.broker}
+		if s.tel != nil {
+			pub = s.tel.WrapPublisher(pub)
+		}
+		mws = append(mws, output.Step(pub, out.Exchange, output.DefaultKey(out.RoutingKey)))
 	} else {
-		mws = append(mws, publishOutputs(s.output, outputTopic))
+		mws = append(mws, output.Step(s.output, outputTopic, nil))
 	}
 	mws = append(mws, s.cfg.Middleware...)
 	if s.cfg.Breakers != nil {
@@ -144,38 +146,4 @@ func timeout(d time.Duration) message.HandlerMiddleware {
 // own recoverer, package internal/panics), so it is retried and dead-lettered like any failure.
 func recoverHandlerPanic(h message.HandlerFunc) message.HandlerFunc {
 	return panics.Recoverer(h)
-}
-
-// publishOutputs publishes the handler's output to topic (empty: the handler's publish
-// topic from the context), confirmed, and returns none. A failed publish is an ordinary
-// retryable error: the message is retried, and idempotency does not mark its key done.
-func publishOutputs(pub message.Publisher, topic string) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			// A step inside (Watermill's Timeout) may replace the context and cancel it on
-			// return; the outputs are published with the one the attempt arrived with.
-			ctx := msg.Context()
-			out, err := h(msg)
-			msg.SetContext(ctx)
-			if err != nil || len(out) == 0 {
-				return nil, err
-			}
-			to := topic
-			if to == "" {
-				to = message.PublishTopicFromCtx(ctx)
-			}
-			if to == "" {
-				return nil, sluice.Permanent(fmt.Errorf("%w: %d message(s) from handler %q", ErrOutputWithoutTopic, len(out), message.HandlerNameFromCtx(ctx)))
-			}
-			hctx, cancel := lifecycle.HandoffContext(ctx)
-			defer cancel()
-			for _, o := range out {
-				o.SetContext(hctx)
-			}
-			if err := pub.Publish(to, out...); err != nil {
-				return nil, fmt.Errorf("publish %d output message(s) to %q: %w", len(out), to, err)
-			}
-			return nil, nil
-		}
-	}
 }

@@ -11,7 +11,7 @@
 //     out in one place: a retryable error with attempts left goes back to the broker
 //     delayed (through the delay cascade, or, with WithNativeRetry on RabbitMQ 4.3,
 //     rejected for the queue to hold back), a permanent one or one out of retries goes to
-//     the DLQ through the poison step (Config.Poison), each confirmed before the ack; then
+//     the DLQ (Config.Retry.DeadLetterer, else the broker's), each confirmed before the ack; then
 //     the observers are told once
 //  4. attempt — runs everything below on a goroutine of its own and stops waiting for it
 //     at HandlerTimeout plus AbandonGrace, returned or not: the attempt is a retryable
@@ -64,14 +64,13 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
-	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/health"
 	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/middleware/breaker"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
+	"github.com/sluice-go/sluice/router/internal/journal"
 	"github.com/sluice-go/sluice/router/internal/pause"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -99,12 +98,11 @@ type Config struct {
 	// Logger is used by the stack, its steps and Watermill (through its slog adapter).
 	// Nil means slog.Default().
 	Logger *slog.Logger
-	// Retry configures the retry step. A nil Delayer means the broker's delay; DeadLetter
-	// is always the stack's poison step (Poison). With Telemetry, the step's observers are
+	// Retry configures the failure path: the retry step, which decides every failed
+	// attempt's fate and carries it out. A nil Delayer means the broker's delay, a nil
+	// DeadLetterer the broker's dead-letter queue. With Telemetry, the step's observers are
 	// Retry.Observer and the stack's instrumentation.
 	Retry retry.Config
-	// Poison configures the dead-letter step. A nil DeadLetterer means the broker's DLQ.
-	Poison poison.Config
 	// HandlerTimeout is the deadline of the handler's context. An attempt still running
 	// AbandonGrace past it is abandoned, whether or not the handler looks at its context:
 	// the stack stops waiting, the attempt is a retryable failure (error type
@@ -179,6 +177,8 @@ type handlerConfig struct {
 	heartbeat time.Duration // WithRebalancing (rebalance.go)
 
 	native *broker.NativeRetry // WithNativeRetry (nativeretry.go)
+
+	compensation *Compensation // WithCompensation (compensation.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -219,7 +219,6 @@ type Stack struct {
 	cut      chan struct{}
 	cutOnce  sync.Once
 	cutTimer *time.Timer
-	poison   *poison.Poison
 	output   message.Publisher
 	tel      *otelstep.Instrumentation // from Config.Telemetry, nil without (operate.go)
 	// pauses are what paused consuming, for readiness (otelsetup.Operate reads them).
@@ -230,9 +229,12 @@ type Stack struct {
 	started bool
 	plan    declare.Plan                  // what Run declares
 	parts   []part                        // what the options and the configuration hold until Close
-	slots   []*journalSlot                // idempotency steps Run restores before handling (journal.go)
+	slots   []*journal.Slot               // idempotency steps Run restores before handling (journal.go)
 	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
 	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
+	settle  map[string]time.Duration      // each handler's settle bound (broker.go), for Describe
+	// compensations names where each compensated handler's event goes, for Describe.
+	compensations map[string]string
 	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -272,39 +274,30 @@ func New(b Broker, cfg Config) (*Stack, error) {
 			return nil, fmt.Errorf("router: Config.Middleware[%d] is nil", i)
 		}
 	}
-	// The broker does the hand-offs unless the caller gave the steps their own.
-	var delayer retry.Delayer = b
-	if cfg.Retry.Delayer != nil {
-		delayer = cfg.Retry.Delayer
+	// The broker does the hand-offs unless the caller gave the retry step its own. The
+	// steps get copies: the caller's Config is never changed.
+	rcfg := cfg.Retry
+	if rcfg.Delayer == nil {
+		rcfg.Delayer = b
 	}
-	var dead poison.DeadLetterer = b
-	if cfg.Poison.DeadLetterer != nil {
-		dead = cfg.Poison.DeadLetterer
+	if rcfg.DeadLetterer == nil {
+		rcfg.DeadLetterer = b
 	}
 	var output message.Publisher = broker.QueuePublisher(b)
 	tel, err := newTelemetry(cfg.Telemetry) // operate.go
 	if err != nil {
 		return nil, err
 	}
+	built := false
+	defer func() {
+		if !built && tel != nil {
+			_ = tel.Close() // every registration made on it below goes with it
+		}
+	}()
 	if tel != nil {
-		delayer = tel.WrapDelayer(delayer)
-		dead = tel.WrapDeadLetterer(dead)
+		rcfg.Delayer = tel.WrapDelayer(rcfg.Delayer)
+		rcfg.DeadLetterer = tel.WrapDeadLetterer(rcfg.DeadLetterer)
 		output = tel.WrapPublisher(output)
-	}
-	// The steps get copies: the caller's Config is never changed.
-	pcfg := cfg.Poison
-	pcfg.DeadLetterer = dead
-	if pcfg.Logger == nil {
-		pcfg.Logger = cfg.Logger
-	}
-	p, err := poison.New(pcfg)
-	if err != nil {
-		return nil, err
-	}
-	rcfg := cfg.Retry
-	rcfg.Delayer = delayer
-	rcfg.DeadLetter = p
-	if tel != nil {
 		// Telemetry observes every attempt's outcome beside the caller's observer.
 		obs := disposition.Observers{tel}
 		if rcfg.Observer != nil {
@@ -341,7 +334,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, tel: tel, names: map[string]bool{},
+	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, output: output, tel: tel, names: map[string]bool{},
 		closing: make(chan struct{}), cut: make(chan struct{})}
 	if tel != nil {
 		// The first part, so closed last: the stack's instrumentation and what remains on it.
@@ -369,6 +362,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)
 	}
+	built = true
 	return s, nil
 }
 
@@ -409,8 +403,12 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if err != nil {
 		return err
 	}
+	comp, err := s.compensation(name, hc)
+	if err != nil {
+		return err
+	}
 	if hc.partitions != 0 {
-		return s.addPartitioned(name, queue, outputTopic, h, hc)
+		return s.addPartitioned(name, queue, outputTopic, h, hc, comp)
 	}
 	s.names[name] = true
 	switch {
@@ -426,20 +424,24 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if outputTopic != "" {
 		s.plan.Output(outputTopic)
 	}
-	mux := pause.NewMux(s.subscriber(hc))
+	mux := pause.NewMux(s.subscriber(name, hc))
 	sub := mux.Subscriber()
 	hc.pause = s.pauseFor(name, hc, mux.View("breaker"))
 	s.trackAbandoned(name, mux.View("abandoned"))
 	hc.journal = queue
-	stack := s.compose(h, outputTopic, hc)
+	stack := withCompensation(s.compose(h, outputTopic, hc), comp)
 	s.consumes(name, queue)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
-		if err != nil && m.Metadata.Get(headers.HeldBack) != "" {
-			// A retry the queue holds back (WithNativeRetry) is a nack by design, observed
-			// and logged by the retry step: Watermill would log it as a handler error.
-			m.Nack()
-			return nil
+		if err != nil {
+			switch broker.DeliveryFrom(m.Context()).Settlement() {
+			case broker.SettleReturn, broker.SettleHoldBack:
+				// Returned unprocessed, or a retry the queue holds back (WithNativeRetry): a
+				// nack by decision, observed and logged by the step that made it, not a
+				// handler error for Watermill to log.
+				m.Nack()
+				return nil
+			}
 		}
 		return err
 	})

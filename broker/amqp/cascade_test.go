@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
@@ -55,7 +56,7 @@ func TestCascadeDeclaresOnlyTheLevelsItsDelaysReach(t *testing.T) {
 	require.NoError(t, b.DeclareQueue(ctx, queue))
 	assert.Zero(t, cascadeQueues(t, vhost), "a consumed queue alone declares no delay queue")
 
-	sub := b.Subscriber(amqp.SubscribeOptions{})
+	sub := b.Subscriber(broker.SubscribeOptions{})
 	defer sub.Close()
 	got, err := sub.Subscribe(ctx, queue)
 	require.NoError(t, err)

@@ -21,10 +21,10 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/demo/paymentdemo"
 	"github.com/sluice-go/sluice/internal/demo/paymentsim"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -68,7 +68,7 @@ func (t *tally) retry(e retry.Event) {
 	}
 }
 
-func (t *tally) deadLetter(e poison.Event) {
+func (t *tally) deadLetter(e disposition.Outcome) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ours := t.byID[e.MessageID]; !ours {

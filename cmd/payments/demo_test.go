@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -106,8 +107,10 @@ func checkDemoOutput(t *testing.T, out, queue, output string) []string {
 	assert.Equal(t, 1, rowsNamed(retried, "✓ process "+queue), "then the charge:\n%s", retried)
 	assert.Equal(t, 2, rowsNamed(retried, "waiting in the delay"), "a wait before each retry:\n%s", retried)
 	assert.Equal(t, 1, rowsNamed(retried, "send "+output), "the success event:\n%s", retried)
-	assert.Contains(t, retried, "retry in 20ms")
-	assert.Contains(t, retried, "retry in 40ms")
+	first, err := time.ParseDuration(os.Getenv("RETRY_INITIAL_DELAY"))
+	require.NoError(t, err)
+	assert.Contains(t, retried, "retry in "+first.String())
+	assert.Contains(t, retried, "retry in "+(2*first).String())
 
 	dead := section(t, out, "Dead-lettered when its retries ran out")
 	assert.Contains(t, dead, "Outcome: ✗ dead_letter after 6 attempts (5 retries)")
@@ -153,6 +156,9 @@ func TestDemo_RabbitMQLinksJaegerConsoleAndMetrics(t *testing.T) {
 		"AMQP_URL": r.URL, "PAYMENTS_QUEUE": queue, "PAYMENTS_OUTPUT_QUEUE": output,
 		"IDEMPOTENCY_JOURNAL": "off", "METRICS_ADDR": "127.0.0.1:0",
 		"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL, "JAEGER_UI_URL": "http://jaeger.example:16686/",
+		// Delays longer than a confirm on a busy broker, so that every retry's wait in the
+		// delay is a row of its own (a 20 ms delay can end before its send's confirm).
+		"RETRY_INITIAL_DELAY": "200ms", "RETRY_MAX_DELAY": "800ms",
 	})
 	out := runDemo(t)
 	ids := checkDemoOutput(t, out, queue, output)

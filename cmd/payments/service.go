@@ -11,12 +11,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
@@ -25,7 +25,7 @@ import (
 // hooks lets the demo watch outcomes; the service itself only logs them.
 type hooks struct {
 	onRetry      func(retry.Event)
-	onDeadLetter func(poison.Event)
+	onDeadLetter func(disposition.Outcome)
 	onDuplicate  func(key string)
 	// spans also receives every span the service records (the demo's waterfalls).
 	spans sdktrace.SpanProcessor
@@ -90,6 +90,18 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 
 	rcfg := cfg.retry
 	rcfg.OnRetry = h.onRetry
+	if h.onDeadLetter != nil {
+		dead := disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
+			if o.Disposition.Kind == disposition.DeadLetter {
+				h.onDeadLetter(o)
+			}
+		})
+		if rcfg.Observer != nil {
+			rcfg.Observer = disposition.Observers{rcfg.Observer, dead}
+		} else {
+			rcfg.Observer = dead
+		}
+	}
 	// Retry outcomes per error type over the last hour, served on METRICS_ADDR at
 	// /debug/sluice/retries (sluice retries reads them); RETRY_LEARNED=on also lets the
 	// learned policy stop retrying the types that never recover.
@@ -145,7 +157,6 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 			Idempotency: guard,
 			Logger:      logger,
 			Retry:       rcfg,
-			Poison:      poison.Config{OnDeadLetter: h.onDeadLetter},
 			Concurrency: cfg.concurrency,
 			Prefetch:    cfg.concurrency * 4,
 			Breakers:    breakers,

@@ -33,7 +33,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/panics"
 )
 
@@ -226,7 +226,7 @@ func (s *Step) abandon(ctx context.Context, st *State, handler string, shutdown 
 	}
 	if shutdown {
 		// Not the message's fault, and not a verdict on it: it goes back unacked.
-		return nil, disposition.ReturnUnprocessedError(a)
+		return nil, markers.ReturnUnprocessed(a)
 	}
 	return nil, a
 }

@@ -81,7 +81,7 @@ const (
 	// MetricRetryDelay is the broker-side delay each retry was given (seconds).
 	MetricRetryDelay = "sluice.retry.delay"
 	// MetricRetryOutcomes counts, per handler and error type, the messages that failed
-	// with it and how their retries ended (disposition.RetryEventOf): outcome "failed",
+	// with it and how their retries ended (retrystats.RetryEventOf): outcome "failed",
 	// "retried" (a retry spent), "recovered", "exhausted", "permanent", "discarded",
 	// "dead_lettered", "retry_unlikely".
 	MetricRetryOutcomes = "sluice.retry.outcomes"

@@ -47,7 +47,7 @@ func (in *Instrumentation) Observe(ctx context.Context, o disposition.Outcome) {
 	if !ok {
 		return
 	}
-	if o.HeldBack {
+	if o.Disposition.HeldBack {
 		in.heldBack(ctx, a.msg, o)
 	}
 	a.mu.Lock()

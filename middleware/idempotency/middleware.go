@@ -16,10 +16,11 @@ import (
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
-// ErrInFlight is the reason of the sluice.DeferError returned for a duplicate whose key is
+// ErrInFlight is the reason of the markers.Defer returned for a duplicate whose key is
 // being processed by another attempt.
 var ErrInFlight = errors.New("idempotency: key in flight")
 
@@ -28,7 +29,7 @@ var ErrInFlight = errors.New("idempotency: key in flight")
 // not returned yet (error type sluice.still_running): running the handler beside it could
 // do the work twice, and deferring for free could defer for ever, so it uses an attempt
 // and ends in the dead-letter queue once the retries are spent.
-var ErrStillRunning = errors.New("idempotency: key held by an abandoned attempt still running")
+var ErrStillRunning = markers.ErrStillRunning
 
 // stillRunningError is ErrStillRunning's failure for one message.
 type stillRunningError struct{ id string }
@@ -314,7 +315,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			pending = true
 			rec := g.store.doneRecord(lease)
 			req, jerr := jd.send(ctx, rec)
-			if jerr == nil && broker.HoldAck(ctx, func(stop <-chan struct{}) error { return g.journaledDone(jd, lease, rec, jd.await(req, stop)) }) {
+			if jerr == nil && broker.DeliveryFrom(ctx).HoldAck(func(stop <-chan struct{}) error { return g.journaledDone(jd, lease, rec, jd.await(req, stop)) }) {
 				// The subscriber acknowledges once the record is confirmed, and the
 				// handler's slot takes the next message meanwhile.
 				return out, nil

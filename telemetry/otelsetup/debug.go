@@ -10,9 +10,9 @@ import (
 // Paths of the debug endpoints the metrics server answers once Operate gave it a stack.
 const (
 	// DebugPrefix is the prefix of every debug endpoint: /debug/sluice/retries serves the
-	// retry statistics per handler and error type as JSON (retrystats.Report; ?handler=H
-	// keeps H's rows), /debug/sluice/policy the retry decision matrix
-	// (router.Description) as JSON, or as Markdown with ?format=markdown.
+	// retry statistics per handler and error type as JSON (?handler=H keeps H's rows),
+	// /debug/sluice/policy the retry decision matrix (policy.Description) as JSON, or as
+	// Markdown with ?format=markdown.
 	DebugPrefix = "/debug/sluice/"
 	// retriesPath serves the retry statistics.
 	retriesPath = DebugPrefix + "retries"

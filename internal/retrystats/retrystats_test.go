@@ -14,7 +14,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/internal/decide"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 // clock is a settable test clock.
@@ -78,7 +79,7 @@ var (
 func retry(err error) step { return step{err, disposition.Retry} }
 func ok() step             { return step{nil, disposition.Ack} }
 func exhausted(err error, retries int) step {
-	return step{&disposition.ExhaustedError{Retries: retries, Err: err}, disposition.DeadLetter}
+	return step{&decide.ExhaustedError{Retries: retries, Err: err}, disposition.DeadLetter}
 }
 
 // The counts match a ledger of what the test sent.
@@ -130,8 +131,8 @@ func TestStats_MatchLedger(t *testing.T) {
 		},
 		{
 			name: "the learned policy's dead letters are not evidence",
-			journeys: [][]step{{{&disposition.UnlikelyError{Err: errUpstream}, disposition.DeadLetter}},
-				{retry(errUpstream), {&disposition.UnlikelyError{Err: errUpstream}, disposition.DeadLetter}}},
+			journeys: [][]step{{{&decide.UnlikelyError{Err: errUpstream}, disposition.DeadLetter}},
+				{retry(errUpstream), {&decide.UnlikelyError{Err: errUpstream}, disposition.DeadLetter}}},
 			errType: "upstream",
 			want:    retrystats.TypeStats{Messages: 2, Retries: 1, Unlikely: 2},
 		},
@@ -181,7 +182,7 @@ func TestStats_RecoveryFigures(t *testing.T) {
 	assert.InDelta(t, 0.5, ts.RecoveryRate(), 1e-9)
 	assert.Equal(t, 2, ts.RecoveryAttempt(0.5), "median")
 	assert.Equal(t, 4, ts.RecoveryAttempt(0.99))
-	assert.Equal(t, disposition.Evidence{ErrorType: "timeout", Recovered: 10, Ended: 20, Window: time.Hour}, ts.Evidence())
+	assert.Equal(t, decide.Evidence{ErrorType: "timeout", Recovered: 10, Ended: 20, Window: time.Hour}, ts.Evidence())
 	assert.Equal(t, "10 of 20 recovered in the last hour", ts.Evidence().String())
 	assert.Zero(t, s.Type("pay", "upstream").RecoveryAttempt(0.5), "nothing recovered")
 }

@@ -10,8 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 func TestStats_Report(t *testing.T) {
@@ -19,17 +18,17 @@ func TestStats_Report(t *testing.T) {
 	require.NoError(t, err)
 	// pay/timeout: 4 messages; two recovered at attempt 2, one at attempt 4, one exhausted.
 	for _, attempt := range []int{2, 2, 4} {
-		s.Record("pay", disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
+		s.Record("pay", retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
 		for a := 2; a < attempt; a++ {
-			s.Record("pay", disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", Retried: true, Attempt: a})
+			s.Record("pay", retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", Retried: true, Attempt: a})
 		}
-		s.Record("pay", disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: disposition.Recovered, Attempt: attempt})
+		s.Record("pay", retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: retrystats.Recovered, Attempt: attempt})
 	}
-	s.Record("pay", disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
-	s.Record("pay", disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: disposition.Exhausted, Attempt: 2})
+	s.Record("pay", retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
+	s.Record("pay", retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: retrystats.Exhausted, Attempt: 2})
 	// pay/declined: permanent at once; ship/down: in flight.
-	s.Record("pay", disposition.RetryEvent{ErrorType: "declined", NewMessage: true, End: disposition.MadePermanent, Attempt: 1})
-	s.Record("ship", disposition.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true, Attempt: 1})
+	s.Record("pay", retrystats.RetryEvent{ErrorType: "declined", NewMessage: true, End: retrystats.MadePermanent, Attempt: 1})
+	s.Record("ship", retrystats.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true, Attempt: 1})
 
 	judged := 0
 	judge := func(ts retrystats.TypeStats) retrystats.Verdict {
@@ -72,8 +71,8 @@ func TestStats_Report(t *testing.T) {
 func TestReportHandler(t *testing.T) {
 	s, err := retrystats.New(retrystats.Config{})
 	require.NoError(t, err)
-	s.Record("a", disposition.RetryEvent{ErrorType: "x", NewMessage: true, End: disposition.MadePermanent, Attempt: 1})
-	s.Record("b", disposition.RetryEvent{ErrorType: "y", NewMessage: true, End: disposition.MadePermanent, Attempt: 1})
+	s.Record("a", retrystats.RetryEvent{ErrorType: "x", NewMessage: true, End: retrystats.MadePermanent, Attempt: 1})
+	s.Record("b", retrystats.RetryEvent{ErrorType: "y", NewMessage: true, End: retrystats.MadePermanent, Attempt: 1})
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	tests := []struct {

@@ -1,9 +1,10 @@
-package disposition
+package retrystats
 
 import (
 	"errors"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 )
 
 // RetryEnd is how a message's retries ended, as the retry statistics count it.
@@ -81,31 +82,31 @@ func (e RetryEvent) Evidence() bool {
 // RetryEventOf returns what o tells the retry statistics; false for an attempt that tells
 // them nothing: a first attempt that succeeded (the success path costs one comparison),
 // a deferral or a give-back (no attempt used).
-func RetryEventOf(o Outcome) (RetryEvent, bool) {
+func RetryEventOf(o disposition.Outcome) (RetryEvent, bool) {
 	prev := o.RetriedErrorType
 	switch o.Disposition.Kind {
-	case Ack, Duplicate:
+	case disposition.Ack, disposition.Duplicate:
 		if prev == "" {
 			return RetryEvent{}, false
 		}
 		return RetryEvent{ErrorType: prev, Resolved: prev, End: Recovered, Attempt: o.Attempt}, true
-	case Retry, DeadLetter, Discard:
+	case disposition.Retry, disposition.DeadLetter, disposition.Discard:
 	default:
 		return RetryEvent{}, false
 	}
 	ev := RetryEvent{ErrorType: o.ErrorType, NewMessage: o.ErrorType != prev, Resolved: prev, Attempt: o.Attempt}
 	switch reason := o.Disposition.Reason; o.Disposition.Kind {
-	case Retry:
+	case disposition.Retry:
 		ev.Retried = true
-	case Discard:
+	case disposition.Discard:
 		ev.End = Discarded
 	default:
 		switch {
-		case errors.Is(reason, ErrRetryUnlikely):
+		case errors.Is(reason, disposition.ErrRetryUnlikely):
 			ev.End = Unlikely
-		case errors.Is(reason, ErrRetriesExhausted):
+		case errors.Is(reason, disposition.ErrRetriesExhausted):
 			ev.End = Exhausted
-		case sluice.ClassOf(reason) == sluice.ClassPermanent && !errors.Is(reason, ErrDeferralExpired):
+		case sluice.ClassOf(reason) == sluice.ClassPermanent && !errors.Is(reason, disposition.ErrDeferralExpired):
 			ev.End = MadePermanent
 		default:
 			ev.End = DeadLettered

@@ -5,7 +5,7 @@
 //
 // Stats is a disposition.Observer: give it to the retry step (retry.Config.Stats, which
 // the learned policy reads) or add it to any observer chain. Each attempt is counted by
-// disposition.RetryEventOf: a message is counted under each error type it failed with,
+// RetryEventOf: a message is counted under each error type it failed with,
 // its end under the type of its last failure. A first attempt that succeeds costs one
 // comparison and no allocation.
 //
@@ -25,6 +25,7 @@ import (
 	"unsafe"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
 )
 
 // OtherType is the error type under which the types past Config.MaxTypes of a handler are
@@ -144,7 +145,7 @@ func (s *Stats) Observe(_ context.Context, o disposition.Outcome) {
 	if o.RetriedErrorType == "" && o.Disposition.Kind == disposition.Ack {
 		return // the success path of a message that never failed
 	}
-	ev, ok := disposition.RetryEventOf(o)
+	ev, ok := RetryEventOf(o)
 	if !ok {
 		return
 	}
@@ -152,7 +153,7 @@ func (s *Stats) Observe(_ context.Context, o disposition.Outcome) {
 }
 
 // Record counts ev for handler: what Observe does with an attempt's event.
-func (s *Stats) Record(handler string, ev disposition.RetryEvent) {
+func (s *Stats) Record(handler string, ev RetryEvent) {
 	epoch := s.cfg.Now().UnixNano() / s.width
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -175,18 +176,18 @@ func (s *Stats) Record(handler string, ev disposition.RetryEvent) {
 		c.retries++
 	}
 	switch ev.End {
-	case disposition.Recovered:
+	case Recovered:
 		c.recovered++
 		c.recoveredAt[min(max(ev.Attempt, 2), AttemptBins+1)-2]++
-	case disposition.Exhausted:
+	case Exhausted:
 		c.exhausted++
-	case disposition.MadePermanent:
+	case MadePermanent:
 		c.permanent++
-	case disposition.Discarded:
+	case Discarded:
 		c.discarded++
-	case disposition.DeadLettered:
+	case DeadLettered:
 		c.deadLettered++
-	case disposition.Unlikely:
+	case Unlikely:
 		c.unl++
 	}
 	if ev.Evidence() {
@@ -269,8 +270,8 @@ func (t TypeStats) RecoveryAttempt(q float64) int {
 }
 
 // Evidence returns the counts as the learned policy's evidence.
-func (t TypeStats) Evidence() disposition.Evidence {
-	return disposition.Evidence{ErrorType: t.ErrorType, Recovered: t.Recovered, Ended: t.Ended, Window: t.Window}
+func (t TypeStats) Evidence() decide.Evidence {
+	return decide.Evidence{ErrorType: t.ErrorType, Recovered: t.Recovered, Ended: t.Ended, Window: t.Window}
 }
 
 // Type returns the counts of handler's errType over the window. An untracked type of a

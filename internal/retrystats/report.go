@@ -2,6 +2,7 @@ package retrystats
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -193,4 +194,22 @@ func writeJSON(w http.ResponseWriter, v any) {
 // WindowDuration returns the report's window as a duration.
 func (r Report) WindowDuration() time.Duration {
 	return time.Duration(r.WindowSeconds * float64(time.Second))
+}
+
+// Text is the verdict's decision in words.
+func (v Verdict) Text() string {
+	switch v.Decision {
+	case DecisionRetry:
+		return "retry"
+	case DecisionStop:
+		if v.Exploring {
+			return fmt.Sprintf("stop retrying (exploring %g%%)", v.Explore*100)
+		}
+		return "stop retrying"
+	case DecisionNotEnoughEvidence:
+		return "retry (not enough evidence)"
+	case DecisionNotJudged:
+		return "retry (not judged)"
+	}
+	return v.Decision
 }

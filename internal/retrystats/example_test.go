@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/internal/decide"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 // Stats counts how retried messages ended, per handler and error type. In a service it is
@@ -22,7 +23,7 @@ func ExampleStats() {
 	retry := disposition.Disposition{Kind: disposition.Retry, Delay: time.Second, Reason: timeout}
 	exhausted := disposition.Disposition{
 		Kind:   disposition.DeadLetter,
-		Reason: &disposition.ExhaustedError{Retries: 2, Made: 3, Err: timeout},
+		Reason: &decide.ExhaustedError{Retries: 2, Made: 3, Err: timeout},
 	}
 	outcome := func(id string, attempt int, d disposition.Disposition) disposition.Outcome {
 		o := disposition.Outcome{Disposition: d, Attempt: attempt, Handler: "charge", MessageID: id}

@@ -1,12 +1,8 @@
-package router
+package policy
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
-
-	"github.com/sluice-go/sluice/retrystats"
 )
 
 // Markdown renders the description for a runbook: a section per handler with a table of
@@ -47,6 +43,8 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 	row("Dead-letter queue", orUnknown(code(h.DeadLetterQueue)))
 	row("Archive", orUnknown(code(h.Archive)))
 	row("Handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned))
+	row("Settle bound", h.SettleText())
+	row("Settle bound", h.SettleText())
 	row("Maximum attempts", fmt.Sprintf("%d (%d retries)", p.MaxAttempts, p.MaxRetries))
 	if nr := p.Native; nr != nil {
 		row("Backoff", fmt.Sprintf("held back by the queue (native delayed retry): %s × retry up to %s, no jitter; waits the queue cannot carry use the cascade", nr.Min, nr.Max))
@@ -120,30 +118,12 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 			if l.Probe != "" {
 				why += "; probe in flight: message " + l.Probe
 			}
-			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), DecisionText(l.Verdict), cell(why))
+			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), l.Verdict.Text(), cell(why))
 		}
 		if len(h.Learned) == 0 {
 			b.WriteString("| – | no failures in the window | – |\n")
 		}
 	}
-}
-
-// DecisionText is a verdict's decision in words.
-func DecisionText(v retrystats.Verdict) string {
-	switch v.Decision {
-	case retrystats.DecisionRetry:
-		return "retry"
-	case retrystats.DecisionStop:
-		if v.Exploring {
-			return fmt.Sprintf("stop retrying (exploring %g%%)", v.Explore*100)
-		}
-		return "stop retrying"
-	case retrystats.DecisionNotEnoughEvidence:
-		return "retry (not enough evidence)"
-	case retrystats.DecisionNotJudged:
-		return "retry (not judged)"
-	}
-	return v.Decision
 }
 
 func code(s string) string {
@@ -171,43 +151,4 @@ func orUnknown(s string) string {
 // cell escapes what would end a table cell.
 func cell(s string) string {
 	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
-}
-
-// PolicyHandler serves Describe on GET: JSON, or Markdown with ?format=markdown (or an
-// Accept header asking for text/markdown).
-func (s *Stack) PolicyHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Method != http.MethodGet && req.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		d := s.Describe()
-		switch f := req.URL.Query().Get("format"); {
-		case f == "markdown" || f == "md" || (f == "" && strings.Contains(req.Header.Get("Accept"), "text/markdown")):
-			w.Header().Set("Content-Type", "text/markdown; charset=utf-8")
-			w.Header().Set("Cache-Control", "no-store")
-			_, _ = w.Write([]byte(d.Markdown()))
-		case f == "" || f == "json":
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Cache-Control", "no-store")
-			enc := json.NewEncoder(w)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(d)
-		default:
-			http.Error(w, fmt.Sprintf("unknown format %q: want json or markdown", f), http.StatusBadRequest)
-		}
-	})
-}
-
-// RetriesHandler serves RetryReport as JSON on GET (?handler=H: H's rows only); nil when
-// the retry step keeps no statistics (neither Config.Retry.Stats nor Config.Retry.Learned).
-func (s *Stack) RetriesHandler() http.Handler {
-	if s.retry.Stats() == nil {
-		return nil
-	}
-	return retrystats.ReportHandler(func() retrystats.Report {
-		r, _ := s.RetryReport()
-		return r
-	})
 }

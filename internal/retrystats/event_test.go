@@ -1,4 +1,4 @@
-package disposition_test
+package retrystats_test
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 func TestRetryEventOf(t *testing.T) {
@@ -22,7 +24,7 @@ func TestRetryEventOf(t *testing.T) {
 	tests := []struct {
 		name     string
 		o        disposition.Outcome
-		want     disposition.RetryEvent
+		want     retrystats.RetryEvent
 		ok       bool
 		evidence bool
 	}{
@@ -30,27 +32,27 @@ func TestRetryEventOf(t *testing.T) {
 		{name: "deferral: nothing", o: out(disposition.Defer, 2, "timeout", sluice.Defer(0, errT))},
 		{name: "give-back: nothing", o: out(disposition.GiveBack, 2, "timeout", errT)},
 		{name: "first failure retried", o: out(disposition.Retry, 1, "", errT), ok: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1}},
+			want: retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1}},
 		{name: "same type retried again", o: out(disposition.Retry, 2, "timeout", errT), ok: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", Retried: true, Resolved: "timeout", Attempt: 2}},
+			want: retrystats.RetryEvent{ErrorType: "timeout", Retried: true, Resolved: "timeout", Attempt: 2}},
 		{name: "recovered", o: out(disposition.Ack, 3, "timeout", nil), ok: true, evidence: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: disposition.Recovered, Attempt: 3}},
-		{name: "exhausted", o: out(disposition.DeadLetter, 6, "timeout", &disposition.ExhaustedError{Retries: 5, Err: errT}), ok: true, evidence: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: disposition.Exhausted, Attempt: 6}},
+			want: retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: retrystats.Recovered, Attempt: 3}},
+		{name: "exhausted", o: out(disposition.DeadLetter, 6, "timeout", &decide.ExhaustedError{Retries: 5, Err: errT}), ok: true, evidence: true,
+			want: retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: retrystats.Exhausted, Attempt: 6}},
 		{name: "permanent at once", o: out(disposition.DeadLetter, 1, "", sluice.Permanent(errT)), ok: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, End: disposition.MadePermanent, Attempt: 1}},
+			want: retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, End: retrystats.MadePermanent, Attempt: 1}},
 		{name: "deferral expired", o: out(disposition.DeadLetter, 1, "", sluice.Permanent(fmt.Errorf("%w: %w", disposition.ErrDeferralExpired, errT))), ok: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, End: disposition.DeadLettered, Attempt: 1}},
-		{name: "retry unlikely", o: out(disposition.DeadLetter, 1, "", &disposition.UnlikelyError{Err: errT}), ok: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, End: disposition.Unlikely, Attempt: 1}},
+			want: retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, End: retrystats.DeadLettered, Attempt: 1}},
+		{name: "retry unlikely", o: out(disposition.DeadLetter, 1, "", &decide.UnlikelyError{Err: errT}), ok: true,
+			want: retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, End: retrystats.Unlikely, Attempt: 1}},
 		{name: "discarded after a retry", o: out(disposition.Discard, 2, "timeout", sluice.Discard(errT)), ok: true, evidence: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: disposition.Discarded, Attempt: 2}},
+			want: retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: retrystats.Discarded, Attempt: 2}},
 		{name: "another type after a retry", o: out(disposition.Retry, 2, "upstream", errT), ok: true,
-			want: disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Resolved: "upstream", Attempt: 2}},
+			want: retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Resolved: "upstream", Attempt: 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := disposition.RetryEventOf(tt.o)
+			got, ok := retrystats.RetryEventOf(tt.o)
 			assert.Equal(t, tt.ok, ok)
 			assert.Equal(t, tt.want, got)
 			assert.Equal(t, tt.evidence, got.Evidence())
@@ -59,10 +61,10 @@ func TestRetryEventOf(t *testing.T) {
 }
 
 func TestRetryEnd_String(t *testing.T) {
-	want := map[disposition.RetryEnd]string{
-		disposition.EndNone: "", disposition.Recovered: "recovered", disposition.Exhausted: "exhausted",
-		disposition.MadePermanent: "permanent", disposition.Discarded: "discarded",
-		disposition.DeadLettered: "dead_lettered", disposition.Unlikely: "retry_unlikely",
+	want := map[retrystats.RetryEnd]string{
+		retrystats.EndNone: "", retrystats.Recovered: "recovered", retrystats.Exhausted: "exhausted",
+		retrystats.MadePermanent: "permanent", retrystats.Discarded: "discarded",
+		retrystats.DeadLettered: "dead_lettered", retrystats.Unlikely: "retry_unlikely",
 	}
 	for e, s := range want {
 		assert.Equal(t, s, e.String())

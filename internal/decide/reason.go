@@ -1,17 +1,17 @@
-package disposition
+package decide
 
 import (
 	"errors"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/disposition"
 )
 
 // The dead-letter reasons: why a message went to the dead-letter queue, as its
 // x-dead-letter-reason header names it. The error type says what failed; the reason says
 // why sluice stopped trying.
 const (
-	// ReasonPermanent: the handler's error was Permanent (sluice.Permanent, a decode
-	// failure, a missing idempotency key).
+	// ReasonPermanent: the handler's error was Permanent.
 	ReasonPermanent = "permanent"
 	// ReasonRetriesExhausted: a retryable error used all of its retries.
 	ReasonRetriesExhausted = "retries_exhausted"
@@ -24,28 +24,27 @@ const (
 	// ReasonNoDelay: a retryable or deferred failure with no broker delay to carry it out
 	// (the poison step used alone), dead-lettered at once.
 	ReasonNoDelay = "no_delay"
-	// ReasonFailed: any other dead letter (a Discard-class error that an inner step's own
-	// decision dead-lettered).
+	// ReasonFailed: any other dead letter.
 	ReasonFailed = "failed"
 )
 
-// DeadLetterReasoner is an error that names its own dead-letter reason (the retry step's
-// budget refusal names "retry_budget_exhausted").
-type DeadLetterReasoner interface {
+// reasoner is an error that names its own dead-letter reason (the retry budget's refusal
+// names "retry_budget_exhausted").
+type reasoner interface {
+	error
 	DeadLetterReason() string
 }
 
-// DeadLetterReasonOf returns the reason a message dead-lettered for err went there: the
-// first DeadLetterReasoner in err's chain, else one of the Reason constants.
-func DeadLetterReasonOf(err error) string {
-	var r DeadLetterReasoner
-	if errors.As(err, &r) {
+// ReasonOf returns why a message dead-lettered for err went there: the first reasoner in
+// err's chain, else one of the Reason constants.
+func ReasonOf(err error) string {
+	if r, ok := errors.AsType[reasoner](err); ok {
 		return r.DeadLetterReason()
 	}
 	switch {
-	case errors.Is(err, ErrRetryUnlikely):
+	case errors.Is(err, disposition.ErrRetryUnlikely):
 		return ReasonRetryUnlikely
-	case errors.Is(err, ErrDeferralExpired):
+	case errors.Is(err, disposition.ErrDeferralExpired):
 		return ReasonDeferralExpired
 	}
 	if ex, ok := errors.AsType[*ExhaustedError](err); ok {
