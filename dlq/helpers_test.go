@@ -2,7 +2,6 @@ package dlq_test
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -70,12 +69,6 @@ func invalidAmount() error {
 	return sluice.Permanent(typedError{"invalid_amount", "amount must be positive"})
 }
 func gatewayDown() error { return typedError{"gateway_down", "gateway: 503 service unavailable"} }
-
-type noDeadLetterer struct{}
-
-func (noDeadLetterer) DeadLetter(context.Context, string, *message.Message) error {
-	return errors.New("not used")
-}
 
 // deadLetter puts f into the DLQ with the record package poison writes, the way the stack
 // would, with a few properties and headers a replay must keep.

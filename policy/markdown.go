@@ -44,7 +44,6 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 	row("Archive", orUnknown(code(h.Archive)))
 	row("Handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned))
 	row("Settle bound", h.SettleText())
-	row("Settle bound", h.SettleText())
 	row("Maximum attempts", fmt.Sprintf("%d (%d retries)", p.MaxAttempts, p.MaxRetries))
 	if nr := p.Native; nr != nil {
 		row("Backoff", fmt.Sprintf("held back by the queue (native delayed retry): %s × retry up to %s, no jitter; waits the queue cannot carry use the cascade", nr.Min, nr.Max))
@@ -118,7 +117,7 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 			if l.Probe != "" {
 				why += "; probe in flight: message " + l.Probe
 			}
-			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), l.Verdict.Text(), cell(why))
+			fmt.Fprintf(b, "| %s | %s | %s |\n", code(l.ErrorType), l.Text(), cell(why))
 		}
 		if len(h.Learned) == 0 {
 			b.WriteString("| – | no failures in the window | – |\n")

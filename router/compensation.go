@@ -54,7 +54,7 @@ func (s *Stack) compensation(name string, hc handlerConfig) (*carry.Compensation
 	case c.Exchange == "" && c.Queue == "":
 		return nil, fmt.Errorf("%w: handler %q has WithCompensation without an Exchange or a Queue", ErrInvalidOption, name)
 	}
-	var pub message.Publisher = s.output
+	pub := s.output
 	to, dest := c.Queue, "queue "+c.Queue
 	var prepare func(*message.Message)
 	if c.Exchange != "" {

@@ -22,12 +22,6 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-type nopDeadLetterer struct{}
-
-func (nopDeadLetterer) DeadLetter(context.Context, string, *message.Message) error {
-	return errors.New("not used")
-}
-
 // cliPayload is a JSON payload of n bytes quoting a broker URL with its password.
 func cliPayload(n int) []byte {
 	head := []byte(`{"broker":"amqp://admin:payload-pw@rabbit:5672/","blob":"`)

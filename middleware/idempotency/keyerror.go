@@ -6,10 +6,10 @@ import "github.com/sluice-go/sluice"
 // its own.
 const errorTypeKey = "idempotency_key"
 
-// KeyError is the error of a message whose key function failed. Its text starts with the
+// keyError is the error of a message whose key function failed. Its text starts with the
 // key function's error, so a payload that does not decode reads as a decode failure in the
 // dead-letter record; it matches ErrKey with errors.Is.
-type KeyError struct {
+type keyError struct {
 	// MessageID is the message whose key could not be derived.
 	MessageID string
 	// Err is what the key function returned.
@@ -17,19 +17,19 @@ type KeyError struct {
 }
 
 // Error returns the key function's error, then what it prevented.
-func (e *KeyError) Error() string {
+func (e *keyError) Error() string {
 	return e.Err.Error() + " (no idempotency key for message " + e.MessageID + ")"
 }
 
 // Unwrap returns the key function's error.
-func (e *KeyError) Unwrap() error { return e.Err }
+func (e *keyError) Unwrap() error { return e.Err }
 
 // Is matches ErrKey.
-func (e *KeyError) Is(target error) bool { return target == ErrKey }
+func (e *keyError) Is(target error) bool { return target == ErrKey }
 
 // ErrorType is the key function's error type (a decode failure stays "decode"), or
 // "idempotency_key" when that error says nothing about itself.
-func (e *KeyError) ErrorType() string {
+func (e *keyError) ErrorType() string {
 	if t := sluice.ErrorType(e.Err); t != sluice.ErrorTypeGeneric {
 		return t
 	}
@@ -38,4 +38,4 @@ func (e *KeyError) ErrorType() string {
 
 // FailedStage names the step that failed, so that a dead letter's record names it instead
 // of a handler that never ran (x-failed-stage).
-func (e *KeyError) FailedStage() string { return "idempotency key function" }
+func (e *keyError) FailedStage() string { return "idempotency key function" }

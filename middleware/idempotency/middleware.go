@@ -40,7 +40,7 @@ func (e *stillRunningError) Error() string {
 func (e *stillRunningError) ErrorType() string { return "sluice.still_running" }
 func (e *stillRunningError) Is(err error) bool { return err == ErrStillRunning }
 
-// ErrKey is matched (errors.Is) by the permanent *KeyError returned when the key function
+// ErrKey is matched (errors.Is) by the permanent error returned when the key function
 // fails.
 var ErrKey = errors.New("idempotency: cannot derive key")
 
@@ -357,7 +357,7 @@ func deriveKey(msg *message.Message, keyFunc func(*message.Message) (string, err
 	if keyFunc != nil {
 		k, err := keyFunc(msg)
 		if err != nil {
-			return "", "", sluice.Permanent(&KeyError{MessageID: msg.UUID, Err: err})
+			return "", "", sluice.Permanent(&keyError{MessageID: msg.UUID, Err: err})
 		}
 		if k != "" {
 			return k, sourceKeyFunc, nil

@@ -27,7 +27,6 @@ import (
 	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
-	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/poison"
 )
 
@@ -483,6 +482,14 @@ func TestMiddleware_NotDeadLettered(t *testing.T) {
 	}
 }
 
+// stageError fails in a stage before the handler, as the idempotency step's key function
+// does: it names the stage (FailedStage) and keeps its cause's type.
+type stageError struct{ err error }
+
+func (e stageError) Error() string       { return e.err.Error() + " (key function)" }
+func (e stageError) Unwrap() error       { return e.err }
+func (e stageError) FailedStage() string { return "idempotency key function" }
+
 // Issue 33: a key function's failure is recorded as the key function's, typed as its cause,
 // with no handler named (the handler never ran).
 func TestMiddleware_RecordNamesTheStageThatFailed(t *testing.T) {
@@ -490,7 +497,7 @@ func TestMiddleware_RecordNamesTheStageThatFailed(t *testing.T) {
 	syntaxErr := json.Unmarshal([]byte("{broken"), &v)
 	require.Error(t, syntaxErr)
 	p, dl, _ := newStep(t, nil)
-	keyErr := sluice.Permanent(&idempotency.KeyError{MessageID: "m-1", Err: syntaxErr})
+	keyErr := sluice.Permanent(stageError{err: syntaxErr})
 	res := run(t, p, failing(keyErr), message.Metadata{headers.Handler: "forged"})
 	require.NoError(t, res.err)
 	calls := dl.Calls()

@@ -287,30 +287,30 @@ func dependencyOf(ctx context.Context, name string) string {
 	return message.SubscribeTopicFromCtx(ctx)
 }
 
-// BudgetExhaustedError is the error of a message dead-lettered because its retry budget
-// was spent. Its error type in the failure record is retry_budget_exhausted.
-type BudgetExhaustedError struct {
+// budgetExhaustedError is the error of a message dead-lettered because its retry budget
+// was spent; users match it with errors.Is(err, ErrRetryBudgetExhausted). Its error type in the failure record is retry_budget_exhausted.
+type budgetExhaustedError struct {
 	Dependency string
 	Err        error
 }
 
 // Error names the dependency and the last handler error.
-func (e *BudgetExhaustedError) Error() string {
+func (e *budgetExhaustedError) Error() string {
 	return fmt.Sprintf("retry budget of dependency %q exhausted: %v", e.Dependency, e.Err)
 }
 
 // Unwrap returns the last handler error.
-func (e *BudgetExhaustedError) Unwrap() error { return e.Err }
+func (e *budgetExhaustedError) Unwrap() error { return e.Err }
 
 // Is matches ErrRetryBudgetExhausted.
-func (e *BudgetExhaustedError) Is(target error) bool { return target == ErrRetryBudgetExhausted }
+func (e *budgetExhaustedError) Is(target error) bool { return target == ErrRetryBudgetExhausted }
 
 // ErrorType names the failure in the dead-letter record.
-func (e *BudgetExhaustedError) ErrorType() string { return "retry_budget_exhausted" }
+func (e *budgetExhaustedError) ErrorType() string { return "retry_budget_exhausted" }
 
 // DeadLetterReason names the reason in the dead-letter record (x-dead-letter-reason): the
 // budget, not the handler's error, ended the message's retries.
-func (e *BudgetExhaustedError) DeadLetterReason() string { return "retry_budget_exhausted" }
+func (e *budgetExhaustedError) DeadLetterReason() string { return "retry_budget_exhausted" }
 
 // UseBacklog gives the overload protection the broker's queue depth, used while
 // OverloadConfig.Backlog is nil (Config() stays what the caller gave); the router calls it

@@ -3,6 +3,7 @@ package retry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -388,7 +389,7 @@ func TestOverload_ObservesOutcomes(t *testing.T) {
 		{"retries exhausted", disposition.Disposition{Kind: disposition.DeadLetter,
 			Reason: &decide.ExhaustedError{Retries: 5, Err: errBoom}}, 1, 1},
 		{"budget exhausted", disposition.Disposition{Kind: disposition.DeadLetter,
-			Reason: &retry.BudgetExhaustedError{Dependency: "gateway", Err: errBoom}}, 1, 1},
+			Reason: fmt.Errorf("dependency gateway: %w: %w", retry.ErrRetryBudgetExhausted, errBoom)}, 1, 1},
 		{"permanent", disposition.Disposition{Kind: disposition.DeadLetter, Reason: permanent}, 0, 0},
 		{"deferred", disposition.Disposition{Kind: disposition.Defer, Reason: sluice.Defer(time.Second, errBoom)}, 0, 0},
 		{"discarded", disposition.Disposition{Kind: disposition.Discard, Reason: sluice.Discard(errBoom)}, 0, 0},

@@ -136,7 +136,7 @@ func (r *Retry) admit(ctx context.Context, msg *message.Message, delay time.Dura
 	}
 	o.refused(ctx, d, msg, RefusedBudget, o.cfg.ExhaustedToDLQ)
 	if o.cfg.ExhaustedToDLQ {
-		return 0, &BudgetExhaustedError{Dependency: d.name, Err: err}
+		return 0, &budgetExhaustedError{Dependency: d.name, Err: err}
 	}
 	return max(delay, plan.MaxDelay), nil
 }

@@ -5,7 +5,6 @@ package dlqfill
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -38,12 +37,6 @@ type Failure struct {
 	// Metadata is set on the message before the record is made; Override after, to
 	// write a record the way another sluice version would.
 	Metadata, Override map[string]string
-}
-
-type noDeadLetterer struct{}
-
-func (noDeadLetterer) DeadLetter(context.Context, string, *message.Message) error {
-	return errors.New("dlqfill: not used")
 }
 
 // Recorder makes the records of one queue.

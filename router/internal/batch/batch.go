@@ -112,11 +112,11 @@ func (b *Batcher) flush(gen uint64) {
 	}
 	items := b.take()
 	b.mu.Unlock()
-	b.run(nil, items)
+	b.run(context.Background(), items)
 }
 
 // run calls the handler with items and gives each its result. self is the context of the
-// message whose goroutine runs it, nil on the timer's.
+// message whose goroutine runs it, context.Background() on the timer's.
 func (b *Batcher) run(self context.Context, items []item) {
 	msgs := make([]*message.Message, len(items))
 	ctxs := make([]context.Context, len(items))

@@ -2,7 +2,6 @@ package console_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -76,12 +75,6 @@ func newFixture(t *testing.T, mutate func(*console.Config)) *fixture {
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
 	return &fixture{rabbit: r, queue: queue, audit: audit, srv: srv, console: c}
-}
-
-type noDeadLetterer struct{}
-
-func (noDeadLetterer) DeadLetter(context.Context, string, *message.Message) error {
-	return errors.New("not used")
 }
 
 // deadLetter puts a message with id, payload and extra headers into the DLQ with the
