@@ -45,21 +45,21 @@ type messagingOpts struct {
 	rec []metric.RecordOption
 }
 
-func (im *instruments) createMessagingInstruments() error {
+func (m *instruments) createMessagingInstruments() error {
 	var err error
-	m := &im.mm
-	if m.processDuration, err = messagingconv.NewProcessDuration(im.meter,
+	mm := &m.mm
+	if mm.processDuration, err = messagingconv.NewProcessDuration(m.meter,
 		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return fmt.Errorf("create histogram %s: %w", otelnames.MetricProcessDuration, err)
 	}
-	if m.sent, err = messagingconv.NewClientSentMessages(im.meter); err != nil {
+	if mm.sent, err = messagingconv.NewClientSentMessages(m.meter); err != nil {
 		return fmt.Errorf("create counter %s: %w", otelnames.MetricSentMessages, err)
 	}
-	if m.opDuration, err = messagingconv.NewClientOperationDuration(im.meter,
+	if mm.opDuration, err = messagingconv.NewClientOperationDuration(m.meter,
 		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return fmt.Errorf("create histogram %s: %w", otelnames.MetricOperationDuration, err)
 	}
-	if m.retryDelay, err = im.meter.Float64Histogram(otelnames.MetricRetryDelay,
+	if mm.retryDelay, err = m.meter.Float64Histogram(otelnames.MetricRetryDelay,
 		metric.WithDescription("Broker-side delay given to each retry."), metric.WithUnit("s"),
 		metric.WithExplicitBucketBoundaries(retryDelayBuckets...)); err != nil {
 		return fmt.Errorf("create histogram %s: %w", otelnames.MetricRetryDelay, err)
