@@ -23,7 +23,24 @@ type Outcome struct {
 	Queue, Handler, MessageID string
 	// Dependency is the handler's dependency (its breaker's name), "" when none is named.
 	Dependency string
+	// Compensation, on the DeadLetter of a handler with a compensation
+	// (router.WithCompensation), says what became of its event: CompensationSent,
+	// CompensationBuildFailed or CompensationWithheld; "" otherwise.
+	Compensation string
 }
+
+// What became of a compensation event (Outcome.Compensation); the outcome label of the
+// sluice.compensations metric.
+const (
+	// CompensationSent: the event was published and confirmed with the dead letter.
+	CompensationSent = "sent"
+	// CompensationBuildFailed: the handler's builder failed or returned no event; the dead
+	// letter went alone, its record saying why (x-compensation-error).
+	CompensationBuildFailed = "build_failed"
+	// CompensationWithheld: the last attempt was abandoned at its handler timeout and may
+	// still run, so nothing was compensated; the record says so.
+	CompensationWithheld = "withheld"
+)
 
 // Delay is the broker-side delay of a Retry or Defer.
 func (o Outcome) Delay() time.Duration { return o.Disposition.Delay }

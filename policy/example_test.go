@@ -72,7 +72,7 @@ func ExampleDescription_Markdown() {
 	md := s.Describe().Markdown()
 	for _, line := range strings.Split(md, "\n") {
 		if strings.HasPrefix(line, "#") || strings.HasPrefix(line, "| Settle bound") ||
-			strings.HasPrefix(line, "| Maximum attempts") ||
+			strings.HasPrefix(line, "| Maximum attempts") || strings.HasPrefix(line, "| Compensation") ||
 			strings.HasPrefix(line, "| Backoff") || strings.HasPrefix(line, "| 1 |") || strings.HasPrefix(line, "| 2 |") {
 			fmt.Println(line)
 		}
@@ -83,6 +83,7 @@ func ExampleDescription_Markdown() {
 	// | Settle bound | every delivery settled within 1m41s of its delivery, prefetch wait included; RabbitMQ's consumer timeout must not be lower |
 	// | Maximum attempts | 3 (2 retries) |
 	// | Backoff | 1s × 2 up to 1m, jitter ±0% |
+	// | Compensation | none |
 	// | 1 | 2 | 1s | 1s – 1s | 1s |
 	// | 2 | 3 | 2s | 2s – 2s | 3s |
 }

@@ -96,6 +96,7 @@ func writeHandler(b *strings.Builder, h HandlerDescription) {
 	} else {
 		row("Learned policy", "none")
 	}
+	row("Compensation", cell(h.CompensationText()))
 
 	b.WriteString("\n| Error class | Action |\n|---|---|\n")
 	for _, c := range h.ErrorClasses {

@@ -99,6 +99,10 @@ type HandlerDescription struct {
 	// Learned is the learned retry policy's current view of each error type the handler
 	// failed with in the statistics' window; nil without Config.Retry.Learned.
 	Learned []LearnedView `json:"learned,omitempty"`
+	// Compensation is where the handler's compensation event goes on a final dead letter
+	// (router.WithCompensation): "exchange <name>, key <key>" or "queue <name>"; empty
+	// without one.
+	Compensation string `json:"compensation,omitempty"`
 }
 
 // ClassAction is what an error class leads to.
@@ -225,4 +229,14 @@ func (h HandlerDescription) SettleText() string {
 		return "not reported by the service"
 	}
 	return fmt.Sprintf("every delivery settled within %s of its delivery, prefetch wait included; RabbitMQ's consumer timeout must not be lower", h.SettleWithin)
+}
+
+// CompensationText says in words what the handler publishes when a message's fate is final:
+// "none" without a compensation.
+func (h HandlerDescription) CompensationText() string {
+	if h.Compensation == "" {
+		return "none"
+	}
+	return "on a final dead letter (not a discard, not an abandoned attempt that may still run): an event to " +
+		h.Compensation + ", confirmed with the dead letter before the ack; id derived from the message id and its replay count"
 }

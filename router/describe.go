@@ -28,6 +28,7 @@ func (s *Stack) Describe() policy.Description {
 		Names: slices.Collect(maps.Keys(s.names)), Topics: maps.Clone(s.topics), Native: maps.Clone(s.native),
 		Pausing: map[string]bool{}, Retry: s.retry.Config(), Judge: s.judge(), Stats: s.retry.Stats(), Breakers: s.cfg.Breakers,
 		HandlerTimeout: s.cfg.HandlerTimeout, AbandonGrace: s.cfg.AbandonGrace, MaxAbandoned: s.cfg.MaxAbandoned, Settle: maps.Clone(s.settle),
+		Compensations: maps.Clone(s.compensations),
 	}
 	for _, p := range s.parts {
 		if p.paused != nil {

@@ -30,7 +30,8 @@ func describedNoop(*message.Message) error { return nil }
 
 // describedStack is a running stack on the embedded broker with two handlers set up
 // differently: "orders" on a plain queue with its breaker named "gateway", pausing, and
-// "ledger" on two partitions, deferring while its breaker is open; a learned retry policy
+// "ledger" on two partitions, deferring while its breaker is open; "orders" compensates
+// to exchange describe.sagas with key order.cancel; a learned retry policy
 // over statistics that hold a stopped type and a young one.
 func describedStack(t *testing.T) (*router.Stack, string, string) {
 	t.Helper()
@@ -53,7 +54,11 @@ func describedStack(t *testing.T) (*router.Stack, string, string) {
 	})
 	require.NoError(t, err)
 	orders, ledger := uniqueQueue("describe.orders"), uniqueQueue("describe.ledger")
-	require.NoError(t, s.Handle("orders", orders, describedNoop, router.WithBreaker("gateway")))
+	require.NoError(t, s.Handle("orders", orders, describedNoop, router.WithBreaker("gateway"),
+		router.WithCompensation(router.Compensation{Exchange: "describe.sagas", RoutingKey: "order.cancel",
+			Build: func(msg, _ *message.Message) (*message.Message, error) {
+				return message.NewMessage("", msg.Payload), nil
+			}})))
 	require.NoError(t, s.Handle("ledger", ledger, describedNoop, router.WithPartitions(2), router.WithDeferWhileOpen()))
 	// "down" never recovers: 12 messages exhausted their retries; "flaky" recovered twice.
 	for range 12 {
@@ -104,9 +109,11 @@ func TestDescribe(t *testing.T) {
 		whileOpen  string
 		dependency string
 		learned    map[string]string // error type -> decision
+		compensate string            // where its compensation goes; "" for none
 	}{
 		{name: "plain queue, pausing breaker", handler: "orders", queue: orders, consumes: []string{orders}, whileOpen: "pause",
-			dependency: "gateway", learned: map[string]string{"down": retrystats.DecisionStop}},
+			dependency: "gateway", learned: map[string]string{"down": retrystats.DecisionStop},
+			compensate: "exchange describe.sagas, key order.cancel"},
 		{name: "partitioned, deferring breaker", handler: "ledger", queue: ledger, partitions: 2,
 			consumes: []string{topology.Partition(ledger, 0), topology.Partition(ledger, 1)}, whileOpen: "defer",
 			dependency: "ledger", learned: map[string]string{"flaky": retrystats.DecisionNotEnoughEvidence}},
@@ -163,6 +170,13 @@ func TestDescribe(t *testing.T) {
 			assert.Contains(t, classes["permanent"], "at once")
 			assert.Contains(t, classes, "retry_unlikely")
 			assert.Contains(t, classes["breaker_open"], map[string]string{"pause": "pauses", "defer": "deferred"}[tc.whileOpen])
+			assert.Equal(t, tc.compensate, h.Compensation)
+			if tc.compensate != "" {
+				assert.Contains(t, classes["compensation"], "publishes the handler's compensation event to "+tc.compensate)
+				assert.Contains(t, classes["compensation"], "not when its last attempt was abandoned")
+			} else {
+				assert.NotContains(t, classes, "compensation", "a handler without one publishes none")
+			}
 
 			require.NotNil(t, h.Retry.Learned)
 			assert.Equal(t, int64(10), h.Retry.Learned.MinEvidence)
@@ -228,6 +242,8 @@ func TestDescription_Markdown(t *testing.T) {
 		{name: "error classes", want: []string{"| `permanent` | dead-lettered to " + topology.DLQ(orders) + " at once |", "| `breaker_open` |"}},
 		{name: "learned view", want: []string{"| `down` | stop retrying (exploring 5%) | dead-lettered at once", "| `flaky` | retry (not enough evidence) |"}},
 		{name: "breakers", want: []string{"| `gateway` | closed | 7s | 3 |"}},
+		{name: "compensation", want: []string{"| Compensation | on a final dead letter (not a discard, not an abandoned attempt that may still run): an event to exchange describe.sagas, key order.cancel, confirmed with the dead letter before the ack",
+			"| Compensation | none |", "| `compensation` | a message dead-lettered (retries exhausted"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

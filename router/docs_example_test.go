@@ -213,3 +213,24 @@ func ExampleStack_HandleBatch() {
 	// Output:
 	// written: [entry 1 entry 2 entry 3]
 }
+
+// docs/scaling.md, "Scaling to zero": Run handles what the queue holds and returns nil once
+// it has been empty and nothing in flight for StopWhenIdle, so the job or pod exits.
+func ExampleConfig_stopWhenIdle() {
+	cfg := router.Config{StopWhenIdle: 200 * time.Millisecond} // 30 * time.Second in a deployment
+	broker, stack := docsStack(cfg)
+	defer broker.Close()
+	stack.Handle("payments", "payments.requested", func(m *message.Message) error {
+		fmt.Println("handled:", string(m.Payload))
+		return nil
+	})
+	if err := stack.Declare(context.Background()); err != nil {
+		panic(err)
+	}
+	_ = broker.Publish("payments.requested", message.NewMessage(watermill.NewUUID(), []byte("pay_1")))
+	err := stack.Run(context.Background()) // nil once idle: the job or pod exits
+	fmt.Println("Run returned:", err)
+	// Output:
+	// handled: pay_1
+	// Run returned: <nil>
+}

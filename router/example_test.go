@@ -162,3 +162,49 @@ func ExampleWithNativeRetry() {
 	fmt.Println(errors.Is(err, router.ErrOptionWithoutStep))
 	// Output: true
 }
+
+// A saga's compensation: when a payment finally fails, the payments handler publishes a
+// payment.failed event, confirmed with the dead letter before the ack, and the orders
+// handler cancels the order. The event's id is derived from the payment's id, the same on
+// every redelivery, so the orders side deduplicates by it.
+func ExampleWithCompensation() {
+	quiet := slog.New(slog.DiscardHandler)
+	b := memory.New(memory.Config{Logger: quiet})
+	defer b.Close()
+	s, err := router.New(b, router.Config{Logger: quiet, Retry: retry.Config{MaxRetries: 2, InitialDelay: 10 * time.Millisecond}})
+	if err != nil {
+		panic(err)
+	}
+	charge := func(*message.Message) error { return sluice.Permanent(errors.New("card declined")) }
+	paymentFailed := router.Compensation{
+		Queue: "payments.failed", // or Exchange and RoutingKey
+		Build: func(payment, record *message.Message) (*message.Message, error) {
+			// record is the dead letter: its failure record says why.
+			why := record.Metadata.Get(sluice.HeaderErrorMessage)
+			return message.NewMessage("", []byte(`{"order":"`+string(payment.Payload)+`","reason":"`+why+`"}`)), nil
+		},
+	}
+	if err := s.Handle("payments", "payments", charge, router.WithCompensation(paymentFailed)); err != nil {
+		panic(err)
+	}
+	cancelled := make(chan string, 1)
+	seen := map[string]bool{} // deduplicate by the event's id: delivered at least once
+	cancelOrder := func(ev *message.Message) error {
+		if !seen[ev.UUID] {
+			seen[ev.UUID] = true
+			cancelled <- string(ev.Payload)
+		}
+		return nil
+	}
+	if err := s.Handle("orders", "payments.failed", cancelOrder, router.WithConcurrency(1)); err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = s.Run(ctx) }()
+	<-s.Running()
+	_ = b.Publish("payments", message.NewMessage("pay-1", []byte("42")))
+	fmt.Println(<-cancelled)
+	_ = s.Close()
+	// Output: {"order":"42","reason":"permanent: card declined"}
+}

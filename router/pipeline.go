@@ -54,7 +54,7 @@ func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerCon
 	for i := len(mws) - 1; i >= 0; i-- {
 		h = mws[i](h)
 	}
-	return h
+	return s.track(h) // attempts in flight, for Config.StopWhenIdle (idle.go)
 }
 
 // steps lists the stack's steps, outermost first; see the package documentation for the

@@ -145,6 +145,22 @@ type Config struct {
 	// Plugins are Watermill router plugins (e.g. plugin.SignalsHandler), added to the
 	// stack's router. Nil means none.
 	Plugins []message.RouterPlugin
+	// StopWhenIdle, zero, means Run consumes until its context ends or Close is called.
+	// Positive: Run also returns once every consumed queue (each partition included) has
+	// had no ready and no unacknowledged message and no attempt has been in flight for this
+	// long, counted from the moment every handler consumes and every idempotency journal
+	// is restored; it then closes the stack as Close does (hand-offs, outputs and journal
+	// records confirmed, consumers cancelled) and returns nil, or Close's error naming
+	// handlers whose abandoned attempts still run (those are not waited for: their
+	// messages were handed off already). Messages waiting in the delay cascade or held back
+	// by a queue's native delayed retry are not work in flight: the broker puts them back
+	// into the queue on time, and they wake the next run (a job, or a pod KEDA starts on
+	// the queue's length). The queues' depth is read every StopWhenIdle/5 (at least 100ms,
+	// at most 1s) with the broker's QueueDepth. On the embedded broker (broker/memory) a
+	// retry's delay is a timer in this process: Run returns while retries wait there, and
+	// they are lost with the process, as everything the embedded broker holds. Negative
+	// is an error from New.
+	StopWhenIdle time.Duration
 }
 
 // Idempotency is the idempotency step (package idempotency's Guard): NewMiddleware builds
@@ -244,6 +260,7 @@ type Stack struct {
 	routerRun   bool
 	stopRestore context.CancelFunc
 	restoreDone chan struct{}
+	idle        idle // attempts in flight, for Config.StopWhenIdle (idle.go)
 }
 
 // New builds a stack on b.
@@ -268,6 +285,9 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
+	}
+	if err := checkStopWhenIdle(cfg.StopWhenIdle); err != nil {
+		return nil, err
 	}
 	for i, m := range cfg.Middleware {
 		if m == nil {
@@ -449,8 +469,10 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 }
 
 // Run declares every queue the handlers use (Declare) and consumes until ctx is done or
-// Close is called.
-func (s *Stack) Run(ctx context.Context) error {
+// Close is called, or, with Config.StopWhenIdle, until the stack has been idle that long.
+func (s *Stack) Run(ctx context.Context) (err error) {
+	ctx, idle := s.watchIdle(ctx) // Config.StopWhenIdle (idle.go)
+	defer func() { err = idle.end(s, err) }()
 	s.mu.Lock()
 	s.started = true
 	s.mu.Unlock()

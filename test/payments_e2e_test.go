@@ -43,6 +43,8 @@ func fastPaymentsEnv(amqpURL, queue, output string) []string {
 		"AMQP_URL="+amqpURL,
 		"PAYMENTS_QUEUE="+queue,
 		"PAYMENTS_OUTPUT_QUEUE="+output,
+		// The demo's order saga on queues named after queue, so runs do not share them.
+		"ORDERS_QUEUE="+queue+".orders", "PAYMENTS_FAILED_QUEUE="+queue+".failed", "ORDERS_OUTCOMES_QUEUE="+queue+".outcomes",
 		"RETRY_MAX_RETRIES=3",
 		"RETRY_INITIAL_DELAY=100ms",
 		"RETRY_MAX_DELAY=400ms",
@@ -290,6 +292,9 @@ func TestPaymentsDemoSummaryMatchesItsMix(t *testing.T) {
 			r := testenv.NewRabbit(t)
 			queue, output := testenv.Name("demo.payments.requested"), testenv.Name("demo.payments.succeeded")
 			r.DeleteQueues(queue, topology.DLQ(queue), output, topology.DLQ(output))
+			for _, q := range []string{queue + ".orders", queue + ".failed", queue + ".outcomes"} {
+				r.DeleteQueues(q, topology.DLQ(q))
+			}
 			leaveStaleEvents(t, r, output)
 			return fastPaymentsEnv(r.URL, queue, output)
 		}},

@@ -54,6 +54,11 @@ func publishRequest(ctx context.Context, b router.Broker, pub message.Publisher,
 	return b.PublishPartitioned(ctx, cfg.queue, key, m)
 }
 
+// publishOrder publishes an order.created event to the order side's queue.
+func publishOrder(_ context.Context, _ router.Broker, pub message.Publisher, cfg config, m *message.Message) error {
+	return pub.Publish(cfg.ordersQueue, m)
+}
+
 // watchSuccesses returns the queue the demo reads success events from: the output queue,
 // or, with PAYMENTS_OUTPUT_EXCHANGE, the queue "<exchange>.demo" bound to it with the
 // success routing key (declared here, before any request is sent).

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/handlers/example_order"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -62,6 +64,19 @@ type config struct {
 	// default 1h); RETRY_LEARNED=on sets retry.Learned (the learned retry policy, with its
 	// defaults) in retry.
 	retryStatsWindow time.Duration
+	// stopWhenIdle is router.Config.StopWhenIdle (PAYMENTS_STOP_WHEN_IDLE; unset: serve
+	// until SIGINT or SIGTERM): serve exits 0 once its queues have been empty and nothing
+	// in flight that long, as a job or a pod KEDA scales to zero does (deploy/keda).
+	stopWhenIdle time.Duration
+	// orders runs the order side of the saga (package example_order) beside the payments
+	// (ORDERS=on; the demo runs it unless PAYMENTS_PARTITIONS is set): order.created on
+	// ordersQueue (ORDERS_QUEUE), payment.failed, the payments' compensation, on
+	// failedQueue (PAYMENTS_FAILED_QUEUE), the orders' end states on outcomesQueue
+	// (ORDERS_OUTCOMES_QUEUE), the order book in the file ordersBook (ORDERS_BOOK; empty:
+	// in memory, forgotten with the process).
+	orders                                  bool
+	ordersQueue, failedQueue, outcomesQueue string
+	ordersBook                              string
 }
 
 func loadConfig() (config, error) {
@@ -80,6 +95,11 @@ func loadConfig() (config, error) {
 
 		idempotencySnapshot: os.Getenv("IDEMPOTENCY_SNAPSHOT"),
 		noJournal:           strings.EqualFold(os.Getenv("IDEMPOTENCY_JOURNAL"), "off"),
+
+		ordersQueue:   envOr("ORDERS_QUEUE", example_order.QueueCreated),
+		failedQueue:   envOr("PAYMENTS_FAILED_QUEUE", example_payment.QueueFailed),
+		outcomesQueue: envOr("ORDERS_OUTCOMES_QUEUE", example_order.QueueOutcomes),
+		ordersBook:    os.Getenv("ORDERS_BOOK"),
 	}
 	var err error
 	if c.retry.MaxRetries, err = envInt("RETRY_MAX_RETRIES", 5); err != nil {
@@ -116,6 +136,9 @@ func loadConfig() (config, error) {
 	if c.snapshotEvery, err = envDuration("IDEMPOTENCY_SNAPSHOT_INTERVAL", time.Second); err != nil {
 		return c, err
 	}
+	if c.stopWhenIdle, err = envDuration("PAYMENTS_STOP_WHEN_IDLE", 0); err != nil {
+		return c, err
+	}
 	// Zero: otelsetup's default, 15s.
 	if c.depthInterval, err = envDuration("QUEUE_DEPTH_INTERVAL", 0); err != nil {
 		return c, err
@@ -135,8 +158,23 @@ func loadConfig() (config, error) {
 	if c.queueType = os.Getenv("AMQP_QUEUE_TYPE"); c.queueType != "" && c.queueType != "classic" && c.queueType != "quorum" {
 		return c, fmt.Errorf("AMQP_QUEUE_TYPE=%q: want classic or quorum", c.queueType)
 	}
+	switch v := strings.ToLower(os.Getenv("ORDERS")); v {
+	case "", "off", "0", "false":
+	case "on", "1", "true":
+		c.orders = true
+	default:
+		return c, fmt.Errorf("ORDERS=%q: want on or off", v)
+	}
+	if c.orders && c.partitions > 0 {
+		return c, fmt.Errorf("ORDERS=on with PAYMENTS_PARTITIONS=%d: the order side publishes to the plain queue; set one", c.partitions)
+	}
 	if err := producerConfig(&c); err != nil {
 		return c, err
+	}
+	if c.orders && c.secondaryURL != "" {
+		// The compensation of a payment settled on the secondary would wait there for an
+		// order side that only consumes the primary.
+		return c, errors.New("ORDERS=on with AMQP_SECONDARY_URL: the order side runs on one cluster; unset one")
 	}
 	return c, nil
 }

@@ -116,3 +116,61 @@ func TestLoadConfigRetryStatistics(t *testing.T) {
 		})
 	}
 }
+
+func TestLoadConfigStopWhenIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        time.Duration
+		wantErr     bool
+	}{
+		{name: "unset: serve until a signal", value: "", want: 0},
+		{name: "an idle time", value: "30s", want: 30 * time.Second},
+		{name: "zero", value: "0s", wantErr: true},
+		{name: "not a duration", value: "soon", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PAYMENTS_STOP_WHEN_IDLE", tc.value)
+			cfg, err := loadConfig()
+			if tc.wantErr {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "PAYMENTS_STOP_WHEN_IDLE")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cfg.stopWhenIdle)
+		})
+	}
+}
+
+// ORDERS turns the order saga on for serve; it cannot be combined with what publishes or
+// consumes elsewhere than the plain queue of one cluster.
+func TestConfig_Orders(t *testing.T) {
+	for _, tc := range []struct {
+		name, orders, partitions, secondary string
+		want                                bool
+		wantErr                             string
+	}{
+		{name: "unset: off", want: false},
+		{name: "on", orders: "on", want: true},
+		{name: "off", orders: "off", want: false},
+		{name: "a bad switch", orders: "yes please", wantErr: "ORDERS"},
+		{name: "with partitions", orders: "on", partitions: "4", wantErr: "PAYMENTS_PARTITIONS"},
+		{name: "with a secondary cluster", orders: "on", secondary: "amqp://b", wantErr: "AMQP_SECONDARY_URL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("ORDERS", tc.orders)
+			t.Setenv("PAYMENTS_PARTITIONS", tc.partitions)
+			t.Setenv("AMQP_SECONDARY_URL", tc.secondary)
+			t.Setenv("AMQP_URL", "amqp://a")
+			t.Setenv("PAYMENTS_OUTBOX_DIR", "")
+			cfg, err := loadConfig()
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cfg.orders)
+		})
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/handlers/example_order"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/demo/paymentdemo"
 	"github.com/sluice-go/sluice/internal/demo/paymentsim"
@@ -117,8 +118,10 @@ func (t *tally) success(ev example_payment.Succeeded) bool {
 // expected sums the mix's expectations for a retry limit.
 type expected struct {
 	succeeded, dead, duplicates int
-	deadByType                  map[string]int
-	attempts                    map[string]int // payment id → attempts of its success
+	// paid and cancelled are the orders' end states, with the order side (cfg.orders).
+	paid, cancelled int
+	deadByType      map[string]int
+	attempts        map[string]int // payment id → attempts of its success
 }
 
 func expectations(reqs []paymentdemo.Request, maxAttempts int) expected {
@@ -128,15 +131,27 @@ func expectations(reqs []paymentdemo.Request, maxAttempts int) expected {
 		switch x.Outcome {
 		case paymentdemo.ExpectSucceeded:
 			e.succeeded++
+			e.paid++
 			e.attempts[r.PaymentID] = x.Attempts
 		case paymentdemo.ExpectDeadLettered:
 			e.dead++
 			e.deadByType[x.ErrorType]++
+			if isOrder(r) {
+				e.cancelled++
+			}
 		case paymentdemo.ExpectDuplicate:
 			e.duplicates++
 		}
 	}
 	return e
+}
+
+// isOrder says whether r's body is a checkout the order side accepts: with the order side,
+// the demo publishes it as order.created, and the others, which no order could come from,
+// straight to the payment queue, as a broken client would.
+func isOrder(r paymentdemo.Request) bool {
+	_, err := example_payment.Decode(r.Body)
+	return err == nil
 }
 
 // demo runs the demo, writing what it shows to out (its errors go to standard error).
@@ -157,14 +172,23 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 	if *verbose {
 		logger = newLogger(slog.LevelInfo)
 	}
+	// The demo runs the order saga (package example_order), except on partitions or with a
+	// secondary cluster, which the order side does not publish to.
+	cfg.orders = cfg.orders || (cfg.partitions == 0 && cfg.secondaryURL == "")
 	reqs := paymentdemo.Mix(*n, *seed)
 	// The run id tells this run's messages and events from an earlier run's, even one
 	// with the same seed: it is the requests' correlation id, which the handler copies to
 	// its events, and part of every message id.
 	runID := "payments-demo-" + watermill.NewShortUUID()
-	ids := make([]string, len(reqs))
+	// sent are the ids of the messages the demo publishes; ids those of the payment
+	// requests, which the order side derives from its order.created messages.
+	sent, ids := make([]string, len(reqs)), make([]string, len(reqs))
 	for i := range reqs {
-		ids[i] = fmt.Sprintf("%s-%04d", runID, i)
+		sent[i] = fmt.Sprintf("%s-%04d", runID, i)
+		ids[i] = sent[i]
+		if cfg.orders && isOrder(reqs[i]) {
+			ids[i] = example_order.PaymentRequestID(sent[i])
+		}
 	}
 	t := newTally(reqs, ids)
 	maxAttempts := cfg.retry.MaxRetries + 1
@@ -174,7 +198,23 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 	want := expectations(reqs, maxAttempts)
 
 	rec := tracetest.NewSpanRecorder()
-	svc, err := newService(ctx, cfg, logger, hooks{onRetry: t.retry, onDeadLetter: t.deadLetter, onDuplicate: t.duplicate, spans: rec})
+	orders := example_order.Options{
+		// An order.created repeated: the order side absorbs it.
+		OnDuplicate: func(o example_order.Order) { t.duplicate(o.PaymentID) },
+		// The order side consumes the success events: they are counted as it sees them,
+		// and an earlier run's (an interrupted demo, a payments serve) taken out.
+		OnOutcome: func(m *message.Message, asked example_order.Status, o example_order.Order) {
+			if asked != example_order.StatusPaid {
+				return
+			}
+			var ev example_payment.Succeeded
+			if middleware.MessageCorrelationID(m) == runID && o.ID != "" && json.Unmarshal(m.Payload, &ev) == nil && t.success(ev) {
+				return
+			}
+			t.leftover()
+		},
+	}
+	svc, err := newService(ctx, cfg, logger, hooks{onRetry: t.retry, onDeadLetter: t.deadLetter, onDuplicate: t.duplicate, spans: rec, orders: orders})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments demo:", err)
 		return 1
@@ -193,17 +233,20 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 		return 1
 	}
 
-	// Watch the success queue (or exchange) for this run's events.
-	watched, err := watchSuccesses(runCtx, svc.broker, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "payments demo: watch", cfg.outputExchange+":", err)
-		return 1
-	}
-	sub := svc.broker.Subscriber(broker.SubscribeOptions{Concurrency: 4, Prefetch: 32})
-	events, err := sub.Subscribe(runCtx, watched)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "payments demo: watch", watched+":", err)
-		return 1
+	// Without the order side, watch the success queue (or exchange) for this run's events.
+	var sub message.Subscriber
+	events := make(<-chan *message.Message)
+	if !cfg.orders {
+		watched, err := watchSuccesses(runCtx, svc.broker, cfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "payments demo: watch", cfg.outputExchange+":", err)
+			return 1
+		}
+		sub = svc.broker.Subscriber(broker.SubscribeOptions{Concurrency: 4, Prefetch: 32})
+		if events, err = sub.Subscribe(runCtx, watched); err != nil {
+			fmt.Fprintln(os.Stderr, "payments demo: watch", watched+":", err)
+			return 1
+		}
 	}
 	go func() {
 		for m := range events {
@@ -222,6 +265,9 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 
 	fmt.Fprintf(out, "sluice payments demo: %d requests on the %s broker, up to %d attempts each\n",
 		len(reqs), svc.broker.Name(), maxAttempts)
+	if cfg.orders {
+		fmt.Fprintf(out, "as an order saga: %d orders, each paid or cancelled (its payment.failed)\n", want.paid+want.cancelled)
+	}
 	fmt.Fprintf(out, "seed %d, run %s\n", *seed, runID)
 	if addr := svc.telemetry.MetricsAddr(); addr != "" {
 		fmt.Fprintf(out, "metrics on http://%s/metrics while it runs\n", addr)
@@ -233,10 +279,14 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 	}
 	defer closePub()
 	for i, r := range reqs {
-		m := message.NewMessage(ids[i], r.Body)
+		m := message.NewMessage(sent[i], r.Body)
 		m.Metadata.Set(amqp.MetadataContentType, paymentsim.ContentTypeJSON)
 		middleware.SetCorrelationID(runID, m)
-		if err := publishRequest(ctx, svc.broker, pub, cfg, m); err != nil {
+		publish := publishRequest
+		if cfg.orders && isOrder(r) {
+			publish = publishOrder
+		}
+		if err := publish(ctx, svc.broker, pub, cfg, m); err != nil {
 			fmt.Fprintf(os.Stderr, "\npayments demo: publish request %d: %v\n", i, err)
 			return 1
 		}
@@ -263,7 +313,8 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 		case <-tick.C:
 			s := t.snapshot()
 			state := progress(s, want)
-			settled = s.succeeded >= want.succeeded && s.dead >= want.dead && s.duplicates >= want.duplicates
+			settled = s.succeeded >= want.succeeded && s.dead >= want.dead && s.duplicates >= want.duplicates &&
+				(svc.orders == nil || ordersSettled(svc.orders.Book(), want))
 			// On change only; into a pipe or a log at most every progressEvery, and the
 			// last state always.
 			if state != lastState && (tty || settled || lastPrint.IsZero() || time.Since(lastPrint) >= progressEvery) {
@@ -285,11 +336,16 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 	// Give late duplicates or double charges a moment to show up before judging.
 	time.Sleep(300 * time.Millisecond)
 	ok := t.printSummary(out, want)
+	if svc.orders != nil {
+		ok = printOrders(out, svc.orders.Book(), want) && ok
+	}
 	cancelRun()
 	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "payments demo: service:", err)
 	}
-	_ = sub.Close()
+	if sub != nil {
+		_ = sub.Close()
+	}
 	// The stack has stopped: every span of the run has ended.
 	shown := t.showcase(reqs, ids, want)
 	printTraces(out, rec.Ended(), shown)
@@ -306,6 +362,37 @@ func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// ordersSettled says whether every order of the mix has reached its end state.
+func ordersSettled(b *example_order.Book, want expected) bool {
+	return b.Count(example_order.StatusPaid) >= want.paid && b.Count(example_order.StatusCancelled) >= want.cancelled
+}
+
+// printOrders prints the orders' end states beside those expected and reports whether
+// they match: every order paid or cancelled, none pending, no outcome contradicting one.
+func printOrders(w io.Writer, b *example_order.Book, want expected) bool {
+	fmt.Fprintf(w, "\n%-36s %9s %9s\n", "orders (the saga)", "expected", "observed")
+	ok := true
+	for _, r := range []struct {
+		name     string
+		exp, got int
+	}{
+		{"paid", want.paid, b.Count(example_order.StatusPaid)},
+		{"cancelled (payment.failed)", want.cancelled, b.Count(example_order.StatusCancelled)},
+		{"still pending", 0, b.Count(example_order.StatusPending)},
+		{"outcomes contradicting an order", 0, b.Conflicts()},
+	} {
+		mark := ""
+		if r.exp != r.got {
+			mark, ok = "   <-- mismatch", false
+		}
+		fmt.Fprintf(w, "%-36s %9d %9d%s\n", r.name, r.exp, r.got, mark)
+	}
+	if ok {
+		fmt.Fprintln(w, "every order ended paid or cancelled, once")
+	}
+	return ok
 }
 
 type snapshot struct{ succeeded, retrying, dead, duplicates, doubleCharges int }

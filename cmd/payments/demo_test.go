@@ -39,6 +39,7 @@ func demoEnv(t *testing.T, extra map[string]string) {
 		"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_TRACES_EXPORTER": "",
 		"OTEL_SDK_DISABLED": "", "OTEL_TRACES_SAMPLER": "", "OTEL_SERVICE_NAME": "",
 		"JAEGER_UI_URL": "", "JAEGER_QUERY_URL": "",
+		"ORDERS": "", "ORDERS_QUEUE": "", "PAYMENTS_FAILED_QUEUE": "", "ORDERS_OUTCOMES_QUEUE": "", "ORDERS_BOOK": "",
 	}
 	for k, v := range extra {
 		env[k] = v
@@ -100,6 +101,7 @@ func checkDemoOutput(t *testing.T, out, queue, output string) []string {
 		assert.LessOrEqual(t, utf8.RuneCountInString(l), 80, "line %d is wider than 80 columns: %q", i+1, l)
 	}
 	assert.Contains(t, out, "every request settled as the contract says")
+	assert.Contains(t, out, "every order ended paid or cancelled, once", "the order saga")
 
 	retried := section(t, out, "Retried, then charged")
 	assert.Contains(t, retried, "Outcome: ✓ ack after 3 attempts (2 retries)")
@@ -148,12 +150,16 @@ func TestDemo_RabbitMQLinksJaegerConsoleAndMetrics(t *testing.T) {
 	r := testenv.NewRabbit(t)
 	// Short names: the waterfall's name column would cut long ones.
 	queue, output := testenv.Name("pay"), testenv.Name("paid")
-	r.DeleteQueues(queue, topology.DLQ(queue), topology.Archive(queue), output, topology.DLQ(output), topology.Archive(output))
+	orders, failed, outcomes := testenv.Name("orders"), testenv.Name("failed"), testenv.Name("outcomes")
+	for _, q := range []string{queue, output, orders, failed, outcomes} {
+		r.DeleteQueues(q, topology.DLQ(q), topology.Archive(q))
+	}
 	collector := &otlpCollector{}
 	srv := httptest.NewServer(collector)
 	defer srv.Close()
 	demoEnv(t, map[string]string{
 		"AMQP_URL": r.URL, "PAYMENTS_QUEUE": queue, "PAYMENTS_OUTPUT_QUEUE": output,
+		"ORDERS_QUEUE": orders, "PAYMENTS_FAILED_QUEUE": failed, "ORDERS_OUTCOMES_QUEUE": outcomes,
 		"IDEMPOTENCY_JOURNAL": "off", "METRICS_ADDR": "127.0.0.1:0",
 		"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL, "JAEGER_UI_URL": "http://jaeger.example:16686/",
 		// Delays longer than a confirm on a busy broker, so that every retry's wait in the

@@ -2,7 +2,7 @@
 // every way a real one does (see package example_payment).
 //
 //	payments serve   consume payments.requested until SIGINT or SIGTERM
-//	payments demo    publish a mix of ~200 requests, watch them settle, print a summary
+//	payments demo    publish a mix of ~200 requests as orders, watch them settle, print a summary
 //
 // Configuration comes from the environment: AMQP_URL (required by serve; unset, demo runs on
 // the embedded broker),
@@ -10,13 +10,16 @@
 // RETRY_STATS_WINDOW (how far back the retry statistics reach, default 1h), RETRY_LEARNED
 // (on: the learned retry policy),
 // PAYMENTS_CONCURRENCY, PAYMENTS_QUEUE, PAYMENTS_OUTPUT_QUEUE, PAYMENTS_PARTITIONS (consume
-// as that many key-partitioned queues), AMQP_QUEUE_TYPE (classic or quorum), METRICS_ADDR
+// as that many key-partitioned queues), PAYMENTS_STOP_WHEN_IDLE (serve exits once the queues
+// were empty that long), AMQP_QUEUE_TYPE (classic or quorum), METRICS_ADDR
 // (/metrics, /healthz, /readyz, and the retry statistics and decision matrix on
 // /debug/sluice/retries and /debug/sluice/policy), QUEUE_DEPTH_INTERVAL, RABBITMQ_MANAGEMENT_URL (queue depths
 // with unacknowledged counts), OTEL_SERVICE_NAME and the standard OTEL_EXPORTER_OTLP_*
 // variables. The demo's producer publishes through an outbox in PAYMENTS_OUTBOX_DIR and fails
 // over to AMQP_SECONDARY_URL when they are set; with AMQP_SECONDARY_URL, serve consumes that
-// cluster too.
+// cluster too. ORDERS=on makes serve run the order side of the saga too (package
+// example_order; the demo always runs it): ORDERS_QUEUE, PAYMENTS_FAILED_QUEUE,
+// ORDERS_OUTCOMES_QUEUE name its queues, ORDERS_BOOK the file of its order book.
 package main
 
 import (
@@ -33,7 +36,7 @@ import (
 const usage = `usage: payments <command> [flags]
 
 commands:
-  serve   consume payments.requested until SIGINT or SIGTERM
+  serve   consume payments.requested until SIGINT or SIGTERM (or idle, PAYMENTS_STOP_WHEN_IDLE)
   demo    publish a mix of requests, show progress, print a summary (what 'make run' runs)
 `
 
@@ -91,6 +94,10 @@ func serve(ctx context.Context, cfg config, args []string) int {
 	}
 	logger.Info("payments: consuming", "queue", cfg.queue, "output", cfg.output, "broker", svc.broker.Name(),
 		"exchange", cfg.exchange, "binding_key", cfg.bindingKey, "output_exchange", cfg.outputExchange)
+	if cfg.orders {
+		logger.Info("payments: running the order saga", "orders", cfg.ordersQueue, "compensation", cfg.failedQueue,
+			"outcomes", cfg.outcomesQueue, "book", cfg.ordersBook)
+	}
 	runErr := svc.run(ctx)
 	if cerr := svc.close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
 		logger.Warn("payments: close", "error", cerr)

@@ -12,6 +12,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/handlers/example_order"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/middleware/breaker"
@@ -29,6 +30,8 @@ type hooks struct {
 	onDuplicate  func(key string)
 	// spans also receives every span the service records (the demo's waterfalls).
 	spans sdktrace.SpanProcessor
+	// orders are the order side's hooks (with config.orders).
+	orders example_order.Options
 }
 
 // service is the payment consumer: queue payments.requested, successes to
@@ -39,6 +42,8 @@ type service struct {
 	// secondary consumes the cluster AMQP_SECONDARY_URL names, nil without it.
 	secondary *secondary
 	gateway   *example_payment.Gateway
+	// orders is the order side of the saga, nil without config.orders.
+	orders *example_order.Handler
 	// telemetry are the OpenTelemetry providers: the span exporter and the metrics address.
 	telemetry *otelsetup.Providers
 	closers   []func() error
@@ -160,17 +165,25 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 			Concurrency: cfg.concurrency,
 			Prefetch:    cfg.concurrency * 4,
 			Breakers:    breakers,
+			// PAYMENTS_STOP_WHEN_IDLE: Run returns nil once the queues were empty that long.
+			StopWhenIdle: cfg.stopWhenIdle,
 		})
 		if err != nil {
 			return nil, err
 		}
 		handler := example_payment.NewHandler(svc.gateway)
 		output, exchangeOpts := cfg.exchangeOptions()
-		if err := stack.HandleWithOutput("payments", cfg.queue, output, handler.Handle, append([]router.HandlerOption{
+		opts := append([]router.HandlerOption{
 			router.WithIdempotencyKey(example_payment.KeyFunc),
 			router.WithBreaker("payment-gateway"),
 			router.WithPartitions(cfg.partitions),
-		}, exchangeOpts...)...); err != nil {
+		}, exchangeOpts...)
+		if cfg.orders {
+			// A payment that finally fails tells its order: payment.failed, published with
+			// the dead letter, both confirmed before the request is acked.
+			opts = append(opts, router.WithCompensation(router.Compensation{Queue: cfg.failedQueue, Build: example_payment.BuildFailed}))
+		}
+		if err := stack.HandleWithOutput("payments", cfg.queue, output, handler.Handle, opts...); err != nil {
 			return nil, err
 		}
 		return stack, nil
@@ -181,10 +194,18 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		return nil, err
 	}
 	svc.stack = stack
+	if cfg.orders {
+		if svc.orders, err = addOrders(stack, cfg, h.orders); err != nil {
+			_ = svc.close()
+			return nil, err
+		}
+		svc.closers = append(svc.closers, svc.orders.Book().Close)
+	}
 	// What the dashboard and alerts read beside the stack's own metrics (the broker
 	// connection, the queue depths, the idempotency journal), a readiness that follows
 	// the stack, and the retry statistics and decision matrix (sluice retries, sluice
-	// policy); Shutdown (a closer above) stops it.
+	// policy); Shutdown (a closer above) stops it. After every handler is registered:
+	// Operate reads their queues once.
 	if err := providers.Operate(stack); err != nil {
 		_ = svc.close()
 		return nil, fmt.Errorf("telemetry: %w", err)
@@ -198,6 +219,41 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		}
 	}
 	return svc, nil
+}
+
+// addOrders adds the order side of the saga to stack (see package example_order): order.created
+// to payment requests, then payment.succeeded and payment.failed to the order's end state.
+func addOrders(stack *router.Stack, cfg config, opts example_order.Options) (*example_order.Handler, error) {
+	book := example_order.NewBook()
+	if cfg.ordersBook != "" {
+		var err error
+		if book, err = example_order.OpenBook(cfg.ordersBook); err != nil {
+			return nil, err
+		}
+	}
+	h := example_order.NewHandler(book, opts)
+	// With PAYMENTS_OUTPUT_EXCHANGE the successes go to the exchange: a queue of the
+	// order side's own subscribes to them.
+	succeeded, subscribe := cfg.output, []router.HandlerOption(nil)
+	if cfg.outputExchange != "" {
+		succeeded = cfg.outputExchange + ".orders"
+		subscribe = append(subscribe, router.WithSubscription(router.Binding{Exchange: cfg.outputExchange, Kind: router.Topic, Keys: []string{succeededRoutingKey}}))
+	}
+	for _, add := range []struct {
+		name, queue, output string
+		handle              func(*message.Message) ([]*message.Message, error)
+		opts                []router.HandlerOption
+	}{
+		{"orders", cfg.ordersQueue, cfg.queue, h.Create, nil},
+		{"orders-paid", succeeded, cfg.outcomesQueue, h.Paid, subscribe},
+		{"orders-cancelled", cfg.failedQueue, cfg.outcomesQueue, h.Cancel, nil},
+	} {
+		if err := stack.HandleWithOutput(add.name, add.queue, add.output, add.handle, add.opts...); err != nil {
+			_ = book.Close()
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // run consumes until ctx is done, ready (for /readyz) once every handler consumes.

@@ -138,6 +138,7 @@ func printPolicy(w io.Writer, d policyReport) error {
 		} else {
 			kv("learned policy", "none")
 		}
+		kv("compensation", h.CompensationText())
 		kv("error classes", "")
 		for _, c := range h.ErrorClasses {
 			kv("  "+c.Class, c.Action)

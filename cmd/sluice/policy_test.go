@@ -35,6 +35,8 @@ func TestPolicy(t *testing.T) {
 			assert.Regexp(t, `retry 3\s+400ms \(400ms – 400ms\), attempt 4 at \+700ms`, out)
 			assert.Regexp(t, `down\s+stop retrying \(exploring 5%\): 0 of 12 recovered in the last hour\n`, out)
 			assert.Regexp(t, `permanent\s+dead-lettered to cli\.(pay|ship)\.dlq at once`, out)
+			assert.Regexp(t, `compensation\s+on a final dead letter \(not a discard, not an abandoned attempt that may still run\): an event to queue cli\.pay\.failed, confirmed`, out)
+			assert.Regexp(t, `compensation\s+none\n`, out, "ship has none")
 		}},
 		{name: "JSON", args: []string{"--json"}, check: func(t *testing.T, out string) {
 			var d policyReport
@@ -47,6 +49,8 @@ func TestPolicy(t *testing.T) {
 			assert.Equal(t, "cli.pay", pay.Queue)
 			assert.Equal(t, "cli.pay.dlq", pay.DeadLetterQueue)
 			assert.Equal(t, 4, pay.Retry.MaxAttempts)
+			assert.Equal(t, "queue cli.pay.failed", pay.Compensation)
+			assert.Empty(t, d.Handlers[1].Compensation)
 			var delays []time.Duration
 			for _, r := range pay.Retry.Schedule {
 				delays = append(delays, time.Duration(r.Delay))
@@ -61,6 +65,7 @@ func TestPolicy(t *testing.T) {
 			assert.True(t, strings.HasPrefix(out, "# Retry decision matrix\n\nRead from the service at "+masked+".\n"), out)
 			assert.Contains(t, out, "## Handler `pay`")
 			assert.Contains(t, out, "| 2 | 3 | 200ms | 200ms – 200ms | 300ms |")
+			assert.Contains(t, out, "| Compensation | on a final dead letter (not a discard, not an abandoned attempt that may still run): an event to queue cli.pay.failed,")
 		}},
 		{name: "one handler", args: []string{"--json", "--handler", "ship"}, check: func(t *testing.T, out string) {
 			var d policyReport

@@ -26,7 +26,8 @@ import (
 // fakeService serves a real stack's debug endpoints, as the service's metrics server
 // does: handler "pay" on queue cli.pay, with a learned policy (10 messages of evidence) and
 // statistics holding "timeout" (3 recovered at attempts 2, 2, 3; 1 exhausted), "declined"
-// (2 permanent) and, on handler "ship", "down" (12 exhausted: retries stopped).
+// (2 permanent) and, on handler "ship", "down" (12 exhausted: retries stopped); "pay"
+// compensates to queue cli.pay.failed.
 func fakeService(t *testing.T) string {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -39,7 +40,10 @@ func fakeService(t *testing.T) string {
 			Stats: stats, Learned: &retry.Learned{MinEvidence: 10}}})
 	require.NoError(t, err)
 	nop := func(*message.Message) error { return nil }
-	require.NoError(t, s.Handle("pay", "cli.pay", nop))
+	require.NoError(t, s.Handle("pay", "cli.pay", nop, router.WithCompensation(router.Compensation{Queue: "cli.pay.failed",
+		Build: func(msg, _ *message.Message) (*message.Message, error) {
+			return message.NewMessage("", msg.Payload), nil
+		}})))
 	require.NoError(t, s.Handle("ship", "cli.ship", nop))
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)

@@ -96,15 +96,18 @@ type Compensation struct {
 // ctx is the context the attempt arrived with.
 func (c *Carrier) Carry(ctx context.Context, a Attempt, in decide.Input) error {
 	d := decide.Decide(in)
-	if err := c.handOff(ctx, a, d); err != nil {
+	comp, err := c.handOff(ctx, a, d)
+	if err != nil {
 		in.HandOff = err
-		d = decide.Decide(in)
+		d, comp = decide.Decide(in), ""
 	}
-	return c.settle(ctx, a, d)
+	return c.settle(ctx, a, d, comp)
 }
 
-// handOff makes the publish d needs, confirmed, and logs what it did.
-func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposition) error {
+// handOff makes the publish d needs, confirmed, and logs what it did. On the dead letter
+// of a handler with a compensation it also says what became of the event
+// (disposition.Outcome.Compensation).
+func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposition) (comp string, err error) {
 	msg := a.Msg
 	switch d.Kind {
 	case disposition.Discard:
@@ -114,30 +117,37 @@ func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposit
 			if c.Logger.Enabled(ctx, slog.LevelDebug) {
 				c.Logger.Debug("message rejected for its queue's native delayed retry", "queue", a.Queue, "message_id", msg.UUID, "attempt", a.Number, "delay", d.Delay, "error", sluice.ErrorMessage(d.Reason))
 			}
-			return nil
+			return "", nil
 		}
-		return c.delay(ctx, "retry", a, d, c.retryCopy(a, d))
+		return "", c.delay(ctx, "retry", a, d, c.retryCopy(a, d))
 	case disposition.Defer:
-		return c.delay(ctx, "deferral", a, d, c.deferCopy(a))
+		return "", c.delay(ctx, "deferral", a, d, c.deferCopy(a))
 	case disposition.DeadLetter:
 		hctx, cancel := lifecycle.HandoffContext(ctx)
 		defer cancel()
 		rec := c.Record(msg, a.Queue, a.Retries, d.Reason)
-		if d.Compensate && a.Compensation != nil {
-			return c.compensate(hctx, a, rec)
+		if a.Compensation != nil {
+			if d.Compensate {
+				return c.compensate(hctx, a, rec)
+			}
+			// Its last attempt may still run and have its effect: compensating now could undo
+			// work that then happens. The operator decides, told why by the record.
+			rec.Metadata.Set(headers.CompensationError, compensationWithheld)
+			comp = disposition.CompensationWithheld
 		}
 		if err := c.DeadLetterer.DeadLetter(hctx, a.Queue, rec); err != nil {
 			err = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, a.Queue, err)
 			c.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", a.Queue, "message_id", msg.UUID, "error", err)
-			return err
+			return "", err
 		}
 		// Debug: the telemetry step writes the operator's line at info, rate-limited.
 		if c.Logger.Enabled(ctx, slog.LevelDebug) {
 			c.Logger.Debug("message dead-lettered", "queue", a.Queue, "dlq", topology.DLQ(a.Queue), "message_id", msg.UUID,
 				"error_type", rec.Metadata.Get(sluice.HeaderErrorType), "retries", a.Retries, "error", sluice.ErrorMessage(d.Reason))
 		}
+		return comp, nil
 	}
-	return nil
+	return "", nil
 }
 
 // settle says how the subscriber settles the delivery (broker.Delivery.Settle, on the
@@ -145,7 +155,7 @@ func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposit
 // returns: nil to ack, an error to have the message nacked. Outside a subscriber that
 // gives deliveries a broker.Delivery (a plain Watermill one) the settlement is dropped and
 // the nack is the subscriber's own.
-func (c *Carrier) settle(ctx context.Context, a Attempt, d disposition.Disposition) error {
+func (c *Carrier) settle(ctx context.Context, a Attempt, d disposition.Disposition, comp string) error {
 	msg := a.Msg
 	var err error
 	switch {
@@ -163,7 +173,7 @@ func (c *Carrier) settle(ctx context.Context, a Attempt, d disposition.Dispositi
 		broker.DeliveryFrom(ctx).Settle(settlement)
 		err = &GiveBack{Reason: d.Reason}
 	}
-	c.observe(ctx, a, d)
+	c.observe(ctx, a, d, comp)
 	return err
 }
 
@@ -243,13 +253,13 @@ func (c *Carrier) Record(msg *message.Message, queue string, retries int, err er
 }
 
 // observe tells the observers the attempt's outcome.
-func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposition) {
+func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposition, comp string) {
 	if c.Observer == nil {
 		return
 	}
 	o := disposition.Outcome{
 		Disposition: d, Attempt: a.Number, Queue: a.Queue, MessageID: a.Msg.UUID,
-		Handler: message.HandlerNameFromCtx(ctx), Dependency: a.Dependency,
+		Handler: message.HandlerNameFromCtx(ctx), Dependency: a.Dependency, Compensation: comp,
 	}
 	if d.Reason != nil {
 		o.ErrorType = sluice.ErrorType(d.Reason)
@@ -260,6 +270,10 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 	}
 	c.Observer.Observe(ctx, o)
 }
+
+// compensationWithheld is the record's x-compensation-error when the last attempt may still
+// run.
+const compensationWithheld = "withheld: the last attempt was abandoned at its handler timeout and may still be running, so its effect may still happen; compensate by hand if it did not"
 
 type compensationKey struct{}
 
@@ -279,7 +293,7 @@ func CompensationFrom(ctx context.Context) *Compensation {
 // confirmed: the original is acked only when both are, and given back when either fails,
 // so that the redelivery hands both off again. The event's id is the same on every
 // redelivery, so its consumers deduplicate.
-func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Message) error {
+func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Message) (string, error) {
 	comp := a.Compensation
 	event, err := comp.Build(a.Msg, rec)
 	switch {
@@ -294,9 +308,11 @@ func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Messag
 	}
 	if event == nil {
 		if err := c.DeadLetterer.DeadLetter(ctx, a.Queue, rec); err != nil {
-			return fmt.Errorf("dead-letter publish of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+			err = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+			c.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
+			return "", err
 		}
-		return nil
+		return disposition.CompensationBuildFailed, nil
 	}
 	event.UUID = CompensationID(a.Msg)
 	if event.Metadata == nil {
@@ -323,12 +339,12 @@ func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Messag
 	if err := errors.Join(deadErr, eventErr); err != nil {
 		err = fmt.Errorf("dead letter and compensation of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
 		c.Logger.Error("dead-letter or compensation publish failed; message will be redelivered", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
-		return err
+		return "", err
 	}
 	if c.Logger.Enabled(ctx, slog.LevelDebug) {
 		c.Logger.Debug("message dead-lettered and compensated", "queue", a.Queue, "message_id", a.Msg.UUID, "compensation_id", event.UUID, "to", comp.To)
 	}
-	return nil
+	return disposition.CompensationSent, nil
 }
 
 // CompensationID is the id of the compensation event of msg's final fate: derived from the

@@ -3,6 +3,7 @@ package carry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -137,29 +138,39 @@ func TestCarry_RetriedErrorType(t *testing.T) {
 // A final dead letter with the handler's compensation: the dead letter and the event are
 // both published, confirmed, before the ack; the event's id is the same on every
 // redelivery and new after a replay; the record names it; either publish failing gives the
-// message back; a builder that fails leaves the dead letter alone, its record saying why.
+// message back; a builder that fails leaves the dead letter alone, its record saying why;
+// a last attempt abandoned while it may still run is dead-lettered without one, its record
+// saying so. The observers learn what became of the event (the compensations metric).
 func TestCarry_Compensation(t *testing.T) {
 	errBuild := errors.New("no order id")
+	abandoned := fmt.Errorf("abandoned at its handler timeout: %w", sluice.ErrHandlerTimeout)
 	tests := []struct {
 		name                     string
+		err                      error // the attempt's; Permanent(errBoom) when nil
 		deadErr, eventErr, build error
 		wantGiveBack             bool
 		wantEvents               int
+		wantOutcome              string
+		wantRecordError          string
 	}{
-		{name: "both confirmed", wantEvents: 1},
+		{name: "both confirmed", wantEvents: 1, wantOutcome: disposition.CompensationSent},
 		{name: "the dead letter fails", deadErr: errBroker, wantGiveBack: true, wantEvents: 1},
 		{name: "the event fails", eventErr: errBroker, wantGiveBack: true, wantEvents: 1},
-		{name: "the builder fails", build: errBuild, wantEvents: 0},
+		{name: "the builder fails", build: errBuild, wantEvents: 0, wantOutcome: disposition.CompensationBuildFailed, wantRecordError: "no order id"},
+		{name: "the last attempt may still run", err: abandoned, wantEvents: 0, wantOutcome: disposition.CompensationWithheld,
+			wantRecordError: "withheld: the last attempt was abandoned at its handler timeout and may still be running"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var dead, events []*message.Message
+			obs := &steptest.Observer{}
 			c := carry.New(carry.Carrier{
 				DeadLetterer: deadLettererFunc(func(_ context.Context, _ string, m *message.Message) error {
 					dead = append(dead, m)
 					return tt.deadErr
 				}),
-				Logger: slog.New(slog.DiscardHandler),
+				Logger:   slog.New(slog.DiscardHandler),
+				Observer: obs,
 			})
 			comp := &carry.Compensation{
 				Build: func(msg, record *message.Message) (*message.Message, error) {
@@ -178,7 +189,11 @@ func TestCarry_Compensation(t *testing.T) {
 			msg.Metadata.Set(headers.WatermillCorrelationID, "order-7")
 			now := time.Now()
 			a := carry.Attempt{Msg: msg, Queue: "payments", Number: 1, First: now, Now: now, Compensation: comp}
-			err := c.Carry(context.Background(), a, decide.Input{Err: sluice.Permanent(errBoom), Compensation: true, History: decide.History{Now: now}})
+			failure := tt.err
+			if failure == nil {
+				failure = sluice.Permanent(errBoom)
+			}
+			err := c.Carry(context.Background(), a, decide.Input{Err: failure, Compensation: true, History: decide.History{Now: now}})
 			if tt.wantGiveBack {
 				var gb *carry.GiveBack
 				require.ErrorAs(t, err, &gb, "the original is given back: both go again on its redelivery")
@@ -187,10 +202,12 @@ func TestCarry_Compensation(t *testing.T) {
 			}
 			require.Len(t, dead, 1)
 			require.Len(t, events, tt.wantEvents)
+			require.Len(t, obs.All(), 1)
+			assert.Equal(t, tt.wantOutcome, obs.All()[0].Compensation, "what the observers learn")
 			rec := dead[0].Metadata
-			if tt.build != nil {
+			if tt.wantRecordError != "" {
 				assert.Empty(t, rec.Get(headers.CompensationID))
-				assert.Equal(t, "no order id", rec.Get(headers.CompensationError), "the record says why no event went")
+				assert.Contains(t, rec.Get(headers.CompensationError), tt.wantRecordError, "the record says why no event went")
 				return
 			}
 			ev := events[0]

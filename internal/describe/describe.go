@@ -61,6 +61,9 @@ type Inputs struct {
 	HandlerTimeout, AbandonGrace time.Duration
 	MaxAbandoned                 int
 	Settle                       map[string]time.Duration
+	// Compensations names where each compensated handler's event goes
+	// (router.WithCompensation).
+	Compensations map[string]string
 }
 
 // Build returns the description of in: a handler per registration (a partitioned
@@ -112,6 +115,7 @@ func Build(in Inputs) policy.Description {
 		h.Breaker = breakerOf(in.Breakers, name, in.Pausing[name], breakers, isName)
 		h.Retry.Budget = budgetOf(in.BudgetLeft, name, h.Breaker, base.Budget)
 		h.Idempotency = idempotencyOf(in, h)
+		h.Compensation = in.Compensations[name]
 		h.ErrorClasses = classActions(h)
 		if in.Judge != nil {
 			h.Learned = []policy.LearnedView{}
@@ -307,6 +311,7 @@ func classActions(h policy.HandlerDescription) []policy.ClassAction {
 		DeadLetterQueue: h.DeadLetterQueue, MaxRetries: p.MaxRetries, MaxTotalAge: time.Duration(p.MaxTotalAge),
 		MaxRetryAfter: time.Duration(p.MaxRetryAfter), Native: p.Native != nil, Idempotent: h.Idempotency != nil,
 		HandlerTimeout: time.Duration(h.HandlerTimeout), AbandonGrace: time.Duration(h.AbandonGrace), MaxAbandoned: h.MaxAbandoned,
+		Compensation: h.Compensation,
 	}
 	if l := p.Learned; l != nil {
 		v.Learned = &decide.Learned{MinEvidence: l.MinEvidence, UnlikelyBelow: l.UnlikelyBelow, Explore: l.Explore}

@@ -170,6 +170,11 @@ const (
 	MetricAbandonedRunning = "sluice.handler.abandoned.running"
 )
 
+// MetricCompensations counts, per queue, handler and outcome (sent, build_failed,
+// withheld), the final dead letters of handlers with a compensation
+// (router.WithCompensation).
+const MetricCompensations = "sluice.compensations"
+
 // Metric attribute keys of the overload metrics.
 const (
 	// MetricAttrDependency is the dependency a retry budget or refusal is about.

@@ -67,6 +67,10 @@ type Config struct {
 //   - sluice.handler.abandoned (counter; queue, handler): attempts abandoned at their
 //     handler timeout or at close; sluice.handler.abandoned.running (gauge; handler):
 //     those still running, see RegisterAbandoned;
+//   - sluice.compensations (counter; queue, handler, outcome): the final dead letters of a
+//     handler with a compensation, by what became of its event: sent (confirmed with the
+//     dead letter), build_failed (its builder failed: the dead letter went alone),
+//     withheld (the last attempt was abandoned and may still run);
 //   - sluice.connection.up, sluice.connection.reconnects, see RegisterConnection;
 //   - sluice.idempotency.journal.*, see RegisterJournal;
 //   - sluice.handler.paused, sluice.retry.budget.remaining, sluice.retry.refused, see
@@ -125,6 +129,7 @@ type instruments struct {
 	breaker     metric.Int64ObservableGauge
 	abandoned   metric.Int64Counter
 	running     metric.Int64ObservableGauge // abandoned attempts still running
+	compensated metric.Int64Counter         // final dead letters of compensated handlers
 	refused     metric.Int64Counter         // retries refused by the overload guard
 	logDropped  metric.Int64Counter
 
@@ -329,6 +334,7 @@ func (m *instruments) createInstruments() error {
 	m.idemHits = counter(otelnames.MetricIdempotencyHits, "Duplicates acknowledged without calling the handler.", "{message}")
 	m.abandoned = counter(otelnames.MetricAbandoned, "Attempts abandoned at their handler timeout (plus its grace) or at close, returned or not.", "{message}")
 	m.refused = counter(otelnames.MetricRetriesRefused, "Retries refused by the retry budget or the concurrent-retry limit.", "{retry}")
+	m.compensated = counter(otelnames.MetricCompensations, "Final dead letters of handlers with a compensation, by what became of its event: sent, build_failed, withheld.", "{message}")
 	if err != nil {
 		return err
 	}

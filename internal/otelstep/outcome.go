@@ -43,6 +43,9 @@ func (in *Instrumentation) Observe(ctx context.Context, o disposition.Outcome) {
 	if o.ErrorType == attempt.ErrorType {
 		m.abandoned.Add(ctx, 1, metric.WithAttributes(otelnames.MetricAttrQueue.String(o.Queue), otelnames.MetricAttrHandler.String(o.Handler)))
 	}
+	if o.Compensation != "" {
+		m.compensated.Add(ctx, 1, in.metricAttrs(metricKey{queue: o.Queue, handler: o.Handler, outcome: o.Compensation}).add...)
+	}
 	a, ok := ctx.Value(attemptKey{}).(*attemptState)
 	if !ok {
 		return

@@ -24,6 +24,7 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
@@ -286,6 +287,8 @@ func TestSetup_PrometheusEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	_, err = in.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("id", nil))
 	require.NoError(t, err)
+	in.Observe(context.Background(), disposition.Outcome{Queue: "payments", Handler: "pay",
+		Disposition: disposition.Disposition{Kind: disposition.DeadLetter}, Compensation: disposition.CompensationSent})
 	reg, err := in.RegisterBreakerState(func() map[string]int { return map[string]int{"gateway": 2} })
 	require.NoError(t, err)
 	defer func() { require.NoError(t, reg.Unregister()) }()
@@ -299,6 +302,8 @@ func TestSetup_PrometheusEndpoint(t *testing.T) {
 		`sluice_handler_duration_seconds_bucket{`,
 		`sluice_messages_in_flight{`,
 		`sluice_breaker_state{breaker="gateway"`,
+		`sluice_compensations_total{handler="pay",otel_scope_name="github.com/sluice-go/sluice/telemetry"`,
+		`outcome="sent"`,
 		`go_goroutines `,
 	} {
 		assert.Contains(t, body, want)

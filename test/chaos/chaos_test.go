@@ -140,7 +140,7 @@ func (c *client) reset() {
 // publish publishes until RabbitMQ confirms, reconnecting as often as needed. A publish
 // whose confirm was lost is sent again: the request may arrive twice, which the service's
 // idempotency must absorb.
-func (c *client) publish(ctx context.Context, msgID string, body []byte) error {
+func (c *client) publish(ctx context.Context, to, msgID string, body []byte) error {
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -149,7 +149,7 @@ func (c *client) publish(ctx context.Context, msgID string, body []byte) error {
 		if err == nil {
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			var dc *amqp091.DeferredConfirmation
-			dc, err = ch.PublishWithDeferredConfirmWithContext(pctx, "", queue, true, false, amqp091.Publishing{
+			dc, err = ch.PublishWithDeferredConfirmWithContext(pctx, "", to, true, false, amqp091.Publishing{
 				MessageId: msgID, ContentType: "application/json", DeliveryMode: amqp091.Persistent, Body: body,
 			})
 			if err == nil {
@@ -239,6 +239,20 @@ func TestChaos(t *testing.T) {
 
 // startChaosService starts the payments service on node, its logs shown if t fails.
 func startChaosService(t *testing.T, node *testenv.Node) *service {
+	return startService(t, node,
+		fmt.Sprintf("RETRY_MAX_RETRIES=%d", maxRetries),
+		"RETRY_INITIAL_DELAY=100ms", "RETRY_MAX_DELAY=1s", "RETRY_JITTER=0.1",
+		fmt.Sprintf("PAYMENTS_CONCURRENCY=%d", concurrency),
+		// The idempotency store is written every 200ms, so the SIGKILL forgets only
+		// what completed in the last 200ms (see the bound below).
+		"IDEMPOTENCY_SNAPSHOT="+filepath.Join(t.TempDir(), "idempotency.snap"),
+		"IDEMPOTENCY_SNAPSHOT_INTERVAL="+snapshotEvery.String(),
+	)
+}
+
+// startService starts `payments serve` on node with env added to the test's environment,
+// its logs shown if t fails, and stops it when t ends.
+func startService(t *testing.T, node *testenv.Node, env ...string) *service {
 	logs, err := os.CreateTemp("", "sluice-chaos-service-*.log")
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -256,17 +270,10 @@ func startChaosService(t *testing.T, node *testenv.Node) *service {
 		t:    t,
 		bin:  testenv.Binary(t, "./cmd/payments"),
 		logs: logs,
-		env: append(os.Environ(),
+		env: append(append(os.Environ(),
 			"AMQP_URL="+node.URL(),
-			fmt.Sprintf("RETRY_MAX_RETRIES=%d", maxRetries),
-			"RETRY_INITIAL_DELAY=100ms", "RETRY_MAX_DELAY=1s", "RETRY_JITTER=0.1",
-			fmt.Sprintf("PAYMENTS_CONCURRENCY=%d", concurrency),
 			"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_TRACES_EXPORTER=none",
-			// The idempotency store is written every 200ms, so the SIGKILL forgets only
-			// what completed in the last 200ms (see the bound below).
-			"IDEMPOTENCY_SNAPSHOT="+filepath.Join(t.TempDir(), "idempotency.snap"),
-			"IDEMPOTENCY_SNAPSHOT_INTERVAL="+snapshotEvery.String(),
-		),
+		), env...),
 	}
 	svc.start()
 	t.Cleanup(svc.stop)
@@ -282,18 +289,26 @@ type chaosRun struct {
 	svc       *service
 	obs       *client
 	published atomic.Int64
+	// to is the queue produce publishes to (queue when empty); outcomes, when set, is the
+	// progress the faults' recovery is measured by (the outcome queues' counts when nil).
+	to       string
+	outcomes func() int
 }
 
 // produce publishes mix in the background; the channel gets the producer's error or nil.
 // The producer paces 5,000 requests over about 40 seconds, so faults land mid-flow.
 func (c *chaosRun) produce(mix []paymentdemo.Request, ids []string) <-chan error {
 	ctx, node, published := c.ctx, c.node, &c.published
+	to := c.to
+	if to == "" {
+		to = queue
+	}
 	pubDone := make(chan error, 1)
 	go func() {
 		pub := &client{url: node.URL()}
 		defer pub.reset()
 		for i, r := range mix {
-			if err := pub.publish(ctx, ids[i], r.Body); err != nil {
+			if err := pub.publish(ctx, to, ids[i], r.Body); err != nil {
 				pubDone <- err
 				return
 			}
@@ -308,6 +323,9 @@ func (c *chaosRun) produce(mix []paymentdemo.Request, ids []string) <-chan error
 // progress is the number of settled outcomes visible in the broker, or -1 when it cannot
 // be read.
 func (c *chaosRun) progress() int {
+	if c.outcomes != nil {
+		return c.outcomes()
+	}
 	obs := c.obs
 	a, b := obs.count(output), obs.count(dlq)
 	if a < 0 || b < 0 {

@@ -26,6 +26,7 @@ import (
 // /debug/sluice/policy) as a payment service's metrics server does, with statistics a
 // payment service could have after a bad hour:
 //
+//   - payments compensates to exchange orders, key payment.failed;
 //   - payments, gateway_timeout: 38 failed, 25 recovered (median attempt 2), 10
 //     exhausted, 3 retries in flight: 71.4% recovered;
 //   - payments, insufficient_funds: 12 made permanent at the first attempt;
@@ -50,7 +51,11 @@ func newFakeService(t *testing.T) string {
 			Stats: stats, Learned: &retry.Learned{MinEvidence: 20}, Overload: overload}})
 	require.NoError(t, err)
 	nop := func(*message.Message) error { return nil }
-	require.NoError(t, s.Handle("payments", "payments.requested", nop, router.WithBreaker("card-gateway")))
+	require.NoError(t, s.Handle("payments", "payments.requested", nop, router.WithBreaker("card-gateway"),
+		router.WithCompensation(router.Compensation{Exchange: "orders", RoutingKey: "payment.failed",
+			Build: func(msg, _ *message.Message) (*message.Message, error) {
+				return message.NewMessage("", msg.Payload), nil
+			}})))
 	require.NoError(t, s.Handle("refunds", "refunds.requested", nop))
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)

@@ -348,6 +348,7 @@ func policySummary(h policy.HandlerDescription) HandlerPolicy {
 	} else {
 		row("Learned policy", "none", "")
 	}
+	row("Compensation", h.CompensationText(), "")
 	return out
 }
 
