@@ -35,7 +35,9 @@ type idleRun struct {
 func newIdleRun(t *testing.T, b router.Broker, cfg router.Config, h func(*message.Message) error) *idleRun {
 	t.Helper()
 	cfg.Logger = silentLogger
-	cfg.StopWhenIdle = idleFor
+	if cfg.StopWhenIdle == 0 {
+		cfg.StopWhenIdle = idleFor
+	}
 	s, err := router.New(b, cfg)
 	require.NoError(t, err)
 	r := &idleRun{s: s}
@@ -87,6 +89,8 @@ func TestStopWhenIdle_ReturnsOnceTheWorkIsDone(t *testing.T) {
 		want     int64
 		// minRun is the least time Run must have lasted.
 		minRun time.Duration
+		// idle is the case's StopWhenIdle, idleFor when zero.
+		idle time.Duration
 	}{
 		{
 			name:     "a backlog, some failing once (their retries due within the idle time)",
@@ -112,13 +116,17 @@ func TestStopWhenIdle_ReturnsOnceTheWorkIsDone(t *testing.T) {
 			name:     "a message arriving during the idle wait starts it again",
 			messages: 1,
 			handler:  func(_, _ int) error { return nil },
+			// A longer idle time than the other cases: the publishing goroutine may be
+			// scheduled hundreds of milliseconds late on a loaded machine, and a late
+			// publish that lands after Run returned proves nothing.
+			idle: 2 * time.Second,
 			during: func(t *testing.T, b *testBroker) {
-				time.Sleep(idleFor * 2 / 3)
+				time.Sleep(500 * time.Millisecond)
 				publish(t, b, "work", "late-1")
-				time.Sleep(idleFor * 2 / 3)
+				time.Sleep(500 * time.Millisecond)
 				publish(t, b, "work", "late-2")
 			},
-			want: 3, minRun: 2 * idleFor,
+			want: 3, minRun: 3 * time.Second,
 		},
 	}
 	for _, tt := range tests {
@@ -127,7 +135,11 @@ func TestStopWhenIdle_ReturnsOnceTheWorkIsDone(t *testing.T) {
 			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 			var mu sync.Mutex
 			calls := map[string]int{}
-			r := newIdleRun(t, b, router.Config{Retry: fastRetries(3), Concurrency: 4}, func(m *message.Message) error {
+			idle := tt.idle
+			if idle == 0 {
+				idle = idleFor
+			}
+			r := newIdleRun(t, b, router.Config{Retry: fastRetries(3), Concurrency: 4, StopWhenIdle: idle}, func(m *message.Message) error {
 				mu.Lock()
 				calls[m.UUID]++
 				n := calls[m.UUID]
@@ -149,8 +161,8 @@ func TestStopWhenIdle_ReturnsOnceTheWorkIsDone(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, r.handled.Load(), "messages handled before Run returned")
 			assert.GreaterOrEqual(t, returned.Sub(start), tt.minRun, "Run returned before the work was done")
-			assert.GreaterOrEqual(t, returned.Sub(r.handlerLastReturned()), idleFor, "Run returned less than the idle time after the last attempt")
-			assert.Less(t, returned.Sub(r.handlerLastReturned()), idleFor+2*time.Second, "Run returned long after it was idle")
+			assert.GreaterOrEqual(t, returned.Sub(r.handlerLastReturned()), idle, "Run returned less than the idle time after the last attempt")
+			assert.Less(t, returned.Sub(r.handlerLastReturned()), idle+2*time.Second, "Run returned long after it was idle")
 			assert.False(t, r.s.Consuming(), "the stack still consumes")
 			assert.Zero(t, b.mem.Len("work"), "messages left in the queue")
 			assert.NoError(t, r.s.Close(), "Close after an idle stop")
