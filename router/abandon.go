@@ -47,7 +47,8 @@ func (s *Stack) stillRunning() error {
 }
 
 // trackAbandoned gives handler a tracker of its abandoned attempts that pauses sub at
-// MaxAbandoned and tells Config.Health (PausedHandlers stays the breaker's); s.mu is held.
+// MaxAbandoned and tells the stack's pauses (readiness; PausedHandlers stays the
+// breaker's); s.mu is held.
 func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 	var mu sync.Mutex
 	s.attempts.Tracker(handler, s.cfg.MaxAbandoned, func(b attempt.Bound) {
@@ -56,18 +57,14 @@ func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 		who := "handler " + handler
 		if b.Stuck {
 			sub.Pause()
-			if s.cfg.Health != nil {
-				s.cfg.Health.Pause(who, fmt.Sprintf("stuck since %s: %d abandoned attempts still running (MaxAbandoned %d)",
-					b.Since.UTC().Format(time.RFC3339), b.Running, b.Max))
-			}
+			s.pauses.Pause(who, fmt.Sprintf("stuck since %s: %d abandoned attempts still running (MaxAbandoned %d)",
+				b.Since.UTC().Format(time.RFC3339), b.Running, b.Max))
 			s.logger.Error("handler paused: too many abandoned attempts still running; restart the instance if they never return",
 				"handler", handler, "running", b.Running, "max_abandoned", b.Max, "since", b.Since)
 			return
 		}
 		sub.Resume(0)
-		if s.cfg.Health != nil {
-			s.cfg.Health.Resume(who)
-		}
+		s.pauses.Resume(who)
 		s.logger.Info("handler resumed: abandoned attempts returned", "handler", handler, "running", b.Running, "stuck_for", time.Since(b.Since))
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
@@ -164,16 +165,13 @@ func TestAbandon_LateReturn(t *testing.T) {
 func TestAbandon_BoundPausesTheHandler(t *testing.T) {
 	b := newTestBroker(t)
 	h := &hangingHandler{release: make(chan struct{})}
-	health := &telemetry.Health{}
 	reader := sdkmetric.NewManualReader()
-	inst, err := telemetry.New(telemetry.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))),
-		telemetry.WithEventLog(silentLogger, telemetry.LogLimit{}))
-	require.NoError(t, err)
+	inst := &telemetry.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), EventLog: silentLogger}
 	retries := fastRetries(5)
 	retries.InitialDelay, retries.MaxDelay = time.Hour, time.Hour // the hung ones do not come back
 	stack, err := router.New(b, router.Config{
 		Logger: silentLogger, Retry: retries, HandlerTimeout: 100 * time.Millisecond, Telemetry: inst,
-		AbandonGrace: 50 * time.Millisecond, CloseTimeout: time.Second, Concurrency: 2, MaxAbandoned: 2, Health: health,
+		AbandonGrace: 50 * time.Millisecond, CloseTimeout: time.Second, Concurrency: 2, MaxAbandoned: 2,
 	})
 	require.NoError(t, err)
 	require.NoError(t, stack.Handle("payments", "payments", h.handle))
@@ -182,8 +180,8 @@ func TestAbandon_BoundPausesTheHandler(t *testing.T) {
 	go func() { _ = stack.Run(ctx) }()
 	<-stack.Running()
 	require.NoError(t, b.mem.Publish("payments", message.NewMessage("h1", []byte("hang")), message.NewMessage("h2", []byte("hang"))))
-	require.Eventually(t, func() bool { return len(health.NotReady()) > 0 }, 5*time.Second, 5*time.Millisecond)
-	reasons := strings.Join(health.NotReady(), "\n")
+	require.Eventually(t, func() bool { return len(pauseReasons(stack)) > 0 }, 5*time.Second, 5*time.Millisecond)
+	reasons := strings.Join(pauseReasons(stack), "\n")
 	assert.Contains(t, reasons, "handler payments")
 	assert.Contains(t, reasons, "stuck since")
 	require.NoError(t, b.mem.Publish("payments", message.NewMessage("g1", []byte("ok"))))
@@ -196,11 +194,17 @@ func TestAbandon_BoundPausesTheHandler(t *testing.T) {
 	var once sync.Once
 	once.Do(func() { close(h.release) })
 	require.Eventually(t, func() bool { return h.good.Load() == 1 }, 5*time.Second, 5*time.Millisecond, "resumed once they returned")
-	assert.Empty(t, health.NotReady())
+	assert.Empty(t, pauseReasons(stack))
 	_, running = abandonedMetrics(t, reader)
 	assert.Zero(t, running, "none still running")
 	cancel()
 	require.NoError(t, stack.Close())
+}
+
+// pauseReasons are the stack's pauses as readiness (otelsetup.Operate) lists them.
+func pauseReasons(s *router.Stack) []string {
+	v, _ := stackview.Of(s)
+	return v.Pauses.Reasons()
 }
 
 // abandonedMetrics reads the payments handler's sluice.handler.abandoned counter and

@@ -101,8 +101,8 @@ func (s *Stack) HandleBatchWithOutput(name, queue, outputTopic string, h BatchOu
 		bc.wait = defaultBatchWait
 	}
 	var tr batch.Tracer
-	if s.cfg.Telemetry != nil {
-		tr = s.cfg.Telemetry
+	if s.tel != nil {
+		tr = s.tel
 	}
 	b := batch.New(h, batch.Config{Size: bc.size, Wait: bc.wait}, queue, name, tr)
 	all := append([]HandlerOption{WithConcurrency(bc.size), batchHandler}, opts...)

@@ -139,8 +139,7 @@ func TestHandleBatch_SpanPerMessageLinkedToBatchSpan(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	in, err := telemetry.New(telemetry.WithTracerProvider(tp), telemetry.WithPropagator(propagation.TraceContext{}), telemetry.WithMessagingSystem("memory"))
-	require.NoError(t, err)
+	in := &telemetry.Config{TracerProvider: tp, Propagator: propagation.TraceContext{}, MessagingSystem: "memory"}
 	b := newTestBroker(t)
 	s, err := router.New(b, router.Config{Logger: silentLogger, Telemetry: in})
 	require.NoError(t, err)

@@ -27,6 +27,8 @@ import (
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/otelstep"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -455,22 +457,14 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name strin
 
 // benchTelemetry is telemetry as a service runs it, minus the network: every span sampled
 // and batched, then discarded; metrics recorded by an SDK meter provider.
-func benchTelemetry(b *testing.B) *telemetry.Instrumentation {
+func benchTelemetry(b *testing.B) *telemetry.Config {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(benchDiscardExporter{}))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() {
 		_ = tp.Shutdown(context.Background())
 		_ = mp.Shutdown(context.Background())
 	})
-	in, err := telemetry.New(
-		telemetry.WithTracerProvider(tp),
-		telemetry.WithMeterProvider(mp),
-		telemetry.WithPropagator(propagation.TraceContext{}),
-	)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return in
+	return &telemetry.Config{TracerProvider: tp, MeterProvider: mp, Propagator: propagation.TraceContext{}}
 }
 
 type benchDiscardExporter struct{}
@@ -534,13 +528,19 @@ func benchStarted(b *testing.B, stack *router.Stack, stopped <-chan error) {
 		journaled = journaled || h.Idempotency != nil && h.Idempotency.Journal != ""
 	}
 	for deadline := time.Now().Add(time.Minute); journaled; time.Sleep(time.Millisecond) {
-		if st, ok := stack.JournalState(); !ok || st.Restoring == 0 && st.RestoreDuration > 0 {
+		if st, ok := benchJournalState(stack); !ok || st.Restoring == 0 && st.RestoreDuration > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
 			b.Fatal("the idempotency journals did not restore within a minute")
 		}
 	}
+}
+
+// benchJournalState is the stack's idempotency journal figures.
+func benchJournalState(s *router.Stack) (otelstep.JournalState, bool) {
+	v, _ := stackview.Of(s)
+	return v.Journal()
 }
 
 // benchCounter counts handled messages and when the first and the last were handled.
@@ -632,7 +632,11 @@ func benchConsumerChannel(b *testing.B, r *testenv.Rabbit) *amqp091.Channel {
 func benchFailureRecord(b *testing.B, queue string) message.Metadata {
 	b.Helper()
 	var copied message.Metadata
-	capture := benchTelemetry(b).WrapDelayer(steptest.DelayerFunc(func(_ context.Context, _ string, _ time.Duration, msg *message.Message) error {
+	in, err := otelstep.New(otelstep.Config(*benchTelemetry(b)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	capture := in.WrapDelayer(steptest.DelayerFunc(func(_ context.Context, _ string, _ time.Duration, msg *message.Message) error {
 		copied = msg.Metadata
 		return nil
 	}))

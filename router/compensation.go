@@ -59,8 +59,8 @@ func (s *Stack) compensation(name string, hc handlerConfig) (*carry.Compensation
 	var prepare func(*message.Message)
 	if c.Exchange != "" {
 		pub = output.Exchange{B: s.broker}
-		if s.cfg.Telemetry != nil {
-			pub = s.cfg.Telemetry.WrapPublisher(pub)
+		if s.tel != nil {
+			pub = s.tel.WrapPublisher(pub)
 		}
 		to, dest, prepare = c.Exchange, fmt.Sprintf("exchange %s, key %s", c.Exchange, c.RoutingKey), output.DefaultKey(c.RoutingKey)
 		s.plan.OutputExchange(c.Exchange, Topic, false)

@@ -18,7 +18,7 @@ import (
 // handler). Consuming starts at once (a partitioned handler claims its partitions as
 // early as its peers), but no message is handled until every journal has restored the keys
 // done within their TTL: a message that arrives meanwhile waits, unacknowledged, and is
-// returned unprocessed when the stack closes first. /readyz (Config.Health) says
+// returned unprocessed when the stack closes first. /readyz (otelsetup.Operate) says
 // "restoring" meanwhile. Middlewares, for a router of the user's own, does not journal.
 type JournalingIdempotency interface {
 	Idempotency
@@ -62,9 +62,7 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 		return nil
 	}
 	const pauser = "idempotency"
-	if s.cfg.Health != nil {
-		s.cfg.Health.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
-		defer s.cfg.Health.Resume(pauser)
-	}
+	s.pauses.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
+	defer s.pauses.Resume(pauser)
 	return journal.Restore(ctx, slots)
 }

@@ -1,16 +1,59 @@
 package router
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/otelstep"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
 // What operations wiring (telemetry/otelsetup.Operate) reads of a stack: whether it
-// consumes, which handlers a breaker paused, and the queues whose depth an operator
-// watches, and the idempotency journal's figures.
+// consumes, which handlers are paused, and the queues whose depth an operator watches,
+// here; its instrumentation, pauses, broker, debug endpoints and journal figures through
+// internal/stackview, registered below.
+
+func init() { stackview.Register(view) }
+
+// view is a *Stack's stackview.View.
+func view(x any) (stackview.View, bool) {
+	var s *Stack
+	switch x := x.(type) { // a switch: the router asserts no broker type (deps_test.go)
+	case *Stack:
+		s = x
+	}
+	if s == nil {
+		return stackview.View{}, false
+	}
+	return stackview.View{
+		Broker:    s.broker,
+		Telemetry: s.tel,
+		Pauses:    &s.pauses,
+		Policy:    s.PolicyHandler(),
+		Retries:   s.RetriesHandler(),
+		Journal:   s.journalState,
+		Queues: func() (consumed, deadLettered []string) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.plan.Consumed(), s.plan.DeadLettered()
+		},
+	}, true
+}
+
+// newTelemetry builds the stack's instrumentation from Config.Telemetry; nil without one.
+func newTelemetry(cfg *telemetry.Config) (*otelstep.Instrumentation, error) {
+	if cfg == nil {
+		return nil, nil
+	}
+	in, err := otelstep.New(otelstep.Config(*cfg))
+	if err != nil {
+		return nil, fmt.Errorf("router: telemetry: %w", err)
+	}
+	return in, nil
+}
 
 // Consuming reports whether the stack consumes: Run has started its handlers and the
 // stack has not stopped.
@@ -18,7 +61,9 @@ func (s *Stack) Consuming() bool {
 	return s.router.IsRunning() && !s.router.IsClosed()
 }
 
-// PausedHandlers returns, sorted, the handlers whose breaker has paused consuming.
+// PausedHandlers returns, sorted, the handlers whose breaker has paused consuming. A
+// handler paused by MaxAbandoned abandoned attempts still running shows in readiness
+// (otelsetup.Operate), named as stuck.
 func (s *Stack) PausedHandlers() []string {
 	var out []string
 	for name, paused := range s.pausedHandlers() {
@@ -39,25 +84,23 @@ func (s *Stack) ConsumedQueues() []string {
 	return s.plan.Consumed()
 }
 
-// Broker returns the broker the stack consumes from and hands off to.
-func (s *Stack) Broker() Broker { return s.broker }
-
 // journalStats is an idempotency step that reports its journal (package idempotency's Guard).
 type journalStats interface {
 	Stats() idempotency.Stats
 }
 
-// JournalState returns the idempotency journal's figures, as telemetry.RegisterJournal
-// reports them, and false when the stack's idempotency step keeps none (no
-// Config.Idempotency, or one that is not package idempotency's Guard). Streams declared
-// again are counted when the broker reports them (RabbitMQ's does).
-func (s *Stack) JournalState() (telemetry.JournalState, bool) {
+// journalState returns the idempotency journal's figures, as the
+// sluice.idempotency.journal.* metrics report them, and false when the stack's
+// idempotency step keeps none (no Config.Idempotency, or one that is not package
+// idempotency's Guard). Streams declared again are counted when the broker reports them
+// (RabbitMQ's does).
+func (s *Stack) journalState() (otelstep.JournalState, bool) {
 	g, ok := s.cfg.Idempotency.(journalStats)
 	if !ok {
-		return telemetry.JournalState{}, false
+		return otelstep.JournalState{}, false
 	}
 	j := g.Stats().Journal
-	st := telemetry.JournalState{
+	st := otelstep.JournalState{
 		Restoring: j.Restoring, Restored: j.Restored, RestoreDuration: j.RestoreDuration,
 		Appended: j.Appended, Failures: j.Failures, Skipped: j.Skipped, Lag: j.Lag, Unconfirmed: j.Unconfirmed,
 	}

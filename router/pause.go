@@ -28,14 +28,14 @@ func (s *Stack) initOverload() error {
 			return int(depth.Ready), err
 		})
 	}
-	if s.cfg.Telemetry == nil || (s.cfg.Breakers == nil && s.cfg.Retry.Overload == nil) {
+	if s.tel == nil || (s.cfg.Breakers == nil && s.cfg.Retry.Overload == nil) {
 		return nil
 	}
 	var budget func() map[string]float64
 	if o := s.cfg.Retry.Overload; o != nil {
 		budget = o.BudgetLeft
 	}
-	m, err := s.cfg.Telemetry.NewOverloadMetrics(s.pausedHandlers, budget)
+	m, err := s.tel.NewOverloadMetrics(s.pausedHandlers, budget)
 	if err != nil {
 		return err
 	}
@@ -54,11 +54,7 @@ func (s *Stack) pauseFor(handler string, hc handlerConfig, sub broker.Subscriber
 	if s.cfg.Breakers == nil || hc.deferWhileOpen {
 		return nil
 	}
-	var health pause.Health // nil unless Config.Health is set: a nil *Health is not nobody
-	if s.cfg.Health != nil {
-		health = s.cfg.Health
-	}
-	c := pause.New(handler, s.cfg.Breakers.Breaker(hc.breaker), sub, health, s.logger)
+	c := pause.New(handler, s.cfg.Breakers.Breaker(hc.breaker), sub, &s.pauses, s.logger)
 	s.parts = append(s.parts, part{handler: handler, close: c.Close, paused: c.Paused})
 	return c
 }

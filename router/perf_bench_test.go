@@ -244,7 +244,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 			}
 			mp := sdkmetric.NewMeterProvider(mopts...)
 			b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-			opts := []telemetry.Option{telemetry.WithMeterProvider(mp), telemetry.WithPropagator(propagation.TraceContext{})}
+			in := &telemetry.Config{MeterProvider: mp, Propagator: propagation.TraceContext{}}
 			var tp *sdktrace.TracerProvider
 			if v.sampler != nil {
 				processor := sdktrace.WithBatcher(benchDiscardExporter{})
@@ -253,19 +253,15 @@ func BenchmarkTracingOverhead(b *testing.B) {
 				}
 				tp = sdktrace.NewTracerProvider(sdktrace.WithSampler(v.sampler), processor)
 				b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-				opts = append(opts, telemetry.WithTracerProvider(tp))
+				in.TracerProvider = tp
 			} else {
-				opts = append(opts, telemetry.WithTracerProvider(noop.NewTracerProvider()))
+				in.TracerProvider = noop.NewTracerProvider()
 			}
 			plain := benchStack(b, benchMemoryBroker(b), router.Config{}, false).ComposeForBenchmark("bench", handler)
 			if v.floor != nil {
 				other := benchStack(b, benchMemoryBroker(b), router.Config{}, false).ComposeForBenchmark("bench", handler)
 				benchInterleaved(b, v.floor(tp, mp)(other), plain)
 				return
-			}
-			in, err := telemetry.New(opts...)
-			if err != nil {
-				b.Fatal(err)
 			}
 			traced := benchStack(b, benchMemoryBroker(b), router.Config{Telemetry: in}, false).ComposeForBenchmark("bench", handler)
 			benchInterleaved(b, traced, plain)

@@ -61,8 +61,8 @@ func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerCon
 // order and why. An empty outputTopic means the handler's publish topic, from the context.
 func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMiddleware {
 	mws := make([]message.HandlerMiddleware, 0, 10+len(s.cfg.Middleware))
-	if s.cfg.Telemetry != nil {
-		mws = append(mws, s.cfg.Telemetry.Middleware)
+	if s.tel != nil {
+		mws = append(mws, s.tel.Middleware)
 	}
 	// The retry step decides every failed attempt's disposition and carries it out (its
 	// dead letters through the poison step): see package disposition.
@@ -76,8 +76,8 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	// and output confirmation stay inside, so a late return still goes through them.
 	if s.cfg.Idempotency != nil {
 		var obs []disposition.Observer
-		if s.cfg.Telemetry != nil {
-			obs = append(obs, s.cfg.Telemetry)
+		if s.tel != nil {
+			obs = append(obs, s.tel)
 		}
 		if sl := s.journalSlot(hc, obs); sl != nil {
 			mws = append(mws, sl.Gate, s.attempts.Middleware, sl.Middleware)
@@ -89,8 +89,8 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	}
 	if out := hc.sub.output; outputTopic == "" && out != nil {
 		var pub message.Publisher = output.Exchange{B: s.broker}
-		if s.cfg.Telemetry != nil {
-			pub = s.cfg.Telemetry.WrapPublisher(pub)
+		if s.tel != nil {
+			pub = s.tel.WrapPublisher(pub)
 		}
 		mws = append(mws, output.Step(pub, out.Exchange, output.DefaultKey(out.RoutingKey)))
 	} else {

@@ -63,8 +63,7 @@ func (r *countedRegistration) Unregister() error {
 // the goroutines where they were.
 func TestMiddlewares_RegistersNothingItDoesNotClose(t *testing.T) {
 	meters := &countingMeters{MeterProvider: noop.NewMeterProvider()}
-	in, err := telemetry.New(telemetry.WithMeterProvider(meters))
-	require.NoError(t, err)
+	in := &telemetry.Config{MeterProvider: meters}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	breakers, err := breaker.New(breaker.Config{Logger: logger})
 	require.NoError(t, err)

@@ -64,7 +64,9 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/attempt"
+	"github.com/sluice-go/sluice/internal/health"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
@@ -99,7 +101,7 @@ type Config struct {
 	// Retry configures the failure path: the retry step, which decides every failed
 	// attempt's fate and carries it out. A nil Delayer means the broker's delay, a nil
 	// DeadLetterer the broker's dead-letter queue. With Telemetry, the step's observers are
-	// Retry.Observer and Telemetry.
+	// Retry.Observer and the stack's instrumentation.
 	Retry retry.Config
 	// HandlerTimeout is the deadline of the handler's context. An attempt still running
 	// AbandonGrace past it is abandoned, whether or not the handler looks at its context:
@@ -111,8 +113,8 @@ type Config struct {
 	// abandoned. Zero means 1s.
 	AbandonGrace time.Duration
 	// MaxAbandoned bounds, per handler, the abandoned attempts still running (Go cannot
-	// stop their goroutines): at the bound the handler pauses consuming, and Health reports
-	// it stuck, until some return. Zero means 16.
+	// stop their goroutines): at the bound the handler pauses consuming, and readiness
+	// (otelsetup.Operate) reports it stuck, until some return. Zero means 16.
 	MaxAbandoned int
 	// CloseTimeout is how long Close, and Run once its context ends, wait for in-flight
 	// attempts; attempts still running then are abandoned and their messages returned to
@@ -123,15 +125,16 @@ type Config struct {
 	Concurrency int
 	// Prefetch is the default prefetch count. Zero means Concurrency.
 	Prefetch int
-	// Telemetry, when set, adds the tracing step, decorates every publish the stack makes
-	// (output, retry hand-off, dead letter) and reports breaker states as a metric.
-	Telemetry *telemetry.Instrumentation
+	// Telemetry, when set, traces and measures the stack: the stack builds its
+	// instrumentation from it (&telemetry.Config{}: the OpenTelemetry global providers,
+	// which otelsetup.Setup installs), adds the tracing step, decorates every publish it
+	// makes (output, retry hand-off, dead letter) and reports its breakers, overload guard
+	// and abandoned attempts as metrics (otelsetup.Operate adds the broker connection, the
+	// idempotency journal and the queue depths). Nil means no telemetry: the per-message
+	// work it costs is left out.
+	Telemetry *telemetry.Config
 	// Breakers, when set, gives each handler a circuit breaker (see WithBreaker).
 	Breakers *breaker.Registry
-	// Health, when set, is told when a handler pauses while its breaker is open or it has
-	// MaxAbandoned abandoned attempts still running, and when it resumes, so /readyz
-	// reports the process not ready meanwhile. Nil means nobody is told.
-	Health *telemetry.Health
 	// Idempotency, when set, adds the idempotency step to every handler.
 	Idempotency Idempotency
 	// Middleware is the user's own steps (logging, auth, validation, Watermill's
@@ -233,6 +236,9 @@ type Stack struct {
 	cutOnce  sync.Once
 	cutTimer *time.Timer
 	output   message.Publisher
+	tel      *otelstep.Instrumentation // from Config.Telemetry, nil without (operate.go)
+	// pauses are what paused consuming, for readiness (otelsetup.Operate reads them).
+	pauses health.Pauses
 
 	mu      sync.Mutex
 	names   map[string]bool
@@ -298,16 +304,24 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		rcfg.DeadLetterer = b
 	}
 	var output message.Publisher = broker.QueuePublisher(b)
-	if cfg.Telemetry != nil {
-		rcfg.Delayer = cfg.Telemetry.WrapDelayer(rcfg.Delayer)
-		rcfg.DeadLetterer = cfg.Telemetry.WrapDeadLetterer(rcfg.DeadLetterer)
-		output = cfg.Telemetry.WrapPublisher(output)
+	tel, err := newTelemetry(cfg.Telemetry) // operate.go
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Telemetry != nil {
+	built := false
+	defer func() {
+		if !built && tel != nil {
+			_ = tel.Close() // every registration made on it below goes with it
+		}
+	}()
+	if tel != nil {
+		rcfg.Delayer = tel.WrapDelayer(rcfg.Delayer)
+		rcfg.DeadLetterer = tel.WrapDeadLetterer(rcfg.DeadLetterer)
+		output = tel.WrapPublisher(output)
 		// Telemetry observes every attempt's outcome beside the caller's observer.
-		obs := disposition.Observers{cfg.Telemetry}
+		obs := disposition.Observers{tel}
 		if rcfg.Observer != nil {
-			obs = disposition.Observers{rcfg.Observer, cfg.Telemetry}
+			obs = disposition.Observers{rcfg.Observer, tel}
 		}
 		rcfg.Observer = obs
 	}
@@ -319,9 +333,9 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	var gauge metric.Registration // the breaker state metric, a part of the stack
-	if cfg.Telemetry != nil && cfg.Breakers != nil {
+	if tel != nil && cfg.Breakers != nil {
 		reg := cfg.Breakers
-		gauge, err = cfg.Telemetry.RegisterBreakerState(func() map[string]int {
+		gauge, err = tel.RegisterBreakerState(func() map[string]int {
 			states := reg.States()
 			out := make(map[string]int, len(states))
 			for name, st := range states {
@@ -340,15 +354,19 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, output: output, names: map[string]bool{},
+	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, output: output, tel: tel, names: map[string]bool{},
 		closing: make(chan struct{}), cut: make(chan struct{})}
+	if tel != nil {
+		// The first part, so closed last: the stack's instrumentation and what remains on it.
+		s.parts = append(s.parts, part{close: func() { _ = tel.Close() }})
+	}
 	s.attempts = attempt.New(attempt.Config{Timeout: cfg.HandlerTimeout, Grace: cfg.AbandonGrace, HandoffTimeout: lifecycle.HandoffTimeout,
 		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)
 	if gauge != nil {
 		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
 	}
-	if cfg.Telemetry != nil {
-		running, err := cfg.Telemetry.RegisterAbandoned(func() map[string]int {
+	if tel != nil {
+		running, err := tel.RegisterAbandoned(func() map[string]int {
 			out := map[string]int{}
 			for _, t := range s.attempts.Trackers() {
 				b := t.Snapshot()
@@ -364,6 +382,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)
 	}
+	built = true
 	return s, nil
 }
 

@@ -128,8 +128,7 @@ func TestExchangeOutputIsTraced(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	in, err := telemetry.New(telemetry.WithTracerProvider(tp), telemetry.WithPropagator(propagation.TraceContext{}))
-	require.NoError(t, err)
+	in := &telemetry.Config{TracerProvider: tp, Propagator: propagation.TraceContext{}}
 	mem := memory.New(memory.Config{Logger: silentLogger})
 	t.Cleanup(func() { _ = mem.Close() })
 	s, err := router.New(mem, router.Config{Logger: silentLogger, Telemetry: in})

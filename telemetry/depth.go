@@ -8,71 +8,67 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/internal/otelnames"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
+	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// Queue kinds, the values of otelnames.MetricAttrKind.
+// Queue kinds, the values of DepthQueue.Kind and of the kind attribute.
 const (
-	QueueKindConsumed = "consumed"
-	QueueKindDLQ      = "dlq"
-	QueueKindArchive  = "archive"
-	QueueKindUnrouted = "unrouted"
+	queueKindConsumed = "consumed"
+	queueKindDLQ      = "dlq"
+	queueKindArchive  = "archive"
+	queueKindUnrouted = "unrouted"
 )
 
-// Errors of WatchDepth.
+// Errors of WatchDepth's configuration.
 var (
-	// ErrNoDepthSource is returned by DepthConfig.Validate without a Source.
-	ErrNoDepthSource = errors.New("telemetry: depth watcher needs a source")
-	// ErrNoDepthQueues is returned by DepthConfig.Validate without queues to watch.
-	ErrNoDepthQueues = errors.New("telemetry: depth watcher needs queues")
-	// ErrDepthInterval is returned by DepthConfig.Validate for an interval below
-	// minDepthInterval.
-	ErrDepthInterval = errors.New("telemetry: depth interval too short")
+	errNoDepthSource = errors.New("telemetry: depth watcher needs a source")
+	errNoDepthQueues = errors.New("telemetry: depth watcher needs queues")
+	errDepthInterval = errors.New("telemetry: depth interval too short")
 )
 
-// DefaultDepthInterval is how often a DepthWatcher reads the broker by default.
-const DefaultDepthInterval = 15 * time.Second
+// defaultDepthInterval is how often a depth watcher reads the broker by default.
+const defaultDepthInterval = 15 * time.Second
 
 // minDepthInterval is the shortest interval allowed: every read is a round trip to the
 // broker (one channel per queue over AMQP, one HTTP request over the management API).
 const minDepthInterval = 500 * time.Millisecond
 
-// QueueDepth is what a DepthSource reads of one queue: sluice.QueueDepth, which both
-// brokers' QueueDepth methods return, so that either broker is a DepthSource.
-type QueueDepth = sluice.QueueDepth
-
-// DepthSource reads a queue's depth from the broker.
+// DepthSource reads a queue's depth from the broker: both brokers are one (their
+// QueueDepth methods), and so is NewManagementSource's.
 type DepthSource interface {
 	// QueueDepth returns queue's depth, or an error wrapping sluice.ErrQueueNotFound when
 	// queue does not exist: the watcher then reports no depth for it (the series is
 	// absent), and logs it once.
-	QueueDepth(ctx context.Context, queue string) (QueueDepth, error)
+	QueueDepth(ctx context.Context, queue string) (sluice.QueueDepth, error)
 }
 
 // DepthQueue is a queue to watch and its role.
 type DepthQueue struct {
 	// Name is the queue's name.
 	Name string
-	// Kind is one of the QueueKind constants.
+	// Kind is the queue's role, the kind attribute of its series: "consumed", "dlq",
+	// "archive" or "unrouted".
 	Kind string
 }
 
 // DepthQueuesFor returns what an operator watches of consumed queues: each queue, its
-// dead-letter queue and its archive, and topology.UnroutedQueue.
+// dead-letter queue and its archive, and sluice.unrouted.
 func DepthQueuesFor(queues ...string) []DepthQueue {
 	out := make([]DepthQueue, 0, 3*len(queues)+1)
 	for _, q := range queues {
 		out = append(out,
-			DepthQueue{Name: q, Kind: QueueKindConsumed},
-			DepthQueue{Name: q + topology.DeadLetterSuffix, Kind: QueueKindDLQ},
-			DepthQueue{Name: topology.Archive(q), Kind: QueueKindArchive})
+			DepthQueue{Name: q, Kind: queueKindConsumed},
+			DepthQueue{Name: q + topology.DeadLetterSuffix, Kind: queueKindDLQ},
+			DepthQueue{Name: topology.Archive(q), Kind: queueKindArchive})
 	}
-	return append(out, DepthQueue{Name: topology.UnroutedQueue, Kind: QueueKindUnrouted})
+	return append(out, DepthQueue{Name: topology.UnroutedQueue, Kind: queueKindUnrouted})
 }
 
 // DepthConfig configures WatchDepth.
@@ -82,37 +78,41 @@ type DepthConfig struct {
 	// Queues are the queues to watch. Required.
 	Queues []DepthQueue
 	// Interval is how often the broker is read, whatever the scrape rate: scrapes read
-	// the last values. Zero means DefaultDepthInterval; below minDepthInterval is an
-	// error.
+	// the last values. Zero means 15s; below 500ms is an error.
 	Interval time.Duration
 	// Logger receives a line when a queue goes missing or cannot be read, and when it is
 	// back: once per change, not once per read. Nil means slog.Default().
 	Logger *slog.Logger
+	// MeterProvider makes the gauges. Nil means the global one (otel.GetMeterProvider).
+	MeterProvider metric.MeterProvider
 }
 
-// Validate applies the defaults and checks c.
-func (c *DepthConfig) Validate() error {
+// validate applies the defaults and checks c.
+func (c *DepthConfig) validate() error {
 	if c.Source == nil {
-		return ErrNoDepthSource
+		return errNoDepthSource
 	}
 	if len(c.Queues) == 0 {
-		return ErrNoDepthQueues
+		return errNoDepthQueues
 	}
 	if c.Interval == 0 {
-		c.Interval = DefaultDepthInterval
+		c.Interval = defaultDepthInterval
 	}
 	if c.Interval < minDepthInterval {
-		return fmt.Errorf("%w: %s (minimum %s)", ErrDepthInterval, c.Interval, minDepthInterval)
+		return fmt.Errorf("%w: %s (minimum %s)", errDepthInterval, c.Interval, minDepthInterval)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
 	return nil
 }
 
-// DepthWatcher reads queue depths in the background and reports the last values as
-// gauges. Close stops it.
-type DepthWatcher struct {
+// depthWatcher reads queue depths in the background and reports the last values as
+// gauges. close stops it.
+type depthWatcher struct {
 	cfg  DepthConfig
 	reg  metric.Registration
 	stop chan struct{}
@@ -120,35 +120,48 @@ type DepthWatcher struct {
 	once sync.Once
 
 	mu     sync.Mutex
-	depths map[string]QueueDepth // by queue name; a queue not read is absent
-	status map[string]string     // "ok", "absent" or "error", to log changes only
-	rounds int64                 // rounds of reads completed
+	depths map[string]sluice.QueueDepth // by queue name; a queue not read is absent
+	status map[string]string            // "ok", "absent" or "error", to log changes only
+	rounds int64                        // rounds of reads completed
 }
 
-// WatchDepth starts reading cfg.Queues from cfg.Source every cfg.Interval (the first
-// read at once) and reports sluice.queue.depth and sluice.queue.consumers.
-func (in *Instrumentation) WatchDepth(cfg DepthConfig) (*DepthWatcher, error) {
-	if err := cfg.Validate(); err != nil {
+// WatchDepth starts reading cfg.Queues from cfg.Source every cfg.Interval (the first read
+// at once) and reports sluice.queue.depth (state ready, and unacked where the source knows
+// it) and sluice.queue.consumers, by queue and kind: what the shipped dashboard's queue
+// and DLQ panels read. otelsetup.Providers.Operate starts one for a stack; a service that
+// installs its own OpenTelemetry SDK starts it here. Call stop, which waits for a read
+// under way, when the service stops.
+func WatchDepth(cfg DepthConfig) (stop func() error, err error) {
+	w, err := watchDepth(cfg)
+	if err != nil {
 		return nil, err
 	}
-	depth, err := in.meter.Int64ObservableGauge(otelnames.MetricQueueDepth,
+	return w.close, nil
+}
+
+func watchDepth(cfg DepthConfig) (*depthWatcher, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	meter := cfg.MeterProvider.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
+	depth, err := meter.Int64ObservableGauge(otelnames.MetricQueueDepth,
 		metric.WithDescription("Messages in a queue, read from the broker: ready or unacked."), metric.WithUnit("{message}"))
 	if err != nil {
 		return nil, fmt.Errorf("create gauge %s: %w", otelnames.MetricQueueDepth, err)
 	}
-	consumers, err := in.meter.Int64ObservableGauge(otelnames.MetricQueueConsumers,
+	consumers, err := meter.Int64ObservableGauge(otelnames.MetricQueueConsumers,
 		metric.WithDescription("Consumers of a queue, read from the broker."), metric.WithUnit("{consumer}"))
 	if err != nil {
 		return nil, fmt.Errorf("create gauge %s: %w", otelnames.MetricQueueConsumers, err)
 	}
-	w := &DepthWatcher{
+	w := &depthWatcher{
 		cfg:    cfg,
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
-		depths: map[string]QueueDepth{},
+		depths: map[string]sluice.QueueDepth{},
 		status: map[string]string{},
 	}
-	w.reg, err = in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	w.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		for _, q := range w.cfg.Queues {
@@ -172,7 +185,7 @@ func (in *Instrumentation) WatchDepth(cfg DepthConfig) (*DepthWatcher, error) {
 	return w, nil
 }
 
-func (w *DepthWatcher) run() {
+func (w *depthWatcher) run() {
 	defer close(w.done)
 	t := time.NewTicker(w.cfg.Interval)
 	defer t.Stop()
@@ -188,7 +201,7 @@ func (w *DepthWatcher) run() {
 
 // poll reads every queue once, each within the interval, so a hung broker cannot make
 // rounds pile up.
-func (w *DepthWatcher) poll() {
+func (w *depthWatcher) poll() {
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.Interval)
 	defer cancel()
 	go func() {
@@ -233,16 +246,16 @@ func (w *DepthWatcher) poll() {
 	w.mu.Unlock()
 }
 
-// Rounds returns how many rounds of reads have completed: two more than a caller saw
+// roundsDone returns how many rounds of reads have completed: two more than a caller saw
 // before a change means the values reflect it.
-func (w *DepthWatcher) Rounds() int64 {
+func (w *depthWatcher) roundsDone() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.rounds
 }
 
-// Close stops the reads and the gauges. It waits for a read under way to end.
-func (w *DepthWatcher) Close() error {
+// close stops the reads and the gauges. It waits for a read under way to end.
+func (w *depthWatcher) close() error {
 	var err error
 	w.once.Do(func() {
 		close(w.stop)

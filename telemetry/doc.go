@@ -5,26 +5,31 @@
 // The package depends on the OpenTelemetry API only, so that the library's core compiles
 // no SDK, exporter, gRPC or Prometheus client. Package telemetry/otelsetup is the
 // application's side: its Setup builds the tracer and meter providers from the standard
-// OTEL_* environment variables and installs them and the W3C propagators globally, and
-// Operate adds the queue-depth, connection and readiness wiring. New returns an
-// Instrumentation whose decorators and middleware carry the trace context in a message's
-// headers (traceparent, tracestate):
+// OTEL_* environment variables and installs them and the W3C propagators globally, its
+// Operate adds the queue-depth, connection and readiness wiring, and its Run does both
+// around a stack's Run.
 //
-//   - WrapPublisher: a producer span "send <topic>" per published message;
-//   - WrapDelayer: a producer span "send sluice.delay" per retry or deferral hand-off;
-//   - WrapDeadLetterer: a producer span "send <queue>.dlq" per dead-letter hand-off;
-//   - Observe: a settle span "reject <queue>" per native delayed retry (RabbitMQ 4.3),
-//     which the next attempt this instance consumes continues (heldback.go);
-//   - Middleware: a consumer span "process <queue>" per attempt, which must be the
-//     outermost step of the stack because it puts the reporter that inner steps
-//     report outcomes to into the message context.
+// A router.Stack traces itself from a Config (router.Config.Telemetry; &Config{} reads the
+// global providers); New returns the same Instrumentation for a Watermill router of the
+// user's own (Middleware, Observe) and for a producer (WrapPublisher). The trace context
+// travels in a message's headers (traceparent, tracestate):
+//
+//   - a producer span "send <topic>" per published message (WrapPublisher, and the
+//     stack's outputs);
+//   - a producer span "send sluice.delay" per retry or deferral hand-off, and "send
+//     <queue>.dlq" per dead-letter hand-off, made by the stack;
+//   - a settle span "reject <queue>" per native delayed retry (RabbitMQ 4.3), which the
+//     next attempt this instance consumes continues;
+//   - a consumer span "process <queue>" per attempt (Middleware), which must be the
+//     outermost step because it puts what inner steps report outcomes to (Observe) into
+//     the message context.
 //
 // Each hand-off injects its own span context into the message it sends, so the consumer
 // span of the next attempt is a child of the hand-off span of the previous one.
 //
 // Span attributes follow the OpenTelemetry messaging semantic conventions (semconv
-// v1.43.0) plus sluice's own sluice.* attributes; metrics are the sluice.* instruments
-// listed on New.
+// v1.43.0) plus sluice's own sluice.* attributes; metrics are the instruments listed on
+// New, the queue depths of WatchDepth, and those otelsetup.Operate adds.
 //
 // # Cost
 //
@@ -38,7 +43,7 @@
 // and .name, messaging.destination.name, those a sampler may decide on).
 //
 // The rest is the OpenTelemetry SDK's, and set by choices that are the user's, on the
-// providers given to New (or through OTEL_* variables with otelsetup.Setup).
+// providers in Config (or through OTEL_* variables with otelsetup.Setup).
 // BenchmarkTracingOverhead in router/perf_bench_test.go measures each beside the untraced
 // stack in one run; on a shared 2-core machine, in CPU time a message (BENCHMARKS.md,
 // "Performance targets", has the full table):

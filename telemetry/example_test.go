@@ -23,33 +23,31 @@ import (
 )
 
 // Telemetry wired into a stack on the embedded broker, with in-memory providers instead
-// of exporters: a manual metric reader and a span recorder. A service would use
-// otelsetup.Setup, which builds exporting providers from the OTEL_* variables.
+// of exporters: a manual metric reader and a span recorder. A service leaves the providers
+// out (&telemetry.Config{}) and runs the stack with otelsetup.Run, which installs exporting
+// providers built from the OTEL_* variables.
 func Example() {
 	quiet := slog.New(slog.DiscardHandler)
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	in, err := telemetry.New(
-		telemetry.WithMeterProvider(mp),
-		telemetry.WithTracerProvider(tp),
-		// The trace travels in the message's traceparent header; the global propagator
-		// is a no-op until otelsetup.Setup (or otel.SetTextMapPropagator) installs one.
-		telemetry.WithPropagator(propagation.TraceContext{}),
-		telemetry.WithMessagingSystem("memory"),
-		telemetry.WithEventLog(quiet, telemetry.DefaultLogLimit),
-	)
-	if err != nil {
-		panic(err)
-	}
 
 	b := memory.New(memory.Config{Logger: quiet})
 	defer b.Close()
 	s, _ := router.New(b, router.Config{
-		Logger:    quiet,
-		Telemetry: in, // adds the tracing step and decorates every hand-off
-		Retry:     retry.Config{InitialDelay: 10 * time.Millisecond, Jitter: retry.NoJitter},
+		Logger: quiet,
+		// Adds the tracing step and decorates every hand-off.
+		Telemetry: &telemetry.Config{
+			MeterProvider:  mp,
+			TracerProvider: tp,
+			// The trace travels in the message's traceparent header; the global propagator
+			// is a no-op until otelsetup.Setup (or otel.SetTextMapPropagator) installs one.
+			Propagator:      propagation.TraceContext{},
+			MessagingSystem: "memory",
+			EventLog:        quiet,
+		},
+		Retry: retry.Config{InitialDelay: 10 * time.Millisecond, Jitter: retry.NoJitter},
 	})
 	done := make(chan struct{})
 	_ = s.Handle("charge", "payments", func(msg *message.Message) error {
@@ -65,7 +63,7 @@ func Example() {
 	<-s.Running()
 	_ = b.Publish("payments", message.NewMessage("pay-1", []byte("{}")))
 	<-done
-	_ = s.Close() // waits for the attempt in flight, so its span and metrics are complete
+	_ = s.Close() // waits for the attempt in flight, so its span and duration are recorded
 
 	// Both attempts and the retry hand-off between them form one trace.
 	var names []string
@@ -81,11 +79,11 @@ func Example() {
 	_ = reader.Collect(context.Background(), &rm)
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "sluice.messages" {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "sluice.handler.duration" {
 				var outcomes []string
-				for _, dp := range sum.DataPoints {
+				for _, dp := range h.DataPoints {
 					o, _ := dp.Attributes.Value("outcome")
-					outcomes = append(outcomes, fmt.Sprintf("%s=%d", o.AsString(), dp.Value))
+					outcomes = append(outcomes, fmt.Sprintf("%s=%d", o.AsString(), dp.Count))
 				}
 				slices.Sort(outcomes)
 				fmt.Println(m.Name, outcomes)
@@ -94,5 +92,5 @@ func Example() {
 	}
 	// Output:
 	// spans: [process payments process payments send sluice.delay] traces: 1
-	// sluice.messages [ack=1 retry=1]
+	// sluice.handler.duration [ack=1 retry=1]
 }

@@ -20,7 +20,7 @@ func TestTracing_BatchSpanLinksEachMessagesConsumerSpan(t *testing.T) {
 	e := rabbitEnv(t)
 	ts := newTracingStack(t, false)
 	queue := e.newQueue(t, "test.tracing.batch")
-	start(t, e, router.Config{Telemetry: ts.inst}, func(s *router.Stack) {
+	start(t, e, router.Config{Telemetry: ts.tel}, func(s *router.Stack) {
 		require.NoError(t, s.HandleBatch("bulk", queue, func(context.Context, []*message.Message) []error { return nil },
 			router.WithBatch(3, 5*time.Second)))
 	})

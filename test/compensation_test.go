@@ -70,10 +70,7 @@ func newCompensationRig(t *testing.T, cfg router.Config, fail error, hang bool) 
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rig.spans))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(rig.metrics))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
-	inst, err := telemetry.New(telemetry.WithTracerProvider(tp), telemetry.WithMeterProvider(mp),
-		telemetry.WithPropagator(propagation.TraceContext{}))
-	require.NoError(t, err)
-	cfg.Telemetry = inst
+	cfg.Telemetry = &telemetry.Config{TracerProvider: tp, MeterProvider: mp, Propagator: propagation.TraceContext{}}
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	rig.stack = start(t, e, cfg, func(s *router.Stack) {

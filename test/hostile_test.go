@@ -248,8 +248,7 @@ func startHostileStack(t *testing.T) *hostileStack {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	in, err := telemetry.New(telemetry.WithTracerProvider(tp), telemetry.WithPropagator(propagation.TraceContext{}))
-	require.NoError(t, err)
+	in := &telemetry.Config{TracerProvider: tp, Propagator: propagation.TraceContext{}}
 	guard, err := idempotency.New(idempotency.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = guard.Close() })

@@ -19,12 +19,13 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/health"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
-	"github.com/sluice-go/sluice/telemetry"
 )
 
 // Issue 52: handlers that block without looking at their context. The stack stops waiting
@@ -239,14 +240,15 @@ func TestHung_BoundPausesAndReadyzNamesTheHandler(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
-	health := &telemetry.Health{}
-	srv := httptest.NewServer(health.ReadinessHandler())
+	// The readiness otelsetup.Operate serves: the stack's pauses.
+	var ready health.Health
+	srv := httptest.NewServer(ready.ReadinessHandler())
 	t.Cleanup(srv.Close)
 	cfg := hungPolicy()
-	cfg.MaxAbandoned, cfg.Concurrency, cfg.Health = 2, 2, health
+	cfg.MaxAbandoned, cfg.Concurrency = 2, 2
 	cfg.Retry = retry.Config{MaxRetries: 2, InitialDelay: time.Hour, MaxDelay: time.Hour} // the retries stay away
 	var good atomic.Int64
-	start(t, e, cfg, func(s *router.Stack) {
+	s := start(t, e, cfg, func(s *router.Stack) {
 		require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
 			if string(m.Payload) == "hang" {
 				blockIgnoringContext(release)
@@ -256,6 +258,8 @@ func TestHung_BoundPausesAndReadyzNamesTheHandler(t *testing.T) {
 			return nil
 		}))
 	})
+	v, _ := stackview.Of(s)
+	ready.AddPauses(v.Pauses)
 	e.publish(t, queue, message.NewMessage("h1", []byte("hang")))
 	e.publish(t, queue, message.NewMessage("h2", []byte("hang")))
 	var body string

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/telemetry"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
@@ -32,10 +32,10 @@ func TestJournalDashboard_PanelsReadWhatTelemetryExports(t *testing.T) {
 	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "journal-dashboard"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = providers.Shutdown(context.Background()) })
-	inst, err := providers.Instrumentation()
+	inst, err := otelstep.New(otelstep.Config{TracerProvider: providers.TracerProvider, MeterProvider: providers.MeterProvider})
 	require.NoError(t, err)
-	reg, err := inst.RegisterJournal(func() telemetry.JournalState {
-		return telemetry.JournalState{Restored: 3, RestoreDuration: time.Second, Appended: 2, Failures: 1, Skipped: 1,
+	reg, err := inst.RegisterJournal(func() otelstep.JournalState {
+		return otelstep.JournalState{Restored: 3, RestoreDuration: time.Second, Appended: 2, Failures: 1, Skipped: 1,
 			Lag: time.Millisecond, Unconfirmed: 1, Recreated: 1}
 	})
 	require.NoError(t, err)

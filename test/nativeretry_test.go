@@ -291,7 +291,7 @@ func TestNativeRetryOn43_AttemptsAreOneTraceInJaeger(t *testing.T) {
 	ts := newTracingStack(t, false)
 	queue := e.newQueue(t, "test.native43.traced")
 	var log attemptLog
-	start(t, e, router.Config{Telemetry: ts.inst, Retry: retry.Config{MaxRetries: 3}}, func(s *router.Stack) {
+	start(t, e, router.Config{Telemetry: ts.tel, Retry: retry.Config{MaxRetries: 3}}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
 			if n := log.add(m.UUID); n <= 2 {
 				return fmt.Errorf("gateway: 503 on attempt %d", n)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -63,7 +64,7 @@ func TestDepthSource_PassiveDeclare(t *testing.T) {
 	_, err = src.QueueDepth(ctx, queue)
 	require.NoError(t, err)
 
-	state, ok := rb.(telemetry.ConnectionState)
+	state, ok := rb.(otelstep.ConnectionState)
 	require.True(t, ok)
 	assert.True(t, state.Connected())
 	assert.Zero(t, state.Reconnects())
@@ -109,10 +110,10 @@ func TestManagementDepthAndReadiness(t *testing.T) {
 	src, err := telemetry.NewManagementSource(mgmtURL, "")
 	require.NoError(t, err)
 	ctx := context.Background()
-	var last telemetry.QueueDepth
+	var last sluice.QueueDepth
 	require.Eventually(t, func() bool {
 		last, err = src.QueueDepth(ctx, queue)
-		return err == nil && last == telemetry.QueueDepth{Ready: 3, Unacked: 2, UnackedKnown: true, Consumers: 1}
+		return err == nil && last == sluice.QueueDepth{Ready: 3, Unacked: 2, UnackedKnown: true, Consumers: 1}
 	}, 30*time.Second, 100*time.Millisecond, "ready 3, unacked 2, 1 consumer; last %+v, %v", last, err)
 	_, err = src.QueueDepth(ctx, testenv.Name("obs.missing"))
 	require.ErrorIs(t, err, sluice.ErrQueueNotFound)
@@ -162,7 +163,7 @@ func TestManagementDepthAndReadiness(t *testing.T) {
 			c, body = get("/readyz")
 			return c == http.StatusServiceUnavailable
 		}, 30*time.Second, 50*time.Millisecond, "not ready without the broker")
-		assert.Contains(t, body, "broker: not connected to RabbitMQ")
+		assert.Contains(t, body, "broker: not connected to the broker")
 		assert.True(t, metric(`sluice_connection_up\{[^}]*\} 0\n`))
 		assert.True(t, metric(`sluice_ready\{[^}]*\} 0\n`))
 		c, _ := get("/healthz")

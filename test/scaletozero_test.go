@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/demo/paymentsim"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -123,6 +124,8 @@ func (z *zeroScaler) instance(ctx context.Context, idx int) {
 		fail(err)
 		return
 	}
+	// The journal's figures, as otelsetup.Operate reads them for its metrics.
+	v, _ := stackview.Of(s)
 	// Started up: consuming, and the journal restored (messages wait for the restore).
 	up := make(chan struct{})
 	go func() {
@@ -133,7 +136,7 @@ func (z *zeroScaler) instance(ctx context.Context, idx int) {
 			return
 		}
 		for ctx.Err() == nil {
-			if st, _ := s.JournalState(); st.Restoring == 0 {
+			if st, _ := v.Journal(); st.Restoring == 0 {
 				z.mu.Lock()
 				run.consuming = time.Now()
 				z.mu.Unlock()
@@ -146,7 +149,7 @@ func (z *zeroScaler) instance(ctx context.Context, idx int) {
 	defer cancel()
 	err = s.Run(runCtx)
 	<-up
-	if st, ok := s.JournalState(); ok {
+	if st, ok := v.Journal(); ok {
 		z.mu.Lock()
 		run.restoredKeys, run.restore = st.Restored, st.RestoreDuration
 		z.mu.Unlock()

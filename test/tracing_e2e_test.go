@@ -42,7 +42,8 @@ type tracingStack struct {
 	service   string
 	queryURL  string
 	providers *otelsetup.Providers
-	inst      *telemetry.Instrumentation
+	tel       *telemetry.Config          // a stack's telemetry, on providers
+	inst      *telemetry.Instrumentation // a producer's, on providers
 	jaeger    *jaeger.Client
 }
 
@@ -86,8 +87,9 @@ func newTracingStack(t *testing.T, metrics bool) *tracingStack {
 		defer cancel()
 		assert.NoError(t, p.Shutdown(ctx), "telemetry shutdown")
 	})
-	require.Equal(t, otelsetup.ExporterOTLPHTTP, p.TracesExporter())
-	inst, err := p.Instrumentation()
+	require.Equal(t, "otlp/http", p.TracesExporter())
+	tel := &telemetry.Config{TracerProvider: p.TracerProvider, MeterProvider: p.MeterProvider, Propagator: p.Propagator}
+	inst, err := telemetry.New(*tel)
 	require.NoError(t, err)
 
 	transport := &http.Transport{}
@@ -96,6 +98,7 @@ func newTracingStack(t *testing.T, metrics bool) *tracingStack {
 		service:   service,
 		queryURL:  queryURL,
 		providers: p,
+		tel:       tel,
 		inst:      inst,
 		jaeger:    &jaeger.Client{BaseURL: queryURL, HTTPClient: &http.Client{Transport: transport, Timeout: 5 * time.Second}},
 	}
@@ -233,7 +236,7 @@ func TestTracing_AttemptsOfAMessageAreOneTrace(t *testing.T) {
 			ts := newTracingStack(t, false)
 			queue := e.newQueue(t, "test.tracing.attempts")
 			var calls atomic.Int32
-			start(t, e, router.Config{Telemetry: ts.inst, Retry: tracingRetry(tc.maxRetries)}, func(s *router.Stack) {
+			start(t, e, router.Config{Telemetry: ts.tel, Retry: tracingRetry(tc.maxRetries)}, func(s *router.Stack) {
 				require.NoError(t, s.Handle("attempts", queue, func(m *message.Message) error {
 					if n := int(calls.Add(1)); tc.failures < 0 || n <= tc.failures {
 						return fmt.Errorf("gateway timeout on attempt %d", n)
@@ -346,7 +349,7 @@ func TestTracing_ContextFromAForeignProducer(t *testing.T) {
 	ts := newTracingStack(t, false)
 	queue := e.newQueue(t, "test.tracing.foreign")
 	handled := make(chan string, len(cases))
-	start(t, e, router.Config{Telemetry: ts.inst, Retry: tracingRetry(1)}, func(s *router.Stack) {
+	start(t, e, router.Config{Telemetry: ts.tel, Retry: tracingRetry(1)}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("foreign", queue, func(m *message.Message) error {
 			handled <- m.UUID
 			return nil
@@ -447,7 +450,7 @@ func TestTracing_MetricsOfAKnownRun(t *testing.T) {
 	require.NotEmpty(t, addr, "metrics server address")
 	queue := e.newQueue(t, "test.tracing.metrics")
 	var retried atomic.Bool
-	start(t, e, router.Config{Telemetry: ts.inst, Retry: tracingRetry(3)}, func(s *router.Stack) {
+	start(t, e, router.Config{Telemetry: ts.tel, Retry: tracingRetry(3)}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("metrics", queue, func(m *message.Message) error {
 			switch string(m.Payload) {
 			case "retry-once":
@@ -502,7 +505,7 @@ func TestTracing_DLQReplayContinuesTheTrace(t *testing.T) {
 	queue := e.newQueue(t, "test.tracing.replay")
 	dlq := topology.DLQ(queue)
 	var calls atomic.Int32
-	start(t, e, router.Config{Telemetry: ts.inst, Retry: tracingRetry(1)}, func(s *router.Stack) {
+	start(t, e, router.Config{Telemetry: ts.tel, Retry: tracingRetry(1)}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("replay", queue, func(m *message.Message) error {
 			if calls.Add(1) == 1 {
 				return sluice.Permanent(errors.New("invalid amount: -5"))

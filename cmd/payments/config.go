@@ -12,7 +12,6 @@ import (
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
-	"github.com/sluice-go/sluice/telemetry"
 )
 
 // config is the service's configuration, read from the environment (see docs/getting-started.md, The payment example).
@@ -140,7 +139,8 @@ func loadConfig() (config, error) {
 	if c.stopWhenIdle, err = envDuration("PAYMENTS_STOP_WHEN_IDLE", 0); err != nil {
 		return c, err
 	}
-	if c.depthInterval, err = envDuration("QUEUE_DEPTH_INTERVAL", telemetry.DefaultDepthInterval); err != nil {
+	// Zero: otelsetup's default, 15s.
+	if c.depthInterval, err = envDuration("QUEUE_DEPTH_INTERVAL", 0); err != nil {
 		return c, err
 	}
 	if c.maxKeys, err = envInt("IDEMPOTENCY_MAX_KEYS", 0); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -46,9 +47,10 @@ type service struct {
 	// telemetry are the OpenTelemetry providers: the span exporter and the metrics address.
 	telemetry *otelsetup.Providers
 	closers   []func() error
-	// consuming is true while the stack consumes: /readyz reads it.
-	consuming atomic.Bool
 }
+
+// errStarting is the readiness reason until Operate watches the stack.
+var errStarting = errors.New("starting")
 
 func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (*service, error) {
 	b, err := connectBroker(ctx, cfg, logger)
@@ -61,17 +63,21 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	svc.closers = append(svc.closers, b.Close)
 
 	// Traces go to OTEL_EXPORTER_OTLP_ENDPOINT when it is set; metrics are served on
-	// METRICS_ADDR when it is set.
-	// /readyz answers from the moment Setup returns: the consumer check is in place
-	// before, so the service is not ready until it consumes.
+	// METRICS_ADDR when it is set, with the queue depths (read from the broker, or from
+	// RABBITMQ_MANAGEMENT_URL) once Operate watches the stack.
+	// /readyz answers from the moment Setup returns: the startup check is in place
+	// before, so the service is not ready until Operate's checks take over (consuming,
+	// connected, nothing paused).
+	var operated atomic.Bool
 	health := &telemetry.Health{}
-	health.AddReadyCheck("consumer", func() error {
-		if !svc.consuming.Load() {
-			return errNotConsuming
+	health.AddReadyCheck("startup", func() error {
+		if !operated.Load() {
+			return errStarting
 		}
 		return nil
 	})
-	ocfg := otelsetup.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health}
+	ocfg := otelsetup.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health,
+		ManagementURL: cfg.managementURL, DepthInterval: cfg.depthInterval, Logger: logger}
 	if h.spans != nil {
 		ocfg.SpanProcessors = []sdktrace.SpanProcessor{h.spans}
 	}
@@ -86,17 +92,6 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		defer cancel()
 		return providers.Shutdown(sctx)
 	})
-	inst, err := providers.Instrumentation(telemetry.WithEventLog(logger, telemetry.DefaultLogLimit))
-	if err != nil {
-		_ = svc.close()
-		return nil, fmt.Errorf("telemetry: %w", err)
-	}
-	closers, err := observe(cfg, logger, b, providers, inst)
-	svc.closers = append(svc.closers, closers...)
-	if err != nil {
-		_ = svc.close()
-		return nil, fmt.Errorf("telemetry: %w", err)
-	}
 
 	rcfg := cfg.retry
 	rcfg.OnRetry = h.onRetry
@@ -163,14 +158,13 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	// and a copy on both clusters (its primary confirm lost) is charged once.
 	newStack := func(b router.Broker) (*router.Stack, error) {
 		stack, err := router.New(b, router.Config{
-			Telemetry:   inst,
+			Telemetry:   &telemetry.Config{EventLog: logger}, // on the providers Setup installed
 			Idempotency: guard,
 			Logger:      logger,
 			Retry:       rcfg,
 			Concurrency: cfg.concurrency,
 			Prefetch:    cfg.concurrency * 4,
 			Breakers:    breakers,
-			Health:      health,
 			// PAYMENTS_STOP_WHEN_IDLE: Run returns nil once the queues were empty that long.
 			StopWhenIdle: cfg.stopWhenIdle,
 		})
@@ -207,19 +201,16 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		}
 		svc.closers = append(svc.closers, svc.orders.Book().Close)
 	}
-	// The idempotency journal's metrics (the dashboard's journal row), read through the
-	// stack as otelsetup.Operate reads them.
-	jreg, err := inst.RegisterJournal(func() telemetry.JournalState {
-		st, _ := stack.JournalState()
-		return st
-	})
-	if err != nil {
+	// What the dashboard and alerts read beside the stack's own metrics (the broker
+	// connection, the queue depths, the idempotency journal), a readiness that follows
+	// the stack, and the retry statistics and decision matrix (sluice retries, sluice
+	// policy); Shutdown (a closer above) stops it. After every handler is registered:
+	// Operate reads their queues once.
+	if err := providers.Operate(stack); err != nil {
 		_ = svc.close()
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
-	svc.closers = append(svc.closers, jreg.Unregister)
-	// The retry statistics and the retry decision matrix (sluice retries, sluice policy).
-	providers.ServeStack(stack)
+	operated.Store(true)
 	if cfg.consumeSecondary && cfg.secondaryURL != "" {
 		svc.secondary, err = newSecondary(cfg, logger, newStack)
 		if err != nil {
@@ -267,15 +258,6 @@ func addOrders(stack *router.Stack, cfg config, opts example_order.Options) (*ex
 
 // run consumes until ctx is done, ready (for /readyz) once every handler consumes.
 func (s *service) run(ctx context.Context) error {
-	done, watched := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-s.stack.Running():
-			s.consuming.Store(true)
-		case <-done:
-		}
-	}()
 	var secondaryDone <-chan error
 	if s.secondary != nil {
 		secondaryDone = s.secondary.start(ctx)
@@ -288,15 +270,11 @@ func (s *service) run(ctx context.Context) error {
 			err = serr
 		}
 	}
-	close(done)
-	<-watched
-	s.consuming.Store(false)
 	return err
 }
 
 // close stops consuming (in-flight payments finish) and closes the broker.
 func (s *service) close() error {
-	s.consuming.Store(false)
 	var err error
 	if s.stack != nil {
 		err = s.stack.Close()

@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/waterfall"
 	"github.com/sluice-go/sluice/internal/waterfall/sdkspan"
-	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // demoWidth is the width the demo's output keeps to: an 80-column terminal.
@@ -135,7 +134,7 @@ type closing struct {
 	broker      string   // the broker's name: "memory" is the embedded one
 	queue       string   // the consumed queue
 	dead        int      // this run's dead letters
-	exporter    string   // otelsetup's span exporter
+	exporter    string   // otelsetup's span exporter (Providers.TracesExporter)
 	metricsAddr string   // where /metrics was served, "" when it was not
 	jaegerUI    string   // Jaeger's UI, for the trace links
 	traces      []string // the trace ids drawn above
@@ -163,7 +162,7 @@ func printClosing(w io.Writer, c closing) {
 		}
 		fmt.Fprintf(w, "%s\n  go run ./cmd/sluice console --queue %s\n", lead, c.queue)
 	}
-	if c.exporter == otelsetup.ExporterNone {
+	if c.exporter == exporterNone {
 		if embedded {
 			fmt.Fprintln(w, "(with AMQP_URL and OTEL_EXPORTER_OTLP_ENDPOINT set, this run's traces go to\n"+
 				"Jaeger and the console shows them: docs/getting-started.md)")
@@ -180,10 +179,14 @@ func printClosing(w io.Writer, c closing) {
 	switch {
 	case c.metricsAddr != "":
 		fmt.Fprintf(w, "Metrics were served on http://%s/metrics while the demo ran.\n", c.metricsAddr)
-	case !embedded || c.exporter != otelsetup.ExporterNone:
+	case !embedded || c.exporter != exporterNone:
 		fmt.Fprintln(w, "Set METRICS_ADDR (such as 127.0.0.1:9464) to serve the metrics on /metrics.")
 	}
 }
+
+// exporterNone is what otelsetup's Providers.TracesExporter says when spans are not
+// exported.
+const exporterNone = "none"
 
 // jaegerUIURL is Jaeger's UI for the trace links: JAEGER_UI_URL, else JAEGER_QUERY_URL
 // (Jaeger serves both on one port), else jaeger.DefaultQueryURL; its password masked.

@@ -7,8 +7,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
-
-	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 func TestPrintClosing(t *testing.T) {
@@ -21,7 +19,7 @@ func TestPrintClosing(t *testing.T) {
 	}{
 		{
 			name: "embedded, no exporter: the dead letters end with the process",
-			c:    closing{broker: "memory", queue: "payments.requested", dead: 57, exporter: otelsetup.ExporterNone, traces: []string{id1, id2}},
+			c:    closing{broker: "memory", queue: "payments.requested", dead: 57, exporter: exporterNone, traces: []string{id1, id2}},
 			want: []string{
 				"The embedded broker ends with this process: its 57 dead letters (in\npayments.requested.dlq) are gone now.",
 				"Run against RabbitMQ (AMQP_URL) to keep them and read them with sluice dlq list",
@@ -31,13 +29,13 @@ func TestPrintClosing(t *testing.T) {
 		},
 		{
 			name:    "embedded without dead letters",
-			c:       closing{broker: "memory", queue: "q", exporter: otelsetup.ExporterNone},
+			c:       closing{broker: "memory", queue: "q", exporter: exporterNone},
 			want:    []string{"The embedded broker ends with this process"},
 			notWant: []string{"dead letters (in", "sluice console"},
 		},
 		{
 			name: "rabbitmq, OTLP, metrics: Jaeger links, the console, the metrics",
-			c: closing{broker: "rabbitmq", queue: "payments.requested", dead: 3, exporter: otelsetup.ExporterOTLPHTTP,
+			c: closing{broker: "rabbitmq", queue: "payments.requested", dead: 3, exporter: "otlp/http",
 				metricsAddr: "127.0.0.1:9464", jaegerUI: "http://127.0.0.1:16686/", traces: []string{id1, id2}},
 			want: []string{
 				"3 dead letters of this run are in payments.requested.dlq. Read them with:\n  go run ./cmd/sluice dlq list --queue payments.requested\n",
@@ -50,7 +48,7 @@ func TestPrintClosing(t *testing.T) {
 		},
 		{
 			name:    "rabbitmq without telemetry says how to get it",
-			c:       closing{broker: "rabbitmq", queue: "q", exporter: otelsetup.ExporterNone},
+			c:       closing{broker: "rabbitmq", queue: "q", exporter: exporterNone},
 			want:    []string{"shows dead letters, traces too:\n  go run ./cmd/sluice console --queue q\n", "Set OTEL_EXPORTER_OTLP_ENDPOINT", "Set METRICS_ADDR"},
 			notWant: []string{"/trace/", "dead letters of this run"},
 		},

@@ -13,15 +13,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/policy"
-	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // fakeJournalService serves, as a service's metrics server does, state's journal metrics
 // through the real exporter (so the names are the ones sluice journal must read) and a
 // description in which handler "pay" journals on journal (none when journal is empty).
-func fakeJournalService(t *testing.T, state telemetry.JournalState, journal string) string {
+func fakeJournalService(t *testing.T, state otelstep.JournalState, journal string) string {
 	t.Helper()
 	t.Setenv("OTEL_TRACES_EXPORTER", "none")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
@@ -30,9 +30,9 @@ func fakeJournalService(t *testing.T, state telemetry.JournalState, journal stri
 	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "journal-cli"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = providers.Shutdown(context.Background()) })
-	inst, err := providers.Instrumentation()
+	inst, err := otelstep.New(otelstep.Config{TracerProvider: providers.TracerProvider, MeterProvider: providers.MeterProvider})
 	require.NoError(t, err)
-	reg, err := inst.RegisterJournal(func() telemetry.JournalState { return state })
+	reg, err := inst.RegisterJournal(func() otelstep.JournalState { return state })
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = reg.Unregister() })
 	desc := policy.Description{Handlers: []policy.HandlerDescription{{Name: "pay", Queue: "cli.pay", Idempotency: &policy.IdempotencyDescription{Journal: journal}}}}
@@ -48,11 +48,11 @@ func fakeJournalService(t *testing.T, state telemetry.JournalState, journal stri
 }
 
 func TestJournal_FromTheService(t *testing.T) {
-	state := telemetry.JournalState{Restored: 812, RestoreDuration: 2 * time.Second, Appended: 40, Failures: 2, Skipped: 1,
+	state := otelstep.JournalState{Restored: 812, RestoreDuration: 2 * time.Second, Appended: 40, Failures: 2, Skipped: 1,
 		Lag: 120 * time.Millisecond, Recreated: 1}
 	tests := []struct {
 		name    string
-		state   telemetry.JournalState
+		state   otelstep.JournalState
 		journal string
 		args    []string
 		check   func(t *testing.T, base, out string)
@@ -63,10 +63,10 @@ func TestJournal_FromTheService(t *testing.T) {
 			assert.Regexp(t, `INSTANCE\s+HANDLERS\s+STATE\s+RESTORED KEYS\s+RESTORE DURATION\s+LAG\s+UNCONFIRMED\s+APPENDED\s+PUBLISH FAILURES\s+SKIPPED\s+RECREATED`, out)
 			assert.Regexp(t, `this service\s+pay\s+ready\s+812\s+2s\s+120ms\s+0\s+40\s+2\s+1\s+1\n`, out)
 		}},
-		{name: "restoring", state: telemetry.JournalState{Restoring: 1, Restored: 3}, journal: "sluice.idempotency.cli.pay", check: func(t *testing.T, _, out string) {
+		{name: "restoring", state: otelstep.JournalState{Restoring: 1, Restored: 3}, journal: "sluice.idempotency.cli.pay", check: func(t *testing.T, _, out string) {
 			assert.Regexp(t, `this service\s+pay\s+restoring\s+3\s`, out)
 		}},
-		{name: "no journal", state: telemetry.JournalState{}, check: func(t *testing.T, _, out string) {
+		{name: "no journal", state: otelstep.JournalState{}, check: func(t *testing.T, _, out string) {
 			assert.Contains(t, out, "No handler of the service journals its idempotency keys")
 			assert.NotContains(t, out, "INSTANCE")
 		}},

@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
@@ -40,18 +41,7 @@ func main() {
 // ctx ends, publishing a succeeded event per payment to output, and serves the metrics and
 // health endpoints on metricsAddr ("" for none).
 func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
-	logger := slog.Default()
-	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "quickstart", MetricsAddr: metricsAddr})
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer func() { _ = providers.Shutdown(context.Background()) }() // flushes the spans
-	inst, err := providers.Instrumentation()
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-
-	broker, err := amqp.Connect(ctx, os.Getenv("AMQP_URL"), logger) // RabbitMQ at AMQP_URL
+	broker, err := amqp.Connect(ctx, os.Getenv("AMQP_URL"), nil) // RabbitMQ at AMQP_URL
 	if err != nil {
 		return fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
@@ -69,9 +59,8 @@ func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
 	}
 
 	stack, err := router.New(broker, router.Config{
-		Logger:      logger,
 		Retry:       retry.Config{MaxRetries: 5, InitialDelay: time.Second, MaxDelay: time.Minute},
-		Telemetry:   inst,
+		Telemetry:   &telemetry.Config{}, // traces and metrics through the providers otelsetup installs
 		Idempotency: guard,
 		Breakers:    breakers,
 	})
@@ -88,13 +77,10 @@ func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
 	if err != nil {
 		return err
 	}
-	// Queue depths, the connection, and a /readyz that follows consumption and pauses.
-	ops, err := providers.Operate(otelsetup.OperateConfig{Stack: stack, Broker: broker, Instrumentation: inst})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = ops.Close() }()
-	return stack.Run(ctx) // declares the queues, consumes until ctx ends
+	// Installs the OpenTelemetry SDK, serves /metrics, /healthz and /readyz (following
+	// consumption, pauses and the connection), reports queue depths, and consumes until
+	// ctx ends; the spans are flushed on the way out.
+	return otelsetup.Run(ctx, stack, otelsetup.Config{ServiceName: "quickstart", MetricsAddr: metricsAddr})
 }
 
 type request struct {

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
@@ -74,8 +75,8 @@ func TestLive_RetriedMessageIsOneTrace(t *testing.T) {
 
 	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: service})
 	require.NoError(t, err)
-	require.Equal(t, otelsetup.ExporterOTLPHTTP, p.TracesExporter())
-	in, err := p.Instrumentation()
+	require.Equal(t, "otlp/http", p.TracesExporter())
+	in, err := otelstep.New(otelstep.Config{TracerProvider: p.TracerProvider, MeterProvider: p.MeterProvider, Propagator: p.Propagator})
 	require.NoError(t, err)
 
 	first := message.NewMessage("live-1", []byte("{}"))

@@ -90,7 +90,7 @@ const (
 )
 
 // MetricAttrErrorType labels retries, dead letters and failed operations. Its values are
-// capped; see telemetry.WithErrorTypeLimit.
+// capped; see telemetry.Config.ErrorTypeLimit.
 var MetricAttrErrorType = semconv.ErrorTypeKey
 
 // Connection metrics.
@@ -119,11 +119,11 @@ const (
 	MetricJournalRecreated = "sluice.idempotency.journal.recreated"
 )
 
-// Queue depth metrics, read from the broker by a telemetry.DepthWatcher.
+// Queue depth metrics, read from the broker by telemetry.WatchDepth.
 const (
 	// MetricQueueDepth is the number of messages in a queue (queue, kind, state): state
 	// "ready" (waiting for a consumer) or "unacked" (delivered, not yet acknowledged; only
-	// from a source that knows it, see telemetry.QueueDepth.UnackedKnown).
+	// from a source that knows it, see sluice.QueueDepth.UnackedKnown).
 	MetricQueueDepth = "sluice.queue.depth"
 	// MetricQueueConsumers is the number of consumers of a queue (queue, kind).
 	MetricQueueConsumers = "sluice.queue.consumers"

@@ -22,8 +22,11 @@ import (
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
-// *router.Stack is what ServeStack serves.
-var _ otelsetup.DebugStack = (*router.Stack)(nil)
+// The debug endpoints' paths, as docs/operations.md names them.
+const (
+	retriesPath = otelsetup.DebugPrefix + "retries"
+	policyPath  = otelsetup.DebugPrefix + "policy"
+)
 
 // debugStack returns a stack with one handler, its retry statistics (nil: none) holding
 // one failure of handler "orders".
@@ -52,7 +55,9 @@ func debugStack(t *testing.T, stats *retrystats.Stats) *router.Stack {
 	return s
 }
 
-func TestProviders_ServeStack(t *testing.T) {
+// The debug endpoints serve the stack Operate was last given, on the metrics server and
+// on DebugHandler, and say why when there is nothing to serve.
+func TestOperate_ServesTheStacksDebugEndpoints(t *testing.T) {
 	clearOTelEnv(t)
 	restoreGlobals(t)
 	t.Setenv("OTEL_TRACES_EXPORTER", "none")
@@ -80,17 +85,17 @@ func TestProviders_ServeStack(t *testing.T) {
 		status int
 		want   string
 	}{
-		{name: "nothing served yet", path: otelsetup.PolicyPath, status: 404, want: "Providers.ServeStack"},
-		{name: "no such endpoint", path: otelsetup.DebugPrefix + "nope", status: 404, want: otelsetup.RetriesPath},
-		{name: "a stack without statistics", stack: debugStack(t, nil), path: otelsetup.RetriesPath, status: 404, want: "Retry.Stats"},
-		{name: "its policy", path: otelsetup.PolicyPath, status: 200, want: `"queue": "debug.orders"`},
-		{name: "a stack with statistics", stack: debugStack(t, stats), path: otelsetup.RetriesPath, status: 200, want: `"error_type": "timeout"`},
-		{name: "its policy as Markdown", path: otelsetup.PolicyPath + "?format=markdown", status: 200, want: "| 2 | 3 | 2s | 2s – 2s | 3s |"},
+		{name: "nothing served yet", path: policyPath, status: 404, want: "Providers.Operate"},
+		{name: "no such endpoint", path: otelsetup.DebugPrefix + "nope", status: 404, want: retriesPath},
+		{name: "a stack without statistics", stack: debugStack(t, nil), path: retriesPath, status: 404, want: "Retry.Stats"},
+		{name: "its policy", path: policyPath, status: 200, want: `"queue": "debug.orders"`},
+		{name: "a stack with statistics", stack: debugStack(t, stats), path: retriesPath, status: 200, want: `"error_type": "timeout"`},
+		{name: "its policy as Markdown", path: policyPath + "?format=markdown", status: 200, want: "| 2 | 3 | 2s | 2s – 2s | 3s |"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.stack != nil {
-				p.ServeStack(tc.stack)
+				require.NoError(t, p.Operate(tc.stack))
 			}
 			for _, base := range []string{"http://" + p.MetricsAddr(), own.URL} {
 				status, body := get(t, base+tc.path)
@@ -114,12 +119,10 @@ func TestOperate_ServesTheStack(t *testing.T) {
 	t.Cleanup(func() { shutdown(t, p) })
 	stats, err := retrystats.New(retrystats.Config{})
 	require.NoError(t, err)
-	ops, err := p.Operate(otelsetup.OperateConfig{Stack: debugStack(t, stats)})
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, ops.Close()) })
+	require.NoError(t, p.Operate(debugStack(t, stats)))
 	srv := httptest.NewServer(p.DebugHandler())
 	t.Cleanup(srv.Close)
-	resp, err := http.Get(srv.URL + otelsetup.RetriesPath + "?handler=orders")
+	resp, err := http.Get(srv.URL + retriesPath + "?handler=orders")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, 200, resp.StatusCode)

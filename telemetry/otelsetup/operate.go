@@ -1,173 +1,143 @@
 package otelsetup
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/internal/otelstep"
+	"github.com/sluice-go/sluice/internal/stackview"
+	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
-// Errors of Operate.
+// Readiness reasons of Operate's checks.
 var (
-	// ErrNoStack is returned by Operate without OperateConfig.Stack.
-	ErrNoStack = errors.New("otelsetup: Operate needs the stack it watches")
-	// ErrNotConsuming is the readiness reason while the stack does not consume.
-	ErrNotConsuming = errors.New("not consuming")
-	// ErrNotConnected is the readiness reason while the broker's connection is down.
-	ErrNotConnected = errors.New("not connected to the broker")
+	errNotConsuming = errors.New("not consuming")
+	errNotConnected = errors.New("not connected to the broker")
 )
 
-// Stack is what Operate reads of a service's stack; *router.Stack is one.
-type Stack interface {
-	// Consuming reports whether the stack consumes now.
-	Consuming() bool
-	// PausedHandlers returns the handlers a breaker has paused.
-	PausedHandlers() []string
-	// ConsumedQueues returns the queues the handlers consume.
-	ConsumedQueues() []string
-}
-
-// JournalStack is a stack whose idempotency step may keep a journal; *router.Stack is one.
-type JournalStack interface {
-	// JournalState returns the journal's figures, and false when the stack keeps none.
-	JournalState() (telemetry.JournalState, bool)
-}
-
-// OperateConfig configures Operate. Only Stack is required.
-type OperateConfig struct {
-	// Stack is the stack whose consumption and pauses readiness follows and whose queues'
-	// depths are watched. Required; register its handlers before calling Operate, since
-	// the queues are read once.
-	Stack Stack
-	// Broker is the stack's broker (router.Stack.Broker()). When it reports its
-	// connection (telemetry.ConnectionState: RabbitMQ's does), sluice_connection_up and
-	// sluice_connection_reconnects_total are reported and readiness follows the
-	// connection; when it reads queue depths (telemetry.DepthSource: both brokers do),
-	// sluice_queue_depth and sluice_queue_consumers are. Nil means neither.
-	Broker any
-	// Instrumentation records the metrics; it must be built on these Providers (the one
-	// given to router.Config.Telemetry). Nil means a new one from Providers.Instrumentation.
-	Instrumentation *telemetry.Instrumentation
-	// ManagementURL, when set, reads depths from RabbitMQ's management API instead of the
-	// broker (which then also reports unacknowledged messages); see
-	// telemetry.NewManagementSource.
-	ManagementURL string
-	// DepthInterval is how often depths are read. Zero means
-	// telemetry.DefaultDepthInterval.
-	DepthInterval time.Duration
-	// Logger receives the depth watcher's lines. Nil means slog.Default().
-	Logger *slog.Logger
-}
-
-// Operations is what Operate started; Close stops it.
-type Operations struct {
-	closers []func() error
-}
-
-// Operate gives a service, in one call, what the shipped Grafana dashboard and
-// Prometheus alert rules (deploy/) read beside the per-message metrics, and a readiness
-// that follows the service's state:
+// Operate gives a service, in one call, what the shipped Grafana dashboard and Prometheus
+// alert rules (deploy/) read beside the metrics the stack reports itself, and a readiness
+// that follows the stack's state:
 //
-//   - readiness (/readyz, sluice_ready) fails while the stack does not consume, while a
-//     breaker has paused one of its handlers, and while the broker's connection is down;
-//   - sluice_connection_up and sluice_connection_reconnects_total from the broker;
+//   - the stack's telemetry (router.Config.Telemetry without providers of its own) reports
+//     to these providers, even when the stack was built before Setup;
+//   - sluice_connection_up and sluice_connection_reconnects_total from the stack's broker
+//     (RabbitMQ's reports its connection), and, for a stack whose idempotency step keeps
+//     a journal, the sluice_idempotency_journal_* metrics (the dashboard's journal row);
+//   - readiness (/readyz, sluice_ready) fails while the stack does not consume, while
+//     something paused it (a breaker open, an idempotency journal restoring, a handler
+//     stuck with abandoned attempts: "paused by handler payments: ..."), and while the
+//     broker's connection is down (RabbitMQ's reports it);
 //   - sluice_queue_depth and sluice_queue_consumers of every consumed queue, its
-//     dead-letter queue and archive, and sluice.unrouted (the dashboard's DLQ panels);
-//   - for a stack that is a DebugStack (*router.Stack is), its retry statistics and retry
-//     decision matrix on RetriesPath and PolicyPath (ServeStack);
-//   - for a stack that is a JournalStack with an idempotency step, the
-//     sluice_idempotency_journal_* metrics (the dashboard's journal row).
+//     dead-letter queue and archive, and sluice.unrouted (the dashboard's DLQ panels),
+//     read from the stack's broker or from Config.ManagementURL every
+//     Config.DepthInterval, from the moment the stack consumes;
+//   - the stack's retry statistics and retry decision matrix on /debug/sluice/retries
+//     and /debug/sluice/policy (DebugHandler, and the metrics server).
 //
-// Call it after the stack's handlers are registered and before Stack.Run; from then on
-// the service is not ready until Run consumes. Between Setup and Operate the Health has
-// only the checks Config.Health brought: a service whose probe must not read ready in
-// that window passes a Health whose check already fails, as Config.Health says. Close stops the depth reads and unregisters the
-// connection metrics; the readiness checks stay, and fail once the stack stops.
-func (p *Providers) Operate(cfg OperateConfig) (*Operations, error) {
-	if cfg.Stack == nil {
-		return nil, ErrNoStack
+// Call it after the stack's handlers are registered (their queues are read once) and
+// before Stack.Run; from then on the service is not ready until Run consumes. Between
+// Setup and Operate the Health has only the checks Config.Health brought: a service whose
+// probe must not read ready in that window passes a Health whose check already fails, as
+// Config.Health says; Run leaves no such window. Shutdown stops what Operate started; the
+// readiness checks stay, and fail once the stack stops.
+func (p *Providers) Operate(stack *router.Stack) error {
+	v, ok := stackview.Of(stack)
+	if !ok {
+		return errors.New("otelsetup: Operate needs the stack it operates, got nil")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	inst := cfg.Instrumentation
-	if inst == nil {
-		var err error
-		if inst, err = p.Instrumentation(); err != nil {
-			return nil, err
-		}
-	}
-	health := p.Health()
-	stack := cfg.Stack
-	if ds, ok := stack.(DebugStack); ok {
-		p.ServeStack(ds)
-	}
-	health.AddReadyCheck("consumer", func() error {
-		if !stack.Consuming() {
-			return ErrNotConsuming
-		}
-		return nil
-	})
-	health.AddReadyCheck("breaker", func() error {
-		if paused := stack.PausedHandlers(); len(paused) > 0 {
-			return fmt.Errorf("handler paused while its breaker is open: %s", strings.Join(paused, ", "))
-		}
-		return nil
-	})
-
-	ops := &Operations{}
-	if state, ok := cfg.Broker.(telemetry.ConnectionState); ok {
-		reg, err := inst.RegisterConnection(state)
+	source, _ := v.Broker.(telemetry.DepthSource)
+	if p.managementURL != "" {
+		ms, err := telemetry.NewManagementSource(p.managementURL, "")
 		if err != nil {
-			return nil, err
+			return err
 		}
-		ops.closers = append(ops.closers, reg.Unregister)
-		health.AddReadyCheck("broker", func() error {
+		source = ms
+	}
+	inst := v.Telemetry
+	if inst != nil {
+		if err := inst.Rebind(); err != nil {
+			return fmt.Errorf("otelsetup: move the stack's telemetry to these providers: %w", err)
+		}
+	} else {
+		// A stack without telemetry still gets the operations metrics, on these providers.
+		var err error
+		if inst, err = otelstep.New(otelstep.Config{TracerProvider: p.TracerProvider, MeterProvider: p.MeterProvider}); err != nil {
+			return err
+		}
+	}
+	if err := p.registerOperations(inst, v); err != nil {
+		return err
+	}
+	h := p.healthOf()
+	h.AddPauses(v.Pauses)
+	h.AddReadyCheck("consumer", func() error {
+		if !stack.Consuming() {
+			return errNotConsuming
+		}
+		return nil
+	})
+	if state, ok := v.Broker.(otelstep.ConnectionState); ok {
+		h.AddReadyCheck("broker", func() error {
 			if !state.Connected() {
-				return ErrNotConnected
+				return errNotConnected
 			}
 			return nil
 		})
 	}
+	p.debug.set(retriesPath, v.Retries)
+	p.debug.set(policyPath, v.Policy)
 
-	if js, ok := stack.(JournalStack); ok {
-		if _, keeps := js.JournalState(); keeps {
-			reg, err := inst.RegisterJournal(func() telemetry.JournalState {
-				st, _ := js.JournalState()
-				return st
-			})
-			if err != nil {
-				_ = ops.Close()
-				return nil, err
-			}
-			ops.closers = append(ops.closers, reg.Unregister)
-		}
+	consumed, deadLettered := v.Queues()
+	if source == nil || len(consumed) == 0 {
+		return nil
 	}
+	cfg := telemetry.DepthConfig{Source: source, Queues: depthQueues(consumed, deadLettered),
+		Interval: p.depthInterval, Logger: p.logger, MeterProvider: p.MeterProvider}
+	p.watchOnceConsuming(stack, cfg)
+	return nil
+}
 
-	source, _ := cfg.Broker.(telemetry.DepthSource)
-	if cfg.ManagementURL != "" {
-		ms, err := telemetry.NewManagementSource(cfg.ManagementURL, "")
+// registerOperations reports the broker's connection, when it reports one, and the
+// idempotency journal, when the stack keeps one; Shutdown unregisters them.
+func (p *Providers) registerOperations(inst *otelstep.Instrumentation, v stackview.View) error {
+	if state, ok := v.Broker.(otelstep.ConnectionState); ok {
+		reg, err := inst.RegisterConnection(state)
 		if err != nil {
-			_ = ops.Close()
-			return nil, err
+			return err
 		}
-		source = ms
+		p.addStop(func(context.Context) error { return reg.Unregister() })
 	}
-	if queues := stack.ConsumedQueues(); source != nil && len(queues) > 0 {
-		dcfg := telemetry.DepthConfig{
-			Source: source, Queues: telemetry.DepthQueuesFor(queues...),
-			Interval: cfg.DepthInterval, Logger: cfg.Logger,
+	if _, keeps := v.Journal(); keeps {
+		reg, err := inst.RegisterJournal(func() otelstep.JournalState {
+			st, _ := v.Journal()
+			return st
+		})
+		if err != nil {
+			return err
 		}
-		if err := dcfg.Validate(); err != nil {
-			_ = ops.Close()
-			return nil, err
-		}
-		ops.watchOnceConsuming(inst, stack, dcfg)
+		p.addStop(func(context.Context) error { return reg.Unregister() })
 	}
-	return ops, nil
+	return nil
+}
+
+// depthQueues are the queues an operator watches: each consumed queue, the dead-letter
+// queue and archive of each dead-lettered one, and sluice.unrouted.
+func depthQueues(consumed, deadLettered []string) []telemetry.DepthQueue {
+	all := telemetry.DepthQueuesFor(deadLettered...)
+	out := make([]telemetry.DepthQueue, 0, len(consumed)+len(all))
+	for _, q := range consumed {
+		out = append(out, telemetry.DepthQueue{Name: q, Kind: "consumed"})
+	}
+	for _, q := range all {
+		if q.Kind != "consumed" { // the consumed ones are above, partitions included
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 // consumingPoll is how often Operate looks whether the stack consumes yet.
@@ -175,10 +145,10 @@ const consumingPoll = 50 * time.Millisecond
 
 // watchOnceConsuming starts the depth watcher once the stack consumes: Run declares the
 // queues, and a first read before would find none of them and wait a whole interval to
-// read again.
-func (o *Operations) watchOnceConsuming(inst *telemetry.Instrumentation, stack Stack, cfg telemetry.DepthConfig) {
+// read again. Shutdown stops it.
+func (p *Providers) watchOnceConsuming(stack *router.Stack, cfg telemetry.DepthConfig) {
 	stop, done := make(chan struct{}), make(chan struct{})
-	var watcher *telemetry.DepthWatcher
+	var stopWatch func() error
 	go func() {
 		defer close(done)
 		t := time.NewTicker(consumingPoll)
@@ -190,29 +160,19 @@ func (o *Operations) watchOnceConsuming(inst *telemetry.Instrumentation, stack S
 			case <-t.C:
 			}
 		}
-		w, err := inst.WatchDepth(cfg)
+		s, err := telemetry.WatchDepth(cfg)
 		if err != nil {
-			cfg.Logger.Error("queue depths not reported", "error", err)
+			p.logger.Error("queue depths not reported", "error", err)
 			return
 		}
-		watcher = w
+		stopWatch = s
 	}()
-	o.closers = append(o.closers, func() error {
+	p.addStop(func(context.Context) error {
 		close(stop)
 		<-done
-		if watcher == nil {
+		if stopWatch == nil {
 			return nil
 		}
-		return watcher.Close()
+		return stopWatch()
 	})
-}
-
-// Close stops what Operate started, last started first, and returns their errors.
-func (o *Operations) Close() error {
-	var errs []error
-	for i := len(o.closers) - 1; i >= 0; i-- {
-		errs = append(errs, o.closers[i]())
-	}
-	o.closers = nil
-	return errors.Join(errs...)
 }

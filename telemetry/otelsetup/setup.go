@@ -1,8 +1,8 @@
 // Package otelsetup is what an application imports to run the OpenTelemetry SDK for
 // sluice: tracer and meter providers built from the OTEL_* environment, an OTLP span
 // exporter, a Prometheus registry, and an HTTP server for /metrics, /healthz and /readyz
-// (and, once Providers.ServeStack gave it a stack, /debug/sluice/retries and
-// /debug/sluice/policy).
+// (and, once Providers.Operate gave it a stack, /debug/sluice/retries and
+// /debug/sluice/policy). Run does all of it for a stack in one call.
 // Package telemetry, which the library's core imports, depends on the OpenTelemetry API
 // only; a program that does not import otelsetup compiles no SDK, exporter, gRPC or
 // Prometheus client.
@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -27,12 +28,15 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
+	"github.com/sluice-go/sluice/internal/health"
+	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -42,15 +46,30 @@ const defaultServiceName = "sluice"
 
 // The values TracesExporter reports.
 const (
-	// ExporterNone: spans are created (trace context still propagates) but not exported.
-	ExporterNone = "none"
-	// ExporterOTLPHTTP: spans are exported with OTLP over HTTP (protobuf).
-	ExporterOTLPHTTP = "otlp/http"
-	// ExporterOTLPGRPC: spans are exported with OTLP over gRPC.
-	ExporterOTLPGRPC = "otlp/grpc"
+	// exporterNone: spans are created (trace context still propagates) but not exported.
+	exporterNone = "none"
+	// exporterOTLPHTTP: spans are exported with OTLP over HTTP (protobuf).
+	exporterOTLPHTTP = "otlp/http"
+	// exporterOTLPGRPC: spans are exported with OTLP over gRPC.
+	exporterOTLPGRPC = "otlp/grpc"
 )
 
-// Config configures Setup. The OTEL_* environment variables configure the rest: the
+// Health paths served beside /metrics.
+const (
+	// livenessPath answers 200 while the process serves HTTP at all (Kubernetes'
+	// livenessProbe: restart the pod when it does not).
+	livenessPath = "/healthz"
+	// readinessPath answers 200 when every readiness check passes and nothing paused
+	// consuming, else 503 naming what is not ready (Kubernetes' readinessProbe).
+	readinessPath = "/readyz"
+)
+
+// minDepthInterval is the shortest Config.DepthInterval, telemetry.DepthConfig's: every
+// read is a round trip to the broker.
+const minDepthInterval = 500 * time.Millisecond
+
+// Config configures Setup, and what Operate starts. The OTEL_* environment variables
+// configure the rest: the
 // OTLP endpoint, protocol, headers and timeouts (OTEL_EXPORTER_OTLP_*), the sampler
 // (OTEL_TRACES_SAMPLER), the batch span processor (OTEL_BSP_*), resource attributes
 // (OTEL_RESOURCE_ATTRIBUTES) and service.name (OTEL_SERVICE_NAME).
@@ -73,6 +92,16 @@ type Config struct {
 	// an in-memory recorder, for a program that shows its own traces. Shutdown shuts them
 	// down with the tracer provider.
 	SpanProcessors []sdktrace.SpanProcessor
+	// ManagementURL, when set, makes Operate read queue depths from RabbitMQ's management
+	// API (see telemetry.NewManagementSource), which also reports unacknowledged messages,
+	// instead of from the stack's broker. Empty means the broker.
+	ManagementURL string
+	// DepthInterval is how often Operate reads the queue depths. Zero means 15s; below
+	// 500ms Setup fails.
+	DepthInterval time.Duration
+	// Logger receives the lines of what Operate starts (a queue missing, its depth
+	// unreadable). Nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // Providers are the tracer and meter providers Setup built and installed globally.
@@ -86,16 +115,22 @@ type Providers struct {
 	// Resource describes this process (service.name and the rest) on every span and metric.
 	Resource *resource.Resource
 
-	exporter     string
-	health       *telemetry.Health
-	closeIdle    func()
-	registry     *prometheus.Registry
-	server       *http.Server
-	listener     net.Listener
-	serveDone    chan struct{}
-	shutdownOnce sync.Once
-	shutdownErr  error
-	debug        debugMux // ServeStack's endpoints (debug.go)
+	exporter      string
+	health        *telemetry.Health
+	managementURL string
+	depthInterval time.Duration
+	logger        *slog.Logger
+	closeIdle     func()
+	registry      *prometheus.Registry
+	server        *http.Server
+	listener      net.Listener
+	serveDone     chan struct{}
+	shutdownOnce  sync.Once
+	shutdownErr   error
+	debug         debugMux // Operate's endpoints (debug.go)
+
+	stopMu sync.Mutex
+	stops  []func(context.Context) error // what Operate started, stopped by Shutdown
 }
 
 // Setup builds the providers from cfg and the OTEL_* environment, installs them and the
@@ -110,6 +145,9 @@ type Providers struct {
 //
 // The caller must call Shutdown, which flushes spans and stops the metrics server.
 func Setup(ctx context.Context, cfg Config) (*Providers, error) {
+	if cfg.DepthInterval < 0 || (cfg.DepthInterval > 0 && cfg.DepthInterval < minDepthInterval) {
+		return nil, fmt.Errorf("otelsetup: Config.DepthInterval %s is below the minimum %s", cfg.DepthInterval, minDepthInterval)
+	}
 	res, err := newResource(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -119,6 +157,13 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		Resource:   res,
 		registry:   prometheus.NewRegistry(),
 		health:     cfg.Health,
+
+		managementURL: cfg.ManagementURL,
+		depthInterval: cfg.DepthInterval,
+		logger:        cfg.Logger,
+	}
+	if p.logger == nil {
+		p.logger = slog.Default()
 	}
 	if p.health == nil {
 		p.health = &telemetry.Health{}
@@ -147,7 +192,7 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 		return nil, fmt.Errorf("create prometheus exporter: %w", err)
 	}
 	p.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(reader))
-	if err := telemetry.RegisterReady(p.MeterProvider.Meter(telemetry.ScopeName), p.health); err != nil {
+	if err := registerReady(p.MeterProvider.Meter(telemetry.ScopeName), p.healthOf()); err != nil {
 		_ = p.TracerProvider.Shutdown(ctx)
 		_ = p.MeterProvider.Shutdown(ctx)
 		return nil, err
@@ -196,22 +241,22 @@ func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
 }
 
 // newTraceExporter returns the OTLP exporter the environment asks for, or nil and
-// ExporterNone. The exporters read the endpoint, headers, TLS and timeouts themselves.
+// exporterNone. The exporters read the endpoint, headers, TLS and timeouts themselves.
 // closeIdle, never nil, closes the exporter's idle connections after its shutdown.
 func newTraceExporter(ctx context.Context) (exp sdktrace.SpanExporter, kind string, closeIdle func(), err error) {
 	closeIdle = func() {}
 	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
-		return nil, ExporterNone, closeIdle, nil
+		return nil, exporterNone, closeIdle, nil
 	}
 	switch name := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")); name {
 	case "", "otlp":
 	case "none":
-		return nil, ExporterNone, closeIdle, nil
+		return nil, exporterNone, closeIdle, nil
 	default:
 		return nil, "", nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%q is not supported (want otlp or none)", name)
 	}
 	if firstEnv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
-		return nil, ExporterNone, closeIdle, nil
+		return nil, exporterNone, closeIdle, nil
 	}
 	protocol := firstEnv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 	switch protocol {
@@ -225,14 +270,14 @@ func newTraceExporter(ctx context.Context) (exp sdktrace.SpanExporter, kind stri
 		if err != nil {
 			return nil, "", nil, fmt.Errorf("create OTLP/HTTP trace exporter: %w", err)
 		}
-		return exp, ExporterOTLPHTTP, closeIdle, nil
+		return exp, exporterOTLPHTTP, closeIdle, nil
 	case "grpc":
 		// The gRPC exporter closes its connection on shutdown.
 		exp, err := otlptracegrpc.New(ctx)
 		if err != nil {
 			return nil, "", nil, fmt.Errorf("create OTLP/gRPC trace exporter: %w", err)
 		}
-		return exp, ExporterOTLPGRPC, closeIdle, nil
+		return exp, exporterOTLPGRPC, closeIdle, nil
 	default:
 		return nil, "", nil, fmt.Errorf("OTLP protocol %q is not supported (want http/protobuf or grpc)", protocol)
 	}
@@ -293,8 +338,8 @@ func (p *Providers) serveMetrics(addr string) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", p.MetricsHandler())
-	mux.Handle(telemetry.LivenessPath, p.health.LivenessHandler())
-	mux.Handle(telemetry.ReadinessPath, p.health.ReadinessHandler())
+	mux.Handle(livenessPath, p.health.LivenessHandler())
+	mux.Handle(readinessPath, p.health.ReadinessHandler())
 	mux.Handle(DebugPrefix, &p.debug)
 	p.listener = ln
 	p.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -314,9 +359,32 @@ func (p *Providers) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{})
 }
 
-// Health returns the readiness checks and pauses the metrics server answers on
-// telemetry.ReadinessPath (and telemetry.LivenessPath); add the process's checks to it.
+// Health returns the readiness checks and pauses the metrics server answers on /readyz
+// (and /healthz): Config.Health, or the one Setup made. Add the process's checks to it, or
+// serve its handlers on a server of the caller's own.
 func (p *Providers) Health() *telemetry.Health { return p.health }
+
+// healthOf is the Health's inside, which Operate and the sluice.ready gauge read.
+func (p *Providers) healthOf() *health.Health { return (*health.Health)(p.health) }
+
+// registerReady reports otelnames.MetricReady (sluice.ready: 1 while h.NotReady is empty,
+// else 0) on m at every collection, so that alerting can see what /readyz says.
+func registerReady(m metric.Meter, h *health.Health) error {
+	_, err := m.Int64ObservableGauge(otelnames.MetricReady,
+		metric.WithDescription("1 while the process is ready (/readyz answers 200), else 0."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			v := int64(1)
+			if len(h.NotReady()) > 0 {
+				v = 0
+			}
+			o.Observe(v)
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("create gauge %s: %w", otelnames.MetricReady, err)
+	}
+	return nil
+}
 
 // MetricsAddr returns the address the metrics server listens on (with the port chosen
 // when Config.MetricsAddr asked for port 0), or "" if there is no server.
@@ -327,27 +395,33 @@ func (p *Providers) MetricsAddr() string {
 	return p.listener.Addr().String()
 }
 
-// TracesExporter names the span exporter in use: ExporterNone, ExporterOTLPHTTP or
-// ExporterOTLPGRPC.
+// TracesExporter names the span exporter in use: "none" (spans are created, and trace
+// context still travels, but not exported), "otlp/http" or "otlp/grpc".
 func (p *Providers) TracesExporter() string { return p.exporter }
 
-// Instrumentation returns a new Instrumentation over these providers and propagator;
-// opts may add to or override them.
-func (p *Providers) Instrumentation(opts ...telemetry.Option) (*telemetry.Instrumentation, error) {
-	return telemetry.New(append([]telemetry.Option{
-		telemetry.WithTracerProvider(p.TracerProvider),
-		telemetry.WithMeterProvider(p.MeterProvider),
-		telemetry.WithPropagator(p.Propagator),
-	}, opts...)...)
+// addStop adds what Shutdown stops first (what Operate started).
+func (p *Providers) addStop(stop func(context.Context) error) {
+	p.stopMu.Lock()
+	defer p.stopMu.Unlock()
+	p.stops = append(p.stops, stop)
 }
 
-// Shutdown stops the metrics server, flushes and exports the spans still buffered, and
-// shuts the providers down, within ctx's deadline. It returns the errors of all three;
-// calling it again returns the first call's result. The providers stay installed
-// globally and drop whatever is recorded after Shutdown.
+// Shutdown stops what Operate started, stops the metrics server, flushes and exports the
+// spans still buffered, and shuts the providers down, within ctx's deadline. It returns
+// the errors of all; calling it again returns the first call's result. The providers stay
+// installed globally and drop whatever is recorded after Shutdown.
 func (p *Providers) Shutdown(ctx context.Context) error {
 	p.shutdownOnce.Do(func() {
 		var errs []error
+		p.stopMu.Lock()
+		stops := p.stops
+		p.stops = nil
+		p.stopMu.Unlock()
+		for i := len(stops) - 1; i >= 0; i-- {
+			if err := stops[i](ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if p.server != nil {
 			if err := p.server.Shutdown(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("stop metrics server: %w", err))

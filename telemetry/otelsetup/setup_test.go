@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
@@ -87,7 +88,7 @@ func TestSetup_NoEndpoint(t *testing.T) {
 	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: "payments"})
 	require.NoError(t, err)
 
-	assert.Equal(t, otelsetup.ExporterNone, p.TracesExporter())
+	assert.Equal(t, "none", p.TracesExporter())
 	assert.Empty(t, p.MetricsAddr(), "no metrics server unless asked for")
 	assert.Same(t, p.TracerProvider, otel.GetTracerProvider())
 	assert.Same(t, p.MeterProvider, otel.GetMeterProvider())
@@ -139,20 +140,20 @@ func TestSetup_ExporterFromEnv(t *testing.T) {
 		want    string
 		wantErr string
 	}{
-		{name: "no endpoint", env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: otelsetup.ExporterNone},
+		{name: "no endpoint", env: map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: "none"},
 		{name: "endpoint defaults to http/protobuf",
-			env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, want: otelsetup.ExporterOTLPHTTP},
+			env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, want: "otlp/http"},
 		{name: "traces endpoint alone", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1/v1/traces"}, want: otelsetup.ExporterOTLPHTTP},
+			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1/v1/traces"}, want: "otlp/http"},
 		{name: "grpc", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: otelsetup.ExporterOTLPGRPC},
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: "otlp/grpc"},
 		{name: "traces protocol wins", env: map[string]string{
 			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, want: otelsetup.ExporterOTLPGRPC},
+			"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, want: "otlp/grpc"},
 		{name: "exporter none", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}, want: otelsetup.ExporterNone},
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}, want: "none"},
 		{name: "sdk disabled", env: map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"}, want: otelsetup.ExporterNone},
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"}, want: "none"},
 		{name: "http/json is not supported", env: map[string]string{
 			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, wantErr: `"http/json"`},
 		{name: "unknown exporter", env: map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, wantErr: `"zipkin"`},
@@ -282,7 +283,7 @@ func TestSetup_PrometheusEndpoint(t *testing.T) {
 	require.NotEmpty(t, addr)
 	assert.True(t, strings.HasPrefix(addr, "127.0.0.1:"), addr)
 
-	in, err := p.Instrumentation()
+	in, err := otelstep.New(otelstep.Config{TracerProvider: p.TracerProvider, MeterProvider: p.MeterProvider, Propagator: p.Propagator})
 	require.NoError(t, err)
 	_, err = in.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })(message.NewMessage("id", nil))
 	require.NoError(t, err)
@@ -371,20 +372,20 @@ func TestSetup_ServesHealthBesideMetrics(t *testing.T) {
 		_, _ = b.ReadFrom(resp.Body)
 		return resp.StatusCode, b.String()
 	}
-	code, body := get(telemetry.ReadinessPath)
+	code, body := get("/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code, "not ready from the first answer")
 	assert.Contains(t, body, "consumer: not consuming")
-	code, _ = get(telemetry.LivenessPath)
+	code, _ = get("/healthz")
 	assert.Equal(t, http.StatusOK, code)
 	ready.Store(true)
-	code, _ = get(telemetry.ReadinessPath)
+	code, _ = get("/readyz")
 	assert.Equal(t, http.StatusOK, code)
 	_, metrics := get("/metrics")
 	assert.Contains(t, metrics, "\nsluice_ready{")
 	assert.Regexp(t, `sluice_ready\{[^}]*\} 1\n`, metrics)
 
 	ready.Store(false)
-	code, body = get(telemetry.ReadinessPath)
+	code, body = get("/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "consumer: not consuming")
 	_, metrics = get("/metrics")

@@ -41,7 +41,7 @@ type Config struct {
 	Wait time.Duration
 }
 
-// Tracer starts the span of one batch (telemetry.Instrumentation.StartBatch); end ends it.
+// Tracer starts the span of one batch (internal/otelstep.Instrumentation.StartBatch); end ends it.
 type Tracer interface {
 	StartBatch(ctx context.Context, queue, handler string, msgs []*message.Message) (context.Context, func(err error))
 }

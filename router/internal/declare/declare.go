@@ -174,3 +174,21 @@ func (p *Plan) Consumed() []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
+
+// DeadLettered returns the queues whose dead-letter queue and archive the plan declares,
+// each once, sorted: the consumed queues, but a partitioned queue in place of its
+// partitions, which dead-letter to its dead-letter queue.
+func (p *Plan) DeadLettered() []string {
+	out := slices.Clone(p.queues)
+	for _, nq := range p.native {
+		out = append(out, nq.queue)
+	}
+	for _, sub := range p.subscribe {
+		out = append(out, sub.queue)
+	}
+	for _, pq := range p.parted {
+		out = append(out, pq.queue)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

@@ -91,6 +91,11 @@ func TestPlan_Consumed(t *testing.T) {
 	assert.Equal(t, []string{"a", "pq.p0", "pq.p1", "sub"}, p.Consumed(), "each consumed queue once, partitions by name, outputs not")
 }
 
+func TestPlan_DeadLettered(t *testing.T) {
+	p := build2()
+	assert.Equal(t, []string{"a", "pq", "sub"}, p.DeadLettered(), "a partitioned queue's partitions dead-letter to its own DLQ")
+}
+
 func build2() *declare.Plan {
 	var p declare.Plan
 	p.Queue("sub")

@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
-// Health is told when a handler pauses and resumes (telemetry.Health): a paused handler
+// Health is told when a handler pauses and resumes (the stack's health.Pauses): a paused handler
 // is not ready.
 type Health interface {
 	Pause(name, reason string)

@@ -17,12 +17,20 @@ import (
 
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/internal/otelstep"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
+
+// journalState is the stack's idempotency journal figures, as its metrics report them.
+func journalState(s *router.Stack) (otelstep.JournalState, bool) {
+	v, _ := stackview.Of(s)
+	return v.Journal()
+}
 
 // journalStack is a stack on RabbitMQ whose idempotency step journals handler payments'
 // done keys on queue's stream, as the payments service's does.
@@ -96,7 +104,7 @@ func TestJournalPage_RealStackOnRabbitMQ(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool {
-		st, ok := first.stack.JournalState()
+		st, ok := journalState(first.stack)
 		return ok && st.Appended >= n && st.Unconfirmed == 0
 	}, 30*time.Second, 50*time.Millisecond, "the keys are journaled")
 	require.NoError(t, first.stack.Close())
@@ -104,16 +112,15 @@ func TestJournalPage_RealStackOnRabbitMQ(t *testing.T) {
 	// The next instance, with its metrics server.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "journal-console-rabbit"})
+	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: "journal-console-rabbit",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = providers.Shutdown(context.Background()) })
-	second := startJournalStack(t, r.URL, queue, func(s *router.Stack, b *amqp.Broker) {
-		ops, err := providers.Operate(otelsetup.OperateConfig{Stack: s, Broker: b, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = ops.Close() })
+	second := startJournalStack(t, r.URL, queue, func(s *router.Stack, _ *amqp.Broker) {
+		require.NoError(t, providers.Operate(s))
 	})
 	require.Eventually(t, func() bool {
-		st, ok := second.stack.JournalState()
+		st, ok := journalState(second.stack)
 		return ok && st.Restoring == 0 && st.Restored >= n
 	}, 30*time.Second, 50*time.Millisecond, "the second instance restores the keys")
 	mux := http.NewServeMux()

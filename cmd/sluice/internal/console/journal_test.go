@@ -16,8 +16,8 @@ import (
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/policy"
-	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
@@ -35,7 +35,7 @@ func journalHandlers(journal string) policy.Description {
 // of state through the real exporter (otelsetup, so the names are the ones the console
 // must read) on /metrics, and desc on /debug/sluice/policy (nil: 404, an older service).
 // A nil state registers no journal metrics.
-func newFakeJournalService(t *testing.T, state *telemetry.JournalState, desc *policy.Description) string {
+func newFakeJournalService(t *testing.T, state *otelstep.JournalState, desc *policy.Description) string {
 	t.Helper()
 	t.Setenv("OTEL_TRACES_EXPORTER", "none")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
@@ -45,9 +45,9 @@ func newFakeJournalService(t *testing.T, state *telemetry.JournalState, desc *po
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = providers.Shutdown(context.Background()) })
 	if state != nil {
-		inst, err := providers.Instrumentation()
+		inst, err := otelstep.New(otelstep.Config{TracerProvider: providers.TracerProvider, MeterProvider: providers.MeterProvider})
 		require.NoError(t, err)
-		reg, err := inst.RegisterJournal(func() telemetry.JournalState { return *state })
+		reg, err := inst.RegisterJournal(func() otelstep.JournalState { return *state })
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = reg.Unregister() })
 	}
@@ -57,7 +57,7 @@ func newFakeJournalService(t *testing.T, state *telemetry.JournalState, desc *po
 		w.Header().Set("Content-Type", "application/json")
 		if desc == nil {
 			w.WriteHeader(http.StatusNotFound)
-			_, _ = w.Write([]byte(`{"error":"no stack to describe: the service has not called Providers.ServeStack"}`))
+			_, _ = w.Write([]byte(`{"error":"no stack to describe: the service has not called Providers.Operate"}`))
 			return
 		}
 		_ = json.NewEncoder(w).Encode(desc)
@@ -125,7 +125,7 @@ func journalRow(t *testing.T, page, instance string) map[string]string {
 // The figures a service's own metrics report, the handlers its description names, and a
 // service without a journal or without the metrics: a page that says so, status 200.
 func TestJournalPage_FromTheService(t *testing.T) {
-	restored := &telemetry.JournalState{Restored: 1234, RestoreDuration: 1500 * time.Millisecond, Appended: 77, Failures: 3,
+	restored := &otelstep.JournalState{Restored: 1234, RestoreDuration: 1500 * time.Millisecond, Appended: 77, Failures: 3,
 		Skipped: 2, Lag: 35 * time.Millisecond, Unconfirmed: 0, Recreated: 1}
 	withJournal := journalHandlers("sluice.idempotency.payments.requested")
 	noJournal := journalHandlers("")
@@ -148,17 +148,17 @@ func TestJournalPage_FromTheService(t *testing.T) {
 					journalRow(t, body, "this service"))
 			}},
 		{name: "restoring", service: func(t *testing.T) string {
-			return newFakeJournalService(t, &telemetry.JournalState{Restoring: 1, Restored: 40}, &withJournal)
+			return newFakeJournalService(t, &otelstep.JournalState{Restoring: 1, Restored: 40}, &withJournal)
 		}, path: "/journal", check: func(t *testing.T, body string) {
 			assert.Equal(t, "restoring (1 not caught up)", journalRow(t, body, "this service")["state"])
 			assert.Contains(t, body, `<tr data-instance="this service" class="stopped">`)
 		}},
 		{name: "appends failing", service: func(t *testing.T) string {
-			return newFakeJournalService(t, &telemetry.JournalState{Unconfirmed: 5, Failures: 9}, &withJournal)
+			return newFakeJournalService(t, &otelstep.JournalState{Unconfirmed: 5, Failures: 9}, &withJournal)
 		}, path: "/journal", check: func(t *testing.T, body string) {
 			assert.Equal(t, "failing", journalRow(t, body, "this service")["state"])
 		}},
-		{name: "no handler journals", service: func(t *testing.T) string { return newFakeJournalService(t, &telemetry.JournalState{}, &noJournal) }, path: "/journal",
+		{name: "no handler journals", service: func(t *testing.T) string { return newFakeJournalService(t, &otelstep.JournalState{}, &noJournal) }, path: "/journal",
 			want:    []string{`id="no-journal"`, "No handler of the service journals its idempotency keys", "IDEMPOTENCY_JOURNAL=off"},
 			notWant: []string{`id="journal"`, `id="journal-error"`}},
 		{name: "no journal metrics", service: func(t *testing.T) string { return newFakeJournalService(t, nil, nil) }, path: "/journal",
@@ -304,7 +304,7 @@ func TestJournalPage_LinkedAndReadable(t *testing.T) {
 	}
 	t.Run("read-only", func(t *testing.T) {
 		withJournal := journalHandlers("sluice.idempotency.payments.requested")
-		service := newFakeJournalService(t, &telemetry.JournalState{Restored: 5}, &withJournal)
+		service := newFakeJournalService(t, &otelstep.JournalState{Restored: 5}, &withJournal)
 		fx := newFixture(t, func(c *console.Config) {
 			c.Token, c.ReadToken = "op-secret", "carol:read-secret"
 			c.ServiceURL = service

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
@@ -79,7 +80,7 @@ func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, fail
 	t.Helper()
 	p, err := otelsetup.Setup(context.Background(), otelsetup.Config{ServiceName: tr.service})
 	require.NoError(t, err)
-	in, err := p.Instrumentation()
+	in, err := otelstep.New(otelstep.Config{TracerProvider: p.TracerProvider, MeterProvider: p.MeterProvider, Propagator: p.Propagator})
 	require.NoError(t, err)
 	pois := carry.New(carry.Carrier{Host: "worker-1"})
 	require.NoError(t, err)

@@ -135,7 +135,7 @@ func (j Journal) NoJournal() string {
 		return "Prometheus has no " + PromJournalPrefix + "* series: no service it scrapes reports an idempotency journal."
 	case len(j.Instances) == 0:
 		return "The service reports no " + PromJournalPrefix + "* metrics: it journals none, " +
-			"or does not register them (otelsetup.Operate does; else telemetry's Instrumentation.RegisterJournal)."
+			"or does not register them (otelsetup.Operate does)."
 	}
 	return ""
 }

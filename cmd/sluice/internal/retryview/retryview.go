@@ -33,7 +33,7 @@ import (
 // with METRICS_ADDR=127.0.0.1:9464, as the README's examples and deploy/ do.
 const DefaultServiceURL = "http://127.0.0.1:9464"
 
-// The service's debug endpoints (telemetry/otelsetup.RetriesPath and PolicyPath).
+// The service's debug endpoints (under telemetry/otelsetup.DebugPrefix).
 const (
 	RetriesPath = "/debug/sluice/retries"
 	PolicyPath  = "/debug/sluice/policy"
