@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/router/internal/output"
 )
@@ -63,7 +64,7 @@ func (s *Stack) compensation(name string, hc handlerConfig) (*carry.Compensation
 			pub = s.tel.WrapPublisher(pub)
 		}
 		to, dest, prepare = c.Exchange, fmt.Sprintf("exchange %s, key %s", c.Exchange, c.RoutingKey), output.DefaultKey(c.RoutingKey)
-		s.plan.OutputExchange(c.Exchange, Topic, false)
+		s.plan.OutputExchange(c.Exchange, broker.Topic, false)
 	} else {
 		s.plan.Output(c.Queue)
 	}

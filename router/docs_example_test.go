@@ -125,27 +125,27 @@ func ExampleMiddlewares_ownRouter() {
 // docs/concepts.md, "Publish/subscribe": a subscriber's queue bound to a topic exchange,
 // its outputs published to another exchange.
 func ExampleWithSubscription() {
-	broker, stack := docsStack(router.Config{})
-	defer broker.Close()
+	mem, stack := docsStack(router.Config{})
+	defer mem.Close()
 	checkOrder := func(msg *message.Message) ([]*message.Message, error) {
 		out := message.NewMessage(watermill.NewUUID(), msg.Payload)
 		out.Metadata.Set(router.RoutingKeyMetadata, "check.flagged")
 		return []*message.Message{out}, nil
 	}
 	stack.HandleWithOutput("fraud", "fraud.order-checks", "", checkOrder,
-		router.WithSubscription(router.Binding{Exchange: "orders", Kind: router.Topic,
+		router.WithSubscription(router.Binding{Exchange: "orders", Kind: broker.Topic,
 			Keys: []string{"order.created", "order.*.eu"}}),
 		router.WithOutputExchange(router.Output{Exchange: "fraud", RoutingKey: "check.passed"}))
 	// a message can choose its own key: out.Metadata.Set(router.RoutingKeyMetadata, "check.flagged")
 
 	// Another service's queue, for fraud's flagged checks.
 	ctx := context.Background()
-	_ = broker.DeclareSubscription(ctx, "review.flagged", []router.Binding{{Exchange: "fraud", Keys: []string{"check.flagged"}}}, false)
+	_ = mem.DeclareSubscription(ctx, "review.flagged", []router.Binding{{Exchange: "fraud", Keys: []string{"check.flagged"}}}, false)
 	defer runForDocs(stack)()
 	for key, payload := range map[string]string{"order.created": "order 1", "order.paid": "order 2", "order.shipped.eu": "order 3"} {
-		_ = broker.PublishToExchange(ctx, "orders", key, message.NewMessage(watermill.NewUUID(), []byte(payload)))
+		_ = mem.PublishToExchange(ctx, "orders", key, message.NewMessage(watermill.NewUUID(), []byte(payload)))
 	}
-	fmt.Println("flagged:", receive(broker, "review.flagged", 2)) // order.paid matches no key
+	fmt.Println("flagged:", receive(mem, "review.flagged", 2)) // order.paid matches no key
 	// Output:
 	// flagged: [order 1 order 3]
 }

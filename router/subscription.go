@@ -8,22 +8,6 @@ import (
 	"github.com/sluice-go/sluice/router/internal/output"
 )
 
-// ExchangeKind is the type of an exchange a handler subscribes or publishes to: package
-// broker's.
-type ExchangeKind = broker.ExchangeKind
-
-// Exchange kinds, as in AMQP.
-const (
-	// Topic routes on dot-separated binding keys; * is one word, # zero or more.
-	Topic = broker.Topic
-	// Direct routes on the exact binding key.
-	Direct = broker.Direct
-	// Fanout sends every event to every bound queue.
-	Fanout = broker.Fanout
-	// Headers routes on header (metadata) values.
-	Headers = broker.Headers
-)
-
 // RoutingKeyMetadata is the metadata key with which a handler gives one output message its
 // own routing key (see WithOutputExchange). It is removed before the message is published.
 const RoutingKeyMetadata = output.RoutingKeyMetadata
@@ -42,7 +26,7 @@ type Output struct {
 	// Exchange is the exchange's name (not empty); declared like a Binding's.
 	Exchange string
 	// Kind is the exchange's type. Zero means Topic.
-	Kind ExchangeKind
+	Kind broker.ExchangeKind
 	// RoutingKey is the routing key of an output message without RoutingKeyMetadata.
 	RoutingKey string
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/binding"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -100,8 +101,8 @@ func TestSubscriptionAndExchangeOutputOnTheEmbeddedBroker(t *testing.T) {
 		odd.Metadata.Set(router.RoutingKeyMetadata, "check.flagged")
 		return []*message.Message{ok, odd}, nil
 	},
-		router.WithSubscription(router.Binding{Exchange: "orders", Kind: router.Direct, Keys: []string{"order.created"}}),
-		router.WithOutputExchange(router.Output{Exchange: "checks", Kind: router.Topic, RoutingKey: "check.passed"}),
+		router.WithSubscription(router.Binding{Exchange: "orders", Kind: broker.Direct, Keys: []string{"order.created"}}),
+		router.WithOutputExchange(router.Output{Exchange: "checks", Kind: broker.Topic, RoutingKey: "check.passed"}),
 	))
 	runSubscribed(t, s)
 	require.NoError(t, mem.DeclareSubscription(ctx, "audit", []binding.Binding{{Exchange: "checks", Keys: []string{"check.passed"}}}, false))
@@ -135,7 +136,7 @@ func TestExchangeOutputIsTraced(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.HandleWithOutput("h", "in", "", func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage("out-"+m.UUID, nil)}, nil
-	}, router.WithOutputExchange(router.Output{Exchange: "events", Kind: router.Fanout})))
+	}, router.WithOutputExchange(router.Output{Exchange: "events", Kind: broker.Fanout})))
 	runSubscribed(t, s)
 	require.NoError(t, mem.Publish("in", message.NewMessage("m1", nil)))
 	require.Eventually(t, func() bool { return mem.Len(topology.UnroutedQueue) == 1 }, 5*time.Second, 5*time.Millisecond)

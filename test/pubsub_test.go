@@ -128,7 +128,7 @@ func TestSubscribersEachGetEveryEventAndRetriesStayWithThem(t *testing.T) {
 			require.NoError(t, s.Handle("shipping", qb, func(m *message.Message) error {
 				got.add("shipping", m.UUID)
 				return nil
-			}, router.WithSubscription(router.Binding{Exchange: exchange, Kind: router.Topic, Keys: []string{"order.created", "*.paid"}})))
+			}, router.WithSubscription(router.Binding{Exchange: exchange, Kind: broker.Topic, Keys: []string{"order.created", "*.paid"}})))
 		})
 		for id, key := range map[string]string{"created-1": "order.created", "paid-1": "order.paid", "paid-2": "order.paid", "shipped-1": "order.shipped", "invoice-1": "invoice.paid"} {
 			e.publishToExchange(t, exchange, key, message.NewMessage(id, []byte(`{}`)))
@@ -256,7 +256,7 @@ func TestPreDeclaredQueueIsAdoptedOrRefused(t *testing.T) {
 	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp091.Table{"x-max-length": int64(10000)})
 	require.NoError(t, err)
 	require.NoError(t, ch.Close())
-	binding := router.Binding{Exchange: exchange, Kind: router.Direct, Keys: []string{"order.created"}}
+	binding := router.Binding{Exchange: exchange, Kind: broker.Direct, Keys: []string{"order.created"}}
 
 	s, err := router.New(e.broker, router.Config{Logger: testLogger()})
 	require.NoError(t, err)

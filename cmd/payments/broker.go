@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/handlers/example_payment"
@@ -67,6 +68,6 @@ func watchSuccesses(ctx context.Context, b router.Broker, cfg config) (string, e
 		return cfg.output, nil
 	}
 	queue := cfg.outputExchange + ".demo"
-	err := b.DeclareSubscription(ctx, queue, []router.Binding{{Exchange: cfg.outputExchange, Kind: router.Topic, Keys: []string{succeededRoutingKey}}}, false)
+	err := b.DeclareSubscription(ctx, queue, []router.Binding{{Exchange: cfg.outputExchange, Kind: broker.Topic, Keys: []string{succeededRoutingKey}}}, false)
 	return queue, err
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/handlers/example_order"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -193,11 +194,11 @@ const (
 func (c config) exchangeOptions() (output string, opts []router.HandlerOption) {
 	output = c.output
 	if c.exchange != "" {
-		opts = append(opts, router.WithSubscription(router.Binding{Exchange: c.exchange, Kind: router.Topic, Keys: []string{c.bindingKey}}))
+		opts = append(opts, router.WithSubscription(router.Binding{Exchange: c.exchange, Kind: broker.Topic, Keys: []string{c.bindingKey}}))
 	}
 	if c.outputExchange != "" {
 		output = ""
-		opts = append(opts, router.WithOutputExchange(router.Output{Exchange: c.outputExchange, Kind: router.Topic, RoutingKey: succeededRoutingKey}))
+		opts = append(opts, router.WithOutputExchange(router.Output{Exchange: c.outputExchange, Kind: broker.Topic, RoutingKey: succeededRoutingKey}))
 	}
 	return output, opts
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/handlers/example_order"
 	"github.com/sluice-go/sluice/handlers/example_payment"
@@ -237,7 +238,7 @@ func addOrders(stack *router.Stack, cfg config, opts example_order.Options) (*ex
 	succeeded, subscribe := cfg.output, []router.HandlerOption(nil)
 	if cfg.outputExchange != "" {
 		succeeded = cfg.outputExchange + ".orders"
-		subscribe = append(subscribe, router.WithSubscription(router.Binding{Exchange: cfg.outputExchange, Kind: router.Topic, Keys: []string{succeededRoutingKey}}))
+		subscribe = append(subscribe, router.WithSubscription(router.Binding{Exchange: cfg.outputExchange, Kind: broker.Topic, Keys: []string{succeededRoutingKey}}))
 	}
 	for _, add := range []struct {
 		name, queue, output string
