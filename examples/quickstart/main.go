@@ -7,7 +7,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -37,49 +36,43 @@ func main() {
 	}
 }
 
-// run consumes queue, bound to the topic exchange orders for payment.requested events, until
-// ctx ends, publishing a succeeded event per payment to output, and serves the metrics and
-// health endpoints on metricsAddr ("" for none).
+// run consumes queue, bound to the topic exchange orders for payment.requested events, and
+// publishes a succeeded event per payment to output, until ctx ends.
 func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
 	broker, err := amqp.Connect(ctx, os.Getenv("AMQP_URL"), nil) // RabbitMQ at AMQP_URL
 	if err != nil {
 		return fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
-	defer func() { _ = broker.Close() }()
-
+	defer broker.Close()
 	guard, err := idempotency.New(idempotency.Config{MaxKeys: 1_000_000, TTL: 24 * time.Hour})
 	if err != nil {
 		return err
 	}
-	defer func() { _ = guard.Close() }()
+	defer guard.Close()
 	// The breaker opens when half the gateway calls of at least 20 in a minute fail.
 	breakers, err := breaker.New(breaker.Config{FailureRatio: 0.5, MinRequests: 20, Interval: time.Minute})
 	if err != nil {
 		return err
 	}
-
 	stack, err := router.New(broker, router.Config{
 		Retry:       retry.Config{MaxRetries: 5, InitialDelay: time.Second, MaxDelay: time.Minute},
-		Telemetry:   &telemetry.Config{}, // traces and metrics through the providers otelsetup installs
+		Telemetry:   &telemetry.Config{}, // traces and metrics through what otelsetup installs
 		Idempotency: guard,
 		Breakers:    breakers,
 	})
 	if err != nil {
 		return err
 	}
-	defer func() { _ = stack.Close() }()
+	defer stack.Close()
 	err = stack.HandleWithOutput("payments", queue, output, handle,
 		router.WithIdempotencyKey(paymentID), // a payment requested twice is charged once
 		router.WithBreaker("gateway"),        // handlers calling the gateway share its breaker
 		router.WithConcurrency(8),
-		// a subscriber: every payment.requested event published to orders reaches queue
 		router.WithSubscription(router.Binding{Exchange: orders, Keys: []string{"payment.requested"}}))
 	if err != nil {
 		return err
 	}
-	// Installs the OpenTelemetry SDK, serves /metrics, /healthz and /readyz (following
-	// consumption, pauses and the connection), reports queue depths, and consumes until
-	// ctx ends; the spans are flushed on the way out.
+	// Traces, /metrics, /healthz and /readyz around stack.Run, which consumes until ctx ends.
 	return otelsetup.Run(ctx, stack, otelsetup.Config{ServiceName: "quickstart", MetricsAddr: metricsAddr})
 }
 
@@ -88,50 +81,32 @@ type request struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
-func decode(payload []byte) (request, error) {
-	var req request
-	if err := json.Unmarshal(payload, &req); err != nil {
-		// Straight to the DLQ, no retry; its error type is "json.SyntaxError".
-		return request{}, sluice.Permanent(fmt.Errorf("decode payment request: %w", err))
+func decode(msg *message.Message) (req request, err error) {
+	if err = json.Unmarshal(msg.Payload, &req); err == nil && (req.PaymentID == "" || req.AmountCents <= 0) {
+		err = fmt.Errorf("invalid payment request %s", msg.Payload)
 	}
-	if req.PaymentID == "" || req.AmountCents <= 0 {
-		return request{}, sluice.Permanent(fmt.Errorf("invalid payment request %s", payload))
+	if err != nil { // to the DLQ at once, unretried; its error type names the cause
+		return req, sluice.Permanent(fmt.Errorf("decode payment request: %w", err))
 	}
 	return req, nil
 }
 
 func paymentID(msg *message.Message) (string, error) {
-	req, err := decode(msg.Payload)
+	req, err := decode(msg)
 	return req.PaymentID, err
 }
 
 func handle(msg *message.Message) ([]*message.Message, error) {
-	req, err := decode(msg.Payload)
+	req, err := decode(msg)
 	if err != nil {
 		return nil, err
 	}
-	if err := charge(msg.Context(), req); err != nil {
-		var limited *rateLimitedError
-		if errors.As(err, &limited) {
-			return nil, sluice.RetryAfter(limited.after, err) // next attempt exactly then
-		}
+	if req.AmountCents > 1_000_000 { // the gateway's rate limit says when to come back
+		return nil, sluice.RetryAfter(2*time.Second, fmt.Errorf("gateway rate limit for %s", req.PaymentID))
+	}
+	if err := msg.Context().Err(); err != nil { // stands for the gateway call
 		return nil, err // retried with backoff, then dead-lettered
 	}
 	event, _ := json.Marshal(map[string]any{"payment_id": req.PaymentID, "status": "succeeded"})
 	return []*message.Message{message.NewMessage(watermill.NewUUID(), event)}, nil // confirmed, then acked
-}
-
-// rateLimitedError is what the payment gateway returns with a Retry-After.
-type rateLimitedError struct{ after time.Duration }
-
-func (e *rateLimitedError) Error() string {
-	return fmt.Sprintf("gateway rate limit, retry after %s", e.after)
-}
-
-// charge stands for the call to a payment gateway.
-func charge(ctx context.Context, req request) error {
-	if req.AmountCents > 1_000_000 {
-		return &rateLimitedError{after: 2 * time.Second}
-	}
-	return ctx.Err()
 }
