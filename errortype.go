@@ -16,8 +16,8 @@ import (
 // and no named Go type behind it.
 const ErrorTypeGeneric = "error"
 
-// ErrorTypePanic is the error type of a recovered panic.
-const ErrorTypePanic = "panic"
+// errorTypePanic is the error type of a recovered panic, "panic" (ErrorType documents it).
+const errorTypePanic = "panic"
 
 // modulePath is sluice's module; its error types that wrap another error only add context
 // (Permanent, RetryAfter, a give-back, exhausted retries), so ErrorType looks through
@@ -131,7 +131,7 @@ func ErrorType(err error) string {
 		return typed.ErrorType()
 	}
 	if _, ok := PanicStack(err); ok {
-		return ErrorTypePanic
+		return errorTypePanic
 	}
 	if name, ok := registeredType(err); ok {
 		return name

@@ -35,9 +35,9 @@ const (
 // journal record was not confirmed: the message is not acknowledged until it is.
 var ErrJournal = errors.New("idempotency: journal record not confirmed")
 
-// ErrJournalRecord is counted (Stats.JournalSkipped), never returned: a journal message
+// errJournalRecord is counted (Stats.JournalSkipped), never returned: a journal message
 // that is not a record batch of this package is skipped.
-var ErrJournalRecord = errors.New("idempotency: not a journal record batch")
+var errJournalRecord = errors.New("idempotency: not a journal record batch")
 
 // journalAfterAckTimeout bounds the append that follows the ack of a message with
 // outputs the router publishes (a plain Watermill router).
@@ -67,15 +67,15 @@ func encodeBatch(recs []record) []byte {
 
 func decodeBatch(b []byte) ([]record, error) {
 	if len(b) < journalHeaderSize+4 || string(b[:4]) != journalMagic {
-		return nil, fmt.Errorf("%w: %d bytes without the %q header", ErrJournalRecord, len(b), journalMagic)
+		return nil, fmt.Errorf("%w: %d bytes without the %q header", errJournalRecord, len(b), journalMagic)
 	}
 	n := int(binary.LittleEndian.Uint32(b[4:]))
 	if want := journalHeaderSize + n*snapshotRecordSize + 4; n > maxJournalBatch || len(b) != want {
-		return nil, fmt.Errorf("%w: %d records claimed in %d bytes", ErrJournalRecord, n, len(b))
+		return nil, fmt.Errorf("%w: %d records claimed in %d bytes", errJournalRecord, n, len(b))
 	}
 	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
 	if c := crc32.Checksum(body, crcTable); c != sum {
-		return nil, fmt.Errorf("%w: checksum %08x, computed %08x", ErrJournalRecord, sum, c)
+		return nil, fmt.Errorf("%w: checksum %08x, computed %08x", errJournalRecord, sum, c)
 	}
 	recs := make([]record, n)
 	for i := range recs {
