@@ -110,5 +110,5 @@ func isExampleName(name string) bool {
 	if !ok {
 		return false
 	}
-	return rest == "" || !(rest[0] >= 'a' && rest[0] <= 'z')
+	return rest == "" || rest[0] < 'a' || rest[0] > 'z'
 }
