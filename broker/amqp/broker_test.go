@@ -116,7 +116,9 @@ func TestShortDelayOvertakesLongDelay(t *testing.T) {
 		elapsed := time.Since(start)
 		assert.Equal(t, "short", msg.UUID, "the 1s message must not wait behind the 30s one")
 		assert.GreaterOrEqual(t, elapsed, 990*time.Millisecond)
-		assert.Less(t, elapsed, 2*time.Second)
+		// Far below the long delay's 30 s: the short one did not wait behind it. How soon
+		// after its 1 s it came is DelayAccuracy's business (a benchmark), not this test's.
+		assert.Less(t, elapsed, 15*time.Second, "the short delay waited behind the long one")
 		msg.Ack()
 	case <-ctx.Done():
 		t.Fatal("short-delayed message not delivered")
