@@ -42,7 +42,7 @@ func TestHandleBatch_Registration(t *testing.T) {
 		{name: "WithBatch on Handle", wantErr: router.ErrInvalidOption, handle: func(s *router.Stack) error {
 			return s.Handle("h", "q", func(*message.Message) error { return nil }, router.WithBatch(5, 0))
 		}},
-		{name: "idempotency key without the step", wantErr: router.ErrOptionWithoutStep, handle: func(s *router.Stack) error {
+		{name: "idempotency key without the step", wantErr: router.ErrInvalidOption, handle: func(s *router.Stack) error {
 			return s.HandleBatch("h", "q", nop, router.WithIdempotencyKey(func(*message.Message) (string, error) { return "", nil }))
 		}},
 	}

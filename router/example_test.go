@@ -159,7 +159,7 @@ func ExampleWithNativeRetry() {
 	defer s.Close()
 	charge := func(*message.Message) error { return errors.New("gateway: 503") }
 	err = s.Handle("payments", "payments", charge, router.WithNativeRetry(200*time.Millisecond, 5*time.Second))
-	fmt.Println(errors.Is(err, router.ErrOptionWithoutStep))
+	fmt.Println(errors.Is(err, router.ErrInvalidOption))
 	// Output: true
 }
 

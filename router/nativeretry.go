@@ -26,7 +26,7 @@ import (
 // It needs a broker with the capability (broker.NativeRetrier): on RabbitMQ, a 4.3 node,
 // amqp.Config.QueueType quorum and the stack's MaxRetries below amqp.Config.DeliveryLimit,
 // checked when Run declares the queue. The embedded broker has none: Handle returns
-// ErrOptionWithoutStep. It cannot be combined with WithPartitions, WithSubscription or
+// ErrInvalidOption. It cannot be combined with WithPartitions, WithSubscription or
 // WithAdopt (ErrInvalidOption).
 func WithNativeRetry(min, max time.Duration) HandlerOption {
 	return func(c *handlerConfig) { c.native = &broker.NativeRetry{Min: min, Max: max} }
@@ -39,7 +39,7 @@ func (s *Stack) checkNativeRetry(name string, hc *handlerConfig) error {
 		return nil
 	}
 	if _, ok := s.broker.(broker.NativeRetrier); !ok {
-		return fmt.Errorf("%w: handler %q sets WithNativeRetry but the %s broker has no native delayed retry (RabbitMQ 4.3 has: broker/amqp)", ErrOptionWithoutStep, name, s.broker.Name())
+		return fmt.Errorf("%w: handler %q sets WithNativeRetry but the %s broker has no native delayed retry (RabbitMQ 4.3 has: broker/amqp)", ErrInvalidOption, name, s.broker.Name())
 	}
 	switch {
 	case hc.partitions != 0:

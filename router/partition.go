@@ -1,7 +1,6 @@
 package router
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -13,9 +12,6 @@ import (
 	"github.com/sluice-go/sluice/router/internal/claim"
 	"github.com/sluice-go/sluice/router/internal/rebalance"
 )
-
-// ErrPartitions is returned for a negative partition count.
-var ErrPartitions = errors.New("router: partitions must be 1 or more")
 
 // WithPartitions consumes the handler's queue Q as p key-partitioned queues Q.p0 …
 // Q.p(p-1) instead of Q itself, so that every message of one idempotency key is handled by
@@ -48,7 +44,7 @@ func partitionHandlerName(name string, k int) string { return name + "#" + strco
 // addPartitioned registers one handler per partition; s.mu is held.
 func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.HandlerFunc, hc handlerConfig, comp *carry.Compensation) error {
 	if hc.partitions < 0 {
-		return fmt.Errorf("%w: handler %q has %d", ErrPartitions, name, hc.partitions)
+		return fmt.Errorf("%w: handler %q has %d partitions, want 1 or more", ErrInvalidOption, name, hc.partitions)
 	}
 	names := make([]string, hc.partitions)
 	for k := range names {

@@ -151,7 +151,7 @@ func TestWithPartitionsRegistration(t *testing.T) {
 		second  string // a second handler's name, registered after the first
 		wantErr error
 	}{
-		{"negative", []router.HandlerOption{router.WithPartitions(-1)}, "", router.ErrPartitions},
+		{"negative", []router.HandlerOption{router.WithPartitions(-1)}, "", router.ErrInvalidOption},
 		{"name reused", []router.HandlerOption{router.WithPartitions(2)}, "work", router.ErrDuplicateHandler},
 		{"partition handler name reused", []router.HandlerOption{router.WithPartitions(2)}, "work#1", router.ErrDuplicateHandler},
 	}

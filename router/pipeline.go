@@ -107,10 +107,10 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 func (s *Stack) checkOptions(name string, hc handlerConfig) error {
 	switch {
 	case hc.keyFunc != nil && s.cfg.Idempotency == nil:
-		return fmt.Errorf("%w: handler %q sets WithIdempotencyKey but Config.Idempotency is nil (set it to an idempotency.Guard)", ErrOptionWithoutStep, name)
+		return fmt.Errorf("%w: handler %q sets WithIdempotencyKey but Config.Idempotency is nil (set it to an idempotency.Guard)", ErrInvalidOption, name)
 	case hc.breakerSet && s.cfg.Breakers == nil && s.cfg.Retry.Overload == nil:
 		// WithBreaker names the dependency: its breaker's, and its retry budget's.
-		return fmt.Errorf("%w: handler %q sets WithBreaker(%q) but Config.Breakers and Config.Retry.Overload are nil (set Breakers to a breaker.Registry)", ErrOptionWithoutStep, name, hc.breaker)
+		return fmt.Errorf("%w: handler %q sets WithBreaker(%q) but Config.Breakers and Config.Retry.Overload are nil (set Breakers to a breaker.Registry)", ErrInvalidOption, name, hc.breaker)
 	case hc.concurrency < 1:
 		return fmt.Errorf("%w: handler %q has WithConcurrency(%d), must be 1 or more", ErrInvalidOption, name, hc.concurrency)
 	case hc.batch != (batchConfig{}) && !hc.batched:

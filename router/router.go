@@ -83,12 +83,12 @@ var (
 	ErrDuplicateHandler = errors.New("router: handler name already registered")
 	// ErrRunning is returned when handlers are added after Run.
 	ErrRunning = errors.New("router: stack already running")
-	// ErrOptionWithoutStep is returned by Handle and HandleWithOutput for an option whose
-	// step the Config does not have (WithIdempotencyKey without Config.Idempotency,
-	// WithBreaker without Config.Breakers): it would silently do nothing.
-	ErrOptionWithoutStep = errors.New("router: handler option needs a step the stack does not have")
 	// ErrInvalidOption is returned by Handle and HandleWithOutput for an option value out
-	// of range.
+	// of range (a negative partition count), options that contradict each other (an
+	// output queue and an output exchange, partitions with a subscription), or an option
+	// whose step the Config does not have (WithIdempotencyKey without Config.Idempotency,
+	// WithBreaker without Config.Breakers: it would silently do nothing). The error names
+	// the handler and the option.
 	ErrInvalidOption = errors.New("router: invalid handler option")
 )
 
@@ -205,7 +205,7 @@ func WithPrefetch(n int) HandlerOption { return func(c *handlerConfig) { c.prefe
 
 // WithIdempotencyKey sets the function that extracts the handler's idempotency key, used
 // when a message has no idempotency-key header. It needs Config.Idempotency: without it,
-// Handle returns ErrOptionWithoutStep.
+// Handle returns ErrInvalidOption.
 func WithIdempotencyKey(f func(*message.Message) (string, error)) HandlerOption {
 	return func(c *handlerConfig) { c.keyFunc = f }
 }
@@ -213,7 +213,7 @@ func WithIdempotencyKey(f func(*message.Message) (string, error)) HandlerOption 
 // WithBreaker names the dependency whose breaker guards the handler; handlers naming the
 // same dependency share one breaker. Without it the handler's name is used. It needs
 // Config.Breakers (or Config.Retry.Overload, whose retry budget it names): without either,
-// Handle returns ErrOptionWithoutStep.
+// Handle returns ErrInvalidOption.
 func WithBreaker(dependency string) HandlerOption {
 	return func(c *handlerConfig) { c.breaker, c.breakerSet = dependency, true }
 }

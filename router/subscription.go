@@ -1,7 +1,6 @@
 package router
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/sluice-go/sluice/broker"
@@ -11,9 +10,6 @@ import (
 // RoutingKeyMetadata is the metadata key with which a handler gives one output message its
 // own routing key (see WithOutputExchange). It is removed before the message is published.
 const RoutingKeyMetadata = output.RoutingKeyMetadata
-
-// ErrSubscription means a handler's subscription options contradict each other.
-var ErrSubscription = errors.New("router: invalid subscription")
 
 // Binding binds a handler's queue to an exchange: every event the exchange routes to it
 // reaches the handler once, whichever of its keys match. It is package broker's Binding;
@@ -76,10 +72,10 @@ func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerCon
 	}
 	if sub.output != nil {
 		if outputTopic != "" {
-			return false, fmt.Errorf("%w: handler %q has output queue %q and output exchange %q; give one", ErrSubscription, name, outputTopic, sub.output.Exchange)
+			return false, fmt.Errorf("%w: handler %q has output queue %q and output exchange %q; give one", ErrInvalidOption, name, outputTopic, sub.output.Exchange)
 		}
 		if sub.output.Exchange == "" {
-			return false, fmt.Errorf("%w: handler %q has an output exchange without a name", ErrSubscription, name)
+			return false, fmt.Errorf("%w: handler %q has an output exchange without a name", ErrInvalidOption, name)
 		}
 		s.plan.OutputExchange(sub.output.Exchange, sub.output.Kind, sub.adopt)
 	}
@@ -87,11 +83,11 @@ func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerCon
 		return true, nil
 	}
 	if hc.partitions != 0 {
-		return false, fmt.Errorf("%w: handler %q: WithSubscription and WithAdopt do not combine with WithPartitions", ErrSubscription, name)
+		return false, fmt.Errorf("%w: handler %q: WithSubscription and WithAdopt do not combine with WithPartitions", ErrInvalidOption, name)
 	}
 	for _, b := range sub.bindings {
 		if b.Exchange == "" {
-			return false, fmt.Errorf("%w: handler %q binds to an exchange without a name", ErrSubscription, name)
+			return false, fmt.Errorf("%w: handler %q binds to an exchange without a name", ErrInvalidOption, name)
 		}
 	}
 	s.plan.Subscription(queue, sub.bindings, sub.adopt)

@@ -37,25 +37,25 @@ func TestSubscriptionRegistrationErrors(t *testing.T) {
 			broker: mem,
 			output: "out",
 			opts:   []router.HandlerOption{router.WithOutputExchange(router.Output{Exchange: "events"})},
-			want:   router.ErrSubscription,
+			want:   router.ErrInvalidOption,
 		},
 		{
 			name:   "output exchange without a name",
 			broker: mem,
 			opts:   []router.HandlerOption{router.WithOutputExchange(router.Output{})},
-			want:   router.ErrSubscription,
+			want:   router.ErrInvalidOption,
 		},
 		{
 			name:   "subscription with partitions",
 			broker: mem,
 			opts:   []router.HandlerOption{router.WithSubscription(router.Binding{Exchange: "orders"}), router.WithPartitions(2)},
-			want:   router.ErrSubscription,
+			want:   router.ErrInvalidOption,
 		},
 		{
 			name:   "binding without an exchange",
 			broker: mem,
 			opts:   []router.HandlerOption{router.WithSubscription(router.Binding{Keys: []string{"a"}})},
-			want:   router.ErrSubscription,
+			want:   router.ErrInvalidOption,
 		},
 	}
 	for _, tc := range cases {

@@ -192,7 +192,7 @@ func TestNativeRetryRefused(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		err = s.Handle("payments", "payments", noop, router.WithNativeRetry(nativeMin, nativeMax))
-		require.ErrorIs(t, err, router.ErrOptionWithoutStep)
+		require.ErrorIs(t, err, router.ErrInvalidOption)
 		assert.Contains(t, err.Error(), "memory broker has no native delayed retry")
 	})
 	t.Run("options it cannot be combined with, and an invalid schedule", func(t *testing.T) {
