@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -64,6 +68,9 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	q := benchenv.SluiceQueue(b, r, br, "bench.consume.sluice")
 	benchPrefill(b, r, q, b.N)
 	count := benchCountTo(b.N)
+	if cfg.Idempotency == nil {
+		cfg.Idempotency = benchGuard(b, idempotency.Config{})
+	}
 	stack := benchStack(b, br, cfg, true)
 	if err := stack.Handle("bench", q, func(*message.Message) error {
 		count.handled()
@@ -74,29 +81,83 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	// The journal's cost is CPU on both sides of the connection (its stream appends and
 	// its follower on the broker, the held acks here), so both are reported.
 	cpu := newBenchCPU(url)
+	cpu.guard, _ = cfg.Idempotency.(*idempotency.Guard)
 	b.ReportAllocs()
 	b.ResetTimer()
-	benchRunFrom(b, stack, count, cpu.start, func(b *testing.B) {
+	benchRunFrom(b, stack, count, func() { cpu.start(b) }, func(b *testing.B) {
 		benchReportRate(b, count)
 		cpu.report(b)
 	})
 }
 
 // benchCPU measures the CPU the broker's process and this one use from start to report.
+// With SLUICE_BENCH_CPUPROFILE set to a directory, it also writes this process's CPU
+// profile of that span (the timed drain alone, not the prefill) into it, one file per
+// benchmark run, for go tool pprof.
 type benchCPU struct {
 	broker     func() time.Duration
 	cpu0, own0 time.Duration
+	guard      *idempotency.Guard // when set, its journal's records per append are reported
+	appended0  int64
+	batches0   int64
+	profile    *os.File
+	allocs     string // the allocation profiles' path prefix: .allocs0 at start, .allocs1 at report
+}
+
+// writeAllocsProfile writes the allocation profile so far to path: the difference of two
+// (go tool pprof -sample_index=alloc_objects -base a b) is what the span between allocated.
+func writeAllocsProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func newBenchCPU(url string) *benchCPU { return &benchCPU{broker: benchenv.BrokerCPU(url)} }
 
-func (c *benchCPU) start() { c.cpu0, c.own0 = c.broker(), benchenv.CPUTime() }
+func (c *benchCPU) start(b *testing.B) {
+	if dir := os.Getenv("SLUICE_BENCH_CPUPROFILE"); dir != "" {
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(b.Name())
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.prof", name, b.N)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		c.profile = f
+		c.allocs = strings.TrimSuffix(f.Name(), ".prof")
+		writeAllocsProfile(b, c.allocs+".allocs0")
+	}
+	if c.guard != nil {
+		st := c.guard.Stats().Journal
+		c.appended0, c.batches0 = st.Appended, st.Batches
+	}
+	c.cpu0, c.own0 = c.broker(), benchenv.CPUTime()
+}
 
-// report reports both per 1,000 of b.N messages.
+// report reports both per 1,000 of b.N messages (and the journal's records per append).
 func (c *benchCPU) report(b *testing.B) {
+	brokerCPU, own := c.broker()-c.cpu0, benchenv.CPUTime()-c.own0
+	if c.profile != nil {
+		pprof.StopCPUProfile()
+		_ = c.profile.Close()
+		c.profile = nil
+		writeAllocsProfile(b, c.allocs+".allocs1")
+	}
 	k := float64(b.N) / 1000
-	b.ReportMetric(float64((c.broker()-c.cpu0).Microseconds())/1000/k, "broker-cpu-ms/kmsg")
-	b.ReportMetric(float64((benchenv.CPUTime()-c.own0).Microseconds())/1000/k, "cpu-ms/kmsg")
+	b.ReportMetric(float64(brokerCPU.Microseconds())/1000/k, "broker-cpu-ms/kmsg")
+	b.ReportMetric(float64(own.Microseconds())/1000/k, "cpu-ms/kmsg")
+	if c.guard != nil {
+		st := c.guard.Stats().Journal
+		if n := st.Batches - c.batches0; n > 0 {
+			b.ReportMetric(float64(st.Appended-c.appended0)/float64(n), "records/append")
+		}
+	}
 }
 
 // BenchmarkConsumeWithoutJournal is BenchmarkConsume's sluice variant with the
@@ -112,7 +173,13 @@ func BenchmarkConsumeWithoutJournal(b *testing.B) {
 
 // benchGuardWithoutJournal is an idempotency guard with its journal off, closed with b.
 func benchGuardWithoutJournal(b *testing.B) *idempotency.Guard {
-	guard, err := idempotency.New(idempotency.Config{DisableJournal: true, Logger: benchLogger})
+	return benchGuard(b, idempotency.Config{DisableJournal: true})
+}
+
+// benchGuard is an idempotency guard with cfg, logging nothing, closed with b.
+func benchGuard(b *testing.B, cfg idempotency.Config) *idempotency.Guard {
+	cfg.Logger = benchLogger
+	guard, err := idempotency.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -140,8 +207,10 @@ func BenchmarkConsume(b *testing.B) {
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
 		ch := benchConsumerChannel(b, r)
+		cpu := newBenchCPU(url)
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu.start(b)
 		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -163,6 +232,7 @@ func BenchmarkConsume(b *testing.B) {
 		benchWait(b, count.done)
 		b.StopTimer()
 		benchReportRate(b, count)
+		cpu.report(b)
 		_ = ch.Close()
 		wg.Wait()
 	})
@@ -187,14 +257,17 @@ func BenchmarkConsume(b *testing.B) {
 				return nil
 			})
 		}
+		cpu := newBenchCPU(url)
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu.start(b)
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan error, 1)
 		go func() { stopped <- wr.Run(ctx) }()
 		benchWait(b, count.done)
 		b.StopTimer()
 		benchReportRate(b, count)
+		cpu.report(b)
 		_ = wr.Close()
 		cancel()
 		<-stopped
