@@ -160,17 +160,6 @@ func (c *benchCPU) report(b *testing.B) {
 	}
 }
 
-// BenchmarkConsumeWithoutJournal is BenchmarkConsume's sluice variant with the
-// idempotency journal off (idempotency.Config.DisableJournal): BenchmarkConsume/sluice
-// journals every key, as a service on RabbitMQ does by default, so the two side by side
-// are the journal's cost.
-func BenchmarkConsumeWithoutJournal(b *testing.B) {
-	url := testenv.AMQPURL(b)
-	b.Run("sluice", func(b *testing.B) {
-		benchConsumeSluice(b, url, router.Config{Idempotency: benchGuardWithoutJournal(b)})
-	})
-}
-
 // benchGuardWithoutJournal is an idempotency guard with its journal off, closed with b.
 func benchGuardWithoutJournal(b *testing.B) *idempotency.Guard {
 	return benchGuard(b, idempotency.Config{DisableJournal: true})
@@ -191,8 +180,9 @@ func benchGuard(b *testing.B, cfg idempotency.Config) *idempotency.Guard {
 // handler that succeeds, with prefetch benchPrefetch and benchConcurrency messages at a
 // time; msgs/s is the rate from the first message handled to the last (benchReportRate):
 //   - sluice: router.New on the RabbitMQ broker, the full stack, WithConcurrency and
-//     WithPrefetch, the idempotency journal on (the default; BenchmarkConsumeWithoutJournal
-//     turns it off);
+//     WithPrefetch, the idempotency journal on (the default);
+//   - sluice-nojournal: the same with the journal off (idempotency.Config.DisableJournal),
+//     so the two side by side, beside the references of the same round, are its cost;
 //   - raw: amqp091-go, one channel, benchConcurrency goroutines receiving and acking;
 //   - watermill: watermill-amqp's subscriber (NewDurableQueueConfig) under a plain
 //     Watermill router. Its subscriber hands out one message at a time per subscription,
@@ -201,6 +191,9 @@ func benchGuard(b *testing.B, cfg idempotency.Config) *idempotency.Guard {
 func BenchmarkConsume(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) { benchConsumeSluice(b, url, router.Config{}) })
+	b.Run("sluice-nojournal", func(b *testing.B) {
+		benchConsumeSluice(b, url, router.Config{Idempotency: benchGuardWithoutJournal(b)})
+	})
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		q := benchenv.PlainQueue(b, r, "bench.consume.raw")
@@ -289,19 +282,31 @@ func BenchmarkConsume(b *testing.B) {
 //   - raw-record: raw, each copy also carrying the failure record sluice writes (six
 //     headers and a traceparent, about 330 bytes). The broker's work grows with those
 //     bytes, so this is the cost of the record itself, apart from sluice's code; the
-//     target is measured against raw.
+//     target is measured against raw;
+//   - sluice-nojournal: sluice with the idempotency journal off (the raw loops journal
+//     nothing).
 func BenchmarkRetryPath(b *testing.B) {
 	url := testenv.AMQPURL(b)
-	b.Run("sluice", func(b *testing.B) {
+	sluiceRun := func(b *testing.B, guard *idempotency.Guard) {
 		r := testenv.NewRabbit(b)
 		br := benchenv.Broker(b, url)
-		stack, count := benchRetryLoad(b, r, br, "bench.retry.sluice", b.N, nil)
+		if guard == nil {
+			guard = benchGuard(b, idempotency.Config{})
+		}
+		stack, count := benchRetryLoad(b, r, br, "bench.retry.sluice", b.N, nil, guard)
+		cpu := newBenchCPU(url)
+		cpu.guard = guard
 		b.ReportAllocs()
 		b.ResetTimer()
 		// Over the whole run, not from the first success: every first attempt is queued
 		// ahead of every retried copy, so the first success comes half-way through.
-		benchRun(b, stack, count, benchenv.ReportRate)
-	})
+		benchRunFrom(b, stack, count, func() { cpu.start(b) }, func(b *testing.B) {
+			benchenv.ReportRate(b)
+			cpu.report(b)
+		})
+	}
+	b.Run("sluice", func(b *testing.B) { sluiceRun(b, nil) })
+	b.Run("sluice-nojournal", func(b *testing.B) { sluiceRun(b, benchGuardWithoutJournal(b)) })
 	b.Run("raw", func(b *testing.B) { benchRawRetry(b, url, "bench.retry.raw", false) })
 	b.Run("raw-record", func(b *testing.B) { benchRawRetry(b, url, "bench.retry.rawrecord", true) })
 }
@@ -336,8 +341,10 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 		dc *amqp091.DeferredConfirmation // nil: the second attempt, just ack
 	}
 	steps := make(chan step, benchPrefetch)
+	cpu := newBenchCPU(url)
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu.start(b)
 	deliveries, err := in.Consume(q, "", false, false, false, false, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -387,6 +394,7 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 	benchWait(b, count.done)
 	b.StopTimer()
 	benchenv.ReportRate(b)
+	cpu.report(b)
 	_ = in.Close()
 	<-acked
 	_ = out.Close()
@@ -493,8 +501,9 @@ func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bo
 
 // benchRetryLoad returns a stack (not running) whose handler fails each of n messages
 // pre-filled in queue name once (BenchmarkRetryPath's), and its success counter; first,
-// when not nil, counts the failed first attempts.
-func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name string, n int, first *atomic.Int64) (*router.Stack, *benchCounter) {
+// when not nil, counts the failed first attempts; guard, when not nil, is the stack's
+// idempotency step.
+func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name string, n int, first *atomic.Int64, guard *idempotency.Guard) (*router.Stack, *benchCounter) {
 	b.Helper()
 	q := benchenv.SluiceQueue(b, r, br, name)
 	benchPrefill(b, r, q, n)
@@ -505,12 +514,16 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name strin
 	if err != nil {
 		b.Fatal(err)
 	}
-	stack := benchStack(b, br, router.Config{
+	cfg := router.Config{
 		Retry: retry.Config{
 			InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: retry.NoJitter,
 		},
 		Breakers: reg,
-	}, true)
+	}
+	if guard != nil {
+		cfg.Idempotency = guard
+	}
+	stack := benchStack(b, br, cfg, true)
 	errOnce := errors.New("fails once")
 	if err := stack.Handle("bench", q, func(m *message.Message) error {
 		if sluice.RetryCount(m.Metadata) == 0 {

@@ -20,44 +20,76 @@ import (
 // payload is the 1 KiB body of every delayed message.
 var payload = make([]byte, 1024)
 
+// Rounds of delays: n delays spread geometrically from lo to hi.
+const (
+	n      = 240
+	lo, hi = 100 * time.Millisecond, 20 * time.Second
+	// aloneGap separates the hand-offs of a round handed off one at a time.
+	aloneGap = 10 * time.Millisecond
+)
+
 // Measure runs b.N rounds of 240 delays spread geometrically from 100ms to 20s, handed to
 // delay at once, reads them back from msgs, and reports how late each arrived (actual minus
 // requested, from just before the delay call to the delivery: p50, p99 and max) and the
 // p99 of the delay call itself, in milliseconds.
 func Measure(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) {
+	measure(ctx, b, msgs, delay, false)
+}
+
+// MeasureWarm is Measure after one round at once that is not measured: the lateness of a
+// burst on a broker that has delayed before (its delay queues declared, its channel used).
+func MeasureWarm(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) {
+	b.StopTimer()
+	delayRound(ctx, b, msgs, delay, false)
+	measure(ctx, b, msgs, delay, false)
+}
+
+// MeasureAlone is MeasureWarm with each measured round's delays handed off one at a time,
+// aloneGap after the previous one was confirmed: the lateness of a delay that no other
+// hand-off competes with.
+func MeasureAlone(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) {
+	b.StopTimer()
+	delayRound(ctx, b, msgs, delay, false)
+	measure(ctx, b, msgs, delay, true)
+}
+
+func measure(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error, alone bool) {
 	var late, handoff []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		l, h := delayRound(ctx, b, msgs, delay)
+		l, h := delayRound(ctx, b, msgs, delay, alone)
 		late, handoff = append(late, l...), append(handoff, h...)
 	}
 	b.StopTimer()
 	reportLateness(b, late, handoff)
 }
 
-// delayRound delays 240 messages at once and returns how late each arrived and how long
-// each Delay call took.
-func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error) (late, handoff []time.Duration) {
-	const n = 240
-	const lo, hi = 100 * time.Millisecond, 20 * time.Second
+// delays returns a round's delays in random order.
+func delays() []time.Duration {
+	delays := make([]time.Duration, n)
+	for i := range delays {
+		delays[i] = time.Duration(float64(lo) * math.Pow(float64(hi)/float64(lo), float64(i)/float64(n-1)))
+	}
+	rand.Shuffle(n, func(i, j int) { delays[i], delays[j] = delays[j], delays[i] })
+	return delays
+}
+
+// delayRound delays 240 messages, at once or one at a time, and returns how late each
+// arrived and how long each Delay call took.
+func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message, delay func(time.Duration, *message.Message) error, alone bool) (late, handoff []time.Duration) {
 	type sent struct {
 		at        time.Time
 		requested time.Duration
 	}
 	var mu sync.Mutex
 	sentAt := make(map[string]sent, n)
-	delays := make([]time.Duration, n)
-	for i := range delays {
-		delays[i] = time.Duration(float64(lo) * math.Pow(float64(hi)/float64(lo), float64(i)/float64(n-1)))
-	}
-	rand.Shuffle(n, func(i, j int) { delays[i], delays[j] = delays[j], delays[i] })
 
 	errs := make(chan error, n)
 	handoffs := make(chan time.Duration, n)
 	var wg sync.WaitGroup
-	for i, d := range delays {
+	for i, d := range delays() {
 		wg.Add(1)
-		go func() {
+		one := func() {
 			defer wg.Done()
 			m := message.NewMessage(fmt.Sprintf("delay-%d-%s", i, watermill.NewShortUUID()), payload)
 			start := time.Now()
@@ -69,7 +101,13 @@ func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message,
 				return
 			}
 			handoffs <- time.Since(start)
-		}()
+		}
+		if alone {
+			one()
+			time.Sleep(aloneGap)
+			continue
+		}
+		go one()
 	}
 	wg.Wait()
 	close(errs)
