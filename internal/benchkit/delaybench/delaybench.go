@@ -84,6 +84,43 @@ func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message,
 	var mu sync.Mutex
 	sentAt := make(map[string]sent, n)
 
+	// Deliveries are read while the hand-offs are still being made: a short delay handed
+	// off early arrives before the last hand-off (one at a time, they take seconds).
+	type result struct {
+		late []time.Duration
+		err  string
+	}
+	read := make(chan result, 1)
+	go func() {
+		got := make([]time.Duration, 0, n)
+		deadline := time.After(hi + time.Minute)
+		for len(got) < n {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					read <- result{err: fmt.Sprintf("subscription closed after %d of %d delayed messages", len(got), n)}
+					return
+				}
+				arrived := time.Now()
+				m.Ack()
+				mu.Lock()
+				s, ok := sentAt[m.UUID]
+				delete(sentAt, m.UUID)
+				mu.Unlock()
+				if ok { // a redelivered duplicate is not measured twice
+					got = append(got, arrived.Sub(s.at)-s.requested)
+				}
+			case <-deadline:
+				read <- result{err: fmt.Sprintf("only %d of %d delayed messages arrived", len(got), n)}
+				return
+			case <-ctx.Done():
+				read <- result{err: ctx.Err().Error()}
+				return
+			}
+		}
+		read <- result{late: got}
+	}()
+
 	errs := make(chan error, n)
 	handoffs := make(chan time.Duration, n)
 	var wg sync.WaitGroup
@@ -118,31 +155,11 @@ func delayRound(ctx context.Context, b *testing.B, msgs <-chan *message.Message,
 	for h := range handoffs {
 		handoff = append(handoff, h)
 	}
-
-	late = make([]time.Duration, 0, n)
-	deadline := time.After(hi + 30*time.Second)
-	for len(late) < n {
-		select {
-		case m, ok := <-msgs:
-			if !ok {
-				b.Fatalf("subscription closed after %d of %d delayed messages", len(late), n)
-			}
-			arrived := time.Now()
-			m.Ack()
-			mu.Lock()
-			s, ok := sentAt[m.UUID]
-			delete(sentAt, m.UUID)
-			mu.Unlock()
-			if ok { // a redelivered duplicate is not measured twice
-				late = append(late, arrived.Sub(s.at)-s.requested)
-			}
-		case <-deadline:
-			b.Fatalf("only %d of %d delayed messages arrived", len(late), n)
-		case <-ctx.Done():
-			b.Fatal(ctx.Err())
-		}
+	res := <-read
+	if res.err != "" {
+		b.Fatal(res.err)
 	}
-	return late, handoff
+	return res.late, handoff
 }
 
 // reportLateness reports p50, p99 and max of late and p99 of handoff, in milliseconds.
