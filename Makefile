@@ -1,6 +1,7 @@
 # sluice — the two commands a fresh machine needs are `make run` and `make test`.
 GO       ?= go
 PKGS     ?= ./...
+RABBITMQ ?=
 BENCH_ROUNDS ?= 3
 BENCH_BROKER ?= 4.3
 
@@ -14,26 +15,29 @@ run:
 run-pubsub:
 	PAYMENTS_EXCHANGE=orders PAYMENTS_OUTPUT_EXCHANGE=payments $(GO) run ./cmd/payments demo
 
-## test: every test, with the race detector, against RabbitMQ (started here when installed) and
-## a Jaeger started here; ends with a list of the tests that skipped and why (scripts/test.sh)
+## test: every test, with the race detector, in two parts: on RabbitMQ 4.3 and on 3.10, each
+## a node of its own, with a PostgreSQL and a Jaeger of its own, all started from .cache/ and
+## stopped at the end; installs missing Debian packages first, saying what and why; ends with
+## the time per part, the nodes' versions and the tests that skipped and why (scripts/test.sh).
+## One package on one version: make test PKGS=./broker/amqp/ RABBITMQ=4.3 (or 3.10)
 test:
-	@GO="$(GO)" PKGS="$(PKGS)" ./scripts/test.sh
+	@GO="$(GO)" PKGS="$(PKGS)" SLUICE_TEST_RABBITMQ="$(RABBITMQ)" ./scripts/test.sh
 
 ## screenshots: refresh the docs' console pictures (docs/console-*.png) from the browser test
 screenshots:
 	SLUICE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run 'TestBrowser$$' ./cmd/sluice/internal/console/
 
-## test-chaos: the chaos test alone (restarts RabbitMQ; never beside other broker tests)
+## test-chaos, test-faults, test-cluster: the chaos test (nodes it restarts), the network and
+## broker fault suite, the three-node cluster tests, each alone, through make test (nodes of
+## their own, started and stopped for them; both versions unless RABBITMQ=4.3 or 3.10)
 test-chaos:
-	$(GO) test -race -count=1 -timeout 15m -tags chaos -run Chaos ./test/chaos/
+	@GO="$(GO)" PKGS=./test/chaos SLUICE_TEST_RABBITMQ="$(RABBITMQ)" ./scripts/test.sh
 
-## test-faults: the network and broker fault suite alone (nodes of its own; never beside other broker tests)
 test-faults:
-	$(GO) test -race -count=1 -timeout 15m -tags faults -v ./test/faults/
+	@GO="$(GO)" PKGS=./test/faults SLUICE_TEST_RABBITMQ="$(RABBITMQ)" ./scripts/test.sh
 
-## test-cluster: the three-node cluster tests alone (test/cluster starts and stops the cluster)
 test-cluster:
-	$(GO) test -race -count=1 -timeout 10m -v ./test/cluster/
+	@GO="$(GO)" PKGS=./test/cluster SLUICE_TEST_RABBITMQ="$(RABBITMQ)" ./scripts/test.sh
 
 ## soak: the payment service on RabbitMQ (AMQP_URL) at SOAK_RATE requests/s (default 100) for
 ## SOAK_DURATION (default 30m), 20% transient failures, 3% permanent, 5% duplicates; fails when
@@ -64,11 +68,15 @@ lint: $(GOLANGCI_LINT)
 $(GOLANGCI_LINT): tools/golangci-lint/go.mod tools/golangci-lint/go.sum
 	cd tools/golangci-lint && $(GO) build -o $(CURDIR)/$(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
-## clean: build outputs and the local Jaeger
+## clean: build outputs, the local Jaeger and PostgreSQL, and every cache (the 4.3 chroot too)
 clean:
 	-./scripts/jaeger-stop.sh >/dev/null 2>&1
+	-./scripts/postgres.sh stop >/dev/null 2>&1
 	-./scripts/rabbitmq-cluster.sh stop >/dev/null 2>&1
-	rm -rf bin .cache
+	-./scripts/rabbitmq4.sh release >/dev/null 2>&1
+	@if grep -q " $(CURDIR)/.cache/" /proc/self/mountinfo 2>/dev/null; then \
+		echo "make clean: the RabbitMQ 4.3 chroot is still mounted (a node runs there: scripts/rabbitmq4.sh status); not removing .cache"; exit 1; fi
+	rm -rf --one-file-system bin .cache
 	$(GO) clean -testcache
 
 jaeger-start:

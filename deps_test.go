@@ -78,20 +78,30 @@ func TestCoreDependsOnNoSDKExporterOrDriver(t *testing.T) {
 // packages pattern names, from go list -deps.
 func depGraph(t *testing.T, pattern string) (graph map[string][]string, roots []string) {
 	t.Helper()
+	graph, _, roots = depModules(t, pattern)
+	return graph, roots
+}
+
+// depModules is depGraph with the module of each package ("std" for the standard
+// library's).
+func depModules(t *testing.T, pattern string) (graph map[string][]string, modules map[string]string, roots []string) {
+	t.Helper()
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(goBin, "list", "-deps", "-f", "{{.DepOnly}} {{.ImportPath}} {{join .Imports \" \"}}", pattern).CombinedOutput()
+	format := "{{.DepOnly}} {{.ImportPath}} {{with .Module}}{{.Path}}{{else}}std{{end}} {{join .Imports \" \"}}"
+	out, err := exec.Command(goBin, "list", "-deps", "-f", format, pattern).CombinedOutput()
 	require.NoError(t, err, "go list -deps %s: %s", pattern, out)
-	graph = map[string][]string{}
+	graph, modules = map[string][]string{}, map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
-		require.GreaterOrEqual(t, len(fields), 2, "go list line %q", line)
-		graph[fields[1]] = fields[2:]
+		require.GreaterOrEqual(t, len(fields), 3, "go list line %q", line)
+		graph[fields[1]] = fields[3:]
+		modules[fields[1]] = fields[2]
 		if fields[0] == "false" {
 			roots = append(roots, fields[1])
 		}
 	}
 	slices.Sort(roots)
-	return graph, roots
+	return graph, modules, roots
 }
 
 // chainTo returns an import chain from one of roots to target, the shortest found
@@ -179,7 +189,7 @@ func TestRouterAssertsNoConcreteBroker(t *testing.T) {
 func TestLibraryCompilesNoTestTooling(t *testing.T) {
 	graph, _ := depGraph(t, "./...")
 	for pkg, imports := range graph {
-		if !strings.HasPrefix(pkg, "github.com/sluice-go/sluice") || isTooling(pkg) {
+		if !strings.HasPrefix(pkg, modulePath) || isTooling(pkg) {
 			continue
 		}
 		for _, imp := range imports {
@@ -201,4 +211,156 @@ func isTooling(pkg string) bool {
 		}
 	}
 	return false
+}
+
+// modulePath is sluice's module.
+const modulePath = "github.com/sluice-go/sluice"
+
+// rabbitMQPackages are the library packages that are RabbitMQ's by design: the broker
+// itself, its cluster membership, and the tools that read or write RabbitMQ's queues
+// directly (the dead-letter tools and their wire format, failover, the outbox relay).
+var rabbitMQPackages = []string{
+	"broker/amqp",
+	"dlq",
+	"failover",
+	"internal/dlqwire",
+	"internal/membership",
+	"outbox",
+}
+
+// amqpClients are RabbitMQ's client library and watermill-amqp, which compiles it (with
+// backoff v3).
+var amqpClients = []string{
+	"github.com/rabbitmq/amqp091-go",
+	"github.com/ThreeDotsLabs/watermill-amqp",
+}
+
+// Issue 53: internal/headers imported watermill-amqp for the one constant that names
+// Watermill's message id header, so every broker-neutral step (retry, poison, idempotency,
+// breaker, telemetry, the router) compiled RabbitMQ's client and backoff v3. No library
+// package but the RabbitMQ ones compiles RabbitMQ's client; a failure names the chain.
+func TestBrokerNeutralPackagesCompileNoAMQPClient(t *testing.T) {
+	graph, roots := depGraph(t, "./...")
+	checked := 0
+	for _, pkg := range roots {
+		rel, ok := strings.CutPrefix(pkg, modulePath+"/")
+		if !ok && pkg != modulePath || isTooling(pkg) || slices.Contains(rabbitMQPackages, rel) {
+			continue
+		}
+		checked++
+		for _, bad := range amqpClients {
+			if dep, found := dependsOn(graph, pkg, bad); found {
+				t.Errorf("%s (broker-neutral) compiles %s: %s", pkg, bad, strings.Join(chainTo(graph, []string{pkg}, dep), " -> "))
+				break // the client's chain names watermill-amqp when it comes through it
+			}
+		}
+	}
+	assert.Greater(t, checked, 20, "the broker-neutral packages were checked")
+}
+
+// dependsOn returns the first package, in sorted order, under prefix that pkg compiles.
+func dependsOn(graph map[string][]string, pkg, prefix string) (string, bool) {
+	seen := map[string]bool{pkg: true}
+	queue := []string{pkg}
+	var found []string
+	for len(queue) > 0 {
+		cur := queue[0]
+		queue = queue[1:]
+		if cur == prefix || strings.HasPrefix(cur, prefix+"/") {
+			found = append(found, cur)
+		}
+		for _, next := range graph[cur] {
+			if !seen[next] {
+				seen[next] = true
+				queue = append(queue, next)
+			}
+		}
+	}
+	if len(found) == 0 {
+		return "", false
+	}
+	return slices.Min(found), true
+}
+
+// majorVersion splits a module path into the module it is a major version of and that
+// version: github.com/sony/gobreaker/v2 is github.com/sony/gobreaker at v2, gopkg.in/yaml.v3
+// gopkg.in/yaml at v3, and a path without a suffix is v0 or v1.
+func majorVersion(module string) (base, major string) {
+	if i := strings.LastIndex(module, "/v"); i > 0 && isDigits(module[i+2:]) {
+		return module[:i], module[i+1:]
+	}
+	if strings.HasPrefix(module, "gopkg.in/") {
+		if i := strings.LastIndex(module, ".v"); i > 0 && isDigits(module[i+2:]) {
+			return module[:i], module[i+1:]
+		}
+	}
+	return module, "v1"
+}
+
+func isDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+// Issue 53: router compiled backoff v3, v4 and v5 and gobreaker v1 and v2: v3 through
+// watermill-amqp (above), gobreaker v1 and backoff v5 through Watermill's middleware
+// package, which the root package imported for its RecoveredPanicError and the router for
+// its Recoverer. The broker-neutral core compiles one major version of each module; a
+// failure names, for each version, the chain that brings it. (broker/amqp is not checked:
+// watermill-amqp compiles backoff v3 beside sluice's v4.)
+func TestCoreCompilesOneMajorVersionOfEachModule(t *testing.T) {
+	for _, pkg := range []string{".", "./router", "./middleware/...", "./disposition", "./telemetry", "./broker/memory", "./internal/retrystats"} {
+		t.Run(pkg, func(t *testing.T) {
+			graph, modules, roots := depModules(t, pkg)
+			versions := map[string]map[string]string{} // base module -> major -> a package of it
+			for _, p := range slices.Sorted(maps.Keys(modules)) {
+				if modules[p] == "std" {
+					continue
+				}
+				base, major := majorVersion(modules[p])
+				if versions[base] == nil {
+					versions[base] = map[string]string{}
+				}
+				if _, ok := versions[base][major]; !ok {
+					versions[base][major] = p
+				}
+			}
+			for _, base := range slices.Sorted(maps.Keys(versions)) {
+				if len(versions[base]) < 2 {
+					continue
+				}
+				var chains []string
+				for _, major := range slices.Sorted(maps.Keys(versions[base])) {
+					chains = append(chains, major+": "+strings.Join(chainTo(graph, roots, versions[base][major]), " -> "))
+				}
+				t.Errorf("%s compiles %d major versions of %s:\n\t%s", pkg, len(chains), base, strings.Join(chains, "\n\t"))
+			}
+		})
+	}
+}
+
+// Issue 53: broker/amqp imported broker/memory for ConnectOrEmbedded, so every RabbitMQ
+// program compiled the embedded broker. A broker depends on the contract (package broker)
+// and on no other broker; a failure names the chain.
+func TestBrokerImportsNoOtherBroker(t *testing.T) {
+	graph, _ := depGraph(t, "./broker/...")
+	brokerPrefix := modulePath + "/broker/"
+	var brokers []string
+	for pkg := range graph {
+		if rest, ok := strings.CutPrefix(pkg, brokerPrefix); ok && !strings.Contains(rest, "/") {
+			brokers = append(brokers, pkg)
+		}
+	}
+	slices.Sort(brokers)
+	require.Contains(t, brokers, brokerPrefix+"amqp")
+	require.Contains(t, brokers, brokerPrefix+"memory")
+	for _, b := range brokers {
+		for _, other := range brokers {
+			if other == b {
+				continue
+			}
+			if dep, found := dependsOn(graph, b, other); found {
+				t.Errorf("%s imports another broker, %s: %s", b, other, strings.Join(chainTo(graph, []string{b}, dep), " -> "))
+			}
+		}
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluice-go/sluice/internal/markers"
 )
 
 // Class says what the stack does with a handler's error.
@@ -40,8 +42,14 @@ func (c Class) String() string {
 	}
 }
 
-// ErrDeferred is the error a Defer carries when it is given no reason.
-var ErrDeferred = errors.New("deferred")
+// errDeferred is the error a Defer carries when it is given no reason.
+var errDeferred = errors.New("deferred")
+
+// ErrHandlerTimeout is matched (errors.Is) by the failure of an attempt the stack stopped
+// waiting for: its handler ran past the handler timeout and its grace without returning
+// (error type sluice.handler_timeout; the handler's goroutine may still be running), or was
+// still running when the stack closed.
+var ErrHandlerTimeout = errors.New("handler abandoned past its timeout")
 
 // ErrQueueNotFound is the one error every sluice package wraps for a queue that does not
 // exist on the broker: a depth read (broker/amqp, telemetry's depth sources), a DLQ that
@@ -58,35 +66,6 @@ type discardError struct{ err error }
 
 func (e *discardError) Error() string { return "discard: " + e.err.Error() }
 func (e *discardError) Unwrap() error { return e.err }
-
-// RetryAfterError is a retryable error whose next attempt waits exactly After.
-type RetryAfterError struct {
-	After time.Duration
-	Err   error
-}
-
-// Error returns the wrapped error's text with the wait.
-func (e *RetryAfterError) Error() string {
-	return fmt.Sprintf("retry after %s: %v", e.After, e.Err)
-}
-
-// Unwrap returns the wrapped error.
-func (e *RetryAfterError) Unwrap() error { return e.Err }
-
-// DeferError asks for the message to be tried again after After without using a retry
-// attempt. It is returned by steps (breaker open, key in flight) as much as by handlers.
-type DeferError struct {
-	After  time.Duration
-	Reason error
-}
-
-// Error returns the reason with the wait.
-func (e *DeferError) Error() string {
-	return fmt.Sprintf("deferred for %s: %v", e.After, e.Reason)
-}
-
-// Unwrap returns the reason.
-func (e *DeferError) Unwrap() error { return e.Reason }
 
 // Permanent marks err as never retryable: the message goes to the dead-letter queue on this
 // attempt. Use it for validation and decode failures and business refusals. Permanent(nil)
@@ -119,16 +98,16 @@ func RetryAfter(d time.Duration, err error) error {
 	if err == nil {
 		return nil
 	}
-	return &RetryAfterError{After: d, Err: err}
+	return &markers.RetryAfter{After: d, Err: err}
 }
 
 // Defer asks for the message to be tried again after d without counting an attempt. reason
 // may be nil. Deferral has its own bound (the retry step's maximum total age).
 func Defer(d time.Duration, reason error) error {
 	if reason == nil {
-		reason = ErrDeferred
+		reason = errDeferred
 	}
-	return &DeferError{After: d, Reason: reason}
+	return &markers.Defer{After: d, Reason: reason}
 }
 
 // ClassOf returns the class of err. The outermost marker in the chain wins, so
@@ -152,9 +131,9 @@ func markerClass(err error) (Class, bool) {
 			return ClassPermanent, true
 		case *discardError:
 			return ClassDiscard, true
-		case *DeferError:
+		case *markers.Defer:
 			return ClassDefer, true
-		case *RetryAfterError:
+		case *markers.RetryAfter:
 			return ClassRetryable, true
 		}
 		switch u := e.(type) {
@@ -180,8 +159,10 @@ type TypedError interface {
 	ErrorType() string
 }
 
-// PanicStack returns the stack of a recovered panic carried by err, if any.
+// PanicStack returns the stack of a recovered panic carried by err, if any: the router's
+// (a handler's panic), or Watermill's middleware.RecoveredPanicError from a Recoverer of the
+// user's own.
 func PanicStack(err error) (string, bool) {
 	p, ok := recoveredPanic(err)
-	return p.Stacktrace, ok
+	return p.Stack, ok
 }

@@ -13,7 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/markers"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 var errBoom = errors.New("boom")
@@ -45,15 +46,29 @@ type wrapperErr struct{ err error }
 func (e *wrapperErr) Error() string { return "wrapper: " + e.err.Error() }
 func (e *wrapperErr) Unwrap() error { return e.err }
 
-// recoveredPanic returns the error Watermill's Recoverer makes of a handler's panic, the
-// way the stack produces it.
+// recoveredPanic returns the error Watermill's Recoverer makes of a handler's panic, as a
+// Recoverer in the user's own router produces it.
 func recoveredPanic(t *testing.T) error {
 	t.Helper()
-	h := middleware.Recoverer(func(*message.Message) ([]*message.Message, error) {
+	return panicThrough(t, middleware.Recoverer)
+}
+
+// sluicePanic returns the error sluice's router makes of a handler's panic (its own
+// recoverer, which does not import Watermill's middleware package).
+func sluicePanic(t *testing.T) error {
+	t.Helper()
+	return panicThrough(t, panics.Recoverer)
+}
+
+// panicThrough returns what recoverer makes of a handler panicking with "handler exploded".
+func panicThrough(t *testing.T, recoverer message.HandlerMiddleware) error {
+	t.Helper()
+	h := recoverer(func(*message.Message) ([]*message.Message, error) {
 		panic("handler exploded")
 	})
-	_, err := h(message.NewMessage(watermill.NewUUID(), nil))
+	out, err := h(message.NewMessage(watermill.NewUUID(), nil))
 	require.Error(t, err)
+	require.Empty(t, out)
 	return err
 }
 
@@ -87,7 +102,6 @@ func TestClassOf(t *testing.T) {
 		{"Discard in errors.Join", errors.Join(errBoom, sluice.Discard(errBoom)), sluice.ClassDiscard},
 		{"first marker of two %w wins", fmt.Errorf("%w, %w", sluice.Discard(errBoom), sluice.Permanent(errBoom)), sluice.ClassDiscard},
 		{"plain errors joined", errors.Join(errBoom, sentinel), sluice.ClassRetryable},
-		{"give-back", disposition.GiveBackError(errBoom), sluice.ClassRetryable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -128,7 +142,6 @@ func TestHelpers_WrapAndUnwrap(t *testing.T) {
 		{"Discard", sluice.Discard(errBoom), "discard: boom"},
 		{"RetryAfter", sluice.RetryAfter(3*time.Second, errBoom), "retry after 3s: boom"},
 		{"Defer", sluice.Defer(2*time.Second, errBoom), "deferred for 2s: boom"},
-		{"GiveBack", disposition.GiveBackError(errBoom), "nack: boom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -147,7 +160,6 @@ func TestHelpers_NilIsNil(t *testing.T) {
 		{"Permanent", sluice.Permanent(nil)},
 		{"Discard", sluice.Discard(nil)},
 		{"RetryAfter", sluice.RetryAfter(time.Second, nil)},
-		{"GiveBack", disposition.GiveBackError(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -160,7 +172,7 @@ func TestHelpers_NilIsNil(t *testing.T) {
 
 func TestRetryAfter_CarriesTheWait(t *testing.T) {
 	err := fmt.Errorf("gateway: %w", sluice.RetryAfter(1500*time.Millisecond, errBoom))
-	var ra *sluice.RetryAfterError
+	var ra *markers.RetryAfter
 	require.ErrorAs(t, err, &ra)
 	assert.Equal(t, 1500*time.Millisecond, ra.After)
 	assert.Equal(t, errBoom, ra.Err)
@@ -182,7 +194,7 @@ func TestDefer(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			err := sluice.Defer(tt.d, tt.reason)
 			require.Error(t, err)
-			var de *sluice.DeferError
+			var de *markers.Defer
 			require.ErrorAs(t, err, &de)
 			assert.Equal(t, tt.d, de.After)
 			assert.Equal(t, tt.wantReason, de.Reason)
@@ -216,6 +228,9 @@ func TestErrorType(t *testing.T) {
 		{"TypedError wins over a panic", errors.Join(&typedErr{name: "typed"}, panicErr), "typed"},
 		{"recovered panic", panicErr, "panic"},
 		{"recovered panic wrapped", sluice.Permanent(fmt.Errorf("step: %w", panicErr)), "panic"},
+		{"recovered by sluice", sluicePanic(t), "panic"},
+		{"recovered by sluice, wrapped", fmt.Errorf("step: %w", sluicePanic(t)), "panic"},
+		{"sluice's panic pointer", &panics.Error{Value: "x", Stack: "s"}, "panic"},
 		{"RecoveredPanicError value", middleware.RecoveredPanicError{V: "x", Stacktrace: "s"}, "panic"},
 		{"RecoveredPanicError pointer", &middleware.RecoveredPanicError{V: "x", Stacktrace: "s"}, "panic"},
 	}
@@ -235,9 +250,12 @@ func TestPanicStack(t *testing.T) {
 		wantStack string // a substring; empty: exactly ""
 	}{
 		{"recovered by watermill", panicErr, true, "TestPanicStack"},
+		{"recovered by sluice", sluicePanic(t), true, "TestPanicStack"},
+		{"recovered by sluice, wrapped by markers", sluice.Permanent(fmt.Errorf("x: %w", sluicePanic(t))), true, "TestPanicStack"},
 		{"wrapped by markers", sluice.Permanent(fmt.Errorf("x: %w", panicErr)), true, "TestPanicStack"},
 		{"value", middleware.RecoveredPanicError{Stacktrace: "value stack"}, true, "value stack"},
 		{"pointer", &middleware.RecoveredPanicError{Stacktrace: "pointer stack"}, true, "pointer stack"},
+		{"nil pointer", (*middleware.RecoveredPanicError)(nil), false, ""},
 		{"plain error", errBoom, false, ""},
 		{"nil", nil, false, ""},
 	}
@@ -250,33 +268,6 @@ func TestPanicStack(t *testing.T) {
 				return
 			}
 			assert.Contains(t, stack, tt.wantStack)
-		})
-	}
-}
-
-func TestGiveBack(t *testing.T) {
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"GiveBack", disposition.GiveBackError(errBoom), true},
-		{"wrapped with %w", fmt.Errorf("retry: %w", disposition.GiveBackError(errBoom)), true},
-		{"inside a marker", sluice.Permanent(disposition.GiveBackError(errBoom)), true},
-		{"plain error", errBoom, false},
-		{"nil", nil, false},
-		{"GiveBackError(nil)", disposition.GiveBackError(nil), false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, disposition.IsGiveBack(tt.err))
-			if tt.want {
-				d, ok := disposition.Of(tt.err)
-				require.True(t, ok)
-				assert.Equal(t, disposition.GiveBack, d.Kind)
-				assert.Equal(t, errBoom, d.Reason)
-				assert.ErrorIs(t, tt.err, errBoom)
-			}
 		})
 	}
 }

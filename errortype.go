@@ -8,7 +8,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 // ErrorTypeGeneric is the error type of an error that says nothing about itself: an
@@ -193,9 +193,9 @@ func namedType(err error) (string, bool) {
 
 // ErrorMessage returns the text recorded as an error's message (x-error-message,
 // x-last-error-message, the retry history, log lines, span status): the error's own text,
-// except that a recovered panic reads "panic: <value>". The panic's stack, which Watermill's
-// Recoverer puts into the error's text, is left out; it is kept once, in x-error-stack (see
-// PanicStack).
+// except that a recovered panic reads "panic: <value>". The panic's stack, which the
+// recovered panic's text holds (sluice's recoverer writes it as Watermill's Recoverer
+// does), is left out; it is kept once, in x-error-stack (see PanicStack).
 func ErrorMessage(err error) string {
 	if err == nil {
 		return ""
@@ -205,7 +205,7 @@ func ErrorMessage(err error) string {
 	if !ok {
 		return text
 	}
-	short := "panic: " + fmt.Sprint(p.V)
+	short := "panic: " + fmt.Sprint(p.Value)
 	if full := p.Error(); strings.Contains(text, full) {
 		return strings.Replace(text, full, short, 1)
 	}
@@ -216,37 +216,73 @@ func ErrorMessage(err error) string {
 	return text
 }
 
-// recoveredPanic returns the recovered panic in err's chain, whether Watermill's Recoverer
-// put it there as a value or someone as a pointer. It walks the chain itself first: errors.As
-// makes its target escape, two allocations on every failed attempt's several calls (the
-// retry path's largest cost in sluice's own code); only a chain with an As method, which
-// may claim to be a panic, needs errors.As.
-func recoveredPanic(err error) (middleware.RecoveredPanicError, bool) {
+// recoveredPanic returns the recovered panic in err's chain: sluice's own (the router's
+// recoverer, a batch handler's), or Watermill's RecoveredPanicError that a user's own
+// Recoverer put there, each as a value or as a pointer. It walks the chain itself first:
+// errors.As makes its target escape, two allocations on every failed attempt's several
+// calls (the retry path's largest cost in sluice's own code); only a chain with an As
+// method, which may claim to be a panic, needs errors.As (for sluice's type only: claiming
+// to be Watermill's through an As method is not recognized).
+func recoveredPanic(err error) (panics.Error, bool) {
 	if p, found := walkChain(err, panicIn); found != foundAsMethod {
 		return p, found == foundValue
 	}
-	var p middleware.RecoveredPanicError
+	var p panics.Error
 	if errors.As(err, &p) {
 		return p, true
 	}
-	var pp *middleware.RecoveredPanicError
+	var pp *panics.Error
 	if errors.As(err, &pp) && pp != nil {
 		return *pp, true
 	}
-	return middleware.RecoveredPanicError{}, false
+	return panics.Error{}, false
 }
 
 // panicIn matches a recovered panic, by value or by non-nil pointer.
-func panicIn(err error) (middleware.RecoveredPanicError, bool) {
+func panicIn(err error) (panics.Error, bool) {
 	switch e := err.(type) {
-	case middleware.RecoveredPanicError:
+	case panics.Error:
 		return e, true
-	case *middleware.RecoveredPanicError:
+	case *panics.Error:
 		if e != nil {
 			return *e, true
 		}
+		return panics.Error{}, false
 	}
-	return middleware.RecoveredPanicError{}, false
+	return watermillPanic(err)
+}
+
+// Watermill's middleware.RecoveredPanicError, recognized by its package path and name and
+// read through reflect: importing Watermill's middleware package for this one type would
+// compile gobreaker v1 and backoff v5 into every program that uses sluice (issue 53).
+const (
+	watermillPanicPkg  = "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	watermillPanicType = "RecoveredPanicError"
+)
+
+// watermillPanic matches Watermill's RecoveredPanicError, by value or by non-nil pointer,
+// as the panic's value (field V) and stack (field Stacktrace). Reading the type's name
+// allocates nothing, so an error that is no panic costs no allocation.
+func watermillPanic(err error) (panics.Error, bool) {
+	t := reflect.TypeOf(err)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || t.Name() != watermillPanicType || t.PkgPath() != watermillPanicPkg {
+		return panics.Error{}, false
+	}
+	v := reflect.ValueOf(err)
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return panics.Error{}, false
+		}
+		v = v.Elem()
+	}
+	value, stack := v.FieldByName("V"), v.FieldByName("Stacktrace")
+	if !value.IsValid() || !value.CanInterface() || stack.Kind() != reflect.String {
+		return panics.Error{}, false // a Watermill release changed the type: not a panic sluice knows how to read
+	}
+	return panics.Error{Value: value.Interface(), Stack: stack.String()}, true
 }
 
 // typedError is errors.As(err, &typed) for a TypedError, walking the chain itself first as

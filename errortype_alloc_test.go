@@ -9,15 +9,18 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
-// asPanic claims, through an As method, to be a recovered panic.
+// asPanic claims, through an As method, to be a recovered panic of sluice's (package sluice
+// reads Watermill's RecoveredPanicError without importing it, so it cannot ask an As method
+// for one).
 type asPanic struct{}
 
 func (asPanic) Error() string { return "claims a panic" }
 func (asPanic) As(target any) bool {
-	if p, ok := target.(*middleware.RecoveredPanicError); ok {
-		*p = middleware.RecoveredPanicError{V: "claimed", Stacktrace: "claimed stack"}
+	if p, ok := target.(*panics.Error); ok {
+		*p = panics.Error{Value: "claimed", Stack: "claimed stack"}
 		return true
 	}
 	return false
@@ -26,6 +29,7 @@ func (asPanic) As(target any) bool {
 func TestPanicStackFindsThePanicWhereverTheChainHoldsIt(t *testing.T) {
 	value := middleware.RecoveredPanicError{V: "boom", Stacktrace: "value stack"}
 	pointer := &middleware.RecoveredPanicError{V: "boom", Stacktrace: "pointer stack"}
+	own := panics.Error{Value: "boom", Stack: "own stack"}
 	tests := []struct {
 		name      string
 		err       error
@@ -40,6 +44,9 @@ func TestPanicStackFindsThePanicWhereverTheChainHoldsIt(t *testing.T) {
 		{"joined, second", errors.Join(errors.New("first"), value), "value stack", true},
 		{"joined, none", errors.Join(errors.New("first"), errors.New("second")), "", false},
 		{"As method", fmt.Errorf("wrap: %w", asPanic{}), "claimed stack", true},
+		{"sluice's, wrapped", fmt.Errorf("handle: %w", own), "own stack", true},
+		{"sluice's pointer, joined", errors.Join(errors.New("first"), &own), "own stack", true},
+		{"sluice's nil pointer", (*panics.Error)(nil), "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

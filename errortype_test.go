@@ -17,7 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/carry"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 var errInsufficientFunds = errors.New("insufficient funds")
@@ -48,7 +49,7 @@ func TestErrorType_NamesUntypedErrorsUsefully(t *testing.T) {
 	}{
 		{"net.OpError wrapped by fmt.Errorf", fmt.Errorf("charge: %w", dialError()), "net.OpError"},
 		{"json.SyntaxError behind Permanent", sluice.Permanent(fmt.Errorf("decode: %w", syntaxError(t))), "json.SyntaxError"},
-		{"behind RetryAfter and a hand-off", disposition.GiveBackError(sluice.RetryAfter(time.Second, dialError())), "net.OpError"},
+		{"behind RetryAfter and a hand-off", &carry.GiveBack{Reason: sluice.RetryAfter(time.Second, dialError())}, "net.OpError"},
 		{"behind pkg/errors WithStack and WithMessage", pkgerrors.WithMessage(pkgerrors.WithStack(dialError()), "ctx"), "net.OpError"},
 		{"first named type in errors.Join", errors.Join(errBoom, syntaxError(t), dialError()), "json.SyntaxError"},
 		{"registered sentinel", fmt.Errorf("charge ord_1: %w", errInsufficientFunds), "insufficient_funds"},
@@ -94,6 +95,9 @@ func TestErrorMessage_PanicIsItsValue(t *testing.T) {
 		{"permanent panic", sluice.Permanent(panicErr), "permanent: panic: handler exploded"},
 		{"panic with an error value", middleware.RecoveredPanicError{V: errBoom, Stacktrace: "goroutine 1"}, "panic: boom"},
 		{"panic pointer", &middleware.RecoveredPanicError{V: 42, Stacktrace: "goroutine 1"}, "panic: 42"},
+		{"recovered by sluice", sluicePanic(t), "panic: handler exploded"},
+		{"recovered by sluice, wrapped", fmt.Errorf("step: %w", sluicePanic(t)), "step: panic: handler exploded"},
+		{"sluice's panic with an error value", panics.Error{Value: errBoom, Stack: "goroutine 1"}, "panic: boom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,14 +1,21 @@
-// Package broker declares what sluice's stack needs from a message broker, one capability
-// per interface, each with one method and one signature. Both of sluice's brokers,
-// broker/amqp (RabbitMQ) and broker/memory (the embedded one), implement Broker, checked
-// at compile time beside each of them; a third broker implements the same interfaces and
-// the stack (package router) runs on it unchanged.
+// Package broker declares what sluice's stack needs from a message broker. Both of sluice's
+// brokers, broker/amqp (RabbitMQ) and broker/memory (the embedded one), implement Broker,
+// checked at compile time beside each of them and at run time by the conformance suite,
+// package broker/brokertest, which states what every method must do; a third broker that
+// passes the suite runs the stack (package router) unchanged.
 //
-// Broker is the contract the stack requires. ConsumerCounter and Joiner are capabilities a
-// broker may add: the stack uses them when they are there (claiming partitions at start,
-// rebalancing partitions between instances) and says so in the option that needs them.
-// The embedded broker lives in one process, where no other instance competes for a
-// partition, so it has neither.
+// Broker is the contract the stack requires; Delayer and DeadLetterer are the parts of it
+// the retry and poison steps take alone. ConsumerCounter, Joiner, NativeRetrier and
+// Journaler are capabilities a broker may add: the stack uses them when they are there
+// (claiming partitions at start, rebalancing partitions between instances, native delayed
+// retry, journaled idempotency keys) and says so in the option that needs them. The
+// embedded broker lives in one process, where no other instance competes for a partition
+// and nothing outlives the process, so it has none of them.
+//
+// How a delivery leaves its consumer is typed too: a subscriber gives each delivery's
+// context a Delivery, on which the step that nacks a message says how it is settled
+// (Settlement: returned unprocessed, held back by the queue, or rejected as a failure), and
+// the idempotency step holds an ack until its journal record is confirmed (HoldAck).
 //
 // The router never asserts a broker's concrete type: what it cannot get through these
 // interfaces, it does not use.
@@ -27,83 +34,62 @@ import (
 	"github.com/sluice-go/sluice/internal/binding"
 )
 
-// Broker is everything the stack (router.New) requires of a broker.
+// Broker is everything the stack (router.New) requires of a broker. The conformance
+// suite, package broker/brokertest, states what each method must do and checks it on a
+// running broker.
 type Broker interface {
-	Namer
-	QueueDeclarer
-	OutputQueueDeclarer
-	PartitionDeclarer
-	ExchangeDeclarer
-	SubscriptionDeclarer
-	ConfirmedPublisher
-	PartitionPublisher
-	ExchangePublisher
-	Delayer
-	DeadLetterer
-	Consumer
-	DepthReader
-	io.Closer
-}
-
-// Namer names the messaging system.
-type Namer interface {
 	// Name is the messaging system ("rabbitmq", "memory"), as telemetry reports it.
 	Name() string
-}
-
-// QueueDeclarer declares a consumed queue with its failure paths.
-type QueueDeclarer interface {
 	// DeclareQueue declares queue with its dead-letter queue and its route back from the
 	// delay, so that retries and dead letters have somewhere to go.
 	DeclareQueue(ctx context.Context, queue string) error
-}
-
-// OutputQueueDeclarer declares a queue the stack only publishes to.
-type OutputQueueDeclarer interface {
-	// DeclareOutputQueue declares queue without failure paths of its own: its consumer's
-	// DeclareQueue adds them.
+	// DeclareOutputQueue declares a queue the stack only publishes to, without failure
+	// paths of its own: its consumer's DeclareQueue adds them.
 	DeclareOutputQueue(ctx context.Context, queue string) error
-}
-
-// PartitionDeclarer declares a key-partitioned queue (router.WithPartitions).
-type PartitionDeclarer interface {
-	// DeclarePartitioned declares queue as partitions queues (topology.Partition) with
-	// their shared dead-letter queue and delay routes.
+	// DeclarePartitioned declares queue as partitions key-partitioned queues
+	// (router.WithPartitions) with their shared dead-letter queue and delay routes.
 	DeclarePartitioned(ctx context.Context, queue string, partitions int) error
-}
-
-// ExchangeDeclarer declares an exchange the stack publishes or subscribes to.
-type ExchangeDeclarer interface {
 	// DeclareExchange declares exchange of kind with sluice's alternate exchange
-	// sluice.unrouted, or, with adopt, uses an existing one as it is.
+	// sluice.unrouted, or, with adopt, uses an existing one as it is. An exchange declared
+	// before with another kind is an error wrapping ErrInequivalent (without adopt).
 	DeclareExchange(ctx context.Context, exchange string, kind ExchangeKind, adopt bool) error
-}
-
-// SubscriptionDeclarer declares a subscriber's queue and its bindings.
-type SubscriptionDeclarer interface {
 	// DeclareSubscription declares queue with its failure paths, the bindings' exchanges
-	// and the bindings (adopting what exists, with adopt).
+	// and the bindings (adopting what exists, with adopt). An invalid binding is an error
+	// wrapping ErrBinding.
 	DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error
-}
-
-// ConfirmedPublisher publishes to a queue and waits for the broker's confirms.
-type ConfirmedPublisher interface {
 	// PublishConfirmed publishes messages to queue and returns once every one is
 	// confirmed, or with ctx's error when ctx ends first.
 	PublishConfirmed(ctx context.Context, queue string, messages ...*message.Message) error
-}
-
-// PartitionPublisher publishes to a partitioned queue.
-type PartitionPublisher interface {
-	// PublishPartitioned publishes messages to queue's partition for key, confirmed.
+	// PublishPartitioned publishes messages to queue's partition for key, confirmed; an
+	// empty key is an error wrapping ErrPartitionKey.
 	PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error
-}
-
-// ExchangePublisher publishes to an exchange.
-type ExchangePublisher interface {
 	// PublishToExchange publishes messages to exchange with routingKey, confirmed.
 	PublishToExchange(ctx context.Context, exchange, routingKey string, messages ...*message.Message) error
+	Delayer
+	DeadLetterer
+	// Subscriber returns a subscriber with opts. Its deliveries' contexts carry a Delivery
+	// (DeliveryFrom), and a nacked message is settled as its Delivery says.
+	Subscriber(opts SubscribeOptions) Subscriber
+	// QueueDepth returns queue's messages and consumers (telemetry's depth watcher, the
+	// overload guard); a queue that does not exist is an error wrapping
+	// sluice.ErrQueueNotFound.
+	QueueDepth(ctx context.Context, queue string) (sluice.QueueDepth, error)
+	// Close closes the broker and every subscriber it made; what is called after it
+	// returns an error wrapping ErrClosed.
+	io.Closer
 }
+
+// Errors both brokers return, so that a caller matches one name whatever the broker.
+var (
+	// ErrClosed is wrapped by what is called on a closed broker.
+	ErrClosed = errors.New("broker: closed")
+	// ErrInequivalent is wrapped by a declaration refused because the queue or exchange
+	// exists with other arguments (another exchange kind, another queue type).
+	ErrInequivalent = errors.New("broker: declared before with other arguments")
+	// ErrPartitionKey is wrapped by PublishPartitioned's error for a key the broker cannot
+	// route: empty (or, on RabbitMQ, longer than 255 bytes).
+	ErrPartitionKey = errors.New("broker: invalid partition key")
+)
 
 // Delayer delivers a message again after a delay (the retry step's hand-off).
 type Delayer interface {
@@ -116,19 +102,6 @@ type Delayer interface {
 type DeadLetterer interface {
 	// DeadLetter publishes msg to queue's dead-letter queue; it returns once confirmed.
 	DeadLetter(ctx context.Context, queue string, msg *message.Message) error
-}
-
-// Consumer makes subscribers.
-type Consumer interface {
-	// Subscriber returns a subscriber with opts.
-	Subscriber(opts SubscribeOptions) Subscriber
-}
-
-// DepthReader reads a queue's depth (telemetry's depth watcher, the overload guard).
-type DepthReader interface {
-	// QueueDepth returns queue's messages and consumers; a queue that does not exist is
-	// an error wrapping sluice.ErrQueueNotFound.
-	QueueDepth(ctx context.Context, queue string) (sluice.QueueDepth, error)
 }
 
 // ConsumerCounter counts a queue's consumers. A broker that has it lets the instances of
@@ -151,7 +124,7 @@ type Joiner interface {
 // (router.WithNativeRetry). RabbitMQ 4.3's quorum queues have it (x-delayed-retry-type
 // "failed"); older RabbitMQ and the embedded broker do not.
 type NativeRetrier interface {
-	// DeclareNativeRetryQueue declares queue as QueueDeclarer.DeclareQueue does, and has the
+	// DeclareNativeRetryQueue declares queue as Broker.DeclareQueue does, and has the
 	// broker hold a delivery given back after a failure (rejected with requeue) for r's
 	// delay before redelivering it; it returns an error naming what the broker lacks when it
 	// cannot.
@@ -219,8 +192,9 @@ type JournalRecreator interface {
 	JournalsRecreated() int64
 }
 
-// ErrBlocked is wrapped by Journal.Append's error while the broker blocks publishing (a
-// RabbitMQ memory or disk alarm): the append was not attempted.
+// ErrBlocked is wrapped by a publish's error while the broker blocks publishing (a RabbitMQ
+// memory or disk alarm): Journal.Append's, at once (the append was not attempted), and a
+// publish's that missed its deadline meanwhile.
 var ErrBlocked = errors.New("broker: publishing blocked by a resource alarm")
 
 // Journal is one append-only journal (Journaler).
@@ -258,6 +232,11 @@ type SubscribeOptions struct {
 	// count). Zero means Concurrency; a smaller value is raised to Concurrency. A broker
 	// without prefetch ignores it.
 	Prefetch int
+	// SettleWithin is how long after its delivery the subscriber's user settles (acks or
+	// gives back) every delivery at the latest, prefetch wait included: the broker must
+	// not take a delivery back before (RabbitMQ's consumer timeout). Zero means no bound is
+	// declared. A broker that takes nothing back ignores it.
+	SettleWithin time.Duration
 }
 
 // Subscriber is a Watermill subscriber that can stop taking deliveries and take them
@@ -326,3 +305,11 @@ type Binding = binding.Binding
 
 // ErrBinding means a Binding is incomplete or contradicts its exchange kind.
 var ErrBinding = binding.ErrInvalid
+
+// The error types of the shared errors in failure records (see sluice.ErrorType): a handler
+// output that could not be published is retried and, when its retries run out,
+// dead-lettered with one of these instead of the generic "error".
+func init() {
+	sluice.RegisterErrorType(ErrClosed, "broker_closed")
+	sluice.RegisterErrorType(ErrPartitionKey, "partition_key")
+}

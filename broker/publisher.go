@@ -6,6 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/lifecycle"
 )
 
 // QueuePublisher returns a Watermill publisher whose topic is a queue and whose Publish
@@ -13,15 +14,15 @@ import (
 // on any Broker. Publish is bounded by the first message's deadline, not its cancellation
 // (a handler's context ends right after it returns, while its output may still be
 // confirming); PublishContext by ctx. Close does nothing: the broker's owner closes it.
-func QueuePublisher(p ConfirmedPublisher) sluice.ContextPublisher { return queuePublisher{p} }
+func QueuePublisher(p Broker) sluice.ContextPublisher { return queuePublisher{p} }
 
-type queuePublisher struct{ p ConfirmedPublisher }
+type queuePublisher struct{ p Broker }
 
 func (q queuePublisher) Publish(queue string, messages ...*message.Message) error {
 	if len(messages) == 0 {
 		return nil
 	}
-	ctx, cancel := MessageDeadline(messages[0])
+	ctx, cancel := lifecycle.MessageDeadline(messages[0])
 	defer cancel()
 	return q.p.PublishConfirmed(ctx, queue, messages...)
 }
@@ -31,14 +32,3 @@ func (q queuePublisher) PublishContext(ctx context.Context, queue string, messag
 }
 
 func (queuePublisher) Close() error { return nil }
-
-// MessageDeadline returns a context with the deadline of m's context and none of its
-// cancellation, for publishing what m's handler produced after the handler returned.
-func MessageDeadline(m *message.Message) (context.Context, context.CancelFunc) {
-	parent := m.Context()
-	ctx := context.WithoutCancel(parent)
-	if dl, ok := parent.Deadline(); ok {
-		return context.WithDeadline(ctx, dl)
-	}
-	return ctx, func() {}
-}

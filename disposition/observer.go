@@ -23,10 +23,6 @@ type Outcome struct {
 	Queue, Handler, MessageID string
 	// Dependency is the handler's dependency (its breaker's name), "" when none is named.
 	Dependency string
-	// HeldBack is set on a Retry that the queue carries out itself (a broker's native
-	// delayed retry, broker.NativeRetrier): the message was rejected back to its queue,
-	// which holds it back for the Delay, and nothing was handed to a Delayer.
-	HeldBack bool
 }
 
 // Delay is the broker-side delay of a Retry or Defer.

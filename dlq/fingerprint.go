@@ -40,7 +40,8 @@ var (
 	spacePattern = regexp.MustCompile(`\s+`)
 )
 
-// panicPrefix is how Watermill's RecoveredPanicError starts its text.
+// panicPrefix is how a recovered panic's text starts: Watermill's RecoveredPanicError's,
+// and the router's recoverer's, which writes the same.
 const panicPrefix = "panic occurred:"
 
 // groupID returns the id of the group of handler, errorType and fingerprint.

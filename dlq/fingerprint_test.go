@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/panics"
 	"github.com/sluice-go/sluice/internal/testkit/dlqfill"
 )
 
@@ -28,12 +29,44 @@ func panicLedger(id string) {
 }
 
 func recovered(site func(string), id string) error {
-	h := middleware.Recoverer(func(*message.Message) ([]*message.Message, error) {
+	return recoveredBy(middleware.Recoverer, site, id)
+}
+
+// recoveredBy runs site under recoverer and returns the error it records.
+func recoveredBy(recoverer message.HandlerMiddleware, site func(string), id string) error {
+	h := recoverer(func(*message.Message) ([]*message.Message, error) {
 		site(id)
 		return nil, nil
 	})
 	_, err := h(message.NewMessage(id, nil))
 	return err
+}
+
+// The router recovers a handler's panic with its own recoverer (so it compiles no Watermill
+// middleware); a user's own router may use Watermill's. A dead letter of either records the
+// same error type, message and stack frames, so both land in one group.
+func TestFingerprint_SameWhicheverRecovererCaughtThePanic(t *testing.T) {
+	for _, site := range []struct {
+		name string
+		fn   func(string)
+	}{{"panicAccount", panicAccount}, {"panicLedger", panicLedger}} {
+		t.Run(site.name, func(t *testing.T) {
+			record := func(err error) (typ, msg, fp string) {
+				stack, ok := sluice.PanicStack(err)
+				require.True(t, ok, "the stack is found: %v", err)
+				typ, msg = sluice.ErrorType(err), sluice.ErrorMessage(err)
+				return typ, msg, dlq.Fingerprint(typ, msg, stack)
+			}
+			wTyp, wMsg, wFP := record(recoveredBy(middleware.Recoverer, site.fn, "acct-1"))
+			sTyp, sMsg, sFP := record(recoveredBy(panics.Recoverer, site.fn, "acct-1"))
+			assert.Equal(t, "panic", sTyp)
+			assert.Equal(t, wTyp, sTyp)
+			assert.Equal(t, wMsg, sMsg)
+			assert.Equal(t, wFP, sFP)
+			assert.Contains(t, sFP, "panic at github.com/sluice-go/sluice/dlq_test."+site.name+" (fingerprint_test.go:")
+			assert.NotContains(t, sFP, "Recoverer")
+		})
+	}
 }
 
 func TestNormalizeMessage(t *testing.T) {

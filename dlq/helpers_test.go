@@ -13,10 +13,10 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/poison"
 )
 
 // queueTypes are the queue types every broker test runs on.
@@ -85,8 +85,7 @@ func (fx *fixture) deadLetter(t *testing.T, f failure) {
 	if at.IsZero() {
 		at = time.Now()
 	}
-	p, err := poison.New(poison.Config{DeadLetterer: noDeadLetterer{}, Now: func() time.Time { return at }, Host: "worker-1"})
-	require.NoError(t, err)
+	p := carry.New(carry.Carrier{Now: func() time.Time { return at }, Host: "worker-1"})
 	msg := message.NewMessage(f.id, []byte(`{"id":"`+f.id+`"}`))
 	msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(f.retries))
 	msg.Metadata.Set(headers.TraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
@@ -97,7 +96,7 @@ func (fx *fixture) deadLetter(t *testing.T, f failure) {
 	for k, v := range f.md {
 		msg.Metadata.Set(k, v)
 	}
-	rec := p.Record(msg, fx.queue, f.err)
+	rec := p.Record(msg, fx.queue, sluice.RetryCount(msg.Metadata), f.err)
 	rec.Metadata.Set(headers.Handler, "payments")
 	for k, v := range f.record {
 		rec.Metadata.Set(k, v)

@@ -50,7 +50,7 @@ type Record struct {
 	ErrorClass string `json:"error_class,omitempty"`
 	// Reason is why the message was dead-lettered (x-dead-letter-reason: permanent,
 	// retries_exhausted, max_age, retry_unlikely, retry_budget_exhausted, ...; see
-	// disposition.DeadLetterReasonOf), or "rabbitmq.<reason>" for a message RabbitMQ
+	// decide.ReasonOf), or "rabbitmq.<reason>" for a message RabbitMQ
 	// dead-lettered itself; empty for a dead letter sluice of an older version wrote.
 	Reason string `json:"reason,omitempty"`
 	// ErrorMessage is x-error-message, else x-last-error-message.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/headers"
@@ -35,7 +36,7 @@ func newUnroutedFixture(t *testing.T) *unroutedFixture {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 	fx := &unroutedFixture{rabbit: r, broker: b, exchange: testenv.Name("test.unrouted")}
-	require.NoError(t, b.DeclareExchange(ctx, fx.exchange, amqp.ExchangeTopic, false))
+	require.NoError(t, b.DeclareExchange(ctx, fx.exchange, broker.Topic, false))
 	t.Cleanup(func() {
 		ch, err := r.Conn.Channel()
 		if err != nil {
@@ -102,7 +103,7 @@ func TestUnroutedListAndReplay(t *testing.T) {
 
 	queue := testenv.Name("test.unrouted.sub")
 	fx.rabbit.DeleteQueues(queue, topology.DLQ(queue))
-	require.NoError(t, fx.broker.DeclareSubscription(ctx, queue, []amqp.Binding{{Exchange: fx.exchange, Keys: []string{"order.paid"}}}, false))
+	require.NoError(t, fx.broker.DeclareSubscription(ctx, queue, []broker.Binding{{Exchange: fx.exchange, Keys: []string{"order.paid"}}}, false))
 	res, err = dlq.ReplayUnrouted(ctx, fx.rabbit.Conn, dlq.UnroutedSelector{Exchange: fx.exchange, RoutingKey: "order.paid"}, false)
 	require.NoError(t, err)
 	require.Len(t, res.Replayed, 1)

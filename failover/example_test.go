@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/failover"
 )
@@ -62,8 +63,8 @@ func ExampleNewSubscriber() {
 	<-secondary.Ready()
 
 	sub := failover.NewSubscriber(
-		primary.Broker().Subscriber(amqp.SubscribeOptions{}),
-		secondary.Broker().Subscriber(amqp.SubscribeOptions{}),
+		primary.Broker().Subscriber(broker.SubscribeOptions{}),
+		secondary.Broker().Subscriber(broker.SubscribeOptions{}),
 	)
 	defer sub.Close()
 	msgs, err := sub.Subscribe(context.Background(), "orders")

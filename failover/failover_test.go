@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/failover"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
@@ -115,8 +116,8 @@ func TestFailover(t *testing.T) {
 
 	t.Run("a subscriber over both clusters consumes every message once", func(t *testing.T) {
 		sub := failover.NewSubscriber(
-			primary.Subscriber(amqp.SubscribeOptions{Concurrency: 8}),
-			secondary.Subscriber(amqp.SubscribeOptions{Concurrency: 8}),
+			primary.Subscriber(broker.SubscribeOptions{Concurrency: 8}),
+			secondary.Subscriber(broker.SubscribeOptions{Concurrency: 8}),
 		)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()

@@ -36,7 +36,6 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -723,11 +722,7 @@ func benchFailureRecord(b *testing.B, queue string) message.Metadata {
 		copied = msg.Metadata
 		return nil
 	}))
-	p, err := poison.New(poison.Config{DeadLetterer: noDeadLetter{}, Logger: benchLogger})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := retry.New(retry.Config{Delayer: capture, DeadLetter: p, Logger: benchLogger})
+	r, err := retry.New(retry.Config{Delayer: capture, DeadLetterer: noDeadLetter{}, Logger: benchLogger})
 	if err != nil {
 		b.Fatal(err)
 	}

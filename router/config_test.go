@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -21,8 +20,7 @@ func TestNew_NeverChangesItsConfig(t *testing.T) {
 	observer := &steptest.Observer{} // a pointer: a func would never compare equal
 	build := func() router.Config {
 		return router.Config{
-			Retry:          retry.Config{MaxRetries: 3, InitialDelay: 10 * time.Millisecond, Observer: observer, Overload: o},
-			Poison:         poison.Config{Host: "worker-1"},
+			Retry:          retry.Config{MaxRetries: 3, InitialDelay: 10 * time.Millisecond, Observer: observer, Overload: o, Host: "worker-1"},
 			Concurrency:    2,
 			HandlerTimeout: time.Second,
 		}
@@ -35,9 +33,8 @@ func TestNew_NeverChangesItsConfig(t *testing.T) {
 	assert.Equal(t, build(), cfg, "New changed the Config it was given")
 	assert.Nil(t, o.Config().Backlog, "the broker's depth is not written into the caller's OverloadConfig")
 	assert.Nil(t, cfg.Retry.Delayer)
-	assert.Nil(t, cfg.Retry.DeadLetter)
-	assert.Nil(t, cfg.Poison.DeadLetterer)
+	assert.Nil(t, cfg.Retry.DeadLetterer)
 	// The step in force has the defaults and the broker.
 	assert.NotNil(t, s.Retry().Config().Delayer)
-	assert.NotNil(t, s.Retry().Config().DeadLetter)
+	assert.NotNil(t, s.Retry().Config().DeadLetterer)
 }

@@ -17,12 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -57,12 +57,12 @@ func describedStack(t *testing.T) (*router.Stack, string, string) {
 	require.NoError(t, s.Handle("ledger", ledger, describedNoop, router.WithPartitions(2), router.WithDeferWhileOpen()))
 	// "down" never recovers: 12 messages exhausted their retries; "flaky" recovered twice.
 	for range 12 {
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true})
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "down", Resolved: "down", End: disposition.Exhausted, Attempt: 4})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "down", Resolved: "down", End: retrystats.Exhausted, Attempt: 4})
 	}
 	for range 2 {
-		stats.Record("ledger", disposition.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
-		stats.Record("ledger", disposition.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: disposition.Recovered, Attempt: 2})
+		stats.Record("ledger", retrystats.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
+		stats.Record("ledger", retrystats.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: retrystats.Recovered, Attempt: 2})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -90,7 +90,7 @@ func TestDescribe(t *testing.T) {
 	s, orders, ledger := describedStack(t)
 	d := s.Describe()
 	require.Len(t, d.Handlers, 2, "the partitions' handlers are described with their registration")
-	byName := map[string]router.HandlerDescription{}
+	byName := map[string]policy.HandlerDescription{}
 	for _, h := range d.Handlers {
 		byName[h.Name] = h
 	}
@@ -120,7 +120,9 @@ func TestDescribe(t *testing.T) {
 			assert.Equal(t, tc.partitions, h.Partitions)
 			assert.Equal(t, topology.DLQ(tc.queue), h.DeadLetterQueue)
 			assert.Equal(t, topology.Archive(tc.queue), h.Archive)
-			assert.Equal(t, router.Duration(5*time.Second), h.HandlerTimeout)
+			assert.Equal(t, policy.Duration(5*time.Second), h.HandlerTimeout)
+			// One turn of its one slot: 5s + 1s grace + two 30s hand-offs + 10s.
+			assert.Equal(t, policy.Duration(76*time.Second), h.SettleWithin)
 
 			// The schedule is the step's own backoff: without jitter, exactly Backoff(n).
 			assert.Equal(t, 3, h.Retry.MaxRetries)
@@ -145,7 +147,7 @@ func TestDescribe(t *testing.T) {
 			assert.Equal(t, tc.whileOpen, h.Breaker.WhileOpen)
 			assert.Equal(t, tc.dependency, h.Breaker.Dependency)
 			if tc.dependency != "" {
-				assert.Equal(t, router.Duration(7*time.Second), h.Breaker.OpenTimeout)
+				assert.Equal(t, policy.Duration(7*time.Second), h.Breaker.OpenTimeout)
 				assert.Equal(t, 3, h.Breaker.HalfOpenProbes)
 				assert.Equal(t, "closed", h.Breaker.State)
 			}
@@ -197,7 +199,7 @@ func TestDescribe_Jitter(t *testing.T) {
 			assert.Equal(t, tc.retries+1, p.MaxAttempts)
 			for _, r := range p.Schedule {
 				for range 20 {
-					d := router.Duration(s.Retry().Backoff(r.Retry))
+					d := policy.Duration(s.Retry().Backoff(r.Retry))
 					assert.GreaterOrEqual(t, d, r.MinDelay, "retry %d", r.Retry)
 					assert.LessOrEqual(t, d, r.MaxDelay, "retry %d", r.Retry)
 				}
@@ -222,6 +224,7 @@ func TestDescription_Markdown(t *testing.T) {
 		{name: "the schedule", want: []string{"| Retry | Attempt | Delay | With jitter | After first failure |",
 			"| 1 | 2 | 100ms | 100ms – 100ms | 100ms |", "| 3 | 4 | 300ms | 300ms – 300ms | 600ms |"}},
 		{name: "attempts", want: []string{"| Maximum attempts | 4 (3 retries) |"}},
+		{name: "settle bound", want: []string{"| Settle bound | every delivery settled within 1m16s of its delivery, prefetch wait included; RabbitMQ's consumer timeout must not be lower |"}},
 		{name: "error classes", want: []string{"| `permanent` | dead-lettered to " + topology.DLQ(orders) + " at once |", "| `breaker_open` |"}},
 		{name: "learned view", want: []string{"| `down` | stop retrying (exploring 5%) | dead-lettered at once", "| `flaky` | retry (not enough evidence) |"}},
 		{name: "breakers", want: []string{"| `gateway` | closed | 7s | 3 |"}},
@@ -276,11 +279,11 @@ func TestStack_DebugHandlers(t *testing.T) {
 		check       func(t *testing.T, body string)
 	}{
 		{name: "policy as JSON", path: "/policy", status: 200, contentType: "application/json", check: func(t *testing.T, body string) {
-			var d router.Description
+			var d policy.Description
 			require.NoError(t, json.Unmarshal([]byte(body), &d))
 			require.Len(t, d.Handlers, 2)
 			assert.Equal(t, orders, d.Handlers[1].Queue)
-			assert.Equal(t, router.Duration(100*time.Millisecond), d.Handlers[1].Retry.Schedule[0].Delay)
+			assert.Equal(t, policy.Duration(100*time.Millisecond), d.Handlers[1].Retry.Schedule[0].Delay)
 			assert.Contains(t, body, `"delay": "100ms"`)
 		}},
 		{name: "policy as Markdown", path: "/policy?format=markdown", status: 200, contentType: "text/markdown", check: func(t *testing.T, body string) {
@@ -356,17 +359,17 @@ func TestDuration_JSON(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.want, func(t *testing.T) {
-			b, err := json.Marshal(router.Duration(tc.d))
+			b, err := json.Marshal(policy.Duration(tc.d))
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, string(b))
-			var back router.Duration
+			var back policy.Duration
 			require.NoError(t, json.Unmarshal(b, &back))
-			assert.Equal(t, router.Duration(tc.d), back)
+			assert.Equal(t, policy.Duration(tc.d), back)
 		})
 	}
-	var n router.Duration
+	var n policy.Duration
 	require.NoError(t, json.Unmarshal([]byte("2000000000"), &n), "nanoseconds are read too")
-	assert.Equal(t, router.Duration(2*time.Second), n)
+	assert.Equal(t, policy.Duration(2*time.Second), n)
 	assert.Error(t, json.Unmarshal([]byte(`"soon"`), &n))
 }
 
@@ -385,8 +388,8 @@ func TestDescription_LearnedShorten(t *testing.T) {
 	q := uniqueQueue("describe.shorten")
 	require.NoError(t, s.Handle("orders", q, describedNoop))
 	for range retry.MinShortenRecoveries {
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: disposition.Recovered, Attempt: 2})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "flaky", NewMessage: true, Retried: true})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "flaky", Resolved: "flaky", End: retrystats.Recovered, Attempt: 2})
 	}
 	d := s.Describe()
 	require.Len(t, d.Handlers, 1)

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/middleware/breaker"
@@ -36,19 +37,19 @@ func connectForDocs() (*amqp.Broker, *router.Stack) {
 
 // docs/migrating.md, "Using sluice in your own Watermill router": sluice's steps, in the
 // stack's order, in a message.Router of your own.
-func ownRouter(broker *amqp.Broker, r *message.Router, retryCfg retry.Config, guard *idempotency.Guard, breakers *breaker.Registry, handle message.HandlerFunc) error {
+func ownRouter(b *amqp.Broker, r *message.Router, retryCfg retry.Config, guard *idempotency.Guard, breakers *breaker.Registry, handle message.HandlerFunc) error {
 	ctx := context.Background()
-	if err := broker.DeclareQueue(ctx, "payments.requested"); err != nil {
+	if err := b.DeclareQueue(ctx, "payments.requested"); err != nil {
 		return err
 	}
-	mws, closeSteps, err := router.Middlewares(broker, router.Config{Retry: retryCfg, Idempotency: guard, Breakers: breakers})
+	mws, closeSteps, err := router.Middlewares(b, router.Config{Retry: retryCfg, Idempotency: guard, Breakers: breakers})
 	if err != nil {
 		return err
 	}
 	defer closeSteps()      // after r.Close: unregisters the steps' gauges and listeners
 	r.AddMiddleware(mws...) // first added is outermost
-	r.AddHandler("payments", "payments.requested", broker.Subscriber(amqp.SubscribeOptions{Concurrency: 8, Prefetch: 16}),
-		"payments.succeeded", broker.Publisher(), handle)
+	r.AddHandler("payments", "payments.requested", b.Subscriber(broker.SubscribeOptions{Concurrency: 8, Prefetch: 16}),
+		"payments.succeeded", b.Publisher(), handle)
 	defer r.Close()
 	return r.Run(ctx)
 }

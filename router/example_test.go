@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -99,7 +100,7 @@ func ExampleMiddlewares() {
 
 	r, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	r.AddMiddleware(mws...)
-	r.AddConsumerHandler("charge", "payments", b.Subscriber(memory.SubscribeOptions{}), func(msg *message.Message) error {
+	r.AddConsumerHandler("charge", "payments", b.Subscriber(broker.SubscribeOptions{}), func(msg *message.Message) error {
 		fmt.Println("attempt", sluice.RetryCount(msg.Metadata)+1)
 		return errors.New("gateway timeout")
 	})

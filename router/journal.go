@@ -2,15 +2,13 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/router/internal/journal"
 )
 
 // JournalingIdempotency is an Idempotency that also keeps its done keys on a broker's
@@ -29,57 +27,13 @@ type JournalingIdempotency interface {
 	Journaled(ctx context.Context, jr broker.Journaler, name string, key func(*message.Message) (string, error), observers ...disposition.Observer) (message.HandlerMiddleware, error)
 }
 
-// journalSwitch is an idempotency step whose journal can be off (package idempotency's
-// Guard with Config.DisableJournal): Journals reports whether it keeps one.
-type journalSwitch interface {
-	Journals() bool
-}
-
-// journalSlot holds a handler's journaled idempotency step until Run has restored it: the
-// handler is composed at registration, its journal read only when the stack runs.
-type journalSlot struct {
-	ji   JournalingIdempotency
-	jr   broker.Journaler
-	name string
-	key  func(*message.Message) (string, error)
-	obs  []disposition.Observer
-	next message.HandlerFunc // the steps below idempotency
-	// ready is closed once restoreJournals has set step (nil when the restore failed);
-	// closing is closed by Stack.Close.
-	ready   chan struct{}
-	closing <-chan struct{}
-	step    message.HandlerFunc
-}
-
 // ErrRestoring is the reason of a message returned unprocessed because the stack closed
 // (or its restore failed) before its idempotency journal was restored.
-var ErrRestoring = errors.New("router: idempotency journal not restored")
+var ErrRestoring = journal.ErrRestoring
 
-func (sl *journalSlot) middleware(next message.HandlerFunc) message.HandlerFunc {
-	sl.next = next
-	return func(m *message.Message) ([]*message.Message, error) {
-		select {
-		case <-sl.ready:
-		default:
-			// Claimed before the journal is read: wait, holding the message, rather than
-			// handle it without the keys a peer or an earlier run marked done.
-			select {
-			case <-sl.ready:
-			case <-sl.closing:
-				return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: the stack is closing", ErrRestoring, sl.name))
-			case <-m.Context().Done():
-				return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: %w", ErrRestoring, sl.name, m.Context().Err()))
-			}
-		}
-		if sl.step == nil {
-			return nil, disposition.ReturnUnprocessedError(fmt.Errorf("%w: queue %q: the restore failed", ErrRestoring, sl.name))
-		}
-		return sl.step(m)
-	}
-}
-
-// journalSlot returns a slot for hc's idempotency step when it journals, else nil.
-func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journalSlot {
+// journalSlot returns a slot for hc's idempotency step when it journals, else nil; s.mu is
+// held.
+func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journal.Slot {
 	if hc.journal == "" {
 		return nil
 	}
@@ -91,16 +45,15 @@ func (s *Stack) journalSlot(hc handlerConfig, obs []disposition.Observer) *journ
 	if !ok {
 		return nil
 	}
-	if j, ok := ji.(journalSwitch); ok && !j.Journals() {
+	if j, ok := ji.(journal.Switch); ok && !j.Journals() {
 		return nil // its journal is off: NewMiddleware, with nothing to restore
 	}
-	sl := &journalSlot{ji: ji, jr: jr, name: hc.journal, key: hc.keyFunc, obs: obs,
-		ready: make(chan struct{}), closing: s.closing}
+	sl := journal.NewSlot(ji, jr, hc.journal, hc.keyFunc, obs, s.closing)
 	s.slots = append(s.slots, sl)
 	return sl
 }
 
-// restoreJournals restores every handler's idempotency journal.
+// restoreJournals restores every handler's idempotency journal, /readyz saying so meanwhile.
 func (s *Stack) restoreJournals(ctx context.Context) error {
 	s.mu.Lock()
 	slots := s.slots
@@ -113,29 +66,5 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 		s.cfg.Health.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
 		defer s.cfg.Health.Resume(pauser)
 	}
-	// All at once: a partitioned handler has a journal per partition, and the instances
-	// started together claim partitions only once consuming, so the restore's length
-	// should not grow with the partitions (nor differ much between instances).
-	errs := make([]error, len(slots))
-	var wg sync.WaitGroup
-	for i, sl := range slots {
-		select {
-		case <-sl.ready:
-			continue // a second Run
-		default:
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer close(sl.ready)
-			mw, err := sl.ji.Journaled(ctx, sl.jr, topology.IdempotencyJournal(sl.name), sl.key, sl.obs...)
-			if err != nil {
-				errs[i] = fmt.Errorf("router: idempotency journal of queue %q: %w", sl.name, err)
-				return
-			}
-			sl.step = mw(sl.next)
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return journal.Restore(ctx, slots)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/router/internal/claim"
 	"github.com/sluice-go/sluice/router/internal/rebalance"
@@ -44,12 +45,8 @@ func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.par
 // partitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
 func partitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
 
-// PartitionPublisher is what a producer needs to publish to a partitioned queue: package
-// broker's; every Broker is one.
-type PartitionPublisher = broker.PartitionPublisher
-
 // addPartitioned registers one handler per partition; s.mu is held.
-func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.HandlerFunc, hc handlerConfig) error {
+func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.HandlerFunc, hc handlerConfig, comp *carry.Compensation) error {
 	if hc.partitions < 0 {
 		return fmt.Errorf("%w: handler %q has %d", ErrPartitions, name, hc.partitions)
 	}
@@ -79,8 +76,8 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 	for k, hname := range names {
 		s.names[hname] = true
 		hc.journal = topology.Partition(queue, k)
-		stack := s.compose(h, outputTopic, hc)
-		var sub message.Subscriber = s.subscriber(hc)
+		stack := withCompensation(s.compose(h, outputTopic, hc), comp)
+		var sub message.Subscriber = s.subscriber(name, hc)
 		if reb != nil {
 			sub = reb.Subscriber(sub, k, s.logger)
 		} else if claimer != nil {

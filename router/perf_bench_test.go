@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
 	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
@@ -415,7 +416,7 @@ func benchDelayBusy(b *testing.B, url string, parked int) {
 	q := benchenv.SluiceQueue(b, r, br, "bench.delaybusy")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	sub := br.Subscriber(amqp.SubscribeOptions{Concurrency: 16, Prefetch: 64})
+	sub := br.Subscriber(broker.SubscribeOptions{Concurrency: 16, Prefetch: 64})
 	msgs, err := sub.Subscribe(ctx, q)
 	if err != nil {
 		b.Fatal(err)

@@ -2,22 +2,21 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
-	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/attempt"
+	"github.com/sluice-go/sluice/internal/panics"
+	"github.com/sluice-go/sluice/router/internal/output"
 )
 
 // ErrOutputWithoutTopic is the (permanent) failure of a handler that returned output
 // messages where nothing says where they go: a Handle handler, or a handler added to a
 // plain router without a publish topic. Acking would drop them; nacking would loop.
-var ErrOutputWithoutTopic = errors.New("router: handler returned output messages but has no output topic")
+var ErrOutputWithoutTopic = output.ErrNoTopic
 
 // Middlewares returns sluice's steps for a Watermill message.Router of the user's own, in
 // the stack's order (see the package documentation), outermost first, as
@@ -71,22 +70,31 @@ func (s *Stack) steps(outputTopic string, hc handlerConfig) []message.HandlerMid
 	if hc.native != nil {
 		step = s.retry.NativeFor(hc.breaker, *hc.native)
 	}
-	mws = append(mws, middleware.Recoverer, step)
+	mws = append(mws, panics.Recoverer, step)
+	// The attempt step runs everything inside it on a goroutine of its own and stops
+	// waiting at the handler timeout plus its grace (package internal/attempt): idempotency
+	// and output confirmation stay inside, so a late return still goes through them.
 	if s.cfg.Idempotency != nil {
 		var obs []disposition.Observer
 		if s.cfg.Telemetry != nil {
 			obs = append(obs, s.cfg.Telemetry)
 		}
 		if sl := s.journalSlot(hc, obs); sl != nil {
-			mws = append(mws, sl.middleware)
+			mws = append(mws, sl.Gate, s.attempts.Middleware, sl.Middleware)
 		} else {
-			mws = append(mws, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
+			mws = append(mws, s.attempts.Middleware, s.cfg.Idempotency.NewMiddleware(hc.keyFunc, obs...))
 		}
-	}
-	if outputTopic == "" && hc.sub.output != nil {
-		mws = append(mws, s.exchangeOutputs(*hc.sub.output)) // subscription.go
 	} else {
-		mws = append(mws, publishOutputs(s.output, outputTopic))
+		mws = append(mws, s.attempts.Middleware)
+	}
+	if out := hc.sub.output; outputTopic == "" && out != nil {
+		var pub message.Publisher = output.Exchange{B: s.broker}
+		if s.cfg.Telemetry != nil {
+			pub = s.cfg.Telemetry.WrapPublisher(pub)
+		}
+		mws = append(mws, output.Step(pub, out.Exchange, output.DefaultKey(out.RoutingKey)))
+	} else {
+		mws = append(mws, output.Step(s.output, outputTopic, nil))
 	}
 	mws = append(mws, s.cfg.Middleware...)
 	if s.cfg.Breakers != nil {
@@ -116,7 +124,8 @@ func (s *Stack) checkOptions(name string, hc handlerConfig) error {
 }
 
 // timeout gives the handler's context a deadline and restores the message's own context
-// after it returns: outer steps publish hand-offs with it, which must not be cancelled.
+// after it returns: outer steps publish hand-offs with it, which must not be cancelled. It
+// tells the attempt step when the handler returned: what runs after is sluice's own work.
 func timeout(d time.Duration) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -125,47 +134,16 @@ func timeout(d time.Duration) message.HandlerMiddleware {
 			defer cancel()
 			msg.SetContext(ctx)
 			defer msg.SetContext(parent)
+			if st := attempt.From(parent); st != nil {
+				defer st.HandlerReturned()
+			}
 			return h(msg)
 		}
 	}
 }
 
-// recoverHandlerPanic turns the handler's panic into an error carrying its stack (Watermill's
-// RecoveredPanicError), so it is retried and dead-lettered like any failure.
+// recoverHandlerPanic turns the handler's panic into an error carrying its stack (sluice's
+// own recoverer, package internal/panics), so it is retried and dead-lettered like any failure.
 func recoverHandlerPanic(h message.HandlerFunc) message.HandlerFunc {
-	return middleware.Recoverer(h)
-}
-
-// publishOutputs publishes the handler's output to topic (empty: the handler's publish
-// topic from the context), confirmed, and returns none. A failed publish is an ordinary
-// retryable error: the message is retried, and idempotency does not mark its key done.
-func publishOutputs(pub message.Publisher, topic string) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			// A step inside (Watermill's Timeout) may replace the context and cancel it on
-			// return; the outputs are published with the one the attempt arrived with.
-			ctx := msg.Context()
-			out, err := h(msg)
-			msg.SetContext(ctx)
-			if err != nil || len(out) == 0 {
-				return nil, err
-			}
-			to := topic
-			if to == "" {
-				to = message.PublishTopicFromCtx(ctx)
-			}
-			if to == "" {
-				return nil, sluice.Permanent(fmt.Errorf("%w: %d message(s) from handler %q", ErrOutputWithoutTopic, len(out), message.HandlerNameFromCtx(ctx)))
-			}
-			hctx, cancel := lifecycle.HandoffContext(ctx)
-			defer cancel()
-			for _, o := range out {
-				o.SetContext(hctx)
-			}
-			if err := pub.Publish(to, out...); err != nil {
-				return nil, fmt.Errorf("publish %d output message(s) to %q: %w", len(out), to, err)
-			}
-			return nil, nil
-		}
-	}
+	return panics.Recoverer(h)
 }

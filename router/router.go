@@ -11,20 +11,25 @@
 //     out in one place: a retryable error with attempts left goes back to the broker
 //     delayed (through the delay cascade, or, with WithNativeRetry on RabbitMQ 4.3,
 //     rejected for the queue to hold back), a permanent one or one out of retries goes to
-//     the DLQ through the poison step (Config.Poison), each confirmed before the ack; then
+//     the DLQ (Config.Retry.DeadLetterer, else the broker's), each confirmed before the ack; then
 //     the observers are told once
-//  4. idempotency — a key already done is acked without calling the handler
-//  5. output — the handler's output messages are published, confirmed (so idempotency marks
+//  4. attempt — runs everything below on a goroutine of its own and stops waiting for it
+//     at HandlerTimeout plus AbandonGrace, returned or not: the attempt is a retryable
+//     failure (sluice.ErrHandlerTimeout), handed off by retry, and its late result still
+//     goes through the steps below (package internal/attempt)
+//  5. idempotency — a key already done is acked without calling the handler; a key held
+//     by an abandoned attempt still running is a failed attempt
+//  6. output — the handler's output messages are published, confirmed (so idempotency marks
 //     a key done only once its outputs are safe, and a failed output publish is retried)
-//  6. Config.Middleware — the user's own steps, in the order given: inside retry,
+//  7. Config.Middleware — the user's own steps, in the order given: inside retry,
 //     idempotency and output, so their failures are retried and dead-lettered like the
 //     handler's, duplicates never reach them and the messages they return are published;
 //     outside the breaker, so a validation or auth failure does not count against the
 //     dependency
-//  7. breaker — while open, the call is not made; the handler pauses (router/internal/pause) or, with
+//  8. breaker — while open, the call is not made; the handler pauses (router/internal/pause) or, with
 //     WithDeferWhileOpen, the message is deferred
-//  8. timeout — the handler's context carries a deadline
-//  9. the handler, whose own panic becomes an error carrying its stack, so retry treats it
+//  9. timeout — the handler's context carries a deadline
+//  10. the handler, whose own panic becomes an error carrying its stack, so retry treats it
 //     like any failure
 //
 // Steps that are not configured are absent, not stubs. A handler deadline, sluice's or
@@ -58,11 +63,12 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/attempt"
+	"github.com/sluice-go/sluice/internal/lifecycle"
 	"github.com/sluice-go/sluice/middleware/breaker"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
+	"github.com/sluice-go/sluice/router/internal/journal"
 	"github.com/sluice-go/sluice/router/internal/pause"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -90,15 +96,27 @@ type Config struct {
 	// Logger is used by the stack, its steps and Watermill (through its slog adapter).
 	// Nil means slog.Default().
 	Logger *slog.Logger
-	// Retry configures the retry step. A nil Delayer means the broker's delay; DeadLetter
-	// is always the stack's poison step (Poison). With Telemetry, the step's observers are
+	// Retry configures the failure path: the retry step, which decides every failed
+	// attempt's fate and carries it out. A nil Delayer means the broker's delay, a nil
+	// DeadLetterer the broker's dead-letter queue. With Telemetry, the step's observers are
 	// Retry.Observer and Telemetry.
 	Retry retry.Config
-	// Poison configures the dead-letter step. A nil DeadLetterer means the broker's DLQ.
-	Poison poison.Config
-	// HandlerTimeout is the deadline of the handler's context. Zero means 30s.
+	// HandlerTimeout is the deadline of the handler's context. An attempt still running
+	// AbandonGrace past it is abandoned, whether or not the handler looks at its context:
+	// the stack stops waiting, the attempt is a retryable failure (error type
+	// sluice.handler_timeout, its record holding the goroutine's stack) handed off like any
+	// other, and the handler's slot takes the next message. Zero means 30s.
 	HandlerTimeout time.Duration
-	// CloseTimeout is how long Close waits for in-flight handlers. Zero means 30s.
+	// AbandonGrace is how long past HandlerTimeout an attempt may still return before it is
+	// abandoned. Zero means 1s.
+	AbandonGrace time.Duration
+	// MaxAbandoned bounds, per handler, the abandoned attempts still running (Go cannot
+	// stop their goroutines): at the bound the handler pauses consuming, and Health reports
+	// it stuck, until some return. Zero means 16.
+	MaxAbandoned int
+	// CloseTimeout is how long Close, and Run once its context ends, wait for in-flight
+	// attempts; attempts still running then are abandoned and their messages returned to
+	// the broker unacked. Zero means 30s.
 	CloseTimeout time.Duration
 	// Concurrency is the default number of messages a handler works on at once. Zero
 	// means 1.
@@ -110,8 +128,9 @@ type Config struct {
 	Telemetry *telemetry.Instrumentation
 	// Breakers, when set, gives each handler a circuit breaker (see WithBreaker).
 	Breakers *breaker.Registry
-	// Health, when set, is told when a handler pauses while its breaker is open and when it
-	// resumes, so /readyz reports the process not ready meanwhile. Nil means nobody is told.
+	// Health, when set, is told when a handler pauses while its breaker is open or it has
+	// MaxAbandoned abandoned attempts still running, and when it resumes, so /readyz
+	// reports the process not ready meanwhile. Nil means nobody is told.
 	Health *telemetry.Health
 	// Idempotency, when set, adds the idempotency step to every handler.
 	Idempotency Idempotency
@@ -155,6 +174,8 @@ type handlerConfig struct {
 	heartbeat time.Duration // WithRebalancing (rebalance.go)
 
 	native *broker.NativeRetry // WithNativeRetry (nativeretry.go)
+
+	compensation *Compensation // WithCompensation (compensation.go)
 }
 
 // WithConcurrency sets how many messages the handler works on at once.
@@ -188,17 +209,26 @@ type Stack struct {
 	logger *slog.Logger
 	router *message.Router
 	retry  *retry.Retry
-	poison *poison.Poison
-	output message.Publisher
+	// attempts is the attempt step (internal/attempt); cut is closed once CloseTimeout
+	// has run out after Close or the end of Run's context, and every attempt still running
+	// is abandoned then.
+	attempts *attempt.Step
+	cut      chan struct{}
+	cutOnce  sync.Once
+	cutTimer *time.Timer
+	output   message.Publisher
 
 	mu      sync.Mutex
 	names   map[string]bool
 	started bool
 	plan    declare.Plan                  // what Run declares
 	parts   []part                        // what the options and the configuration hold until Close
-	slots   []*journalSlot                // idempotency steps Run restores before handling (journal.go)
+	slots   []*journal.Slot               // idempotency steps Run restores before handling (journal.go)
 	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
 	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
+	settle  map[string]time.Duration      // each handler's settle bound (broker.go), for Describe
+	// compensations names where each compensated handler's event goes, for Describe.
+	compensations map[string]string
 	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -224,6 +254,12 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	if cfg.CloseTimeout <= 0 {
 		cfg.CloseTimeout = 30 * time.Second
 	}
+	if cfg.AbandonGrace <= 0 {
+		cfg.AbandonGrace = attempt.DefaultGrace
+	}
+	if cfg.MaxAbandoned <= 0 {
+		cfg.MaxAbandoned = attempt.DefaultMaxAbandoned
+	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
 	}
@@ -232,34 +268,21 @@ func New(b Broker, cfg Config) (*Stack, error) {
 			return nil, fmt.Errorf("router: Config.Middleware[%d] is nil", i)
 		}
 	}
-	// The broker does the hand-offs unless the caller gave the steps their own.
-	var delayer retry.Delayer = b
-	if cfg.Retry.Delayer != nil {
-		delayer = cfg.Retry.Delayer
+	// The broker does the hand-offs unless the caller gave the retry step its own. The
+	// steps get copies: the caller's Config is never changed.
+	rcfg := cfg.Retry
+	if rcfg.Delayer == nil {
+		rcfg.Delayer = b
 	}
-	var dead poison.DeadLetterer = b
-	if cfg.Poison.DeadLetterer != nil {
-		dead = cfg.Poison.DeadLetterer
+	if rcfg.DeadLetterer == nil {
+		rcfg.DeadLetterer = b
 	}
 	var output message.Publisher = broker.QueuePublisher(b)
 	if cfg.Telemetry != nil {
-		delayer = cfg.Telemetry.WrapDelayer(delayer)
-		dead = cfg.Telemetry.WrapDeadLetterer(dead)
+		rcfg.Delayer = cfg.Telemetry.WrapDelayer(rcfg.Delayer)
+		rcfg.DeadLetterer = cfg.Telemetry.WrapDeadLetterer(rcfg.DeadLetterer)
 		output = cfg.Telemetry.WrapPublisher(output)
 	}
-	// The steps get copies: the caller's Config is never changed.
-	pcfg := cfg.Poison
-	pcfg.DeadLetterer = dead
-	if pcfg.Logger == nil {
-		pcfg.Logger = cfg.Logger
-	}
-	p, err := poison.New(pcfg)
-	if err != nil {
-		return nil, err
-	}
-	rcfg := cfg.Retry
-	rcfg.Delayer = delayer
-	rcfg.DeadLetter = p
 	if cfg.Telemetry != nil {
 		// Telemetry observes every attempt's outcome beside the caller's observer.
 		obs := disposition.Observers{cfg.Telemetry}
@@ -290,15 +313,33 @@ func New(b Broker, cfg Config) (*Stack, error) {
 			return nil, fmt.Errorf("router: breaker state metric: %w", err)
 		}
 	}
-	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, newWatermillLogger(cfg.Logger))
+	// Watermill waits for its handlers past CloseTimeout only as long as a hand-off of the
+	// attempts abandoned at it may take: the attempt step returns them at CloseTimeout.
+	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout + lifecycle.HandoffTimeout}, newWatermillLogger(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, poison: p, output: output, names: map[string]bool{},
-		closing: make(chan struct{})}
+	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, output: output, names: map[string]bool{},
+		closing: make(chan struct{}), cut: make(chan struct{})}
+	s.attempts = attempt.New(attempt.Config{Timeout: cfg.HandlerTimeout, Grace: cfg.AbandonGrace, HandoffTimeout: lifecycle.HandoffTimeout,
+		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)
 	if gauge != nil {
 		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
+	}
+	if cfg.Telemetry != nil {
+		running, err := cfg.Telemetry.RegisterAbandoned(func() map[string]int {
+			out := map[string]int{}
+			for _, t := range s.attempts.Trackers() {
+				b := t.Snapshot()
+				out[b.Handler] = b.Running
+			}
+			return out
+		})
+		if err != nil {
+			return nil, fmt.Errorf("router: abandoned attempts metric: %w", err)
+		}
+		s.parts = append(s.parts, part{close: func() { _ = running.Unregister() }})
 	}
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)
@@ -343,8 +384,12 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if err != nil {
 		return err
 	}
+	comp, err := s.compensation(name, hc)
+	if err != nil {
+		return err
+	}
 	if hc.partitions != 0 {
-		return s.addPartitioned(name, queue, outputTopic, h, hc)
+		return s.addPartitioned(name, queue, outputTopic, h, hc, comp)
 	}
 	s.names[name] = true
 	switch {
@@ -360,18 +405,24 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 	if outputTopic != "" {
 		s.plan.Output(outputTopic)
 	}
-	sub := s.subscriber(hc)
-	hc.pause = s.pauseFor(name, hc, sub)
+	mux := pause.NewMux(s.subscriber(name, hc))
+	sub := mux.Subscriber()
+	hc.pause = s.pauseFor(name, hc, mux.View("breaker"))
+	s.trackAbandoned(name, mux.View("abandoned"))
 	hc.journal = queue
-	stack := s.compose(h, outputTopic, hc)
+	stack := withCompensation(s.compose(h, outputTopic, hc), comp)
 	s.consumes(name, queue)
 	s.router.AddConsumerHandler(name, queue, sub, func(m *message.Message) error {
 		_, err := stack(m)
-		if err != nil && m.Metadata.Get(headers.HeldBack) != "" {
-			// A retry the queue holds back (WithNativeRetry) is a nack by design, observed
-			// and logged by the retry step: Watermill would log it as a handler error.
-			m.Nack()
-			return nil
+		if err != nil {
+			switch broker.DeliveryFrom(m.Context()).Settlement() {
+			case broker.SettleReturn, broker.SettleHoldBack:
+				// Returned unprocessed, or a retry the queue holds back (WithNativeRetry): a
+				// nack by decision, observed and logged by the step that made it, not a
+				// handler error for Watermill to log.
+				m.Nack()
+				return nil
+			}
 		}
 		return err
 	})
@@ -384,6 +435,10 @@ func (s *Stack) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.started = true
 	s.mu.Unlock()
+	// Once ctx ends, attempts still running after CloseTimeout are abandoned, as on Close.
+	stopCut := context.AfterFunc(ctx, s.armCut)
+	defer stopCut()
+	defer s.stopCut()
 	if err := s.Declare(ctx); err != nil {
 		return err
 	}
@@ -448,11 +503,17 @@ func (s *Stack) Declare(ctx context.Context) error {
 // Running is closed once every handler consumes.
 func (s *Stack) Running() chan struct{} { return s.router.Running() }
 
-// Close stops consuming, waits up to CloseTimeout for in-flight handlers and closes the
-// subscribers. Messages not finished are returned to the broker and redelivered later. The
-// broker itself stays open: its owner closes it.
+// Close stops consuming, waits up to CloseTimeout for in-flight attempts and closes the
+// subscribers. Attempts still running then are abandoned (see Config.HandlerTimeout) and
+// their messages returned to the broker and redelivered later, never acked unfinished:
+// Close returns within CloseTimeout, plus the time a hand-off of an attempt abandoned just
+// before takes, whatever the handlers do, with an error wrapping sluice.ErrHandlerTimeout
+// that names the handlers whose abandoned attempts still run. The broker itself stays
+// open: its owner closes it.
 func (s *Stack) Close() error {
 	s.closeOnce.Do(func() { close(s.closing) })
+	s.armCut()
+	defer s.stopCut()
 	s.mu.Lock()
 	stop, done, ran := s.stopRestore, s.restoreDone, s.routerRun
 	s.mu.Unlock()
@@ -464,5 +525,5 @@ func (s *Stack) Close() error {
 	if !ran {
 		return nil
 	}
-	return s.router.Close()
+	return errors.Join(s.router.Close(), s.stillRunning())
 }

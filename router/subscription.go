@@ -4,10 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/sluice-go/sluice/broker"
-	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/router/internal/output"
 )
 
 // ExchangeKind is the type of an exchange a handler subscribes or publishes to: package
@@ -28,7 +26,7 @@ const (
 
 // RoutingKeyMetadata is the metadata key with which a handler gives one output message its
 // own routing key (see WithOutputExchange). It is removed before the message is published.
-const RoutingKeyMetadata = "sluice-routing-key"
+const RoutingKeyMetadata = output.RoutingKeyMetadata
 
 // ErrSubscription means a handler's subscription options contradict each other.
 var ErrSubscription = errors.New("router: invalid subscription")
@@ -115,65 +113,3 @@ func (s *Stack) registerExchanges(name, queue, outputTopic string, hc handlerCon
 	s.plan.Subscription(queue, sub.bindings, sub.adopt)
 	return false, nil
 }
-
-// exchangeOutputs publishes the handler's output to out's exchange, confirmed, before the
-// stack acks, through the telemetry decorator when there is one. A failed publish is an
-// ordinary retryable error, as for a queue output.
-func (s *Stack) exchangeOutputs(out Output) message.HandlerMiddleware {
-	var pub message.Publisher = exchangePublisher{eb: s.broker}
-	if s.cfg.Telemetry != nil {
-		pub = s.cfg.Telemetry.WrapPublisher(pub)
-	}
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			// As publishOutputs: publish with the context the attempt arrived with, without
-			// the handler's deadline.
-			ctx := msg.Context()
-			produced, err := h(msg)
-			msg.SetContext(ctx)
-			if err != nil || len(produced) == 0 {
-				return nil, err
-			}
-			hctx, cancel := lifecycle.HandoffContext(ctx)
-			defer cancel()
-			for _, o := range produced {
-				o.SetContext(hctx)
-				if o.Metadata.Get(RoutingKeyMetadata) == "" {
-					o.Metadata.Set(RoutingKeyMetadata, out.RoutingKey)
-				}
-			}
-			if err := pub.Publish(out.Exchange, produced...); err != nil {
-				return nil, fmt.Errorf("publish %d output message(s) to exchange %q: %w", len(produced), out.Exchange, err)
-			}
-			return nil, nil
-		}
-	}
-}
-
-// exchangePublisher is a message.Publisher whose topic is an exchange and whose routing
-// key is each message's RoutingKeyMetadata.
-type exchangePublisher struct{ eb broker.ExchangePublisher }
-
-func (p exchangePublisher) Publish(exchange string, messages ...*message.Message) error {
-	for len(messages) > 0 {
-		key := messages[0].Metadata.Get(RoutingKeyMetadata)
-		n := 1
-		for n < len(messages) && messages[n].Metadata.Get(RoutingKeyMetadata) == key {
-			n++
-		}
-		batch := messages[:n]
-		messages = messages[n:]
-		for _, m := range batch {
-			delete(m.Metadata, RoutingKeyMetadata)
-		}
-		ctx, cancel := broker.MessageDeadline(batch[0])
-		err := p.eb.PublishToExchange(ctx, exchange, key, batch...)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("routing key %q: %w", key, err)
-		}
-	}
-	return nil
-}
-
-func (exchangePublisher) Close() error { return nil }

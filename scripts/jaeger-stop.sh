@@ -12,6 +12,7 @@ pidfile="$root/.cache/jaeger.pid"
 timeout="${JAEGER_STOP_TIMEOUT:-15}"
 
 if [ ! -f "$pidfile" ]; then
+	rm -f "$root/.cache/jaeger.env"
 	echo "jaeger-stop: not running (no $pidfile)"
 	exit 0
 fi
@@ -51,5 +52,5 @@ while is_ours; do
 	fi
 	sleep 0.2
 done
-rm -f "$pidfile"
+rm -f "$pidfile" "$root/.cache/jaeger.env"
 echo "jaeger-stop: stopped pid $pid"

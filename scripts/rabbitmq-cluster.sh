@@ -38,6 +38,8 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib.sh
+. "$root/scripts/lib.sh"
 dir="${SLUICE_CLUSTER_DIR:-$root/.cache/cluster}"
 # Run as root, the nodes run as rabbitmq, which must reach the data directory: a checkout
 # under a private home (/root is 0700) gets one under /tmp instead, named after it.
@@ -70,13 +72,19 @@ if [ "${SLUICE_RABBITMQ:-}" = 4.3 ]; then
 		for n in $(seq 1 $nodes); do
 			"$r4" reset "$(node43 "$n")" >/dev/null
 		done
+		out43="$(mktemp -d)"
+		pids43=()
 		for n in $(seq 1 $nodes); do
-			"$r4" start "$(node43 "$n")" $((amqp_base + n - 1)) rabbitmq_consistent_hash_exchange >/dev/null &
+			"$r4" start "$(node43 "$n")" $((amqp_base + n - 1)) rabbitmq_consistent_hash_exchange >"$out43/$n" 2>&1 &
+			pids43+=($!)
 		done
-		wait || die "a 4.3 node did not start"
-		for n in $(seq 1 $nodes); do
-			"$r4" ctl "$(node43 "$n")" -q await_startup >/dev/null || die "$(node43 "$n") did not start"
-		done
+		failed=0
+		for pid in "${pids43[@]}"; do wait "$pid" || failed=1; done
+		# Each node's line names the version it booted (the run's output lists them).
+		cat "$out43"/* 2>/dev/null
+		rm -rf "$out43"
+		[ $failed = 0 ] || die "a 4.3 node did not start (above)"
+		# rabbitmq4.sh start returns once each node's log says its boot completed.
 		for n in $(seq 2 $nodes); do
 			out="$("$r4" ctl "$(node43 "$n")" -q stop_app 2>&1)" || die "stop_app on $(node43 "$n"): $out"
 			out="$("$r4" ctl "$(node43 "$n")" -q join_cluster "$(node43 1)@$host" 2>&1)" || die "$(node43 "$n") could not join: $out"
@@ -312,6 +320,9 @@ start() {
 		pids+=($!)
 	done
 	for pid in "${pids[@]}"; do wait "$pid" || die "a node did not start; run '$0 stop' to clean up"; done
+	for n in $(seq 1 $nodes); do
+		say "started RabbitMQ $(logged_version "$dir/n$n/log") node $(node_name "$n") on 127.0.0.1:$(amqp_port "$n")"
+	done
 	# Nodes 2 and 3 join node 1 one after the other: concurrent joins race on the schema.
 	# (start_app logs errors about tables of nodes still joining: noise, shown only on failure.)
 	for n in $(seq 2 $nodes); do

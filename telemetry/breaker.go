@@ -27,3 +27,23 @@ func (in *Instrumentation) RegisterBreakerState(state func() map[string]int) (me
 	}
 	return reg, nil
 }
+
+// RegisterAbandoned makes the sluice.handler.abandoned.running gauge report, at every
+// collection, the abandoned attempts still running that running returns per handler. The
+// router registers one function for all its handlers; Unregister the returned registration
+// when they are gone.
+func (in *Instrumentation) RegisterAbandoned(running func() map[string]int) (metric.Registration, error) {
+	if running == nil {
+		return nil, fmt.Errorf("register %s: function is nil", otelnames.MetricAbandonedRunning)
+	}
+	reg, err := in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for name, n := range running() {
+			o.ObserveInt64(in.running, int64(n), metric.WithAttributes(otelnames.MetricAttrHandler.String(name)))
+		}
+		return nil
+	}, in.running)
+	if err != nil {
+		return nil, fmt.Errorf("register %s callback: %w", otelnames.MetricAbandonedRunning, err)
+	}
+	return reg, nil
+}

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/failure"
 )
 
 // recordError adds the exception event span.RecordError would, with the failure record's
@@ -23,7 +24,7 @@ func recordError(span trace.Span, err error) {
 		semconv.ExceptionType(typeName(err)),
 		semconv.ExceptionMessage(sluice.ErrorMessage(err)),
 	)
-	if stack, ok := sluice.PanicStack(err); ok {
+	if stack, ok := failure.Stack(err); ok {
 		attrs = append(attrs, semconv.ExceptionStacktrace(stack))
 	}
 	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(attrs...))

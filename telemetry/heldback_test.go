@@ -55,8 +55,8 @@ func TestHeldBack_NextAttemptIsTheRejectionsChild(t *testing.T) {
 		}
 		err := errors.New("gateway: 503")
 		e.in.Observe(msg.Context(), disposition.Outcome{
-			Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: heldBackDelay(attempt), Reason: err},
-			Attempt:     attempt, Queue: queue, MessageID: msg.UUID, HeldBack: true,
+			Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: heldBackDelay(attempt), Reason: err, HeldBack: true},
+			Attempt:     attempt, Queue: queue, MessageID: msg.UUID,
 		})
 		return nil, err
 	}, routerOpts{})
@@ -115,8 +115,8 @@ func TestHeldBack_OnlyTheNextRedeliveryIsLinked(t *testing.T) {
 			handler := func(msg *message.Message) ([]*message.Message, error) {
 				if msg.Metadata.Get("amqp-redelivered") == "" && msg.Metadata.Get("first") != "" {
 					e.in.Observe(msg.Context(), disposition.Outcome{
-						Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: heldBackDelay(1), Reason: errors.New("gateway: 503")},
-						Attempt:     1, Queue: queue, MessageID: msg.UUID, HeldBack: true,
+						Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: heldBackDelay(1), Reason: errors.New("gateway: 503"), HeldBack: true},
+						Attempt:     1, Queue: queue, MessageID: msg.UUID,
 					})
 				}
 				return nil, nil
@@ -176,8 +176,8 @@ func TestHeldBack_AttemptsFollowTheFirstSamplingDecision(t *testing.T) {
 		n, _ := strconv.Atoi(msg.Metadata.Get("x-delivery-count"))
 		if n < 2 {
 			e.in.Observe(msg.Context(), disposition.Outcome{
-				Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: heldBackDelay(n + 1), Reason: errors.New("gateway: 503")},
-				Attempt:     n + 1, Queue: queue, MessageID: msg.UUID, HeldBack: true,
+				Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: heldBackDelay(n + 1), Reason: errors.New("gateway: 503"), HeldBack: true},
+				Attempt:     n + 1, Queue: queue, MessageID: msg.UUID,
 			})
 		}
 		return nil, nil

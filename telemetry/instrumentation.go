@@ -105,6 +105,9 @@ func WithEventLog(logger *slog.Logger, limit LogLimit) Option {
 //   - sluice.handler.duration (histogram, seconds; queue, handler, outcome);
 //   - sluice.messages.in_flight (up-down counter; queue, handler);
 //   - sluice.breaker.state (gauge; breaker), see RegisterBreakerState;
+//   - sluice.handler.abandoned (counter; queue, handler): attempts abandoned at their
+//     handler timeout or at close; sluice.handler.abandoned.running (gauge; handler):
+//     those still running, see RegisterAbandoned;
 //   - sluice.connection.up, sluice.connection.reconnects, see RegisterConnection;
 //   - sluice.queue.depth, sluice.queue.consumers, see WatchDepth;
 //   - sluice.log.dropped (counter; event), see WithEventLog.
@@ -127,6 +130,8 @@ type Instrumentation struct {
 	idemHits    metric.Int64Counter
 	duration    metric.Float64Histogram
 	breaker     metric.Int64ObservableGauge
+	abandoned   metric.Int64Counter
+	running     metric.Int64ObservableGauge // abandoned attempts still running
 
 	// The counters of every attempt, observed from the flows (flow.go).
 	consumedObs     metric.Int64ObservableCounter
@@ -224,6 +229,7 @@ func (in *Instrumentation) createInstruments() error {
 	in.retries = counter(otelnames.MetricRetries, "Attempts handed off to the broker for a delayed retry.")
 	in.deadLetters = counter(otelnames.MetricDeadLetters, "Messages sent to a dead-letter queue.")
 	in.idemHits = counter(otelnames.MetricIdempotencyHits, "Duplicates acknowledged without calling the handler.")
+	in.abandoned = counter(otelnames.MetricAbandoned, "Attempts abandoned at their handler timeout (plus its grace) or at close, returned or not.")
 	if err != nil {
 		return err
 	}
@@ -237,6 +243,11 @@ func (in *Instrumentation) createInstruments() error {
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
 	if err != nil {
 		return fmt.Errorf("create gauge %s: %w", otelnames.MetricBreakerState, err)
+	}
+	in.running, err = in.meter.Int64ObservableGauge(otelnames.MetricAbandonedRunning,
+		metric.WithDescription("Abandoned attempts whose goroutine has not returned yet."), metric.WithUnit("{attempt}"))
+	if err != nil {
+		return fmt.Errorf("create gauge %s: %w", otelnames.MetricAbandonedRunning, err)
 	}
 	return nil
 }

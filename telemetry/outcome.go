@@ -6,8 +6,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/attempt"
+	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
 // The outcome labels of the metrics, spans and logs (disposition.Kind's names).
@@ -36,11 +39,14 @@ type attemptReport struct {
 // Middleware did not start is ignored, but for the retry outcome metrics, recorded at once.
 func (in *Instrumentation) Observe(ctx context.Context, o disposition.Outcome) {
 	in.observeRetry(ctx, o)
+	if o.ErrorType == attempt.ErrorType {
+		in.abandoned.Add(ctx, 1, metric.WithAttributes(otelnames.MetricAttrQueue.String(o.Queue), otelnames.MetricAttrHandler.String(o.Handler)))
+	}
 	a, ok := ctx.Value(attemptKey{}).(*attemptState)
 	if !ok {
 		return
 	}
-	if o.HeldBack {
+	if o.Disposition.HeldBack {
 		in.heldBack(ctx, a.msg, o)
 	}
 	a.mu.Lock()

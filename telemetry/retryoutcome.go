@@ -10,13 +10,14 @@ import (
 
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/otelnames"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 // recoveryAttemptBuckets are the attempts a recovery histogram tells apart: the retry
 // policies sluice ships stop after 5 retries (attempt 6) by default.
 var recoveryAttemptBuckets = []float64{2, 3, 4, 5, 6, 8, 10, 15, 20}
 
-// The "outcome" labels of sluice.retry.outcomes that are not a disposition.RetryEnd.
+// The "outcome" labels of sluice.retry.outcomes that are not a retrystats.RetryEnd.
 const (
 	retryOutcomeFailed  = "failed"
 	retryOutcomeRetried = "retried"
@@ -52,7 +53,7 @@ func (in *Instrumentation) createRetryOutcomeInstruments() error {
 // observeRetry records what o tells the retry outcome metrics. A first attempt that
 // succeeded records nothing and allocates nothing.
 func (in *Instrumentation) observeRetry(ctx context.Context, o disposition.Outcome) {
-	ev, ok := disposition.RetryEventOf(o)
+	ev, ok := retrystats.RetryEventOf(o)
 	if !ok {
 		return
 	}
@@ -63,10 +64,10 @@ func (in *Instrumentation) observeRetry(ctx context.Context, o disposition.Outco
 	if ev.Retried {
 		in.ro.outcomes.Add(ctx, 1, in.retryAttrs(o.Handler, errType, retryOutcomeRetried))
 	}
-	if ev.End != disposition.EndNone {
+	if ev.End != retrystats.EndNone {
 		opt := in.retryAttrs(o.Handler, errType, ev.End.String())
 		in.ro.outcomes.Add(ctx, 1, opt)
-		if ev.End == disposition.Recovered {
+		if ev.End == retrystats.Recovered {
 			in.ro.recovery.Record(ctx, int64(ev.Attempt), in.retryAttrs(o.Handler, errType, ""))
 		}
 	}

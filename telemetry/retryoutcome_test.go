@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -48,10 +49,10 @@ func TestRetryOutcomeMetrics(t *testing.T) {
 		obs(disposition.Retry, 1, "", upstream)
 		obs(disposition.Retry, 2, "upstream", upstream)
 		e.in.Observe(ctx, disposition.Outcome{Handler: "pay", Attempt: 3, RetriedErrorType: "upstream", ErrorType: "upstream",
-			Disposition: disposition.Disposition{Kind: disposition.DeadLetter, Reason: &disposition.ExhaustedError{Retries: 2, Err: upstream}}})
+			Disposition: disposition.Disposition{Kind: disposition.DeadLetter, Reason: &decide.ExhaustedError{Retries: 2, Err: upstream}}})
 	}
 	e.in.Observe(ctx, disposition.Outcome{Handler: "pay", Attempt: 1, ErrorType: "upstream",
-		Disposition: disposition.Disposition{Kind: disposition.DeadLetter, Reason: &disposition.UnlikelyError{Err: upstream}}})
+		Disposition: disposition.Disposition{Kind: disposition.DeadLetter, Reason: &decide.UnlikelyError{Err: upstream}}})
 	for range 4 {
 		obs(disposition.Ack, 1, "", nil)
 	}

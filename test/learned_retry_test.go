@@ -16,12 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -115,9 +115,9 @@ func TestLearnedRetry(t *testing.T) {
 				continue
 			}
 			switch reason := dead[id].Metadata.Get(headers.DeadLetterReason); reason {
-			case disposition.ReasonRetryUnlikely:
+			case decide.ReasonRetryUnlikely:
 				tl.unlikely++
-			case disposition.ReasonRetriesExhausted:
+			case decide.ReasonRetriesExhausted:
 				tl.exhausted++
 			default:
 				t.Errorf("message %s dead-lettered with reason %q", id, reason)
@@ -138,7 +138,7 @@ func TestLearnedRetry(t *testing.T) {
 	assert.InDelta(t, 12, x, 11, "about 20%% of 50 explored, and the probes")
 	for _, id := range later {
 		rec := dead[id]
-		if rec.Metadata.Get(headers.DeadLetterReason) != disposition.ReasonRetryUnlikely {
+		if rec.Metadata.Get(headers.DeadLetterReason) != decide.ReasonRetryUnlikely {
 			continue
 		}
 		assert.Contains(t, rec.Metadata.Get(sluice.HeaderErrorMessage), fmt.Sprintf("retry_unlikely: 0 of %d recovered in the last hour (error type upstream_broken)", minEvidence),
@@ -232,15 +232,15 @@ func TestReplayRetryUnlikely(t *testing.T) {
 		reasons[r.ID] = r.Reason
 	}
 	for _, id := range exhausted {
-		assert.Equal(t, disposition.ReasonRetriesExhausted, reasons[id])
+		assert.Equal(t, decide.ReasonRetriesExhausted, reasons[id])
 	}
 	for _, id := range stopped {
-		assert.Equal(t, disposition.ReasonRetryUnlikely, reasons[id])
+		assert.Equal(t, decide.ReasonRetryUnlikely, reasons[id])
 	}
 
 	fixed.Store(true)
 	op := dlq.NewOperator(e.rabbit.Conn)
-	res, err := op.Replay(ctx, queue, dlq.Selector{Reason: disposition.ReasonRetryUnlikely}, dlq.Options{})
+	res, err := op.Replay(ctx, queue, dlq.Selector{Reason: decide.ReasonRetryUnlikely}, dlq.Options{})
 	require.NoError(t, err)
 	assert.Len(t, res.IDs, 10)
 	assert.ElementsMatch(t, stopped, res.IDs)
@@ -325,7 +325,7 @@ func TestLearnedRetryProbe(t *testing.T) {
 		return "recovered"
 	}
 	for range minEvidence {
-		require.Equal(t, disposition.ReasonRetriesExhausted, reason(sendOne()))
+		require.Equal(t, decide.ReasonRetriesExhausted, reason(sendOne()))
 	}
 	require.True(t, s.Retry().LearnedView("charge", "upstream_broken").Stopped)
 
@@ -335,7 +335,7 @@ func TestLearnedRetryProbe(t *testing.T) {
 	// together, only one is.
 	for range 3 {
 		id := sendOne()
-		assert.Equal(t, disposition.ReasonRetriesExhausted, reason(id), "the probe follows the base policy")
+		assert.Equal(t, decide.ReasonRetriesExhausted, reason(id), "the probe follows the base policy")
 		mu.Lock()
 		assert.Equal(t, 3, calls[id])
 		assert.True(t, marked[id], "its copies came back through the broker marked")
@@ -366,7 +366,7 @@ func TestLearnedRetryProbe(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond)
 	var probes int
 	for _, id := range burst {
-		if reason(id) == disposition.ReasonRetriesExhausted {
+		if reason(id) == decide.ReasonRetriesExhausted {
 			probes++
 		}
 	}

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 )
 

@@ -18,10 +18,12 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/jaeger"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -151,7 +153,7 @@ func TestNativeRetryOn43(t *testing.T) {
 	require.Len(t, desc.Handlers, 1)
 	pol := desc.Handlers[0].Retry
 	require.NotNil(t, pol.Native)
-	assert.Equal(t, router.NativeRetryPolicy{Min: router.Duration(nativeMin), Max: router.Duration(nativeMax)}, *pol.Native)
+	assert.Equal(t, policy.NativeRetryPolicy{Min: policy.Duration(nativeMin), Max: policy.Duration(nativeMax)}, *pol.Native)
 	var schedule []time.Duration
 	for _, r := range pol.Schedule {
 		schedule = append(schedule, time.Duration(r.Delay))
@@ -257,7 +259,7 @@ func TestNativeRetryOn43_UnprocessedReturnsAreNotHeldBack(t *testing.T) {
 	start(t, e, router.Config{Retry: retry.Config{MaxRetries: 3, Observer: outcomes}}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
 			if log.add(m.UUID) <= 2 {
-				return disposition.ReturnUnprocessedError(errors.New("gateway breaker open: handler paused"))
+				return markers.ReturnUnprocessed(errors.New("gateway breaker open: handler paused"))
 			}
 			close(done)
 			return nil

@@ -7,16 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-go/sluice/internal/binding"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/binding"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -234,7 +234,7 @@ func TestOutputsNobodyIsBoundForAreKeptAndReplayed(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if e.rabbit != nil {
-			require.NoError(t, e.amqp.DeclareSubscription(ctx, sub, []amqp.Binding{{Exchange: exchange, Keys: []string{"payment.*"}}}, false))
+			require.NoError(t, e.amqp.DeclareSubscription(ctx, sub, []broker.Binding{{Exchange: exchange, Keys: []string{"payment.*"}}}, false))
 		} else {
 			require.NoError(t, e.mem.DeclareSubscription(ctx, sub, []binding.Binding{{Exchange: exchange, Keys: []string{"payment.*"}}}, false))
 		}
@@ -265,7 +265,7 @@ func TestPreDeclaredQueueIsAdoptedOrRefused(t *testing.T) {
 	defer cancel()
 	err = s.Run(ctx)
 	t.Logf("refused: %v", err)
-	require.ErrorIs(t, err, amqp.ErrInequivalent)
+	require.ErrorIs(t, err, broker.ErrInequivalent)
 	var ie *amqp.InequivalentError
 	require.ErrorAs(t, err, &ie)
 	assert.Equal(t, queue, ie.Name)

@@ -15,9 +15,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
-	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/membership"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
@@ -58,7 +59,7 @@ func TestDeliveryLimitOn43(t *testing.T) {
 		var deliveries atomic.Int64
 		r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 		require.NoError(t, err)
-		sub := e.amqp.Subscriber(amqp.SubscribeOptions{})
+		sub := e.amqp.Subscriber(broker.SubscribeOptions{})
 		r.AddConsumerHandler("poison", queue, sub, func(*message.Message) error {
 			deliveries.Add(1)
 			return errors.New("cannot parse the payment")
@@ -102,7 +103,7 @@ func TestDeliveryLimitOn43(t *testing.T) {
 				defer mu.Unlock()
 				attempts++
 				if attempts <= returns {
-					return disposition.ReturnUnprocessedError(errors.New("gateway breaker open: handler paused"))
+					return markers.ReturnUnprocessed(errors.New("gateway breaker open: handler paused"))
 				}
 				close(succeeded)
 				return nil
@@ -177,7 +178,7 @@ func TestDeclaresNoDeniedFeatureOn43(t *testing.T) {
 			require.NoError(t, b.DeclareCascade(ctx))
 			require.NoError(t, b.Delay(ctx, queue, 100*time.Millisecond, message.NewMessage("delayed", []byte("x"))))
 			require.NoError(t, b.DeclarePartitioned(ctx, parts, 2))
-			require.NoError(t, b.DeclareSubscription(ctx, sub, []amqp.Binding{{Exchange: exchange, Keys: []string{"payments.#"}}}, false))
+			require.NoError(t, b.DeclareSubscription(ctx, sub, []broker.Binding{{Exchange: exchange, Keys: []string{"payments.#"}}}, false))
 			m, err := b.Join(ctx, queue, membership.Config{})
 			require.NoError(t, err)
 			require.NoError(t, m.Close())

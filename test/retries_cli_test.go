@@ -19,10 +19,10 @@ import (
 
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/demo/paymentsim"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/retrystats"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/policy"
 )
 
 // runSluiceAt runs the CLI with SLUICE_SERVICE_URL set to serviceURL (and PROMETHEUS_URL
@@ -150,7 +150,7 @@ func TestRetriesAndPolicyCLIAgainstPayments(t *testing.T) {
 		require.Equal(t, 0, res.code, "%s", res)
 		var d struct {
 			Source string `json:"source"`
-			router.Description
+			policy.Description
 		}
 		require.NoError(t, json.Unmarshal([]byte(res.stdout), &d), "%s", res)
 		assert.Equal(t, "service", d.Source)
@@ -171,7 +171,7 @@ func TestRetriesAndPolicyCLIAgainstPayments(t *testing.T) {
 		require.NotNil(t, h.Breaker)
 		assert.Equal(t, "payment-gateway", h.Breaker.Dependency)
 		assert.Equal(t, "pause", h.Breaker.WhileOpen)
-		assert.Equal(t, router.Duration(5*time.Second), h.Breaker.OpenTimeout)
+		assert.Equal(t, policy.Duration(5*time.Second), h.Breaker.OpenTimeout)
 		assert.Equal(t, 10, h.Breaker.HalfOpenProbes)
 		require.NotNil(t, h.Idempotency)
 		assert.Equal(t, topology.IdempotencyJournal(queue), h.Idempotency.Journal)

@@ -17,7 +17,6 @@ import (
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -125,7 +124,7 @@ func TestMissingDeadLetterExchangeRedeliversWithBackoff(t *testing.T) {
 	broken := deadLettererFunc(func(ctx context.Context, q string, m *message.Message) error {
 		return e.amqp.Publisher().PublishTo(ctx, "sluice.test.missing-dlx", q, m)
 	})
-	start(t, e, router.Config{Poison: poison.Config{DeadLetterer: broken}, Retry: retry.Config{MaxRetries: -1}}, func(s *router.Stack) {
+	start(t, e, router.Config{Retry: retry.Config{DeadLetterer: broken, MaxRetries: -1}}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("nodlx", queue, func(m *message.Message) error {
 			c.add(m)
 			return errors.New("always fails")

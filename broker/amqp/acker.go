@@ -74,7 +74,7 @@ func newAcker(ch acknowledger, batch int, delay time.Duration, logger *slog.Logg
 	return a
 }
 
-// gate runs wait, a step's broker.HoldAck, off the caller's goroutine, then settle with
+// gate runs wait, a step's broker.Delivery.HoldAck, off the caller's goroutine, then settle with
 // its result; close waits for it. Meanwhile tag is unsettled, a gap no multiple ack covers.
 func (a *acker) gate(wait func(stop <-chan struct{}) error, settle func(error)) {
 	a.gated.Add(1)

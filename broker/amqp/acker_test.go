@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
@@ -37,7 +38,7 @@ func TestSlowMessageDoesNotHoldBackOtherAcks(t *testing.T) {
 	const n = 100
 	publishN(t, b, queue, n)
 
-	sub := b.Subscriber(amqp.SubscribeOptions{Concurrency: 4, Prefetch: 32})
+	sub := b.Subscriber(broker.SubscribeOptions{Concurrency: 4, Prefetch: 32})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	msgs, err := sub.Subscribe(ctx, queue)
@@ -92,7 +93,7 @@ func TestAcksWaitingAtCloseAreSent(t *testing.T) {
 	const n = 10
 	publishN(t, b, queue, n)
 
-	sub := b.Subscriber(amqp.SubscribeOptions{Concurrency: 1, Prefetch: 64})
+	sub := b.Subscriber(broker.SubscribeOptions{Concurrency: 1, Prefetch: 64})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	msgs, err := sub.Subscribe(ctx, queue)

@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
 
-// A step that holds a delivery's ack (broker.HoldAck, what the idempotency journal does)
+// A step that holds a delivery's ack (broker.Delivery.HoldAck, what the idempotency journal does)
 // frees the handler's slot at once: with one handler at a time, the next message is handed
 // out while the first one's ack waits. The held message is acknowledged when the wait
 // returns nil, and goes back to its queue when it returns an error.
@@ -26,7 +26,7 @@ func TestSubscriberHeldAck(t *testing.T) {
 	declare(t, b, r, queue)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	msgs, err := b.Subscriber(amqp.SubscribeOptions{Concurrency: 1, Prefetch: 4}).Subscribe(ctx, queue)
+	msgs, err := b.Subscriber(broker.SubscribeOptions{Concurrency: 1, Prefetch: 4}).Subscribe(ctx, queue)
 	require.NoError(t, err)
 	require.NoError(t, b.Publisher().Publish(queue, message.NewMessage("m-1", []byte("1")), message.NewMessage("m-2", []byte("2"))))
 
@@ -45,8 +45,8 @@ func TestSubscriberHeldAck(t *testing.T) {
 		m := next()
 		require.Equal(t, id, m.UUID, "handed out while the previous ack is held")
 		wait := release[id]
-		require.True(t, broker.HoldAck(m.Context(), func(<-chan struct{}) error { return <-wait }))
-		assert.False(t, broker.HoldAck(m.Context(), func(<-chan struct{}) error { return nil }), "one hold a message")
+		require.True(t, broker.DeliveryFrom(m.Context()).HoldAck(func(<-chan struct{}) error { return <-wait }))
+		assert.False(t, broker.DeliveryFrom(m.Context()).HoldAck(func(<-chan struct{}) error { return nil }), "one hold a message")
 		m.Ack()
 	}
 	// Both held: RabbitMQ still counts them unacknowledged, none ready.
@@ -70,7 +70,7 @@ func TestSubscriberHeldAck(t *testing.T) {
 // Outside a sluice subscriber (a plain context) nothing holds an ack: the step waits in
 // place.
 func TestHoldAckWithoutGate(t *testing.T) {
-	assert.False(t, broker.HoldAck(context.Background(), func(<-chan struct{}) error { return nil }))
+	assert.False(t, broker.DeliveryFrom(context.Background()).HoldAck(func(<-chan struct{}) error { return nil }))
 }
 
 // A held ack whose wait does not end by itself is ended when the subscriber closes and its
@@ -83,13 +83,13 @@ func TestSubscriberHeldAckEndsOnClose(t *testing.T) {
 	declare(t, b, r, queue)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sub := b.Subscriber(amqp.SubscribeOptions{Concurrency: 1, Prefetch: 4})
+	sub := b.Subscriber(broker.SubscribeOptions{Concurrency: 1, Prefetch: 4})
 	msgs, err := sub.Subscribe(ctx, queue)
 	require.NoError(t, err)
 	require.NoError(t, b.Publisher().Publish(queue, message.NewMessage("m-held", []byte("1"))))
 	m := <-msgs
 	stopped := make(chan struct{})
-	require.True(t, broker.HoldAck(m.Context(), func(stop <-chan struct{}) error {
+	require.True(t, broker.DeliveryFrom(m.Context()).HoldAck(func(stop <-chan struct{}) error {
 		<-stop
 		close(stopped)
 		return errors.New("stopped waiting")

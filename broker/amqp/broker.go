@@ -15,7 +15,8 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// ErrDelayTooLong is returned for a delay beyond MaxDelay.
+// ErrDelayTooLong is returned for a delay beyond the cascade's maximum,
+// (1<<DelayLevels - 1) × DelayResolution: about 7.8 days.
 var ErrDelayTooLong = errors.New("amqp: delay longer than the cascade's maximum")
 
 // Broker is sluice's RabbitMQ broker: one connection for consuming and declaring, another
@@ -48,6 +49,8 @@ type Broker struct {
 	subs   []*Subscriber
 
 	declared sync.Map // queue name -> amqp.Table: extra arguments DeclareQueue or DeclareNativeRetryQueue declared it with
+
+	timeouts consumerTimeouts // what the subscribers learned of each queue's consumer timeout (consumertimeout.go)
 
 	journalsRecreated atomic.Int64 // journal.go
 }
@@ -99,21 +102,23 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
-// DeclareCascade declares the whole shared delay cascade (every digit, up to MaxDelay).
-// Delay declares only the digits a delay needs, on its first use: see DeclareDelays.
+// DeclareCascade declares the whole shared delay cascade (every digit, up to the longest
+// delay, ErrDelayTooLong's). Delay declares only the digits a delay needs, on its first use:
+// see DeclareDelays.
 func (b *Broker) DeclareCascade(ctx context.Context) error { return b.cascadeUpTo(ctx, delayDigits) }
 
 // DeclareDelays declares the part of the delay cascade that delays up to max need, ahead of
 // the first retry that needs it (Delay would declare it then). A policy whose longest delay
 // is 30 s needs the digits up to 40.95 s: 45 queues, where the whole cascade is 93.
 func (b *Broker) DeclareDelays(ctx context.Context, max time.Duration) error {
-	return b.cascadeUpTo(ctx, digitsFor(delayUnits(min(max, MaxDelay))))
+	return b.cascadeUpTo(ctx, digitsFor(delayUnits(min(max, maxDelay))))
 }
 
 // Subscriber returns a subscriber (a *Subscriber) with opts. Close closes it with the broker.
-func (b *Broker) Subscriber(opts SubscribeOptions) broker.Subscriber {
+func (b *Broker) Subscriber(opts broker.SubscribeOptions) broker.Subscriber {
 	s := newSubscriber(b.conn, b.cfg, opts)
 	s.redeclare = b.redeclare
+	s.timeouts = &b.timeouts
 	b.subsMu.Lock()
 	b.subs = append(b.subs, s)
 	b.subsMu.Unlock()
@@ -127,8 +132,8 @@ func (b *Broker) Delay(ctx context.Context, queue string, d time.Duration, msg *
 	if d < 0 {
 		d = 0
 	}
-	if d > MaxDelay {
-		return fmt.Errorf("delay %s for queue %q: %w (%s)", d, queue, ErrDelayTooLong, MaxDelay)
+	if d > maxDelay {
+		return fmt.Errorf("delay %s for queue %q: %w (%s)", d, queue, ErrDelayTooLong, maxDelay)
 	}
 	units := delayUnits(d)
 	if err := b.cascadeFor(ctx, digitsFor(units)); err != nil {

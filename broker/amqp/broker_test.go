@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
@@ -53,7 +54,7 @@ func TestForeignProducerWithTypedHeadersIsConsumedOnce(t *testing.T) {
 		Body: []byte(`{"hello":"world"}`),
 	})
 
-	sub := b.Subscriber(amqp.SubscribeOptions{})
+	sub := b.Subscriber(broker.SubscribeOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	msgs, err := sub.Subscribe(ctx, queue)
@@ -107,7 +108,7 @@ func TestShortDelayOvertakesLongDelay(t *testing.T) {
 	require.NoError(t, b.Delay(ctx, queue, 30*time.Second, message.NewMessage("long", []byte("30s"))))
 	require.NoError(t, b.Delay(ctx, queue, 1*time.Second, message.NewMessage("short", []byte("1s"))))
 
-	sub := b.Subscriber(amqp.SubscribeOptions{})
+	sub := b.Subscriber(broker.SubscribeOptions{})
 	msgs, err := sub.Subscribe(ctx, queue)
 	require.NoError(t, err)
 	select {
@@ -139,7 +140,7 @@ func TestDelaysOfEveryDigitShapeArrive(t *testing.T) {
 		want[id] = true
 		require.NoError(t, b.Delay(ctx, queue, time.Duration(u)*amqp.DelayResolution, message.NewMessage(id, []byte(id))))
 	}
-	msgs, err := b.Subscriber(amqp.SubscribeOptions{Concurrency: 4}).Subscribe(ctx, queue)
+	msgs, err := b.Subscriber(broker.SubscribeOptions{Concurrency: 4}).Subscribe(ctx, queue)
 	require.NoError(t, err)
 	for len(want) > 0 {
 		select {
@@ -176,7 +177,7 @@ func TestDelayParkedInTheBinaryCascadeStillArrives(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	msgs, err := b.Subscriber(amqp.SubscribeOptions{}).Subscribe(ctx, queue)
+	msgs, err := b.Subscriber(broker.SubscribeOptions{}).Subscribe(ctx, queue)
 	require.NoError(t, err)
 	select {
 	case msg := <-msgs:

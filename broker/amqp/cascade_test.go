@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
@@ -56,7 +57,7 @@ func TestCascadeDeclaresOnlyTheLevelsItsDelaysReach(t *testing.T) {
 	require.NoError(t, b.DeclareQueue(ctx, queue))
 	assert.Zero(t, cascadeQueues(t, vhost), "a consumed queue alone declares no delay queue")
 
-	sub := b.Subscriber(amqp.SubscribeOptions{})
+	sub := b.Subscriber(broker.SubscribeOptions{})
 	defer sub.Close()
 	got, err := sub.Subscribe(ctx, queue)
 	require.NoError(t, err)
@@ -127,7 +128,7 @@ func TestCascadeFoundDeclaredIsRepairedInTheBackground(t *testing.T) {
 	b, err := amqp.New(ctx, amqp.Config{URLs: []string{url}})
 	require.NoError(t, err)
 	defer b.Close()
-	sub := b.Subscriber(amqp.SubscribeOptions{})
+	sub := b.Subscriber(broker.SubscribeOptions{})
 	got, err := sub.Subscribe(ctx, "orders")
 	require.NoError(t, err)
 	sent := time.Now()

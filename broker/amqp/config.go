@@ -65,6 +65,15 @@ type Config struct {
 	// DrainTimeout is how long a closing subscriber waits for in-flight messages to be
 	// acked before it gives them back to the broker. Zero means 30s.
 	DrainTimeout time.Duration
+	// ConsumerTimeout is the node's consumer_timeout (rabbitmq.conf): how long RabbitMQ
+	// lets a consumer hold a delivery unacknowledged before it takes it back. Zero means
+	// RabbitMQ's default, 30 minutes; negative means the node enforces none. When a
+	// subscription's settle bound (SubscribeOptions.SettleWithin) exceeds it, a subscriber
+	// on RabbitMQ 4.x raises the timeout for its own consumer (x-consumer-timeout; a
+	// classic queue enforces none and refuses it), and one on 3.x logs, once per queue,
+	// the consumer_timeout the operator must set: see docs/reliability.md. It never
+	// lowers the node's.
+	ConsumerTimeout time.Duration
 	// NackBackoffMax caps how long a subscriber holds a nacked message before it requeues
 	// it, so a failing hand-off (broker path broken) does not spin. Zero means 10s.
 	NackBackoffMax time.Duration
@@ -128,6 +137,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
+	}
+	if c.ConsumerTimeout == 0 {
+		c.ConsumerTimeout = defaultConsumerTimeout
 	}
 	if c.NackBackoffMax <= 0 {
 		c.NackBackoffMax = 10 * time.Second

@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker"
-	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/amqpurl"
 )
 
@@ -47,19 +46,4 @@ func withQueueHint(err error, queue string) error {
 		return fmt.Errorf("%w (no queue %q: declare it first with Broker.DeclareQueue or router.Stack.Declare; Stack.Run declares its handlers' queues)", err, queue)
 	}
 	return err
-}
-
-// ConnectOrEmbedded is Connect when url names a node, else the embedded broker
-// (memory.New), saying so in the log: for demos and tests, which ask for the fallback by
-// calling it. A service that must not consume from a broker nobody else can reach calls
-// Connect.
-func ConnectOrEmbedded(ctx context.Context, url string, logger *slog.Logger) (broker.Broker, error) {
-	if logger == nil {
-		logger = slog.Default()
-	}
-	if len(amqpurl.Nodes(url)) > 0 {
-		return Connect(ctx, url, logger)
-	}
-	logger.Info("no RabbitMQ URL given: using the embedded in-memory broker")
-	return memory.New(memory.Config{Logger: logger}), nil
 }

@@ -14,16 +14,9 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/mask"
 )
-
-// ErrClosed is returned by operations on a closed broker.
-var ErrClosed = errors.New("amqp: broker closed")
-
-// ErrBlocked is wrapped by a publish that missed its deadline while RabbitMQ blocked the
-// publishing connection (connection.blocked: a memory or disk alarm). The error also
-// carries the broker's reason.
-var ErrBlocked = errors.New("amqp: connection blocked by RabbitMQ")
 
 // closeTimeout bounds the connection.close handshake: a node that stopped reading the
 // socket (blocked by an alarm, frozen, blackholed) never answers it.
@@ -158,15 +151,15 @@ func (c *connection) watchBlocked(conn *amqp.Connection, blocks <-chan amqp.Bloc
 	}
 }
 
-// blockedErr returns an error wrapping ErrBlocked while RabbitMQ blocks the connection,
-// else nil.
+// blockedErr returns an error wrapping broker.ErrBlocked, with RabbitMQ's reason, while
+// RabbitMQ blocks the connection (connection.blocked: a memory or disk alarm), else nil.
 func (c *connection) blockedErr() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.blocked == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: %s", ErrBlocked, c.blocked)
+	return fmt.Errorf("%w: RabbitMQ blocked the connection: %s", broker.ErrBlocked, c.blocked)
 }
 
 // watch waits for the connection to drop, then reconnects with backoff until Close.
@@ -235,7 +228,7 @@ func (c *connection) get(ctx context.Context) (*amqp.Connection, error) {
 		}
 		select {
 		case <-c.closing:
-			return nil, ErrClosed
+			return nil, broker.ErrClosed
 		case <-ctx.Done():
 			return nil, fmt.Errorf("waiting for RabbitMQ connection: %w", ctx.Err())
 		case <-ready:
@@ -303,7 +296,7 @@ func (c *connection) channel(ctx context.Context) (*amqp.Channel, error) {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("open channel: %w", ctx.Err())
 		case <-c.closing:
-			return nil, ErrClosed
+			return nil, broker.ErrClosed
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -8,7 +8,5 @@ import "github.com/sluice-go/sluice"
 func init() {
 	sluice.RegisterErrorType(ErrUnroutable, "unroutable")
 	sluice.RegisterErrorType(ErrNacked, "broker_nack")
-	sluice.RegisterErrorType(ErrClosed, "broker_closed")
 	sluice.RegisterErrorType(ErrDelayTooLong, "delay_too_long")
-	sluice.RegisterErrorType(ErrPartitionKey, "partition_key")
 }

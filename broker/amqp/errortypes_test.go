@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 )
 
@@ -19,9 +20,9 @@ func TestErrorTypes(t *testing.T) {
 	}{
 		{amqp.ErrUnroutable, "unroutable"},
 		{amqp.ErrNacked, "broker_nack"},
-		{amqp.ErrClosed, "broker_closed"},
+		{broker.ErrClosed, "broker_closed"},
 		{amqp.ErrDelayTooLong, "delay_too_long"},
-		{amqp.ErrPartitionKey, "partition_key"},
+		{broker.ErrPartitionKey, "partition_key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {

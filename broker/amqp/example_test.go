@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 )
 
@@ -42,7 +43,7 @@ func ExampleNew() {
 		panic(err)
 	}
 
-	sub := b.Subscriber(amqp.SubscribeOptions{Concurrency: 4, Prefetch: 16})
+	sub := b.Subscriber(broker.SubscribeOptions{Concurrency: 4, Prefetch: 16})
 	defer sub.Close()
 	msgs, err := sub.Subscribe(ctx, "orders")
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice/internal/binding"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -22,40 +22,12 @@ const (
 	alternateExchangeArg = "alternate-exchange"
 )
 
-// ExchangeKind is an AMQP exchange type (internal/binding holds the rules both brokers share).
-type ExchangeKind = binding.Kind
-
-// Exchange kinds.
-const (
-	// ExchangeTopic routes on dot-separated binding keys with * and # wildcards.
-	ExchangeTopic = binding.Topic
-	// ExchangeDirect routes on the exact binding key.
-	ExchangeDirect = binding.Direct
-	// ExchangeFanout sends every message to every bound queue.
-	ExchangeFanout = binding.Fanout
-	// ExchangeHeaders routes on header values (Binding.Headers).
-	ExchangeHeaders = binding.Headers
-)
-
-// Errors of the publish/subscribe topology.
-var (
-	// ErrInequivalent means a queue or exchange exists with other arguments than sluice
-	// would declare; the *InequivalentError says which and what to do.
-	ErrInequivalent = errors.New("amqp: declared before with other arguments")
-	// ErrBinding means a Binding is incomplete or contradicts its exchange kind.
-	ErrBinding = binding.ErrInvalid
-)
-
-// Binding binds a queue to an exchange; Validate fills the kind's default and checks that
-// it can be declared (the rules are internal/binding's, shared with the embedded broker).
-type Binding = binding.Binding
-
 // routes returns the (binding key, arguments) pairs the binding declares.
-func routes(b Binding) []bindingRoute {
+func routes(b broker.Binding) []bindingRoute {
 	switch b.Kind {
-	case ExchangeFanout:
+	case broker.Fanout:
 		return []bindingRoute{{}}
-	case ExchangeHeaders:
+	case broker.Headers:
 		args := amqp.Table{"x-match": "all"}
 		if b.MatchAny {
 			args["x-match"] = "any"
@@ -78,7 +50,7 @@ type bindingRoute struct {
 }
 
 // InequivalentError says that a queue or exchange exists with an argument other than the
-// one sluice declares, and what to do. It matches ErrInequivalent.
+// one sluice declares, and what to do. It matches broker.ErrInequivalent.
 type InequivalentError struct {
 	// What is "queue" or "exchange"; Name is its name.
 	What, Name string
@@ -90,11 +62,11 @@ type InequivalentError struct {
 func (e *InequivalentError) Error() string {
 	return fmt.Sprintf("%s %q exists with another %s than sluice declares (%s): "+
 		"adopt it as it is (router.WithAdopt; passive declare, only sluice's bindings are added), "+
-		"or delete it and let sluice declare it: %v", e.What, e.Name, e.Argument, e.Detail, ErrInequivalent)
+		"or delete it and let sluice declare it: %v", e.What, e.Name, e.Argument, e.Detail, broker.ErrInequivalent)
 }
 
-// Unwrap makes the error match ErrInequivalent.
-func (e *InequivalentError) Unwrap() error { return ErrInequivalent }
+// Unwrap makes the error match broker.ErrInequivalent.
+func (e *InequivalentError) Unwrap() error { return broker.ErrInequivalent }
 
 var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)' for [a-z]+ '[^']*' in vhost '[^']*': (.*)$`)
 
@@ -123,17 +95,17 @@ func is404(err error) bool {
 // used as it is (passive declare: its type and arguments are not checked, and it keeps
 // its own alternate exchange, if any); a missing one is declared. Without adopt, an
 // exchange declared before with other arguments is an *InequivalentError.
-func (b *Broker) DeclareExchange(ctx context.Context, name string, kind ExchangeKind, adopt bool) error {
+func (b *Broker) DeclareExchange(ctx context.Context, name string, kind broker.ExchangeKind, adopt bool) error {
 	if name == "" {
-		return fmt.Errorf("%w: empty exchange name", ErrBinding)
+		return fmt.Errorf("%w: empty exchange name", broker.ErrBinding)
 	}
 	if kind == "" {
-		kind = ExchangeTopic
+		kind = broker.Topic
 	}
 	switch kind {
-	case ExchangeTopic, ExchangeDirect, ExchangeFanout, ExchangeHeaders:
+	case broker.Topic, broker.Direct, broker.Fanout, broker.Headers:
 	default:
-		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, name, kind)
+		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", broker.ErrBinding, name, kind)
 	}
 	if err := b.declareUnrouted(ctx); err != nil {
 		return err
@@ -141,7 +113,7 @@ func (b *Broker) DeclareExchange(ctx context.Context, name string, kind Exchange
 	return b.declareExchange(ctx, name, kind, adopt)
 }
 
-func (b *Broker) declareExchange(ctx context.Context, name string, kind ExchangeKind, adopt bool) error {
+func (b *Broker) declareExchange(ctx context.Context, name string, kind broker.ExchangeKind, adopt bool) error {
 	if adopt {
 		found, err := b.passive(ctx, func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclarePassive(name, string(kind), true, false, false, false, nil)
@@ -231,7 +203,7 @@ func (b *Broker) declareUnrouted(ctx context.Context) error {
 // x-dead-letter-exchange, what RabbitMQ itself dead-letters from it (delivery limit,
 // length limit) does not reach Q.dlq. Without adopt, a queue or exchange declared before
 // with other arguments is an *InequivalentError naming the argument.
-func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings []Binding, adopt bool) error {
+func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings []broker.Binding, adopt bool) error {
 	for i := range bindings {
 		if err := bindings[i].Validate(); err != nil {
 			return fmt.Errorf("subscription of queue %q: %w", queue, err)
@@ -256,7 +228,7 @@ func (b *Broker) DeclareSubscription(ctx context.Context, queue string, bindings
 	return nil
 }
 
-func (b *Broker) bind(ctx context.Context, queue string, bd Binding) error {
+func (b *Broker) bind(ctx context.Context, queue string, bd broker.Binding) error {
 	ch, err := b.conn.channel(ctx)
 	if err != nil {
 		return err

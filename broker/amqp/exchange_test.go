@@ -10,6 +10,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -18,26 +19,26 @@ import (
 func TestBindingValidate(t *testing.T) {
 	cases := []struct {
 		name     string
-		in       amqp.Binding
+		in       broker.Binding
 		wantErr  bool
-		wantKind amqp.ExchangeKind
+		wantKind broker.ExchangeKind
 		wantKeys []string
 	}{
-		{name: "topic by default, every key", in: amqp.Binding{Exchange: "orders"}, wantKind: amqp.ExchangeTopic, wantKeys: []string{"#"}},
-		{name: "topic keys kept", in: amqp.Binding{Exchange: "orders", Keys: []string{"order.*"}}, wantKind: amqp.ExchangeTopic, wantKeys: []string{"order.*"}},
-		{name: "direct needs a key", in: amqp.Binding{Exchange: "orders", Kind: amqp.ExchangeDirect}, wantErr: true},
-		{name: "fanout takes no key", in: amqp.Binding{Exchange: "orders", Kind: amqp.ExchangeFanout}, wantKind: amqp.ExchangeFanout},
-		{name: "headers need headers", in: amqp.Binding{Exchange: "orders", Kind: amqp.ExchangeHeaders}, wantErr: true},
-		{name: "headers only on headers", in: amqp.Binding{Exchange: "orders", Headers: map[string]string{"a": "b"}}, wantErr: true},
-		{name: "no exchange", in: amqp.Binding{}, wantErr: true},
-		{name: "unknown kind", in: amqp.Binding{Exchange: "orders", Kind: "x-consistent-hash"}, wantErr: true},
+		{name: "topic by default, every key", in: broker.Binding{Exchange: "orders"}, wantKind: broker.Topic, wantKeys: []string{"#"}},
+		{name: "topic keys kept", in: broker.Binding{Exchange: "orders", Keys: []string{"order.*"}}, wantKind: broker.Topic, wantKeys: []string{"order.*"}},
+		{name: "direct needs a key", in: broker.Binding{Exchange: "orders", Kind: broker.Direct}, wantErr: true},
+		{name: "fanout takes no key", in: broker.Binding{Exchange: "orders", Kind: broker.Fanout}, wantKind: broker.Fanout},
+		{name: "headers need headers", in: broker.Binding{Exchange: "orders", Kind: broker.Headers}, wantErr: true},
+		{name: "headers only on headers", in: broker.Binding{Exchange: "orders", Headers: map[string]string{"a": "b"}}, wantErr: true},
+		{name: "no exchange", in: broker.Binding{}, wantErr: true},
+		{name: "unknown kind", in: broker.Binding{Exchange: "orders", Kind: "x-consistent-hash"}, wantErr: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.in
 			err := b.Validate()
 			if tc.wantErr {
-				require.ErrorIs(t, err, amqp.ErrBinding)
+				require.ErrorIs(t, err, broker.ErrBinding)
 				return
 			}
 			require.NoError(t, err)
@@ -100,8 +101,8 @@ func TestExchangeRoutesToSubscribersAndKeepsUnrouted(t *testing.T) {
 	r.DeleteQueues(created, topology.DLQ(created), any, topology.DLQ(any))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.NoError(t, b.DeclareSubscription(ctx, created, []amqp.Binding{{Exchange: exchange, Keys: []string{"order.created"}}}, false))
-	require.NoError(t, b.DeclareSubscription(ctx, any, []amqp.Binding{{Exchange: exchange, Keys: []string{"order.*"}}}, false))
+	require.NoError(t, b.DeclareSubscription(ctx, created, []broker.Binding{{Exchange: exchange, Keys: []string{"order.created"}}}, false))
+	require.NoError(t, b.DeclareSubscription(ctx, any, []broker.Binding{{Exchange: exchange, Keys: []string{"order.*"}}}, false))
 
 	publish := func(id, key string) {
 		m := message.NewMessage(id, []byte("payload "+id))
@@ -166,17 +167,17 @@ func TestAdoptOrRefuseExistingTopology(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	bindings := []amqp.Binding{{Exchange: exchange, Kind: amqp.ExchangeDirect, Keys: []string{"k"}}}
+	bindings := []broker.Binding{{Exchange: exchange, Kind: broker.Direct, Keys: []string{"k"}}}
 
 	err = b.DeclareSubscription(ctx, queue, bindings, false)
 	var ie *amqp.InequivalentError
 	require.ErrorAs(t, err, &ie)
-	require.ErrorIs(t, err, amqp.ErrInequivalent)
+	require.ErrorIs(t, err, broker.ErrInequivalent)
 	require.Equal(t, "queue", ie.What)
 	require.Equal(t, "x-queue-type", ie.Argument)
 	require.Contains(t, err.Error(), "adopt")
 
-	err = b.DeclareExchange(ctx, exchange, amqp.ExchangeDirect, false)
+	err = b.DeclareExchange(ctx, exchange, broker.Direct, false)
 	require.True(t, errors.As(err, &ie), "%v", err)
 	require.Equal(t, "exchange", ie.What)
 	require.Equal(t, amqp.AlternateExchangeArg, ie.Argument)
@@ -199,18 +200,18 @@ func TestBindingKindsRouteOnRabbitMQ(t *testing.T) {
 	b := newBroker(t, amqp.Config{})
 	cases := []struct {
 		name    string
-		binding amqp.Binding
+		binding broker.Binding
 		key     string
 		headers map[string]string
 		routed  bool
 	}{
-		{name: "direct match", binding: amqp.Binding{Kind: amqp.ExchangeDirect, Keys: []string{"a", "b"}}, key: "b", routed: true},
-		{name: "direct miss", binding: amqp.Binding{Kind: amqp.ExchangeDirect, Keys: []string{"a"}}, key: "a.b"},
-		{name: "fanout", binding: amqp.Binding{Kind: amqp.ExchangeFanout}, key: "anything", routed: true},
-		{name: "topic #", binding: amqp.Binding{Keys: []string{"order.#"}}, key: "order.created.eu", routed: true},
-		{name: "headers all", binding: amqp.Binding{Kind: amqp.ExchangeHeaders, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu", "tier": "gold"}, routed: true},
-		{name: "headers all, one differs", binding: amqp.Binding{Kind: amqp.ExchangeHeaders, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu", "tier": "free"}},
-		{name: "headers any", binding: amqp.Binding{Kind: amqp.ExchangeHeaders, MatchAny: true, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu"}, routed: true},
+		{name: "direct match", binding: broker.Binding{Kind: broker.Direct, Keys: []string{"a", "b"}}, key: "b", routed: true},
+		{name: "direct miss", binding: broker.Binding{Kind: broker.Direct, Keys: []string{"a"}}, key: "a.b"},
+		{name: "fanout", binding: broker.Binding{Kind: broker.Fanout}, key: "anything", routed: true},
+		{name: "topic #", binding: broker.Binding{Keys: []string{"order.#"}}, key: "order.created.eu", routed: true},
+		{name: "headers all", binding: broker.Binding{Kind: broker.Headers, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu", "tier": "gold"}, routed: true},
+		{name: "headers all, one differs", binding: broker.Binding{Kind: broker.Headers, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu", "tier": "free"}},
+		{name: "headers any", binding: broker.Binding{Kind: broker.Headers, MatchAny: true, Headers: map[string]string{"region": "eu", "tier": "gold"}}, headers: map[string]string{"region": "eu"}, routed: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -220,7 +221,7 @@ func TestBindingKindsRouteOnRabbitMQ(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			tc.binding.Exchange = exchange
-			require.NoError(t, b.DeclareSubscription(ctx, queue, []amqp.Binding{tc.binding}, false))
+			require.NoError(t, b.DeclareSubscription(ctx, queue, []broker.Binding{tc.binding}, false))
 			id := testenv.Name("m")
 			m := message.NewMessage(id, []byte("x"))
 			for k, v := range tc.headers {

@@ -17,3 +17,12 @@ const MetadataPriority = hdr.Priority
 const MetadataDeliveryMode = hdr.DeliveryMode
 const MetadataTimestamp = hdr.Timestamp
 const MetadataMessageID = hdr.MessageID
+
+const JournalMaxBytes = journalMaxBytes
+const MaxDelay = maxDelay
+
+// JournalStatsOf is journalStatsOf, for the tests of a journal's repairs.
+var JournalStatsOf = journalStatsOf
+
+// JournalStats is journalStats, for the tests of a journal's repairs.
+type JournalStats = journalStats

@@ -20,9 +20,9 @@ import (
 // Journal limits. A stream keeps whole segments: the small segment size lets retention
 // drop old records soon after they pass their age, instead of 500 MB at a time.
 const (
-	// JournalMaxBytes bounds a journal stream's size beside its age (x-max-length-bytes):
+	// journalMaxBytes bounds a journal stream's size beside its age (x-max-length-bytes):
 	// 1 GiB holds some 40 million keys at the idempotency step's 24 bytes a key.
-	JournalMaxBytes = 1 << 30
+	journalMaxBytes = 1 << 30
 	// journalSegmentBytes is x-stream-max-segment-size-bytes.
 	journalSegmentBytes = 8 << 20
 	// journalPrefetch is the stream consumer's prefetch (a stream consumer must set one).
@@ -100,14 +100,14 @@ func streamWriterLags(conn *amqp.Connection) bool {
 // errJournalCancelled is a journal consumer cancelled by RabbitMQ.
 var errJournalCancelled = errors.New("consumer cancelled by RabbitMQ")
 
-// ErrJournalDeclare wraps a failure to declare a journal stream.
-var ErrJournalDeclare = errors.New("amqp: declare journal stream")
+// errJournalDeclare wraps a failure to declare a journal stream.
+var errJournalDeclare = errors.New("amqp: declare journal stream")
 
 // Journal returns the RabbitMQ stream name as a journal (broker.Journaler): records are
 // persistent messages appended with publisher confirms through the broker's publisher, and
 // read with a stream consumer (x-stream-offset) on the consuming connection. The stream is
-// declared on first use with x-max-age retention and JournalMaxBytes; a stream deleted under
-// a running journal is declared again, logged at error level and counted (JournalStats).
+// declared on first use with x-max-age retention and journalMaxBytes; a stream deleted under
+// a running journal is declared again, logged at error level and counted (journalStats).
 //
 // Every append carries the writer id of the Journal value it came through, and its
 // follower started with FollowOthers delivers only the records other writers appended
@@ -166,8 +166,8 @@ type appendStart struct {
 // a running journal and declared again.
 func (b *Broker) JournalsRecreated() int64 { return b.journalsRecreated.Load() }
 
-// JournalStats counts what a journal had to repair, and how its follower reads.
-type JournalStats struct {
+// journalStats counts what a journal had to repair, and how its follower reads.
+type journalStats struct {
 	// Recreated counts the times the stream was found deleted and declared again.
 	Recreated int64
 	// Resumed counts the times Follow consumed again after losing its consumer
@@ -186,14 +186,14 @@ type JournalStats struct {
 	OwnRecordsRead int64
 }
 
-// JournalStatsOf returns what j had to repair, and false when j did not come from
+// journalStatsOf returns what j had to repair, and false when j did not come from
 // Broker.Journal.
-func JournalStatsOf(j broker.Journal) (JournalStats, bool) {
+func journalStatsOf(j broker.Journal) (journalStats, bool) {
 	sj, ok := j.(*streamJournal)
 	if !ok {
-		return JournalStats{}, false
+		return journalStats{}, false
 	}
-	return JournalStats{Recreated: sj.recreated.Load(), Resumed: sj.resumed.Load(),
+	return journalStats{Recreated: sj.recreated.Load(), Resumed: sj.resumed.Load(),
 		MarkersOnly: sj.filtered.Load(), MarkersOnlySwitches: sj.switches.Load(), HelloMarkers: sj.markers.Load(),
 		OwnRecordsRead: sj.ownRead.Load()}, true
 }
@@ -204,7 +204,7 @@ func (j *streamJournal) args() amqp.Table {
 	return amqp.Table{
 		"x-queue-type":                    "stream",
 		"x-max-age":                       fmt.Sprintf("%ds", secs),
-		"x-max-length-bytes":              int64(JournalMaxBytes),
+		"x-max-length-bytes":              int64(journalMaxBytes),
 		"x-stream-max-segment-size-bytes": int64(journalSegmentBytes),
 	}
 }
@@ -215,7 +215,7 @@ func (j *streamJournal) args() amqp.Table {
 func (j *streamJournal) declare(ctx context.Context) (created bool, err error) {
 	ch, err := j.b.conn.channel(ctx)
 	if err != nil {
-		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
+		return false, fmt.Errorf("%w %q: %w", errJournalDeclare, j.name, err)
 	}
 	if q, perr := ch.QueueDeclarePassive(j.name, true, false, false, false, nil); perr == nil {
 		_ = ch.Close()
@@ -229,16 +229,16 @@ func (j *streamJournal) declare(ctx context.Context) (created bool, err error) {
 		return false, nil
 	} else if e := new(amqp.Error); !errors.As(perr, &e) || e.Code != amqp.NotFound {
 		_ = ch.Close()
-		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, perr)
+		return false, fmt.Errorf("%w %q: %w", errJournalDeclare, j.name, perr)
 	}
 	// The passive declare's 404 closed the channel.
 	ch, err = j.b.conn.channel(ctx)
 	if err != nil {
-		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
+		return false, fmt.Errorf("%w %q: %w", errJournalDeclare, j.name, err)
 	}
 	defer ch.Close()
 	if _, err := ch.QueueDeclare(j.name, true, false, false, false, j.args()); err != nil {
-		return false, fmt.Errorf("%w %q: %w", ErrJournalDeclare, j.name, err)
+		return false, fmt.Errorf("%w %q: %w", errJournalDeclare, j.name, err)
 	}
 	if err := j.settle(ctx); err != nil {
 		return false, err
@@ -266,7 +266,7 @@ func (j *streamJournal) Append(ctx context.Context, body []byte) error {
 	// Under a memory or disk alarm a publish would wait for the alarm to clear; the caller
 	// decides what to do meanwhile (the idempotency step keeps consuming: see Journaled).
 	if err := j.b.pubConn.blockedErr(); err != nil {
-		return fmt.Errorf("append to journal %q: %w: %w", j.name, broker.ErrBlocked, err)
+		return fmt.Errorf("append to journal %q: %w", j.name, err)
 	}
 	j.appendMu.Lock()
 	defer j.appendMu.Unlock()
@@ -334,9 +334,6 @@ func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error 
 			return errors.Join(err, derr)
 		}
 		err = j.b.pub.publishRaw(ctx, "", j.name, []amqp.Publishing{pub})
-	}
-	if errors.Is(err, ErrBlocked) {
-		return fmt.Errorf("append to journal %q: %w: %w", j.name, broker.ErrBlocked, err)
 	}
 	if err != nil {
 		return fmt.Errorf("append to journal %q: %w", j.name, err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
@@ -249,6 +250,22 @@ func TestMarshalerMessageID(t *testing.T) {
 			assert.NotContains(t, msg.Metadata, headers.UUID, "the id header is not metadata")
 		})
 	}
+}
+
+// A message keeps its id between watermill-amqp's default marshaler and sluice's, both
+// ways: sluice spells watermill-amqp's id header out (headers.UUID) instead of importing it.
+func TestMarshalerMessageIDIsWatermillAMQPs(t *testing.T) {
+	pub, err := wamqp.DefaultMarshaler{}.Marshal(message.NewMessage("wm-published", []byte("{}")))
+	require.NoError(t, err)
+	msg, err := amqp.Marshaler{}.Unmarshal(amqp091.Delivery{Headers: pub.Headers, Body: pub.Body})
+	require.NoError(t, err)
+	assert.Equal(t, "wm-published", msg.UUID, "sluice reads watermill-amqp's id")
+
+	pub, err = amqp.Marshaler{}.Marshal(message.NewMessage("sluice-published", []byte("{}")))
+	require.NoError(t, err)
+	msg, err = wamqp.DefaultMarshaler{}.Unmarshal(amqp091.Delivery{Headers: pub.Headers, Body: pub.Body})
+	require.NoError(t, err)
+	assert.Equal(t, "sluice-published", msg.UUID, "watermill-amqp reads sluice's id")
 }
 
 func TestMarshalerProperties(t *testing.T) {

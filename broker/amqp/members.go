@@ -16,7 +16,7 @@ import (
 // by old ones. It returns once the listening queue is bound, so the first heartbeats are
 // heard.
 func (b *Broker) Join(ctx context.Context, queue string, cfg broker.MembershipConfig) (broker.Membership, error) {
-	m, err := membership.Join(ctx, b.conn.channel, ErrClosed, queue, cfg)
+	m, err := membership.Join(ctx, b.conn.channel, broker.ErrClosed, queue, cfg)
 	if err != nil {
 		return nil, err
 	}

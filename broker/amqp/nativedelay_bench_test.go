@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/benchkit/benchenv"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -59,7 +59,7 @@ func BenchmarkRetryDelayOn43(b *testing.B) {
 		if err := br.DeclareDelays(ctx, nativeMax); err != nil {
 			b.Fatal(err)
 		}
-		sub := br.Subscriber(amqp.SubscribeOptions{Concurrency: 16, Prefetch: 64})
+		sub := br.Subscriber(broker.SubscribeOptions{Concurrency: 16, Prefetch: 64})
 		msgs, err := sub.Subscribe(ctx, q)
 		if err != nil {
 			b.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/mask"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -32,8 +33,6 @@ var (
 	// ErrPartitionCount means the broker holds more partitions of a queue than declared:
 	// the exchange would keep routing keys to partitions that nobody consumes.
 	ErrPartitionCount = errors.New("amqp: more partitions exist than declared")
-	// ErrPartitionKey means a partitioned publish had an empty or too long key.
-	ErrPartitionKey = errors.New("amqp: partition key must be 1 to 255 bytes")
 )
 
 // unknownExchangeType reports whether the broker refused an exchange type it does not
@@ -185,7 +184,7 @@ func checkNoPartition(conn *amqp.Connection, queue string, partitions int) error
 // partition, and waits for their confirms. Use the key the consumer's idempotency step uses.
 func (b *Broker) PublishPartitioned(ctx context.Context, queue, key string, messages ...*message.Message) error {
 	if key == "" || len(key) > maxPartitionKeyBytes {
-		return fmt.Errorf("publish to partitioned queue %q: key of %d bytes: %w", queue, len(key), ErrPartitionKey)
+		return fmt.Errorf("publish to partitioned queue %q: key of %d bytes: %w", queue, len(key), broker.ErrPartitionKey)
 	}
 	return b.pub.PublishTo(ctx, topology.PartitionExchange(queue), key, messages...)
 }

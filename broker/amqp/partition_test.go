@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -54,7 +55,7 @@ func TestPublishPartitionedRejectsUnusableKeys(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			err := b.PublishPartitioned(context.Background(), "q", tc.key, message.NewMessage("m", nil))
-			require.ErrorIs(t, err, amqp.ErrPartitionKey)
+			require.ErrorIs(t, err, broker.ErrPartitionKey)
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/pausegate"
 )
 
@@ -31,7 +32,7 @@ func (s *Subscriber) Resume(limit int) { s.gate.Set(false, limit) }
 func (s *Subscriber) Paused() bool { return s.gate.State().Paused }
 
 // optsFor returns the settings a consumer uses in st.
-func optsFor(o SubscribeOptions, st pausegate.State) SubscribeOptions {
+func optsFor(o broker.SubscribeOptions, st pausegate.State) broker.SubscribeOptions {
 	if st.Limit > 0 {
 		o.Concurrency = min(o.Concurrency, st.Limit)
 		o.Prefetch = st.Limit

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -33,7 +34,7 @@ func TestSubscriberPauseKeepsTheQueueInOrder(t *testing.T) {
 				require.NoError(t, b.Publisher().Publish(q, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "m-%02d", i))))
 			}
 
-			sub := b.Subscriber(amqp.SubscribeOptions{Concurrency: 3, Prefetch: 10})
+			sub := b.Subscriber(broker.SubscribeOptions{Concurrency: 3, Prefetch: 10})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			msgs, err := sub.Subscribe(ctx, q)

@@ -59,12 +59,12 @@ func TestUniversalPubSub(t *testing.T) {
 	url := testenv.AMQPURL(t)
 	cases := []struct {
 		name     string
-		opts     amqp.SubscribeOptions
+		opts     broker.SubscribeOptions
 		features tests.Features
 	}{
 		{
 			name: "concurrency=1",
-			opts: amqp.SubscribeOptions{Concurrency: 1},
+			opts: broker.SubscribeOptions{Concurrency: 1},
 			features: tests.Features{
 				ConsumerGroups:                      true,
 				GuaranteedOrder:                     true,
@@ -74,7 +74,7 @@ func TestUniversalPubSub(t *testing.T) {
 		},
 		{
 			name: "concurrency=8",
-			opts: amqp.SubscribeOptions{Concurrency: 8, Prefetch: 16},
+			opts: broker.SubscribeOptions{Concurrency: 8, Prefetch: 16},
 			features: tests.Features{
 				ConsumerGroups: true,
 				Persistent:     true,
@@ -93,7 +93,7 @@ func TestUniversalPubSub(t *testing.T) {
 // declared, to delete them at the end.
 type suiteEnv struct {
 	url  string
-	opts amqp.SubscribeOptions
+	opts broker.SubscribeOptions
 
 	mu        sync.Mutex
 	queues    map[string]*declaration
@@ -105,7 +105,7 @@ type declaration struct {
 	err  error
 }
 
-func newSuiteEnv(t *testing.T, url string, opts amqp.SubscribeOptions) *suiteEnv {
+func newSuiteEnv(t *testing.T, url string, opts broker.SubscribeOptions) *suiteEnv {
 	s := &suiteEnv{url: url, opts: opts, queues: map[string]*declaration{}, exchanges: map[string]bool{}}
 	t.Cleanup(func() { s.deleteQueues(t) })
 	return s
@@ -143,7 +143,7 @@ func (s *groupSubscriber) SubscribeInitialize(topic string) error {
 	s.s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return s.b.DeclareSubscription(ctx, queue, []amqp.Binding{{Exchange: topic, Kind: amqp.ExchangeFanout}}, false)
+	return s.b.DeclareSubscription(ctx, queue, []broker.Binding{{Exchange: topic, Kind: broker.Fanout}}, false)
 }
 
 func (s *groupSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -159,7 +159,7 @@ func (s *suiteEnv) declareExchange(b *amqp.Broker, exchange string) error {
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return b.DeclareExchange(ctx, exchange, amqp.ExchangeFanout, false)
+	return b.DeclareExchange(ctx, exchange, broker.Fanout, false)
 }
 
 func (s *suiteEnv) newPubSub(t *testing.T) (message.Publisher, message.Subscriber) {

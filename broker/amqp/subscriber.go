@@ -14,14 +14,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluice-go/sluice/broker"
-	hdr "github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/pausegate"
 )
 
-// SubscribeOptions tune one subscription: package broker's, which both brokers take.
-type SubscribeOptions = broker.SubscribeOptions
-
-func normalized(o SubscribeOptions) SubscribeOptions {
+func normalized(o broker.SubscribeOptions) broker.SubscribeOptions {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 1
 	}
@@ -34,13 +30,14 @@ func normalized(o SubscribeOptions) SubscribeOptions {
 // Subscriber consumes queues that already exist (Broker.DeclareQueue). Each delivery becomes
 // a Watermill message; its ack or nack is sent to RabbitMQ when the handler decides (an
 // ack may wait up to Config.AckDelay to leave with others as one multiple ack). Up to
-// Concurrency messages are out at once. A nack requeues the delivery after a backoff that
-// grows with consecutive nacks, so a failing hand-off does not spin. When the connection
-// drops, unacked deliveries return to the queue (RabbitMQ's own rule) and consumption
-// resumes on the new connection.
+// Concurrency messages are out at once. A nacked delivery is settled as its
+// broker.Delivery says (broker.Settlement): a failure, the default, is requeued after a
+// backoff that grows with consecutive rejections, so a failing hand-off does not spin.
+// When the connection drops, unacked deliveries return to the queue (RabbitMQ's own rule)
+// and consumption resumes on the new connection.
 type Subscriber struct {
 	conn   *connection
-	opts   SubscribeOptions
+	opts   broker.SubscribeOptions
 	cfg    Config
 	logger *slog.Logger
 
@@ -52,13 +49,16 @@ type Subscriber struct {
 
 	gate pausegate.Gate // Pause and Resume (pause.go)
 
+	// timeouts is shared by the broker's subscribers (consumertimeout.go).
+	timeouts *consumerTimeouts
+
 	// redeclare declares a queue again after it was deleted under its consumer; it fails
 	// for a queue its broker did not declare. Nil means never.
 	redeclare func(ctx context.Context, queue string) error
 }
 
-func newSubscriber(conn *connection, cfg Config, opts SubscribeOptions) *Subscriber {
-	return &Subscriber{conn: conn, opts: normalized(opts), cfg: cfg, logger: cfg.Logger, closing: make(chan struct{})}
+func newSubscriber(conn *connection, cfg Config, opts broker.SubscribeOptions) *Subscriber {
+	return &Subscriber{conn: conn, opts: normalized(opts), cfg: cfg, logger: cfg.Logger, closing: make(chan struct{}), timeouts: &consumerTimeouts{}}
 }
 
 // Subscribe starts consuming queue. The channel closes when ctx is done or Close is called,
@@ -66,7 +66,7 @@ func newSubscriber(conn *connection, cfg Config, opts SubscribeOptions) *Subscri
 func (s *Subscriber) Subscribe(ctx context.Context, queue string) (<-chan *message.Message, error) {
 	select {
 	case <-s.closing:
-		return nil, ErrClosed
+		return nil, fmt.Errorf("subscribe to queue %q: %w", queue, broker.ErrClosed)
 	default:
 	}
 	// Fail fast on a queue that does not exist, instead of looping on channel errors.
@@ -122,7 +122,7 @@ func (s *Subscriber) consumeLoop(ctx context.Context, queue string, out chan<- *
 		if s.stopping(ctx) {
 			return
 		}
-		if errors.Is(err, errGateChanged) {
+		if errors.Is(err, errGateChanged) || errors.Is(err, errConsumerTimeoutRefused) {
 			continue
 		}
 		var amqpErr *amqp.Error
@@ -189,8 +189,12 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 		return fmt.Errorf("set prefetch %d: %w", opts.Prefetch, err)
 	}
 	tag := fmt.Sprintf("sluice-%s-%d", queue, rand.Uint64())
-	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	args := s.consumeArgs(queue, opts)
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, args)
 	if err != nil {
+		if args != nil && s.timeoutRefused(queue, err) {
+			return errConsumerTimeoutRefused // consume again at once, on a new channel, without it
+		}
 		return fmt.Errorf("consume queue %q: %w", queue, err)
 	}
 	// Stop the consumer on Close (or Pause, Resume) so no new deliveries arrive while
@@ -271,7 +275,7 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 			}
 			_ = ch.Close()
 		}()
-		return fmt.Errorf("consumer %s of queue %q: %w", tag, queue, ErrConsumerCancelled)
+		return fmt.Errorf("consumer %s of queue %q: %w", tag, queue, errConsumerCancelled)
 	case <-closed:
 		// The channel is gone under its handlers (RabbitMQ closed it: consumer_timeout,
 		// or the connection dropped), and RabbitMQ requeued every delivery it had. Consume
@@ -297,10 +301,10 @@ func (s *Subscriber) consumeOnce(ctx context.Context, queue string, out chan<- *
 	return errors.New("delivery channel closed")
 }
 
-// ErrConsumerCancelled is why a consumer stopped when RabbitMQ cancelled it (basic.cancel):
+// errConsumerCancelled is why a consumer stopped when RabbitMQ cancelled it (basic.cancel):
 // on 4.x, a quorum queue's consumer that held a delivery past consumer_timeout. The
 // subscriber consumes again at once.
-var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by RabbitMQ (consumer_timeout on RabbitMQ 4.x, or its queue deleted)")
+var errConsumerCancelled = errors.New("amqp: consumer cancelled by RabbitMQ (consumer_timeout on RabbitMQ 4.x, or its queue deleted)")
 
 // closedErr says why a consumer's channel closed: the broker's reason (a consumer_timeout
 // is PRECONDITION_FAILED) or the connection's loss.
@@ -318,11 +322,11 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 	msg := unmarshal(d)
 	msgCtx, cancel := context.WithCancel(msgBase)
 	defer cancel()
-	msgCtx, gate := broker.WithAckGate(msgCtx)
+	msgCtx, dl := broker.WithDelivery(msgCtx)
 	msg.SetContext(msgCtx)
 
 	// Given back unhandled (closing): a nack, which RabbitMQ 4.x does not count as a
-	// failed delivery.
+	// failed delivery (broker.SettleReturn).
 	giveBack := func() {
 		_ = d.Nack(false, true)
 		acks.nacked(d.DeliveryTag)
@@ -356,7 +360,7 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 		select {
 		case <-msg.Acked():
 			s.nacks.Store(0)
-			if wait := gate.Held(); wait != nil {
+			if wait := dl.HeldAck(); wait != nil {
 				// A step holds the ack (its journal record's confirm): the worker takes
 				// the next delivery meanwhile.
 				acks.gate(wait, s.released(acks, d, msg.UUID))
@@ -365,10 +369,10 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 			acks.ack(d.DeliveryTag)
 			return
 		case <-msg.Nacked():
-			if wait := gate.Held(); wait != nil {
+			if wait := dl.HeldAck(); wait != nil {
 				acks.gate(wait, func(error) {}) // it settles the step's own state; the nack stands
 			}
-			if s.requeueLater(d, msg, chClosed, gateChanged) {
+			if s.requeueLater(d, msg, dl.Settlement(), chClosed, gateChanged) {
 				acks.nacked(d.DeliveryTag)
 			}
 			return
@@ -383,14 +387,14 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 			cancel()
 			select {
 			case <-msg.Acked():
-				if wait := gate.Held(); wait != nil {
+				if wait := dl.HeldAck(); wait != nil {
 					acks.gate(wait, s.released(acks, d, msg.UUID))
 					return
 				}
 				acks.ack(d.DeliveryTag)
 				return
 			case <-msg.Nacked():
-				if wait := gate.Held(); wait != nil {
+				if wait := dl.HeldAck(); wait != nil {
 					acks.gate(wait, func(error) {})
 				}
 			case <-time.After(time.Second):
@@ -402,9 +406,9 @@ func (s *Subscriber) handle(ctx, msgBase context.Context, d amqp.Delivery, out c
 	}
 }
 
-// released settles d once a held ack's wait (broker.HoldAck) returned: an ack, or, when
-// the wait failed, a nack with requeue (the step's work was not confirmed, so the message
-// is not done; a nack is not a failed delivery on RabbitMQ 4.x).
+// released settles d once a held ack's wait (broker.Delivery.HoldAck) returned: an ack, or,
+// when the wait failed, a nack with requeue (the step's work was not confirmed, so the
+// message is not done, and no fault of it: broker.SettleReturn).
 func (s *Subscriber) released(acks *acker, d amqp.Delivery, id string) func(error) {
 	return func(err error) {
 		if err == nil {
@@ -417,12 +421,22 @@ func (s *Subscriber) released(acks *acker, d amqp.Delivery, id string) func(erro
 	}
 }
 
-// requeueLater rejects with requeue after a backoff that grows with consecutive nacks. It
-// reports whether it sent the nack: not when the channel closed first.
-func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClosed, gateChanged <-chan struct{}) bool {
-	if msg.Metadata.Get(hdr.HeldBack) != "" {
-		// A retry the queue holds back itself (native delayed retry): a delay here would
-		// only add to the queue's and hold a handler slot meanwhile.
+// requeueLater settles a nacked delivery as its step said (broker.Settlement): returned
+// unprocessed with a basic.nack, at once, which RabbitMQ 4.x does not count toward a quorum
+// queue's delivery limit; held back by its queue (native delayed retry) with a basic.reject
+// at once, since a delay here would only add to the queue's and hold a handler slot
+// meanwhile; or, a failure, with a basic.reject after a backoff that grows with consecutive
+// rejections, so that a hand-off that keeps failing does not spin and, counted, ends in
+// the queue's DLQ on a quorum queue's delivery limit. It reports whether it settled d: not
+// when the channel closed first.
+func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, how broker.Settlement, chClosed, gateChanged <-chan struct{}) bool {
+	switch how {
+	case broker.SettleReturn:
+		if err := d.Nack(false, true); err != nil {
+			s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
+		}
+		return true
+	case broker.SettleHoldBack:
 		if err := d.Reject(true); err != nil {
 			s.logger.Warn("reject failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
 		}
@@ -450,17 +464,6 @@ func (s *Subscriber) requeueLater(d amqp.Delivery, msg *message.Message, chClose
 			t.Stop()
 			return false // RabbitMQ already requeued it with the channel
 		}
-	}
-	// A failure is a basic.reject: RabbitMQ 4.x counts a reject toward a quorum queue's
-	// delivery limit but not a requeueing basic.nack, which stays for the returns that are
-	// no fault of the message (shutdown, drain; see giveBack), and for a message the stack
-	// gave back unprocessed (a paused handler: headers.GivenBack). A failed hand-off is a
-	// reject: if it keeps failing, the delivery limit moves the message to its DLQ.
-	if msg.Metadata.Get(hdr.GivenBack) != "" {
-		if err := d.Nack(false, true); err != nil {
-			s.logger.Warn("nack failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)
-		}
-		return true
 	}
 	if err := d.Reject(true); err != nil {
 		s.logger.Warn("reject failed; RabbitMQ will redeliver", "message_id", msg.UUID, "error", err)

@@ -22,8 +22,8 @@ const (
 	DelayLevels = 26
 	// DelayResolution is the cascade's unit: delays are exact to this.
 	DelayResolution = 10 * time.Millisecond
-	// MaxDelay is the longest delay the cascade can give (about 7.8 days).
-	MaxDelay = time.Duration(1<<DelayLevels-1) * DelayResolution
+	// maxDelay is the longest delay the cascade can give (about 7.8 days).
+	maxDelay = time.Duration(1<<DelayLevels-1) * DelayResolution
 )
 
 // The cascade holds a delay digit by digit in base 2^delayDigitBits, one queue per nonzero

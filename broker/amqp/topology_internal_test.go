@@ -109,7 +109,7 @@ func TestDelayEntersAtItsHighestLevel(t *testing.T) {
 			assert.Equal(t, tc.level, delayEntryExchange(tc.units))
 		})
 	}
-	assert.GreaterOrEqual(t, MaxDelay, 7*24*time.Hour, "the cascade reaches at least 7 days")
+	assert.GreaterOrEqual(t, maxDelay, 7*24*time.Hour, "the cascade reaches at least 7 days")
 }
 
 // A delay of up to 40 s waits in at most 3 queues: it has 3 base-16 digits.

@@ -5,7 +5,6 @@
 package memory
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -19,9 +18,6 @@ const (
 	defaultNackBackoffMax = 10 * time.Second
 	defaultDrainTimeout   = 30 * time.Second
 )
-
-// ErrClosed is returned by operations on a closed broker.
-var ErrClosed = errors.New("memory: broker closed")
 
 // Config configures the embedded broker. The zero value is ready to use.
 type Config struct {

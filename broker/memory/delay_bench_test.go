@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
 )
@@ -27,7 +28,7 @@ func BenchmarkDelayAccuracy(b *testing.B) {
 		if err := br.DeclareQueue(ctx, q); err != nil {
 			b.Fatal(err)
 		}
-		sub := br.Subscriber(memory.SubscribeOptions{Concurrency: 16})
+		sub := br.Subscriber(broker.SubscribeOptions{Concurrency: 16})
 		b.Cleanup(func() { _ = sub.Close() })
 		msgs, err := sub.Subscribe(ctx, q)
 		if err != nil {

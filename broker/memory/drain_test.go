@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
 )
 
@@ -33,7 +34,7 @@ func TestCloseWithUndecidedMessage(t *testing.T) {
 			b := memory.New(memory.Config{DrainTimeout: 200 * time.Millisecond})
 			t.Cleanup(func() { _ = b.Close() })
 			require.NoError(t, b.Publish("q", message.NewMessage("m1", []byte("x"))))
-			sub := b.Subscriber(memory.SubscribeOptions{})
+			sub := b.Subscriber(broker.SubscribeOptions{})
 			msgs, err := sub.Subscribe(context.Background(), "q")
 			require.NoError(t, err)
 			var held *message.Message
@@ -67,7 +68,7 @@ func TestCloseWaitsForHandlerWithinDrainTimeout(t *testing.T) {
 	b := memory.New(memory.Config{DrainTimeout: 10 * time.Second})
 	t.Cleanup(func() { _ = b.Close() })
 	require.NoError(t, b.Publish("q", message.NewMessage("m1", []byte("x"))))
-	sub := b.Subscriber(memory.SubscribeOptions{})
+	sub := b.Subscriber(broker.SubscribeOptions{})
 	msgs, err := sub.Subscribe(context.Background(), "q")
 	require.NoError(t, err)
 	held := <-msgs

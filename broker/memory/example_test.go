@@ -20,7 +20,7 @@ func Example() {
 	ctx := context.Background()
 	_ = b.DeclareQueue(ctx, "orders") // and its dead-letter queue, orders.dlq
 
-	sub := b.Subscriber(memory.SubscribeOptions{Concurrency: 1})
+	sub := b.Subscriber(broker.SubscribeOptions{Concurrency: 1})
 	defer sub.Close()
 	msgs, _ := sub.Subscribe(ctx, "orders")
 

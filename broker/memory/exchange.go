@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/binding"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -23,10 +24,6 @@ import (
 var (
 	// ErrNoExchange means a publish named an exchange that was never declared.
 	ErrNoExchange = errors.New("memory: no such exchange")
-	// ErrInequivalent means an exchange was declared again with another kind.
-	ErrInequivalent = errors.New("memory: exchange declared before with another kind")
-	// ErrBinding means a binding is incomplete or contradicts its exchange kind.
-	ErrBinding = binding.ErrInvalid
 )
 
 // exchanges is the broker's set of exchanges. The zero value is empty.
@@ -48,14 +45,14 @@ type bound struct {
 }
 
 // DeclareExchange declares the exchange name of kind (zero: topic). Declaring it again with
-// the same kind is harmless; with another kind it is ErrInequivalent, unless adopt, which
+// the same kind is harmless; with another kind it is broker.ErrInequivalent, unless adopt, which
 // uses the exchange as it is.
 func (b *Broker) DeclareExchange(_ context.Context, name string, kind binding.Kind, adopt bool) error {
 	if b.closed() {
-		return ErrClosed
+		return broker.ErrClosed
 	}
 	if name == "" {
-		return fmt.Errorf("%w: empty exchange name", ErrBinding)
+		return fmt.Errorf("%w: empty exchange name", broker.ErrBinding)
 	}
 	if kind == "" {
 		kind = binding.Topic
@@ -63,7 +60,7 @@ func (b *Broker) DeclareExchange(_ context.Context, name string, kind binding.Ki
 	switch kind {
 	case binding.Topic, binding.Direct, binding.Fanout, binding.Headers:
 	default:
-		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", ErrBinding, name, kind)
+		return fmt.Errorf("%w: exchange %q has kind %q, want topic, direct, fanout or headers", broker.ErrBinding, name, kind)
 	}
 	b.ex.mu.Lock()
 	defer b.ex.mu.Unlock()
@@ -75,7 +72,7 @@ func (b *Broker) DeclareExchange(_ context.Context, name string, kind binding.Ki
 	case !ok:
 		b.ex.all[name] = &exchange{kind: kind}
 	case e.kind != kind && !adopt:
-		return fmt.Errorf("exchange %q is a %s exchange, declared now as %s: %w", name, e.kind, kind, ErrInequivalent)
+		return fmt.Errorf("exchange %q is a %s exchange, declared now as %s: %w", name, e.kind, kind, broker.ErrInequivalent)
 	}
 	return nil
 }
@@ -139,7 +136,7 @@ func sameHeaders(a, b map[string]string) bool {
 // exchange and routing key in binding.MetadataExchange and binding.MetadataRoutingKey.
 func (b *Broker) PublishToExchange(_ context.Context, exchangeName, routingKey string, messages ...*message.Message) error {
 	if b.closed() {
-		return ErrClosed
+		return broker.ErrClosed
 	}
 	for _, m := range messages {
 		queues, err := b.route(exchangeName, routingKey, m.Metadata)
@@ -258,7 +255,7 @@ func (b *Broker) ReplayUnrouted(ctx context.Context, exchangeName string) (int, 
 // dead-letter queue, which its consumer's DeclareQueue adds.
 func (b *Broker) DeclareOutputQueue(_ context.Context, queue string) error {
 	if b.closed() {
-		return ErrClosed
+		return broker.ErrClosed
 	}
 	b.queue(queue)
 	return nil

@@ -5,12 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-go/sluice/internal/binding"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/binding"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -113,7 +113,7 @@ func TestSubscribersAndUnroutedReplay(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, "invoice.sent", got[0].UUID)
 
-	require.ErrorIs(t, b.DeclareExchange(ctx, "orders", binding.Fanout, false), memory.ErrInequivalent)
+	require.ErrorIs(t, b.DeclareExchange(ctx, "orders", binding.Fanout, false), broker.ErrInequivalent)
 	require.NoError(t, b.DeclareExchange(ctx, "orders", binding.Fanout, true), "adopt uses it as it is")
 	require.ErrorIs(t, b.PublishToExchange(ctx, "nowhere", "k", message.NewMessage("x", nil)), memory.ErrNoExchange)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -20,8 +21,6 @@ var (
 	// ErrPartitioned means a plain publish named a partitioned queue, which has no queue of
 	// its own name (RabbitMQ returns such a publish as unroutable).
 	ErrPartitioned = errors.New("memory: queue is partitioned; publish with PublishPartitioned")
-	// ErrPartitionKey means a partitioned publish had an empty key.
-	ErrPartitionKey = errors.New("memory: partition key must not be empty")
 )
 
 // partitionSet remembers the partitioned queues: queue → partition count, and each
@@ -68,7 +67,7 @@ func (p *partitionSet) dlq(queue string) string {
 // partition (by FNV-1a of the key, not RabbitMQ's hash).
 func (b *Broker) DeclarePartitioned(_ context.Context, queue string, partitions int) error {
 	if b.closed() {
-		return ErrClosed
+		return broker.ErrClosed
 	}
 	if partitions < 1 {
 		return fmt.Errorf("memory: partitions of queue %q: %d, want at least 1", queue, partitions)
@@ -88,10 +87,10 @@ func (b *Broker) DeclarePartitioned(_ context.Context, queue string, partitions 
 // hashes to.
 func (b *Broker) PublishPartitioned(_ context.Context, queue, key string, messages ...*message.Message) error {
 	if b.closed() {
-		return ErrClosed
+		return broker.ErrClosed
 	}
 	if key == "" {
-		return fmt.Errorf("publish to partitioned queue %q: %w", queue, ErrPartitionKey)
+		return fmt.Errorf("publish to partitioned queue %q: %w", queue, broker.ErrPartitionKey)
 	}
 	n := b.parts.count(queue)
 	if n == 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/topology"
 )
@@ -61,7 +62,7 @@ func TestPartitionedQueueErrors(t *testing.T) {
 		}, memory.ErrNotPartitioned},
 		{"empty key", func(b *memory.Broker) error {
 			return b.PublishPartitioned(ctx, "q", "", message.NewMessage("m", nil))
-		}, memory.ErrPartitionKey},
+		}, broker.ErrPartitionKey},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/sluice-go/sluice"
 )
@@ -19,9 +20,16 @@ func (s *subscriber) Paused() bool { return s.gate.State().Paused }
 
 // QueueDepth returns the messages ready in queue (Len without the scheduled ones), the
 // backlog the retry step's adaptive policy reads and telemetry's depth watcher reports.
-// The embedded broker does not count consumers or unacknowledged messages.
+// The embedded broker does not count consumers or unacknowledged messages. A queue nothing
+// declared, published to or consumed is an error wrapping sluice.ErrQueueNotFound, as on
+// RabbitMQ.
 func (b *Broker) QueueDepth(_ context.Context, queue string) (sluice.QueueDepth, error) {
-	q := b.queue(queue)
+	b.mu.Lock()
+	q, ok := b.queues[queue]
+	b.mu.Unlock()
+	if !ok {
+		return sluice.QueueDepth{}, fmt.Errorf("memory: depth of queue %q: %w", queue, sluice.ErrQueueNotFound)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return sluice.QueueDepth{Ready: int64(len(q.ready))}, nil

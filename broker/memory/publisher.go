@@ -5,12 +5,14 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/broker"
 )
 
 // Publish puts copies of messages at the end of the queue named topic.
 func (b *Broker) Publish(topic string, messages ...*message.Message) error {
 	if b.closed() {
-		return ErrClosed
+		return broker.ErrClosed
 	}
 	if b.parts.count(topic) > 0 {
 		return fmt.Errorf("publish to queue %q: %w", topic, ErrPartitioned)

@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-go/sluice/internal/binding"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
+	"github.com/sluice-go/sluice/internal/binding"
 )
 
 // TestUniversalPubSub runs Watermill's universal Pub/Sub suite against the embedded broker.
@@ -65,7 +65,7 @@ func sharedBrokerPerTest(cfg memory.Config) tests.PubSubConstructor {
 	bs := &testBrokers{cfg: cfg, all: map[*testing.T]*memory.Broker{}}
 	return func(t *testing.T) (message.Publisher, message.Subscriber) {
 		b := bs.get(t)
-		return b.Publisher(), b.Subscriber(memory.SubscribeOptions{})
+		return b.Publisher(), b.Subscriber(broker.SubscribeOptions{})
 	}
 }
 
@@ -100,7 +100,7 @@ func groupsOfSharedBroker(cfg memory.Config) tests.ConsumerGroupPubSubConstructo
 	bs := &testBrokers{cfg: cfg, all: map[*testing.T]*memory.Broker{}}
 	return func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		b := bs.get(t)
-		return groupPublisher{b}, &groupSubscriber{b: b, sub: b.Subscriber(memory.SubscribeOptions{}), group: group}
+		return groupPublisher{b}, &groupSubscriber{b: b, sub: b.Subscriber(broker.SubscribeOptions{}), group: group}
 	}
 }
 

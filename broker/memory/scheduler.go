@@ -6,12 +6,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-go/sluice/broker"
 )
 
 // Delay delivers a copy of msg to queue after d, by the scheduler.
 func (b *Broker) Delay(_ context.Context, queue string, d time.Duration, msg *message.Message) error {
 	if b.closed() {
-		return ErrClosed
+		return broker.ErrClosed
 	}
 	b.mu.Lock()
 	heap.Push(&b.sched, scheduled{due: time.Now().Add(d), queue: queue, msg: copyMessage(msg)})

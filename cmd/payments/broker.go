@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/amqpurl"
 	"github.com/sluice-go/sluice/router"
@@ -23,7 +24,8 @@ func connectBroker(ctx context.Context, cfg config, logger *slog.Logger) (router
 		if !cfg.embeddedFallback {
 			return nil, fmt.Errorf("%w; set AMQP_URL ('payments demo' runs on the embedded broker without it)", amqp.ErrNoURL)
 		}
-		return amqp.ConnectOrEmbedded(ctx, "", logger)
+		logger.Info("no RabbitMQ URL given: using the embedded in-memory broker")
+		return memory.New(memory.Config{Logger: logger}), nil
 	}
 	if cfg.queueType == "" {
 		return amqp.Connect(ctx, url, logger)

@@ -17,13 +17,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/demo/paymentdemo"
 	"github.com/sluice-go/sluice/internal/demo/paymentsim"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -67,7 +68,7 @@ func (t *tally) retry(e retry.Event) {
 	}
 }
 
-func (t *tally) deadLetter(e poison.Event) {
+func (t *tally) deadLetter(e disposition.Outcome) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ours := t.byID[e.MessageID]; !ours {
@@ -138,7 +139,8 @@ func expectations(reqs []paymentdemo.Request, maxAttempts int) expected {
 	return e
 }
 
-func demo(ctx context.Context, cfg config, args []string) int {
+// demo runs the demo, writing what it shows to out (its errors go to standard error).
+func demo(ctx context.Context, cfg config, args []string, out io.Writer) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	n := fs.Int("n", 200, "number of requests to publish")
 	seed := fs.Int64("seed", time.Now().UnixNano()%1_000_000, "seed of the request mix (part of every payment id)")
@@ -171,7 +173,8 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	}
 	want := expectations(reqs, maxAttempts)
 
-	svc, err := newService(ctx, cfg, logger, hooks{onRetry: t.retry, onDeadLetter: t.deadLetter, onDuplicate: t.duplicate})
+	rec := tracetest.NewSpanRecorder()
+	svc, err := newService(ctx, cfg, logger, hooks{onRetry: t.retry, onDeadLetter: t.deadLetter, onDuplicate: t.duplicate, spans: rec})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments demo:", err)
 		return 1
@@ -217,8 +220,12 @@ func demo(ctx context.Context, cfg config, args []string) int {
 		}
 	}()
 
-	fmt.Printf("sluice payments demo: %d requests (seed %d, run %s) on the %s broker, up to %d attempts each\n",
-		len(reqs), *seed, runID, svc.broker.Name(), maxAttempts)
+	fmt.Fprintf(out, "sluice payments demo: %d requests on the %s broker, up to %d attempts each\n",
+		len(reqs), svc.broker.Name(), maxAttempts)
+	fmt.Fprintf(out, "seed %d, run %s\n", *seed, runID)
+	if addr := svc.telemetry.MetricsAddr(); addr != "" {
+		fmt.Fprintf(out, "metrics on http://%s/metrics while it runs\n", addr)
+	}
 	pub, closePub, err := producerPublisher(ctx, cfg, svc.broker, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments demo:", err)
@@ -239,51 +246,62 @@ func demo(ctx context.Context, cfg config, args []string) int {
 	deadline := time.After(*timeout)
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
-	tty := isTerminal(os.Stdout)
-	var lastState string
+	tty := isTerminal(out)
+	var lastState, lastLine string
 	var lastPrint time.Time
 	for settled := false; !settled; {
 		select {
 		case <-ctx.Done():
-			fmt.Println("\ninterrupted")
+			fmt.Fprintln(out, "\ninterrupted")
 			return 1
 		case err := <-runErr:
 			fmt.Fprintln(os.Stderr, "\npayments demo: the service stopped:", err)
 			return 1
 		case <-deadline:
-			fmt.Printf("\ngave up after %s: still %s\n", *timeout, waitingFor(want, t.snapshot()))
+			fmt.Fprintf(out, "\ngave up after %s, still %s\n", *timeout, waitingFor(want, t.snapshot()))
 			settled = true
 		case <-tick.C:
 			s := t.snapshot()
-			state := fmt.Sprintf("succeeded %d/%d  dead-lettered %d/%d  duplicates absorbed %d/%d  retrying %d  %s",
-				s.succeeded, want.succeeded, s.dead, want.dead, s.duplicates, want.duplicates, s.retrying, waitingFor(want, s))
+			state := progress(s, want)
 			settled = s.succeeded >= want.succeeded && s.dead >= want.dead && s.duplicates >= want.duplicates
 			// On change only; into a pipe or a log at most every progressEvery, and the
 			// last state always.
 			if state != lastState && (tty || settled || lastPrint.IsZero() || time.Since(lastPrint) >= progressEvery) {
 				line := fmt.Sprintf("%5.1fs  %s", time.Since(start).Seconds(), state)
 				if tty {
-					fmt.Printf("\r%s   ", line)
+					// Over the last line, blanking what a longer one left.
+					fmt.Fprintf(out, "\r%s%s", line, strings.Repeat(" ", max(0, len(lastLine)-len(line))))
 				} else {
-					fmt.Println(line)
+					fmt.Fprintln(out, line)
 				}
-				lastState, lastPrint = state, time.Now()
+				lastState, lastLine, lastPrint = state, line, time.Now()
 			}
 		}
 	}
 	if tty {
-		fmt.Println()
+		fmt.Fprintln(out)
 	}
-	fmt.Printf("settled in %.1fs\n", time.Since(start).Seconds())
+	fmt.Fprintf(out, "settled in %.1fs\n", time.Since(start).Seconds())
 	// Give late duplicates or double charges a moment to show up before judging.
 	time.Sleep(300 * time.Millisecond)
-	ok := t.printSummary(os.Stdout, want)
-	printDeadLetters(os.Stdout, svc.broker.Name(), cfg.queue, t.snapshot().dead)
+	ok := t.printSummary(out, want)
 	cancelRun()
 	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "payments demo: service:", err)
 	}
 	_ = sub.Close()
+	// The stack has stopped: every span of the run has ended.
+	shown := t.showcase(reqs, ids, want)
+	printTraces(out, rec.Ended(), shown)
+	printClosing(out, closing{
+		broker:      svc.broker.Name(),
+		queue:       cfg.queue,
+		dead:        t.snapshot().dead,
+		exporter:    svc.telemetry.TracesExporter(),
+		metricsAddr: svc.telemetry.MetricsAddr(),
+		jaegerUI:    jaegerUIURL(),
+		traces:      shown.traceIDs(rec.Ended()),
+	})
 	if !ok {
 		return 1
 	}
@@ -370,7 +388,7 @@ func waitingFor(want expected, s snapshot) string {
 			parts = append(parts, fmt.Sprintf("%d %s", n, what))
 		}
 	}
-	add(want.succeeded-s.succeeded, "success events")
+	add(want.succeeded-s.succeeded, "successes")
 	add(want.dead-s.dead, "dead letters")
 	add(want.duplicates-s.duplicates, "duplicates")
 	if len(parts) == 0 {
@@ -379,21 +397,28 @@ func waitingFor(want expected, s snapshot) string {
 	return "waiting for " + strings.Join(parts, ", ")
 }
 
-// printDeadLetters says where the run's dead letters are and how to read them.
-func printDeadLetters(w io.Writer, broker, queue string, dead int) {
-	if dead == 0 {
-		return
+// progress is the progress line's state: each outcome seen of those expected, and the
+// requests between attempts. Narrow enough for an 80-column terminal; a mix of more than
+// a few thousand requests gets the short labels.
+func progress(s snapshot, want expected) string {
+	line := fmt.Sprintf("succeeded %d/%d  dead-lettered %d/%d  duplicates %d/%d  retrying %d",
+		s.succeeded, want.succeeded, s.dead, want.dead, s.duplicates, want.duplicates, s.retrying)
+	if len(line) > progressWidth {
+		line = fmt.Sprintf("ok %d/%d  dead %d/%d  dup %d/%d  retrying %d",
+			s.succeeded, want.succeeded, s.dead, want.dead, s.duplicates, want.duplicates, s.retrying)
 	}
-	if broker == "memory" {
-		fmt.Fprintf(w, "\n%d dead letters were in the embedded broker's %s.dlq; they end with this process.\n"+
-			"Run against RabbitMQ (AMQP_URL) to keep them and read them with sluice dlq list.\n", dead, queue)
-		return
-	}
-	fmt.Fprintf(w, "\n%d dead letters of this run are in %s.dlq. Read them with:\n"+
-		"  go run ./cmd/sluice dlq list --queue %s\n", dead, queue, queue)
+	return line
 }
 
-func isTerminal(f *os.File) bool {
+// progressWidth is the longest state progress writes with its long labels: with the
+// elapsed time before it, the line stays within 80 columns.
+const progressWidth = 80 - len("999.9s  ") - 1
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0 && !strings.EqualFold(os.Getenv("TERM"), "dumb")
 }

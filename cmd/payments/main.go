@@ -57,7 +57,7 @@ func run(args []string) int {
 	case "serve":
 		return serve(ctx, cfg, args[1:])
 	case "demo":
-		return demo(ctx, cfg, args[1:])
+		return demo(ctx, cfg, args[1:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return 0

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/sluice-go/sluice/handlers/example_payment"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/handlers/example_payment"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/idempotency"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
@@ -23,8 +24,10 @@ import (
 // hooks lets the demo watch outcomes; the service itself only logs them.
 type hooks struct {
 	onRetry      func(retry.Event)
-	onDeadLetter func(poison.Event)
+	onDeadLetter func(disposition.Outcome)
 	onDuplicate  func(key string)
+	// spans also receives every span the service records (the demo's waterfalls).
+	spans sdktrace.SpanProcessor
 }
 
 // service is the payment consumer: queue payments.requested, successes to
@@ -35,6 +38,8 @@ type service struct {
 	// secondary consumes the cluster AMQP_SECONDARY_URL names, nil without it.
 	secondary *secondary
 	gateway   *example_payment.Gateway
+	// telemetry are the OpenTelemetry providers: the span exporter and the metrics address.
+	telemetry *otelsetup.Providers
 	closers   []func() error
 	// consuming is true while the stack consumes: /readyz reads it.
 	consuming atomic.Bool
@@ -61,11 +66,16 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 		}
 		return nil
 	})
-	providers, err := otelsetup.Setup(ctx, otelsetup.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health})
+	ocfg := otelsetup.Config{ServiceName: cfg.serviceName, MetricsAddr: cfg.metricsAddr, Health: health}
+	if h.spans != nil {
+		ocfg.SpanProcessors = []sdktrace.SpanProcessor{h.spans}
+	}
+	providers, err := otelsetup.Setup(ctx, ocfg)
 	if err != nil {
 		_ = b.Close()
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
+	svc.telemetry = providers
 	svc.closers = append(svc.closers, func() error {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -85,6 +95,18 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 
 	rcfg := cfg.retry
 	rcfg.OnRetry = h.onRetry
+	if h.onDeadLetter != nil {
+		dead := disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
+			if o.Disposition.Kind == disposition.DeadLetter {
+				h.onDeadLetter(o)
+			}
+		})
+		if rcfg.Observer != nil {
+			rcfg.Observer = disposition.Observers{rcfg.Observer, dead}
+		} else {
+			rcfg.Observer = dead
+		}
+	}
 	// Retry outcomes per error type over the last hour, served on METRICS_ADDR at
 	// /debug/sluice/retries (sluice retries reads them); RETRY_LEARNED=on also lets the
 	// learned policy stop retrying the types that never recover.
@@ -140,7 +162,6 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 			Idempotency: guard,
 			Logger:      logger,
 			Retry:       rcfg,
-			Poison:      poison.Config{OnDeadLetter: h.onDeadLetter},
 			Concurrency: cfg.concurrency,
 			Prefetch:    cfg.concurrency * 4,
 			Breakers:    breakers,

@@ -191,6 +191,8 @@ func post(t *testing.T, url string, header http.Header) (int, string) {
 // management API on 127.0.0.2, a loopback address of its own.
 func TestConsoleDiscoversQueues(t *testing.T) {
 	const host = "127.0.0.2"
+	// The port is fixed: make test's two parts run this package side by side.
+	testenv.Lock(t, host+":15672")
 	amqpPort := testenv.FreePort(t)
 	node := testenv.StartNode(t, testenv.NodeOptions{
 		Plugins: []string{"rabbitmq_management"},

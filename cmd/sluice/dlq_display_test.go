@@ -14,11 +14,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/poison"
 )
 
 type nopDeadLetterer struct{}
@@ -46,13 +47,13 @@ func TestDLQShowDisplay(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.DeclareQueue(ctx, queue))
 	require.NoError(t, b.Close())
-	p, err := poison.New(poison.Config{DeadLetterer: nopDeadLetterer{}, Host: "worker-1"})
+	p := carry.New(carry.Carrier{Host: "worker-1"})
 	require.NoError(t, err)
 	deadLetter := func(id string, payload []byte) {
 		msg := message.NewMessage(id, payload)
 		msg.Metadata.Set("x-db", "postgres://app:header-pw@db/app")
 		msg.Metadata.Set("Authorization", "Bearer auth-pw")
-		rec := p.Record(msg, queue, errors.New("dial amqp://ops:error-pw@rabbit failed"))
+		rec := p.Record(msg, queue, sluice.RetryCount(msg.Metadata), errors.New("dial amqp://ops:error-pw@rabbit failed"))
 		rec.Metadata.Set(headers.Handler, "payments")
 		pub, err := amqp.Marshaler{}.Marshal(rec)
 		require.NoError(t, err)

@@ -12,11 +12,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/poison"
 )
 
 // `sluice dlq edit --editor` opens $EDITOR on the payload, JSON indented, and replays what
@@ -31,11 +32,11 @@ func TestDLQEditWithEditor(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.DeclareQueue(ctx, queue))
 	require.NoError(t, b.Close())
-	p, err := poison.New(poison.Config{DeadLetterer: nopDeadLetterer{}, Host: "worker-1"})
+	p := carry.New(carry.Carrier{Host: "worker-1"})
 	require.NoError(t, err)
 	msg := message.NewMessage("pay-ed", []byte(`{"id":"pay-ed","currency":"eur"}`))
 	msg.Metadata.Set(amqp.MetadataContentType, "application/json")
-	pub, err := amqp.Marshaler{}.Marshal(p.Record(msg, queue, assert.AnError))
+	pub, err := amqp.Marshaler{}.Marshal(p.Record(msg, queue, sluice.RetryCount(msg.Metadata), assert.AnError))
 	require.NoError(t, err)
 	r.Publish(topology.DLQ(queue), pub)
 

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
@@ -35,7 +35,7 @@ func fakeJournalService(t *testing.T, state telemetry.JournalState, journal stri
 	reg, err := inst.RegisterJournal(func() telemetry.JournalState { return state })
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = reg.Unregister() })
-	desc := router.Description{Handlers: []router.HandlerDescription{{Name: "pay", Queue: "cli.pay", Idempotency: &router.IdempotencyDescription{Journal: journal}}}}
+	desc := policy.Description{Handlers: []policy.HandlerDescription{{Name: "pay", Queue: "cli.pay", Idempotency: &policy.IdempotencyDescription{Journal: journal}}}}
 	mux := http.NewServeMux()
 	mux.Handle(retryview.MetricsPath, providers.MetricsHandler())
 	mux.HandleFunc(policyPath, func(w http.ResponseWriter, _ *http.Request) {
@@ -76,8 +76,8 @@ func TestJournal_FromTheService(t *testing.T) {
 			assert.Equal(t, sourceService, j.Source)
 			assert.Equal(t, []retryview.JournalHandler{{Name: "pay", Queue: "cli.pay", Journal: "sluice.idempotency.cli.pay"}}, j.Handlers)
 			require.Len(t, j.Instances, 1)
-			assert.Equal(t, retryview.JournalFigures{State: retryview.JournalReady, RestoredKeys: 812, RestoreDuration: router.Duration(2 * time.Second),
-				Lag: router.Duration(120 * time.Millisecond), Appended: 40, Failures: 2, Skipped: 1, Recreated: 1}, j.Instances[0])
+			assert.Equal(t, retryview.JournalFigures{State: retryview.JournalReady, RestoredKeys: 812, RestoreDuration: policy.Duration(2 * time.Second),
+				Lag: policy.Duration(120 * time.Millisecond), Appended: 40, Failures: 2, Skipped: 1, Recreated: 1}, j.Instances[0])
 		}},
 	}
 	for _, tc := range tests {

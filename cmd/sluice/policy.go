@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/policy"
 )
 
 const policyAbout = `Prints the running service's retry decision matrix: for each handler its queue,
@@ -57,7 +57,7 @@ func runPolicy(ctx context.Context, e *env, args []string) error {
 		return cliErr(err, serviceURL(e))
 	}
 	if *handler != "" {
-		out.Handlers = slices.DeleteFunc(out.Handlers, func(h router.HandlerDescription) bool { return h.Name != *handler })
+		out.Handlers = slices.DeleteFunc(out.Handlers, func(h policy.HandlerDescription) bool { return h.Name != *handler })
 		if len(out.Handlers) == 0 {
 			return notFound(fmt.Errorf("sluice policy: the service at %s has no handler %q", out.URL, *handler))
 		}
@@ -92,7 +92,8 @@ func printPolicy(w io.Writer, d policyReport) error {
 		}
 		kv("dead-letter queue", orDash(h.DeadLetterQueue))
 		kv("archive", orDash(h.Archive))
-		kv("handler timeout", h.HandlerTimeout.String())
+		kv("handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned))
+		kv("settle bound", h.SettleText())
 		kv("max attempts", fmt.Sprintf("%d (%d retries), within %s of the first failure", p.MaxAttempts, p.MaxRetries, p.MaxTotalAge))
 		kv("backoff", fmt.Sprintf("%s × %g up to %s, jitter ±%g%%", p.InitialDelay, p.Multiplier, p.MaxDelay, p.Jitter*100))
 		for _, r := range p.Schedule {
@@ -132,7 +133,7 @@ func printPolicy(w io.Writer, d policyReport) error {
 				if v.Evidence != "" {
 					why = v.Evidence
 				}
-				kv("  "+v.ErrorType, router.DecisionText(v.Verdict)+": "+why)
+				kv("  "+v.ErrorType, (v.Verdict).Text()+": "+why)
 			}
 		} else {
 			kv("learned policy", "none")

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice/retrystats"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/internal/retrystats"
+	"github.com/sluice-go/sluice/policy"
 )
 
 func TestPolicy(t *testing.T) {
@@ -30,6 +30,7 @@ func TestPolicy(t *testing.T) {
 			assert.Regexp(t, `dead-letter queue\s+cli\.pay\.dlq\n`, out)
 			assert.Regexp(t, `archive\s+cli\.pay\.dlq\.archive\n`, out)
 			assert.Regexp(t, `max attempts\s+4 \(3 retries\)`, out)
+			assert.Regexp(t, `settle bound\s+every delivery settled within 1m41s of its delivery`, out)
 			assert.Regexp(t, `retry 1\s+100ms \(100ms – 100ms\), attempt 2 at \+100ms`, out)
 			assert.Regexp(t, `retry 3\s+400ms \(400ms – 400ms\), attempt 4 at \+700ms`, out)
 			assert.Regexp(t, `down\s+stop retrying \(exploring 5%\): 0 of 12 recovered in the last hour\n`, out)
@@ -52,7 +53,7 @@ func TestPolicy(t *testing.T) {
 			}
 			assert.Equal(t, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}, delays)
 			require.Len(t, d.Handlers[1].Learned, 1)
-			assert.Equal(t, router.LearnedView{ErrorType: "down", Verdict: retrystats.Verdict{
+			assert.Equal(t, policy.LearnedView{ErrorType: "down", Verdict: retrystats.Verdict{
 				Decision: retrystats.DecisionStop, Exploring: true, Explore: 0.05, Evidence: "0 of 12 recovered in the last hour",
 				Reason: "dead-lettered at once (5% explored): 0 of 12 recovered in the last hour"}}, d.Handlers[1].Learned[0])
 		}},

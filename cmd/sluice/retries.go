@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/policy"
 )
 
 // Names the tests and the help texts share with package retryview.
@@ -82,7 +82,7 @@ func runRetries(ctx context.Context, e *env, args []string) error {
 
 // printRetries writes r as a table.
 func printRetries(w io.Writer, r retriesReport, handler string) error {
-	fmt.Fprintf(w, "Retry statistics from %s, over the last %s.\n", r.Describe(), router.Duration(r.WindowDuration()))
+	fmt.Fprintf(w, "Retry statistics from %s, over the last %s.\n", r.Describe(), policy.Duration(r.WindowDuration()))
 	if l := r.Learned; l != nil {
 		fmt.Fprintf(w, "Learned retry policy: stops an error type below %g%% recovered, after %d ended messages; explores %g%%.\n",
 			l.UnlikelyBelow*100, l.MinEvidence, l.Explore*100)
@@ -116,7 +116,7 @@ func printRetries(w io.Writer, r retriesReport, handler string) error {
 		if learned {
 			policy := "-"
 			if t.Learned != nil {
-				policy = router.DecisionText(*t.Learned)
+				policy = (*t.Learned).Text()
 				if t.Learned.Evidence != "" {
 					policy += ": " + t.Learned.Evidence
 				}

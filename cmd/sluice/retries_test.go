@@ -18,9 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -51,24 +50,24 @@ func fakeService(t *testing.T) string {
 		_ = s.Close()
 	})
 	<-s.Running()
-	rec := func(h string, ev disposition.RetryEvent) { stats.Record(h, ev) }
+	rec := func(h string, ev retrystats.RetryEvent) { stats.Record(h, ev) }
 	for _, at := range []int{2, 2, 3, 0} {
-		rec("pay", disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
+		rec("pay", retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
 		for a := 2; a < at; a++ {
-			rec("pay", disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", Retried: true, Attempt: a})
+			rec("pay", retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", Retried: true, Attempt: a})
 		}
 		if at == 0 {
-			rec("pay", disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: disposition.Exhausted, Attempt: 4})
+			rec("pay", retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: retrystats.Exhausted, Attempt: 4})
 			continue
 		}
-		rec("pay", disposition.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: disposition.Recovered, Attempt: at})
+		rec("pay", retrystats.RetryEvent{ErrorType: "timeout", Resolved: "timeout", End: retrystats.Recovered, Attempt: at})
 	}
 	for range 2 {
-		rec("pay", disposition.RetryEvent{ErrorType: "declined", NewMessage: true, End: disposition.MadePermanent, Attempt: 1})
+		rec("pay", retrystats.RetryEvent{ErrorType: "declined", NewMessage: true, End: retrystats.MadePermanent, Attempt: 1})
 	}
 	for range 12 {
-		rec("ship", disposition.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true, Attempt: 1})
-		rec("ship", disposition.RetryEvent{ErrorType: "down", Resolved: "down", End: disposition.Exhausted, Attempt: 4})
+		rec("ship", retrystats.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true, Attempt: 1})
+		rec("ship", retrystats.RetryEvent{ErrorType: "down", Resolved: "down", End: retrystats.Exhausted, Attempt: 4})
 	}
 	mux := http.NewServeMux()
 	mux.Handle(retriesPath, s.RetriesHandler())

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -30,7 +31,7 @@ func TestUnroutedCommands(t *testing.T) {
 			_ = ch.Close()
 		}
 	})
-	require.NoError(t, b.DeclareExchange(ctx, exchange, amqp.ExchangeTopic, false))
+	require.NoError(t, b.DeclareExchange(ctx, exchange, broker.Topic, false))
 	require.NoError(t, b.PublishToExchange(ctx, exchange, "order.created", message.NewMessage("cli-1", []byte(`{"n":1}`))))
 
 	cases := []struct {
@@ -52,7 +53,7 @@ func TestUnroutedCommands(t *testing.T) {
 			}
 		})
 	}
-	require.NoError(t, b.DeclareSubscription(ctx, queue, []amqp.Binding{{Exchange: exchange, Keys: []string{"order.*"}}}, false))
+	require.NoError(t, b.DeclareSubscription(ctx, queue, []broker.Binding{{Exchange: exchange, Keys: []string{"order.*"}}}, false))
 	code, out, errOut := runIn(r.URL, "dlq", "unrouted", "replay", "--exchange", exchange)
 	require.Equal(t, exitOK, code, "stderr: %s", errOut)
 	assert.Contains(t, out, "replayed cli-1 to exchange "+exchange)

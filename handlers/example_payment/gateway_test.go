@@ -14,6 +14,7 @@ import (
 	sluice "github.com/sluice-go/sluice"
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/demo/paymentsim"
+	"github.com/sluice-go/sluice/internal/markers"
 )
 
 func request(paymentID, source string) ep.Request {
@@ -93,7 +94,7 @@ func TestGateway_RateLimitedRetryAfter(t *testing.T) {
 	_, err := g.Charge(context.Background(), request("pay_rl", paymentsim.TokenRateLimited))
 	require.Error(t, err)
 
-	var ra *sluice.RetryAfterError
+	var ra *markers.RetryAfter
 	require.ErrorAs(t, err, &ra)
 	assert.Equal(t, 2*time.Second, ra.After)
 	var rl *ep.RateLimitedError

@@ -17,6 +17,7 @@ import (
 	ep "github.com/sluice-go/sluice/handlers/example_payment"
 	"github.com/sluice-go/sluice/internal/demo/paymentsim"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
@@ -154,7 +155,7 @@ func TestHandler_RateLimitedReturnsRetryAfter2s(t *testing.T) {
 	_, err := h.Handle(newMessage(t, requestBody(t, "pay_rl", paymentsim.TokenRateLimited), 1))
 	require.Error(t, err)
 	assert.Equal(t, sluice.ClassRetryable, sluice.ClassOf(err))
-	var ra *sluice.RetryAfterError
+	var ra *markers.RetryAfter
 	require.ErrorAs(t, err, &ra)
 	assert.Equal(t, 2*time.Second, ra.After)
 	assert.Equal(t, paymentsim.ErrorTypeRateLimited, sluice.ErrorType(err))

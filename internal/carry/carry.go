@@ -1,15 +1,19 @@
-// Package carry carries out a delivery attempt's disposition (package disposition): the
-// one place where sluice builds a failure record, makes the confirmed hand-off it needs
-// (the retry or deferral copy to the broker's delay, the dead-letter copy to the DLQ), and
-// tells the observers the attempt's outcome. The retry step uses it for every attempt; the
-// poison step uses it alone, without a delay.
+// Package carry carries out a delivery attempt's fate (package internal/decide): the one
+// place where sluice builds a failure record (the retry copy's, the deferral's, the dead
+// letter's), makes the one confirmed hand-off the fate needs, settles the delivery and
+// tells the observers. The retry step uses it for every attempt; the poison step, used
+// alone, uses it without a delay.
 package carry
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -17,33 +21,51 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// Delayer hands a message to the broker so it is delivered to queue after d, confirmed:
-// package broker's capability.
-type Delayer = broker.Delayer
+// maxStackBytes is the size a stack is truncated to in the record.
+const maxStackBytes = 16 << 10
 
-// DeadLetterFunc publishes msg's dead-letter copy for reason to queue's DLQ, confirmed, and
-// returns the copy it published (its record).
-type DeadLetterFunc func(ctx context.Context, msg *message.Message, queue string, reason error) (*message.Message, error)
-
-// Carrier carries dispositions out.
+// Carrier carries fates out.
 type Carrier struct {
-	// Delayer takes Retry and Defer copies. Nil only where Decide never returns either.
-	Delayer Delayer
-	// DeadLetter publishes DeadLetter copies.
-	DeadLetter DeadLetterFunc
-	// Observer, if not nil, is told every attempt's outcome.
+	// Delayer takes Retry and Defer copies. Nil only where no Retry or Defer is decided
+	// (the poison step alone: decide.Policy.NoDelay).
+	Delayer broker.Delayer
+	// DeadLetterer takes dead letters.
+	DeadLetterer broker.DeadLetterer
+	// Observer, if not nil, is told every attempt's outcome, once.
 	Observer disposition.Observer
-	// Logger receives discards (warn), failed dead-letter publishes (error) and
-	// hand-offs (debug).
+	// Logger receives discards (warn), failed hand-offs (error) and hand-offs (debug).
 	Logger *slog.Logger
+	// Host is recorded as x-failed-host; empty means os.Hostname(). Now is the record's
+	// clock; nil means time.Now.
+	Host string
+	Now  func() time.Time
+
+	pid string
 }
 
-// Attempt is the attempt whose disposition is carried out.
+// New returns c with its defaults filled in.
+func New(c Carrier) *Carrier {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Host == "" {
+		c.Host, _ = os.Hostname()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.pid = strconv.Itoa(os.Getpid())
+	return &c
+}
+
+// Attempt is the attempt whose fate is carried out.
 type Attempt struct {
 	Msg   *message.Message
 	Queue string
@@ -53,83 +75,108 @@ type Attempt struct {
 	First, Now time.Time
 	// Dependency is the handler's dependency, for the observers.
 	Dependency string
-	// Requeue, on a Retry, has the queue itself hold the message back for the retry's
-	// delay (a broker's native delayed retry, broker.NativeRetrier): the message goes back
-	// to its queue rejected, with nothing handed to the Delayer. It is observed as the
-	// Retry it is.
-	Requeue bool
+	// Compensation is the handler's compensation event; nil without one.
+	Compensation *Compensation
 }
 
-// Carry carries d out for attempt a, then tells the observers. It returns nil when the
-// message is to be acked (its replacement, if any, confirmed) and a GiveBack error when it
-// goes back to its queue unacked. ctx is the context the attempt arrived with.
-func (c *Carrier) Carry(ctx context.Context, a Attempt, d disposition.Disposition) error {
+// Compensation is a handler's compensation: the event published beside a dead letter whose
+// fate is final (disposition.Disposition.Compensate).
+type Compensation struct {
+	// Build returns the event for msg, whose dead letter is record; its id is set after.
+	Build func(msg, record *message.Message) (*message.Message, error)
+	// Publish publishes the event, confirmed; To names where, for records and logs.
+	Publish func(ctx context.Context, event *message.Message) error
+	To      string
+}
+
+// Carry carries out the fate in decides for attempt a: the fate's hand-off, confirmed;
+// when that fails, the fate the decision gives a failed hand-off (a give-back); then the
+// delivery's settlement and the observers. It returns nil when the message is to be acked
+// (what replaces it confirmed), or the error that has the subscriber settle it otherwise.
+// ctx is the context the attempt arrived with.
+func (c *Carrier) Carry(ctx context.Context, a Attempt, in decide.Input) error {
+	d := decide.Decide(in)
+	if err := c.handOff(ctx, a, d); err != nil {
+		in.HandOff = err
+		d = decide.Decide(in)
+	}
+	return c.settle(ctx, a, d)
+}
+
+// handOff makes the publish d needs, confirmed, and logs what it did.
+func (c *Carrier) handOff(ctx context.Context, a Attempt, d disposition.Disposition) error {
 	msg := a.Msg
-	var err error
 	switch d.Kind {
 	case disposition.Discard:
 		c.Logger.Warn("message discarded", "queue", a.Queue, "message_id", msg.UUID, "attempt", a.Number, "error", sluice.ErrorMessage(d.Reason))
 	case disposition.Retry:
-		if a.Requeue {
-			// Returned as a give-back without Unprocessed: the subscriber rejects it, which
-			// is what the queue's delayed retry holds back (and its delivery limit counts).
-			msg.Metadata.Set(headers.HeldBack, "1")
-			if c.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		if d.HeldBack {
+			if c.Logger.Enabled(ctx, slog.LevelDebug) {
 				c.Logger.Debug("message rejected for its queue's native delayed retry", "queue", a.Queue, "message_id", msg.UUID, "attempt", a.Number, "delay", d.Delay, "error", sluice.ErrorMessage(d.Reason))
 			}
-			c.observe(ctx, a, d)
-			return disposition.GiveBackError(fmt.Errorf("retry %d of message %s held back by queue %q for %s: %w", a.Retries+1, msg.UUID, a.Queue, d.Delay, d.Reason))
+			return nil
 		}
-		// The failure record, and the trace context the telemetry step injects.
-		cp := headers.CopyWithRoom(msg, len(headers.RetryState)+2)
-		headers.StampFailure(cp.Metadata, msg.Metadata, headers.Failure{
-			Queue: a.Queue, RetryCount: a.Retries + 1, Attempt: a.Number, First: a.First, Now: a.Now, Err: d.Reason,
-		})
-		err = c.handOff(ctx, "retry", a, d, cp)
+		return c.delay(ctx, "retry", a, d, c.retryCopy(a, d))
 	case disposition.Defer:
-		// The defer count, first defer time and original queue, and the trace context.
-		cp := headers.CopyWithRoom(msg, 3+2)
-		md := cp.Metadata
-		defers, _ := strconv.Atoi(msg.Metadata.Get(headers.DeferCount))
-		// The header is untrusted: a huge value must not wrap around to a negative count.
-		md.Set(headers.DeferCount, strconv.Itoa(min(max(defers, 0), sluice.MaxRetryCountHeader)+1))
-		if _, ok := failure.Time(msg.Metadata, headers.FirstDeferTime, a.Now); !ok {
-			md.Set(headers.FirstDeferTime, failure.FormatTime(a.Now))
-		}
-		headers.StampOrigin(md, msg.Metadata, a.Queue, headers.ReadTrip(msg.Metadata).Carried)
-		err = c.handOff(ctx, "deferral", a, d, cp)
+		return c.delay(ctx, "deferral", a, d, c.deferCopy(a))
 	case disposition.DeadLetter:
 		hctx, cancel := lifecycle.HandoffContext(ctx)
-		_, derr := c.DeadLetter(hctx, msg, a.Queue, d.Reason)
-		cancel()
-		if derr != nil {
-			err = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, a.Queue, derr)
+		defer cancel()
+		rec := c.Record(msg, a.Queue, a.Retries, d.Reason)
+		if d.Compensate && a.Compensation != nil {
+			return c.compensate(hctx, a, rec)
+		}
+		if err := c.DeadLetterer.DeadLetter(hctx, a.Queue, rec); err != nil {
+			err = fmt.Errorf("dead-letter publish of message %s from queue %q: %w", msg.UUID, a.Queue, err)
 			c.Logger.Error("dead-letter publish failed; message will be redelivered", "queue", a.Queue, "message_id", msg.UUID, "error", err)
-		}
-	case disposition.GiveBack:
-		err = d.Reason
-		if d.Unprocessed {
-			// A stopping consumer, a paused handler: no fault of the message, so the
-			// subscriber returns it with a basic.nack, which RabbitMQ 4.x does not count
-			// toward a quorum queue's delivery limit (see Disposition.Unprocessed).
-			msg.Metadata.Set(headers.GivenBack, "1")
-		}
-	}
-	if err != nil {
-		d = disposition.Disposition{Kind: disposition.GiveBack, Reason: err}
-	}
-	c.observe(ctx, a, d)
-	if d.Kind == disposition.GiveBack {
-		if disposition.IsGiveBack(err) {
 			return err
 		}
-		return disposition.GiveBackError(err)
+		// Debug: the telemetry step writes the operator's line at info, rate-limited.
+		if c.Logger.Enabled(ctx, slog.LevelDebug) {
+			c.Logger.Debug("message dead-lettered", "queue", a.Queue, "dlq", topology.DLQ(a.Queue), "message_id", msg.UUID,
+				"error_type", rec.Metadata.Get(sluice.HeaderErrorType), "retries", a.Retries, "error", sluice.ErrorMessage(d.Reason))
+		}
 	}
 	return nil
 }
 
-// handOff gives cp to the broker's delay for d, confirmed; what for names it in the error.
-func (c *Carrier) handOff(ctx context.Context, what string, a Attempt, disp disposition.Disposition, cp *message.Message) error {
+// settle says how the subscriber settles the delivery (broker.Delivery.Settle, on the
+// context the message arrived with), tells the observers, and returns what the step
+// returns: nil to ack, an error to have the message nacked. Outside a subscriber that
+// gives deliveries a broker.Delivery (a plain Watermill one) the settlement is dropped and
+// the nack is the subscriber's own.
+func (c *Carrier) settle(ctx context.Context, a Attempt, d disposition.Disposition) error {
+	msg := a.Msg
+	var err error
+	switch {
+	case d.Kind == disposition.Retry && d.HeldBack:
+		// Rejected at once: the queue holds it back (and its delivery limit counts it).
+		broker.DeliveryFrom(ctx).Settle(broker.SettleHoldBack)
+		err = &GiveBack{Reason: fmt.Errorf("retry %d of message %s held back by queue %q for %s: %w", a.Retries+1, msg.UUID, a.Queue, d.Delay, d.Reason)}
+	case d.Kind == disposition.GiveBack:
+		settlement := broker.SettleReject // a failed hand-off: counted, after a growing pause
+		if d.Unprocessed {
+			// No fault of the message: returned at once, and not counted toward a quorum
+			// queue's delivery limit.
+			settlement = broker.SettleReturn
+		}
+		broker.DeliveryFrom(ctx).Settle(settlement)
+		err = &GiveBack{Reason: d.Reason}
+	}
+	c.observe(ctx, a, d)
+	return err
+}
+
+// GiveBack is the error a step returns for a message going back to its queue unacked
+// (GiveBack, or a Retry the queue holds back): the router settles it without logging it
+// as a handler's failure.
+type GiveBack struct{ Reason error }
+
+func (e *GiveBack) Error() string { return "given back: " + e.Reason.Error() }
+func (e *GiveBack) Unwrap() error { return e.Reason }
+
+// delay gives cp to the broker's delay for d, confirmed; what names it in the error.
+func (c *Carrier) delay(ctx context.Context, what string, a Attempt, disp disposition.Disposition, cp *message.Message) error {
 	// A handler deadline outside the step must not fail the hand-off.
 	hctx, cancel := lifecycle.HandoffContext(ctx)
 	defer cancel()
@@ -137,12 +184,62 @@ func (c *Carrier) handOff(ctx context.Context, what string, a Attempt, disp disp
 	if err := c.Delayer.Delay(hctx, a.Queue, d, cp); err != nil {
 		return fmt.Errorf("%s hand-off of message %s to queue %q (delay %s): %w", what, a.Msg.UUID, a.Queue, d, err)
 	}
-	// Checked first, as Debug checks (with a background context): the arguments are
-	// boxed, and the message built, even for a record it drops.
-	if c.Logger.Enabled(context.Background(), slog.LevelDebug) {
+	// Checked first: the arguments are boxed, and the message built, even for a record it
+	// drops.
+	if c.Logger.Enabled(ctx, slog.LevelDebug) {
 		c.Logger.Debug("message handed to broker for "+what, "queue", a.Queue, "message_id", a.Msg.UUID, "attempt", a.Number, "delay", d, "error", sluice.ErrorMessage(disp.Reason))
 	}
 	return nil
+}
+
+// retryCopy is the retry copy of a's message: its failure record's retry state, and room
+// for the trace context the telemetry step injects.
+func (c *Carrier) retryCopy(a Attempt, d disposition.Disposition) *message.Message {
+	cp := headers.CopyWithRoom(a.Msg, len(headers.RetryState)+2)
+	headers.StampFailure(cp.Metadata, a.Msg.Metadata, headers.Failure{
+		Queue: a.Queue, RetryCount: a.Retries + 1, Attempt: a.Number, First: a.First, Now: a.Now, Err: d.Reason,
+	})
+	return cp
+}
+
+// deferCopy is the deferral copy of a's message: its defer count, first defer time and
+// original queue, and room for the trace context.
+func (c *Carrier) deferCopy(a Attempt) *message.Message {
+	msg := a.Msg
+	cp := headers.CopyWithRoom(msg, 3+2)
+	md := cp.Metadata
+	defers, _ := strconv.Atoi(msg.Metadata.Get(headers.DeferCount))
+	// The header is untrusted: a huge value must not wrap around to a negative count.
+	md.Set(headers.DeferCount, strconv.Itoa(min(max(defers, 0), sluice.MaxRetryCountHeader)+1))
+	if _, ok := failure.Time(msg.Metadata, headers.FirstDeferTime, a.Now); !ok {
+		md.Set(headers.FirstDeferTime, failure.FormatTime(a.Now))
+	}
+	headers.StampOrigin(md, msg.Metadata, a.Queue, headers.ReadTrip(msg.Metadata).Carried)
+	return cp
+}
+
+// Record returns the dead-letter copy of msg, consumed from queue with retries retries made,
+// for reason err: msg's id, payload and metadata with the failure record added (see package
+// poison for its headers). It is the one builder of failure records.
+func (c *Carrier) Record(msg *message.Message, queue string, retries int, err error) *message.Message {
+	now := c.Now()
+	rec := headers.CopyWithRoom(msg, len(headers.FailureRecord)+len(headers.RetryState)+2)
+	md := rec.Metadata
+	md.Set(sluice.HeaderErrorType, sluice.ErrorType(err))
+	md.Set(headers.ErrorClass, sluice.ClassOf(err).String())
+	md.Set(headers.DeadLetterReason, decide.ReasonOf(err))
+	md.Set(sluice.HeaderErrorMessage, failure.Truncate(sluice.ErrorMessage(err), failure.MaxErrorMessageBytes))
+	if stack, ok := failure.Stack(err); ok {
+		md.Set(sluice.HeaderErrorStack, failure.Truncate(stack, maxStackBytes))
+	} else {
+		delete(md, sluice.HeaderErrorStack)
+	}
+	headers.StampWhere(md, err, message.HandlerNameFromCtx(msg.Context()))
+	headers.StampFailure(md, msg.Metadata, headers.Failure{Queue: queue, RetryCount: retries, Attempt: retries + 1, Now: now, Err: err})
+	md.Set(headers.FailedAt, failure.FormatTime(now))
+	md.Set(headers.FailedHost, c.Host)
+	md.Set(headers.FailedPID, c.pid)
+	return rec
 }
 
 // observe tells the observers the attempt's outcome.
@@ -153,7 +250,6 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 	o := disposition.Outcome{
 		Disposition: d, Attempt: a.Number, Queue: a.Queue, MessageID: a.Msg.UUID,
 		Handler: message.HandlerNameFromCtx(ctx), Dependency: a.Dependency,
-		HeldBack: a.Requeue && d.Kind == disposition.Retry,
 	}
 	if d.Reason != nil {
 		o.ErrorType = sluice.ErrorType(d.Reason)
@@ -163,4 +259,86 @@ func (c *Carrier) observe(ctx context.Context, a Attempt, d disposition.Disposit
 		o.RetriedErrorType = a.Msg.Metadata.Get(sluice.HeaderLastError)
 	}
 	c.Observer.Observe(ctx, o)
+}
+
+type compensationKey struct{}
+
+// WithCompensation returns ctx carrying the handler's compensation, for the retry step to
+// find (the router sets it on the messages of a handler that has one).
+func WithCompensation(ctx context.Context, c *Compensation) context.Context {
+	return context.WithValue(ctx, compensationKey{}, c)
+}
+
+// CompensationFrom returns the compensation ctx carries, nil when none.
+func CompensationFrom(ctx context.Context) *Compensation {
+	c, _ := ctx.Value(compensationKey{}).(*Compensation)
+	return c
+}
+
+// compensate publishes a's dead letter rec and its compensation event at once, both
+// confirmed: the original is acked only when both are, and given back when either fails,
+// so that the redelivery hands both off again. The event's id is the same on every
+// redelivery, so its consumers deduplicate.
+func (c *Carrier) compensate(ctx context.Context, a Attempt, rec *message.Message) error {
+	comp := a.Compensation
+	event, err := comp.Build(a.Msg, rec)
+	switch {
+	case err != nil:
+		// A builder that fails would fail on every redelivery: the dead letter goes alone,
+		// and its record says why, for the operator.
+		rec.Metadata.Set(headers.CompensationError, failure.Truncate(err.Error(), failure.MaxErrorMessageBytes))
+		c.Logger.Error("compensation event not built; dead-lettering without it", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
+		event = nil
+	case event == nil:
+		rec.Metadata.Set(headers.CompensationError, "the compensation builder returned no event")
+	}
+	if event == nil {
+		if err := c.DeadLetterer.DeadLetter(ctx, a.Queue, rec); err != nil {
+			return fmt.Errorf("dead-letter publish of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+		}
+		return nil
+	}
+	event.UUID = CompensationID(a.Msg)
+	if event.Metadata == nil {
+		event.Metadata = message.Metadata{}
+	}
+	for _, k := range []string{headers.CorrelationID, headers.WatermillCorrelationID} {
+		if v := a.Msg.Metadata.Get(k); v != "" && event.Metadata.Get(k) == "" {
+			event.Metadata.Set(k, v)
+		}
+	}
+	event.Metadata.Set(headers.CompensationOf, a.Msg.UUID)
+	event.SetContext(ctx) // the message's trace: the publisher's span continues it
+	rec.Metadata.Set(headers.CompensationID, event.UUID)
+	rec.Metadata.Set(headers.CompensationTo, comp.To)
+	var wg sync.WaitGroup
+	var eventErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		eventErr = comp.Publish(ctx, event)
+	}()
+	deadErr := c.DeadLetterer.DeadLetter(ctx, a.Queue, rec)
+	wg.Wait()
+	if err := errors.Join(deadErr, eventErr); err != nil {
+		err = fmt.Errorf("dead letter and compensation of message %s from queue %q: %w", a.Msg.UUID, a.Queue, err)
+		c.Logger.Error("dead-letter or compensation publish failed; message will be redelivered", "queue", a.Queue, "message_id", a.Msg.UUID, "error", err)
+		return err
+	}
+	if c.Logger.Enabled(ctx, slog.LevelDebug) {
+		c.Logger.Debug("message dead-lettered and compensated", "queue", a.Queue, "message_id", a.Msg.UUID, "compensation_id", event.UUID, "to", comp.To)
+	}
+	return nil
+}
+
+// CompensationID is the id of the compensation event of msg's final fate: derived from the
+// message id and the number of times an operator replayed it, so it is the same on every
+// redelivery and native retry of one fate, and new for the fate a replay starts. A UUID
+// (version 8, from SHA-256), as Watermill's ids are.
+func CompensationID(msg *message.Message) string {
+	h := sha256.Sum256([]byte("sluice compensation\x00" + msg.UUID + "\x00" + msg.Metadata.Get(headers.ReplayCount)))
+	b := h[:16]
+	b[6] = (b[6] & 0x0f) | 0x80 // version 8
+	b[8] = (b[8] & 0x3f) | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

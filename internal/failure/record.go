@@ -5,6 +5,7 @@ package failure
 
 import (
 	"encoding/json"
+	"errors"
 	"time"
 	"unicode/utf8"
 
@@ -100,4 +101,23 @@ func Truncate(s string, n int) string {
 		return s[:cut]
 	}
 	return s[:cut] + mark
+}
+
+// stacker is an error that reports where it happened: an attempt abandoned at its handler
+// timeout (package internal/attempt) reports its goroutine's stack.
+type stacker interface {
+	error
+	ErrorStack() string
+}
+
+// Stack returns the stack a failure carries, for x-error-stack and the span's exception
+// event: a recovered panic's, or the stack an error reports (an abandoned attempt's).
+func Stack(err error) (string, bool) {
+	if stack, ok := sluice.PanicStack(err); ok {
+		return stack, true
+	}
+	if s, ok := errors.AsType[stacker](err); ok && s.ErrorStack() != "" {
+		return s.ErrorStack(), true
+	}
+	return "", false
 }

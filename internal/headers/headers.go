@@ -41,6 +41,9 @@ var FailureRecord = []string{
 	FailedHost,
 	FailedPID,
 	FailedStage,
+	CompensationID,
+	CompensationTo,
+	CompensationError,
 }
 
 // Carried are sluice's headers that travel with a message and survive a replay.

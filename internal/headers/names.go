@@ -1,7 +1,5 @@
 package headers
 
-import wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
-
 // Header names sluice writes that are its own bookkeeping rather than what a handler reads;
 // moved from package sluice (their Header-prefixed names there). Values unchanged.
 const (
@@ -20,12 +18,23 @@ const (
 	FailedHost = "x-failed-host"
 	FailedPID  = "x-failed-pid"
 	ErrorClass = "x-error-class"
-	// DeadLetterReason says why sluice stopped trying (disposition.DeadLetterReasonOf:
+	// DeadLetterReason says why sluice stopped trying (decide.ReasonOf:
 	// permanent, retries_exhausted, max_age, retry_unlikely, ...), beside the error type
 	// that says what failed.
 	DeadLetterReason = "x-dead-letter-reason"
 	// ReplayCount counts replays from the dead-letter queue.
 	ReplayCount = "x-replay-count"
+	// CompensationID and CompensationTo say, on a dead letter, that the handler's
+	// compensation event was published beside it: its id and where it went;
+	// CompensationError that it was not, and why. CompensationOf names, on the event, the
+	// message it compensates.
+	CompensationID    = "x-compensation-id"
+	CompensationTo    = "x-compensation-to"
+	CompensationError = "x-compensation-error"
+	CompensationOf    = "x-compensation-of"
+	// WatermillCorrelationID is Watermill's correlation id metadata
+	// (middleware.CorrelationIDMetadataKey), carried onto a compensation event.
+	WatermillCorrelationID = "correlation_id"
 	// TraceParent and TraceState carry W3C trace context.
 	TraceParent = "traceparent"
 	TraceState  = "tracestate"
@@ -47,19 +56,9 @@ const (
 	// not a string, as a JSON object from the header's metadata key to type name, so
 	// Marshal can restore it. It is filled on consume and never published.
 	HeaderTypes = "sluice-header-types"
-	// GivenBack marks a message given back to its queue unprocessed (a GiveBack
-	// disposition with Unprocessed: a paused handler, a stopping consumer), so that the
-	// subscriber returns it with basic.nack, which RabbitMQ 4.x does not count toward a
-	// quorum queue's delivery limit, rather than basic.reject, which it does. Set in
-	// memory, never published, and read-only: a producer's header of that name is kept
-	// under MetadataPrefix.
-	GivenBack = "sluice-given-back"
-	// HeldBack marks a message rejected for its queue's native delayed retry
-	// (broker.NativeRetrier): the queue holds it back, so the subscriber rejects it at once,
-	// without the requeue backoff it gives a failed hand-off. Set in memory, never
-	// published, and read-only like GivenBack.
-	HeldBack = "sluice-held-back"
 	// UUID is Watermill's message id header (watermill-amqp's
-	// DefaultMessageUUIDHeaderKey), kept for interoperability.
-	UUID = wamqp.DefaultMessageUUIDHeaderKey
+	// DefaultMessageUUIDHeaderKey), kept for interoperability. Spelled out rather than
+	// imported: importing watermill-amqp here compiled amqp091 into every broker-neutral
+	// package; broker/amqp's tests check that the two agree.
+	UUID = "_watermill_message_uuid"
 )

@@ -25,7 +25,7 @@ const (
 // it as a header.
 func ReadOnly(key string) bool {
 	switch key {
-	case RoutingKey, Exchange, Redelivered, HeaderTypes, MessageID, GivenBack, HeldBack:
+	case RoutingKey, Exchange, Redelivered, HeaderTypes, MessageID:
 		return true
 	}
 	return false

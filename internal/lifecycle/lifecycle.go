@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 )
 
 // HandoffTimeout bounds a hand-off publish (retry copy, dead letter, outputs) made with a
@@ -43,4 +45,16 @@ func HandoffContext(ctx context.Context) (context.Context, context.CancelFunc) {
 		stop()
 		cancel()
 	}
+}
+
+// MessageDeadline returns a context with the deadline of m's context and none of its
+// cancellation, for publishing what m's handler produced after the handler returned (the
+// stack's output publishers). Moved from package broker.
+func MessageDeadline(m *message.Message) (context.Context, context.CancelFunc) {
+	parent := m.Context()
+	ctx := context.WithoutCancel(parent)
+	if dl, ok := parent.Deadline(); ok {
+		return context.WithDeadline(ctx, dl)
+	}
+	return ctx, func() {}
 }

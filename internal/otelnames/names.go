@@ -81,7 +81,7 @@ const (
 	// MetricRetryDelay is the broker-side delay each retry was given (seconds).
 	MetricRetryDelay = "sluice.retry.delay"
 	// MetricRetryOutcomes counts, per handler and error type, the messages that failed
-	// with it and how their retries ended (disposition.RetryEventOf): outcome "failed",
+	// with it and how their retries ended (retrystats.RetryEventOf): outcome "failed",
 	// "retried" (a retry spent), "recovered", "exhausted", "permanent", "discarded",
 	// "dead_lettered", "retry_unlikely".
 	MetricRetryOutcomes = "sluice.retry.outcomes"
@@ -158,6 +158,16 @@ const (
 	// MetricRetriesRefused counts retries the overload protection refused, by dependency and
 	// reason (budget, concurrency).
 	MetricRetriesRefused = "sluice.retry.refused"
+)
+
+// Metric instrument names of abandoned attempts (router.Config.HandlerTimeout).
+const (
+	// MetricAbandoned counts attempts the stack stopped waiting for at their handler
+	// timeout or at close (queue, handler).
+	MetricAbandoned = "sluice.handler.abandoned"
+	// MetricAbandonedRunning is, per handler, the abandoned attempts whose goroutine has
+	// not returned yet.
+	MetricAbandonedRunning = "sluice.handler.abandoned.running"
 )
 
 // Metric attribute keys of the overload metrics.

@@ -126,6 +126,43 @@ func clip(s string) string {
 	return string(r[:maxDetail-1]) + "…"
 }
 
+// cut bounds s to n characters, its end replaced by "…" when cut.
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	if n <= 0 {
+		return ""
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// wrap breaks line at spaces into lines of at most width characters, the ones after the
+// first indented by two; a word longer than a line is cut, and a " · " between two parts
+// that falls on a break is dropped.
+func wrap(line string, width int) []string {
+	var out []string
+	cur := ""
+	for _, word := range strings.Fields(line) {
+		switch {
+		case cur == "":
+			cur = word
+		case utf8.RuneCountInString(cur)+1+utf8.RuneCountInString(word) <= width:
+			cur += " " + word
+		default:
+			// A line ends on a word, not on the dot between two parts.
+			out = append(out, strings.TrimSuffix(cur, " ·"))
+			cur = "  " + word
+		}
+	}
+	out = append(out, cur)
+	for i, l := range out {
+		out[i] = cut(l, width)
+	}
+	return out
+}
+
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return fmt.Sprintf("%d %s", n, one)

@@ -22,6 +22,10 @@ const DefaultWidth = 40
 // minWidth keeps the timeline wide enough to tell spans apart.
 const minWidth = 10
 
+// MinLineWidth is the narrowest Options.LineWidth: room for a name, the times and a
+// timeline of 10 cells.
+const MinLineWidth = 60
+
 // maxDetail bounds the text after a row's bar, in characters: an error message can be a
 // whole panic stack, and one row must stay one line.
 const maxDetail = 120
@@ -31,6 +35,13 @@ type Options struct {
 	// Width is the timeline's width in character cells. Zero means DefaultWidth; values
 	// below 10 mean 10.
 	Width int
+	// LineWidth, when positive, fits every line in that many character cells (an
+	// 80-column terminal): a span that is its parent's only child is drawn at its
+	// parent's indentation rather than one step deeper, the timeline narrows (down to 10
+	// cells) and then the names are cut, a row's detail that does not fit after its bar
+	// goes on the line below it, and the summary's lines wrap. Values below
+	// MinLineWidth mean MinLineWidth. Zero draws each row on one line, however wide.
+	LineWidth int
 	// MessageID is the message the summary is about (a trace can also hold the messages a
 	// handler published). Empty means the first message the trace shows consumed.
 	MessageID string
@@ -61,6 +72,9 @@ func Render(w io.Writer, t jaeger.Trace, opts Options) error {
 		return err
 	}
 	d := newDrawing(t, width, opts.MessageID)
+	if opts.LineWidth > 0 {
+		d.lineWidth = max(opts.LineWidth, MinLineWidth)
+	}
 	d.header(&b)
 	b.WriteString("\n")
 	d.table(&b)
@@ -70,11 +84,13 @@ func Render(w io.Writer, t jaeger.Trace, opts Options) error {
 
 // drawing is one trace being drawn.
 type drawing struct {
-	t        jaeger.Trace
-	width    int
-	start    time.Time
-	total    time.Duration
-	children map[string][]jaeger.Span
+	t     jaeger.Trace
+	width int
+	// lineWidth bounds every line when positive (Options.LineWidth).
+	lineWidth int
+	start     time.Time
+	total     time.Duration
+	children  map[string][]jaeger.Span
 
 	message      string         // the message the summary is about
 	service      string         // the service that consumed it
@@ -140,7 +156,16 @@ func newDrawing(t jaeger.Trace, width int, messageID string) *drawing {
 
 // header writes the summary lines above the table.
 func (d *drawing) header(b *strings.Builder) {
-	fmt.Fprintf(b, "Trace %s\n", d.t.TraceID)
+	put := func(line string) {
+		if d.lineWidth == 0 {
+			b.WriteString(line + "\n")
+			return
+		}
+		for _, l := range wrap(line, d.lineWidth) {
+			b.WriteString(l + "\n")
+		}
+	}
+	put("Trace " + d.t.TraceID)
 	var about []string
 	if d.message != "" {
 		about = append(about, "message "+d.message)
@@ -154,18 +179,18 @@ func (d *drawing) header(b *strings.Builder) {
 		about = append(about, "service "+d.service)
 	}
 	if len(about) > 0 {
-		b.WriteString(upperFirst(strings.Join(about, " · ")) + "\n")
+		put(upperFirst(strings.Join(about, " · ")))
 	}
-	fmt.Fprintf(b, "Started %s · took %s · %s\n", d.start.UTC().Format("2006-01-02 15:04:05.000000 MST"),
-		FormatDuration(d.total), plural(len(d.t.Spans), "span", "spans"))
+	put(fmt.Sprintf("Started %s · took %s · %s", d.start.UTC().Format("2006-01-02 15:04:05.000000 MST"),
+		FormatDuration(d.total), plural(len(d.t.Spans), "span", "spans")))
 	missing := map[string]bool{}
 	for _, r := range d.t.Roots() {
 		if r.ParentSpanID != "" && !missing[r.ParentSpanID] {
 			missing[r.ParentSpanID] = true
-			fmt.Fprintf(b, "Continued from span %s, which is not in this trace (a producer outside sluice, or not in Jaeger yet)\n", r.ParentSpanID)
+			put(fmt.Sprintf("Continued from span %s, which is not in this trace (a producer outside sluice, or not in Jaeger yet)", r.ParentSpanID))
 		}
 	}
-	b.WriteString(d.outcome() + "\n")
+	put(d.outcome())
 	for _, dl := range d.deadLetters {
 		line := fmt.Sprintf("Dead letter: sent to %s at +%s", dl.TagString("messaging.destination.name"), FormatDuration(dl.StartTime.Sub(d.start)))
 		if i, ok := d.attemptIndex[dl.ParentSpanID]; ok {
@@ -181,7 +206,7 @@ func (d *drawing) header(b *strings.Builder) {
 				break
 			}
 		}
-		b.WriteString(line + "\n")
+		put(line)
 	}
 }
 

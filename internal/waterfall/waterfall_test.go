@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -85,6 +87,11 @@ func TestRender_Golden(t *testing.T) {
 		{name: "mixed", golden: "mixed_output_message", opts: waterfall.Options{MessageID: "pay-1005-out"}},
 		{name: "retried", golden: "retried_narrow", opts: waterfall.Options{Width: 3}},
 		{name: "retried", golden: "retried_wide", opts: waterfall.Options{Width: 80}},
+		// Fitted to an 80-column terminal (cmd/payments demo): chains of only children
+		// stay at one indentation, details that do not fit go below their row.
+		{name: "dead_lettered", golden: "dead_lettered_80", opts: waterfall.Options{LineWidth: 80}},
+		{name: "mixed", golden: "mixed_80", opts: waterfall.Options{LineWidth: 80}},
+		{name: "replayed", golden: "replayed_60", opts: waterfall.Options{LineWidth: 60}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.golden, func(t *testing.T) {
@@ -197,5 +204,37 @@ func TestRender_Degenerate(t *testing.T) {
 				assert.Contains(t, out, w)
 			}
 		})
+	}
+}
+
+// With a line width, every line of every fixture fits it, and no row is lost: the table
+// has as many rows as when it is drawn one row per line.
+func TestRender_LineWidth(t *testing.T) {
+	rowsOf := func(out string) int {
+		n := 0
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Count(l, "│") >= 2 && !strings.HasPrefix(l, "SPAN") {
+				n++
+			}
+		}
+		return n
+	}
+	for _, name := range []string{"retried", "dead_lettered", "native_retried", "foreign_parent", "replayed", "mixed"} {
+		tr := loadTrace(t, name)
+		want := rowsOf(render(t, tr, waterfall.Options{}))
+		for _, width := range []int{waterfall.MinLineWidth, 80, 100} {
+			t.Run(fmt.Sprintf("%s/%d", name, width), func(t *testing.T) {
+				out := render(t, tr, waterfall.Options{LineWidth: width})
+				for _, l := range strings.Split(out, "\n") {
+					assert.LessOrEqual(t, utf8.RuneCountInString(l), width, "%q", l)
+				}
+				assert.Equal(t, want, rowsOf(out), "every row is drawn:\n%s", out)
+				assert.Contains(t, out, "Outcome: ")
+			})
+		}
+	}
+	narrow := render(t, loadTrace(t, "retried"), waterfall.Options{LineWidth: 20})
+	for _, l := range strings.Split(narrow, "\n") {
+		assert.LessOrEqual(t, utf8.RuneCountInString(l), waterfall.MinLineWidth, "below MinLineWidth means MinLineWidth: %q", l)
 	}
 }

@@ -17,11 +17,12 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/internal/lifecycle"
+	"github.com/sluice-go/sluice/internal/markers"
 )
 
 // ErrOpen is the reason of the deferral (and the error passed to Config.Fallback) when a
 // breaker rejects a call: it is open, or half-open with all its probes in flight.
-var ErrOpen = errors.New("circuit breaker open")
+var ErrOpen = markers.ErrBreakerOpen
 
 // State is the state of a breaker. Its values are gobreaker's (0 closed, 1 half-open,
 // 2 open), the values the sluice.breaker.state gauge reports.

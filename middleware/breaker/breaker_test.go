@@ -17,6 +17,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -208,7 +210,7 @@ func TestBreaker_OpenDefers(t *testing.T) {
 				callEnd := time.Now()
 
 				require.Nil(t, msgs)
-				var de *sluice.DeferError
+				var de *markers.Defer
 				require.ErrorAs(t, err, &de, "call %d", i)
 				assert.Equal(t, sluice.ClassDefer, sluice.ClassOf(err))
 				assert.ErrorIs(t, err, breaker.ErrOpen)
@@ -224,7 +226,7 @@ func TestBreaker_OpenDefers(t *testing.T) {
 				// The deferral is the breaker's error; the retry step outside decides and
 				// observes it (package disposition), no report of the breaker's own.
 				assert.Equal(t, disposition.Disposition{Kind: disposition.Defer, Delay: de.After, Reason: err},
-					disposition.Decide(disposition.Policy{MaxTotalAge: time.Hour, MaxRetryAfter: time.Hour}, disposition.History{Now: time.Now()}, err))
+					decide.Decide(decide.Input{Err: err, Policy: decide.Policy{MaxTotalAge: time.Hour, MaxRetryAfter: time.Hour}, History: decide.History{Now: time.Now()}}))
 			}
 			assert.Equal(t, int64(1), dep.calls.Load(), "only the tripping call reaches the dependency")
 			if tt.want > 0 {
@@ -323,7 +325,7 @@ func TestBreaker_HalfOpen(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, called+1, dep.calls.Load())
 			case breaker.StateOpen:
-				var de *sluice.DeferError
+				var de *markers.Defer
 				require.ErrorAs(t, err, &de)
 				assert.Equal(t, called, dep.calls.Load())
 				// Re-opened by the last probe: a fresh open timeout, less the time since.
@@ -358,7 +360,7 @@ func TestBreaker_HalfOpenRejectsBeyondProbes(t *testing.T) {
 	<-entered
 
 	_, err := h(newMsg(nil))
-	var de *sluice.DeferError
+	var de *markers.Defer
 	require.ErrorAs(t, err, &de)
 	assert.ErrorIs(t, err, breaker.ErrOpen)
 	assert.ErrorContains(t, err, "half-open")

@@ -14,7 +14,7 @@
 //	nil, sluice.Defer(d, err) // err wraps ErrOpen
 //
 // where d is the time left until the breaker lets its next probe through plus a small random
-// spread. sluice's retry step turns a *sluice.DeferError into a broker-side delay without using
+// spread. sluice's retry step turns a *markers.Defer into a broker-side delay without using
 // a retry attempt, so each message comes back about when the dependency may be tried again,
 // and not all at the same instant. Deferral is bounded by the retry step's maximum total age,
 // after which the message goes to the dead-letter queue; that bound is not this package's

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -37,7 +37,7 @@ func ExampleRegistry() {
 
 	for _, id := range []string{"pay-1", "pay-2", "pay-3"} {
 		_, err := charge(message.NewMessage(id, nil))
-		var deferred *sluice.DeferError
+		var deferred *markers.Defer
 		switch {
 		case errors.As(err, &deferred) && errors.Is(err, breaker.ErrOpen):
 			fmt.Println(id, "deferred: breaker open")

@@ -8,10 +8,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/sluice-go/sluice/disposition"
 )
 
 // rejecter handles a call the breaker did not let through; verdict is gobreaker's
@@ -98,7 +97,7 @@ func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddl
 			slog.String("state", state.String()),
 			slog.String("message_uuid", msg.UUID),
 		)
-		return nil, disposition.ReturnUnprocessedError(reason)
+		return nil, markers.ReturnUnprocessed(reason)
 	}
 	b.pausing.Store(true)
 	return func(h message.HandlerFunc) message.HandlerFunc {

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
@@ -64,11 +65,10 @@ func TestBreaker_ReturningMiddleware(t *testing.T) {
 	assert.Equal(t, "breaker.returned", ev.Name)
 	assert.Contains(t, ev.Attributes, attribute.String("breaker.state", "open"))
 	assert.Nil(t, msgs)
-	assert.True(t, disposition.IsGiveBack(err), "the message goes back to its queue: %v", err)
 	assert.ErrorIs(t, err, breaker.ErrOpen)
-	got, ok := disposition.Of(err)
-	require.True(t, ok)
-	assert.Equal(t, disposition.GiveBack, got.Kind, "the breaker's give-back is its own disposition")
+	got := decide.Decide(decide.Input{Err: err})
+	assert.Equal(t, disposition.GiveBack, got.Kind, "the message goes back to its queue")
+	assert.True(t, got.Unprocessed, "unprocessed: no attempt used, not counted as a failed delivery")
 	assert.EqualValues(t, 1, dep.calls.Load(), "the rejected call never reached the dependency")
 
 	require.Eventually(t, func() bool { return b.State() == breaker.StateHalfOpen }, time.Second, 5*time.Millisecond)

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
@@ -255,7 +255,7 @@ func TestRegistry_DeferralIsReported(t *testing.T) {
 
 	msg := newMsg(nil)
 	_, err := h(msg)
-	var de *sluice.DeferError
+	var de *markers.Defer
 	require.True(t, errors.As(err, &de))
 	assert.Contains(t, logs.String(), "message deferred")
 	assert.Contains(t, logs.String(), "message_uuid="+msg.UUID)

@@ -61,10 +61,13 @@ type Config struct {
 	// Zero: 1,000,000.
 	MaxKeys int
 
-	// Lease is how long an attempt holds its key. If the holder dies (the process is
-	// killed, a handler hangs), the key can be taken by another attempt once the lease has
-	// run out. It must exceed the handler timeout, otherwise a slow but live attempt loses
-	// its key and a duplicate may run beside it. Zero: 2m.
+	// Lease is how long an attempt holds its key. If the holder dies (its process is
+	// killed), the key can be taken by another attempt once the lease has run out. An
+	// attempt the stack abandoned at its handler timeout (router.Config.HandlerTimeout) is
+	// not dead, its goroutine may still do the work: it keeps its key until its handler
+	// returns, whatever the lease, and a message of that key meanwhile fails with
+	// ErrStillRunning. Lease must exceed the handler timeout plus its grace, otherwise a slow
+	// but live attempt loses its key and a duplicate may run beside it. Zero: 2m.
 	Lease time.Duration
 
 	// InFlightDeferral is how long a duplicate of a key in flight is deferred broker-side,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/middleware/idempotency"
 )
 
@@ -145,7 +146,7 @@ func TestJournaled_UnconfirmedRecordDefersTheMessage(t *testing.T) {
 
 	j.fail.Store(true)
 	_, err := step(newMessage("m-1", "pay-1"))
-	var d *sluice.DeferError
+	var d *markers.Defer
 	require.ErrorAs(t, err, &d, "not acknowledged while its record is not confirmed")
 	assert.ErrorIs(t, err, idempotency.ErrJournal)
 	assert.Equal(t, 1, g.Stats().Journal.Unconfirmed)

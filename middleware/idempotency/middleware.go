@@ -14,13 +14,31 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/failure"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 )
 
-// ErrInFlight is the reason of the sluice.DeferError returned for a duplicate whose key is
+// ErrInFlight is the reason of the markers.Defer returned for a duplicate whose key is
 // being processed by another attempt.
 var ErrInFlight = errors.New("idempotency: key in flight")
+
+// ErrStillRunning is matched (errors.Is) by the retryable failure of a message whose key
+// is held by an attempt the stack abandoned at its handler timeout and whose handler has
+// not returned yet (error type sluice.still_running): running the handler beside it could
+// do the work twice, and deferring for free could defer for ever, so it uses an attempt
+// and ends in the dead-letter queue once the retries are spent.
+var ErrStillRunning = markers.ErrStillRunning
+
+// stillRunningError is ErrStillRunning's failure for one message.
+type stillRunningError struct{ id string }
+
+func (e *stillRunningError) Error() string {
+	return "message " + e.id + ": its idempotency key is held by an abandoned attempt still running"
+}
+func (e *stillRunningError) ErrorType() string { return "sluice.still_running" }
+func (e *stillRunningError) Is(err error) bool { return err == ErrStillRunning }
 
 // ErrKey is matched (errors.Is) by the permanent *KeyError returned when the key function
 // fails.
@@ -62,6 +80,11 @@ type Guard struct {
 	unjournaledMu sync.Mutex
 	unjournaled   map[digest]pendingRecord
 	failLog       atomic.Int64 // when the last journal failure was logged (Unix ns)
+
+	// held counts, per key, the abandoned attempts (package internal/attempt) still
+	// running with it: they keep it whatever their lease says.
+	heldMu sync.Mutex
+	held   map[digest]int
 }
 
 // journalStop ends one Journaled's goroutines.
@@ -224,6 +247,13 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 		}
 		d := scopedDigest(message.HandlerNameFromCtx(ctx), source, key)
 		lease, status, remaining := g.store.begin(d)
+		if status != keyDone && g.heldByAbandoned(d) {
+			// In flight, or free only because the abandoned holder's lease ran out.
+			if status == keyAcquired {
+				g.store.Release(lease)
+			}
+			return nil, &stillRunningError{id: msg.UUID}
+		}
 		switch status {
 		case keyDone:
 			if jd != nil {
@@ -255,6 +285,11 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 		}
 
 		succeeded, pending := false, false
+		// An attempt the stack abandons keeps the key until its handler returns.
+		var endHold func() bool
+		if st := attempt.From(ctx); st != nil {
+			endHold = st.Track(func() { g.hold(d, 1) })
+		}
 		// Deferred so that a panic (turned into an error by the recoverer outside) releases
 		// the key too, instead of holding it until the lease runs out.
 		defer func() {
@@ -264,6 +299,9 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 				g.store.Complete(lease)
 			default:
 				g.store.Release(lease)
+			}
+			if endHold != nil && endHold() {
+				g.hold(d, -1)
 			}
 		}()
 		out, err := h(msg)
@@ -277,7 +315,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			pending = true
 			rec := g.store.doneRecord(lease)
 			req, jerr := jd.send(ctx, rec)
-			if jerr == nil && broker.HoldAck(ctx, func(stop <-chan struct{}) error { return g.journaledDone(jd, lease, rec, jd.await(req, stop)) }) {
+			if jerr == nil && broker.DeliveryFrom(ctx).HoldAck(func(stop <-chan struct{}) error { return g.journaledDone(jd, lease, rec, jd.await(req, stop)) }) {
 				// The subscriber acknowledges once the record is confirmed, and the
 				// handler's slot takes the next message meanwhile.
 				return out, nil
@@ -291,6 +329,25 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 		}
 		return out, err
 	}
+}
+
+// hold counts an abandoned attempt holding d (n = 1) or returning (n = -1).
+func (g *Guard) hold(d digest, n int) {
+	g.heldMu.Lock()
+	defer g.heldMu.Unlock()
+	if g.held == nil {
+		g.held = map[digest]int{}
+	}
+	if g.held[d] += n; g.held[d] <= 0 {
+		delete(g.held, d)
+	}
+}
+
+// heldByAbandoned reports whether an abandoned attempt still running holds d.
+func (g *Guard) heldByAbandoned(d digest) bool {
+	g.heldMu.Lock()
+	defer g.heldMu.Unlock()
+	return g.held[d] > 0
 }
 
 func deriveKey(msg *message.Message, keyFunc func(*message.Message) (string, error)) (key, source string, err error) {

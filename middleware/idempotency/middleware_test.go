@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/otelnames"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -268,7 +269,7 @@ func TestMiddleware_InFlightDuplicateIsDeferred(t *testing.T) {
 			out, err := h(dup)
 			end()
 			assert.Nil(t, out)
-			var de *sluice.DeferError
+			var de *markers.Defer
 			require.ErrorAs(t, err, &de)
 			assert.Equal(t, tt.wantAfter, de.After)
 			assert.ErrorIs(t, err, idempotency.ErrInFlight)

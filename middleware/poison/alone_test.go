@@ -30,11 +30,11 @@ func (d gochannelDLQ) DeadLetter(_ context.Context, queue string, msg *message.M
 func TestMiddleware_AloneInAPlainWatermillRouter(t *testing.T) {
 	ps := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
-	p, err := poison.New(poison.Config{DeadLetterer: gochannelDLQ{ps: ps}})
+	mw, err := poison.Middleware(poison.Config{DeadLetterer: gochannelDLQ{ps: ps}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
-	r.AddMiddleware(p.Middleware)
+	r.AddMiddleware(mw)
 	var calls atomic.Int64
 	r.AddConsumerHandler("h", "orders", ps, func(msg *message.Message) error {
 		calls.Add(1)

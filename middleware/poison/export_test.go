@@ -1,4 +1,5 @@
 package poison
 
-// Aliases for the package's external tests.
-const MaxStackBytes = maxStackBytes
+// MaxStackBytes is the size a record's stack is truncated to, for the package's external
+// tests.
+const MaxStackBytes = 16 << 10

@@ -18,9 +18,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/carry"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/middleware/idempotency"
@@ -68,30 +72,45 @@ func (f *fakeDeadLetterer) DeadLetter(ctx context.Context, queue string, msg *me
 
 func (f *fakeDeadLetterer) Calls() []deadLetterCall { return f.calls.All() }
 
-// eventLog records OnDeadLetter events.
-type eventLog = steptest.Log[poison.Event]
+// deadLetter is what an observer learns of one dead letter.
+type deadLetter struct {
+	Queue, MessageID, ErrorType string
+	Retries                     int
+	Err                         error
+}
+
+// eventLog records the dead letters the step reports to its observer.
+type eventLog struct{ observed *steptest.Observer }
+
+func (e *eventLog) All() []deadLetter {
+	var out []deadLetter
+	for _, o := range e.observed.All() {
+		if o.Disposition.Kind == disposition.DeadLetter {
+			out = append(out, deadLetter{Queue: o.Queue, MessageID: o.MessageID, ErrorType: o.ErrorType, Retries: o.Attempt - 1, Err: o.Disposition.Reason})
+		}
+	}
+	return out
+}
 
 // observed records the outcomes the step of the running test reports (the tests are not
 // parallel).
 var observed *steptest.Observer
 
 // newStep builds the dead-letter step with the fixed clock and host, a silent logger, a
-// fake DeadLetterer failing with dlErr, and an OnDeadLetter recorder.
-func newStep(t *testing.T, dlErr error) (*poison.Poison, *fakeDeadLetterer, *eventLog) {
+// fake DeadLetterer failing with dlErr, and a recorder of its dead letters.
+func newStep(t *testing.T, dlErr error) (message.HandlerMiddleware, *fakeDeadLetterer, *eventLog) {
 	t.Helper()
 	dl := &fakeDeadLetterer{err: dlErr}
-	events := &eventLog{}
 	observed = &steptest.Observer{}
-	p, err := poison.New(poison.Config{
+	mw, err := poison.Middleware(poison.Config{
 		DeadLetterer: dl,
-		OnDeadLetter: events.Add,
 		Observer:     observed,
 		Logger:       slog.New(slog.DiscardHandler),
 		Now:          func() time.Time { return now },
 		Host:         host,
 	})
 	require.NoError(t, err)
-	return p, dl, events
+	return mw, dl, &eventLog{observed: observed}
 }
 
 // result is what one message did through the step.
@@ -102,6 +121,8 @@ type result struct {
 	err      error
 	report   steptest.Report
 	reported bool
+	// settlement is how the subscriber settles the message when the step nacks it.
+	settlement broker.Settlement
 }
 
 // run sends a message with md through mw around h inside a real watermill router, as the
@@ -109,7 +130,7 @@ type result struct {
 func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
 	t.Helper()
 	r := steptest.Run(t, mw, h, steptest.Message{Queue: queueName, Handler: handlerName, Payload: []byte(payload), Metadata: md})
-	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err}
+	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err, settlement: r.Settlement}
 	if observed != nil {
 		res.report, res.reported = observed.Last()
 	}
@@ -165,15 +186,19 @@ func earlierHistory(n int) string {
 	return md.Get(sluice.HeaderRetryHistory)
 }
 
-func TestNew(t *testing.T) {
-	_, err := poison.New(poison.Config{})
+func TestMiddleware_Defaults(t *testing.T) {
+	_, err := poison.Middleware(poison.Config{})
 	require.ErrorIs(t, err, poison.ErrNoDeadLetterer)
 
-	p, err := poison.New(poison.Config{DeadLetterer: &fakeDeadLetterer{}})
+	dl := &fakeDeadLetterer{}
+	p, err := poison.Middleware(poison.Config{DeadLetterer: dl, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
+	res := run(t, p, failing(errDeclined), nil)
+	require.NoError(t, res.err)
+	require.Len(t, dl.Calls(), 1)
 	hostname, herr := os.Hostname()
 	require.NoError(t, herr)
-	rec := p.Record(message.NewMessage("id", nil), queueName, errDeclined)
+	rec := dl.Calls()[0].msg
 	assert.Equal(t, hostname, rec.Metadata.Get(headers.FailedHost), "an empty Host means os.Hostname()")
 	failedAt, ok := failure.Time(rec.Metadata, headers.FailedAt, time.Now())
 	require.True(t, ok, "x-failed-at %q", rec.Metadata.Get(headers.FailedAt))
@@ -264,7 +289,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			p, dl, events := newStep(t, nil)
 			tt.md["tenant"] = "t-1"
 			tt.md[headers.TraceParent] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-			res := run(t, p.Middleware, failing(tt.err), tt.md)
+			res := run(t, p, failing(tt.err), tt.md)
 
 			require.NoError(t, res.err, "a confirmed dead letter acks the original")
 			assert.Nil(t, res.out)
@@ -312,7 +337,7 @@ func TestMiddleware_DeadLettersWithAFailureRecord(t *testing.T) {
 			retries := sluice.RetryCount(res.msg.Metadata)
 			require.True(t, res.reported)
 			assert.Equal(t, steptest.Report{Outcome: disposition.DeadLetter, Attempt: retries + 1, Err: tt.err}, res.report)
-			assert.Equal(t, []poison.Event{{
+			assert.Equal(t, []deadLetter{{
 				Queue: queueName, MessageID: res.msg.UUID, ErrorType: tt.wantType, Retries: retries, Err: tt.err,
 			}}, events.All())
 		})
@@ -331,7 +356,7 @@ func TestMiddleware_PanicRecord(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p, dl, events := newStep(t, nil)
-			res := run(t, p.Middleware, panicking(tt.depth), nil)
+			res := run(t, p, panicking(tt.depth), nil)
 			require.NoError(t, res.err)
 			require.Len(t, dl.Calls(), 1)
 			md := dl.Calls()[0].msg.Metadata
@@ -368,14 +393,14 @@ func TestMiddleware_PanicRecord(t *testing.T) {
 // telemetry step writes the operator's info line, rate-limited.)
 func TestMiddleware_PanicLogLineHoldsNoStack(t *testing.T) {
 	var buf testenv.SyncBuffer
-	p, err := poison.New(poison.Config{
+	p, err := poison.Middleware(poison.Config{
 		DeadLetterer: &fakeDeadLetterer{},
 		Logger:       slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Now:          func() time.Time { return now },
 		Host:         host,
 	})
 	require.NoError(t, err)
-	res := run(t, p.Middleware, panicking(0), nil)
+	res := run(t, p, panicking(0), nil)
 	require.NoError(t, res.err)
 	assert.Contains(t, buf.String(), `error_type=panic`)
 	assert.Contains(t, buf.String(), `error="panic: assignment to entry in nil map"`)
@@ -385,7 +410,7 @@ func TestMiddleware_PanicLogLineHoldsNoStack(t *testing.T) {
 // A stack left on the message by an earlier failure must not describe this one.
 func TestMiddleware_NonPanicDropsAnIncomingStack(t *testing.T) {
 	p, dl, _ := newStep(t, nil)
-	res := run(t, p.Middleware, failing(sluice.Permanent(errDeclined)), message.Metadata{
+	res := run(t, p, failing(sluice.Permanent(errDeclined)), message.Metadata{
 		sluice.HeaderErrorStack: "goroutine 1 [running]:\nold.frame()",
 		sluice.HeaderErrorType:  "panic",
 	})
@@ -400,24 +425,27 @@ func TestMiddleware_NonPanicDropsAnIncomingStack(t *testing.T) {
 func TestMiddleware_DeadLetterFails(t *testing.T) {
 	p, dl, events := newStep(t, errBroker)
 	herr := sluice.Permanent(errDeclined)
-	res := run(t, p.Middleware, failing(herr), message.Metadata{sluice.HeaderRetryCount: "2"})
+	res := run(t, p, failing(herr), message.Metadata{sluice.HeaderRetryCount: "2"})
 	require.Error(t, res.err)
-	assert.True(t, disposition.IsGiveBack(res.err), "the original must be nacked, got %v", res.err)
+	var gb *carry.GiveBack
+	assert.ErrorAs(t, res.err, &gb, "the original must be nacked")
 	assert.ErrorIs(t, res.err, errBroker)
 	assert.Contains(t, res.err.Error(), res.msg.UUID)
 	assert.Contains(t, res.err.Error(), strconv.Quote(queueName))
 	assert.Len(t, dl.Calls(), 1)
-	assert.Empty(t, events.All(), "OnDeadLetter is for confirmed dead letters")
+	assert.Empty(t, events.All(), "a dead letter is reported once confirmed")
 	require.True(t, res.reported)
 	assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 	assert.Equal(t, 3, res.report.Attempt)
 	assert.ErrorIs(t, res.report.Err, errBroker)
-	assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+	assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
+	assert.Equal(t, broker.SettleReject, res.settlement, "a failed dead letter is a failure: requeued after a pause, counted")
 }
 
 func TestMiddleware_NotDeadLettered(t *testing.T) {
-	// Used alone, the step acks a Discard and gives back what an inner step gives back.
-	handoff := disposition.GiveBackError(errBroker)
+	// Used alone, the step acks a Discard and gives back what an inner step returns
+	// unprocessed.
+	handoff := markers.ReturnUnprocessed(errBroker)
 	outputs := []*message.Message{message.NewMessage("out-1", []byte("x"))}
 	tests := []struct {
 		name       string
@@ -427,16 +455,18 @@ func TestMiddleware_NotDeadLettered(t *testing.T) {
 		wantReport *steptest.Report
 	}{
 		{name: "success", h: func(*message.Message) ([]*message.Message, error) { return outputs, nil }, wantOut: outputs},
-		{name: "hand-off failure from below", h: failing(handoff), wantErr: errBroker, wantReport: &steptest.Report{Outcome: disposition.GiveBack, Attempt: 1, Err: errBroker}},
+		{name: "returned unprocessed from below", h: failing(handoff), wantErr: errBroker, wantReport: &steptest.Report{Outcome: disposition.GiveBack, Attempt: 1, Err: errBroker}},
 		{name: "Discard", h: failing(sluice.Discard(errBroker)), wantReport: &steptest.Report{Outcome: disposition.Discard, Attempt: 1, Err: sluice.Discard(errBroker)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p, dl, events := newStep(t, nil)
-			res := run(t, p.Middleware, tt.h, nil)
+			res := run(t, p, tt.h, nil)
 			if tt.wantErr != nil {
-				assert.True(t, disposition.IsGiveBack(res.err), "given back: %v", res.err)
+				var gb *carry.GiveBack
+				assert.ErrorAs(t, res.err, &gb, "given back")
 				assert.ErrorIs(t, res.err, tt.wantErr)
+				assert.Equal(t, broker.SettleReturn, res.settlement, "returned unprocessed: at once, not counted as a failed delivery")
 			} else {
 				assert.NoError(t, res.err)
 			}
@@ -461,7 +491,7 @@ func TestMiddleware_RecordNamesTheStageThatFailed(t *testing.T) {
 	require.Error(t, syntaxErr)
 	p, dl, _ := newStep(t, nil)
 	keyErr := sluice.Permanent(&idempotency.KeyError{MessageID: "m-1", Err: syntaxErr})
-	res := run(t, p.Middleware, failing(keyErr), message.Metadata{headers.Handler: "forged"})
+	res := run(t, p, failing(keyErr), message.Metadata{headers.Handler: "forged"})
 	require.NoError(t, res.err)
 	calls := dl.Calls()
 	require.Len(t, calls, 1)
@@ -479,17 +509,17 @@ func TestMiddleware_RecordNamesTheReason(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"permanent", sluice.Permanent(errDeclined), disposition.ReasonPermanent},
-		{"retries exhausted", &disposition.ExhaustedError{Retries: 3, Err: errDeclined}, disposition.ReasonRetriesExhausted},
-		{"older than MaxTotalAge", &disposition.ExhaustedError{Retries: 1, Age: 2 * time.Hour, Err: errDeclined}, disposition.ReasonMaxAge},
-		{"learned policy", &disposition.UnlikelyError{Evidence: disposition.Evidence{ErrorType: "error", Ended: 40, Window: time.Hour}, Err: errDeclined},
-			disposition.ReasonRetryUnlikely},
-		{"retryable, the step used alone", errDeclined, disposition.ReasonNoDelay},
+		{"permanent", sluice.Permanent(errDeclined), decide.ReasonPermanent},
+		{"retries exhausted", &decide.ExhaustedError{Retries: 3, Err: errDeclined}, decide.ReasonRetriesExhausted},
+		{"older than MaxTotalAge", &decide.ExhaustedError{Retries: 1, Age: 2 * time.Hour, Err: errDeclined}, decide.ReasonMaxAge},
+		{"learned policy", &decide.UnlikelyError{Evidence: decide.Evidence{ErrorType: "error", Ended: 40, Window: time.Hour}, Err: errDeclined},
+			decide.ReasonRetryUnlikely},
+		{"retryable, the step used alone", errDeclined, decide.ReasonNoDelay},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p, dl, _ := newStep(t, nil)
-			res := run(t, p.Middleware, failing(tt.err), message.Metadata{headers.DeadLetterReason: "forged"})
+			res := run(t, p, failing(tt.err), message.Metadata{headers.DeadLetterReason: "forged"})
 			require.NoError(t, res.err)
 			calls := dl.Calls()
 			require.Len(t, calls, 1)

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -46,12 +45,12 @@ func plainRouter(t *testing.T, ps *gochannel.GoChannel, queue string, mw message
 	<-r.Running()
 }
 
-// The retry step refuses to be built without the poison step it dead-letters through: used
-// alone, a message it gave up on would have nowhere to go.
-func TestNew_RefusedWithoutThePoisonStep(t *testing.T) {
+// The retry step refuses to be built without a way to dead-letter: used alone, a message it
+// gave up on would have nowhere to go.
+func TestNew_RefusedWithoutADeadLetterer(t *testing.T) {
 	_, err := retry.New(retry.Config{Delayer: &fakeDelayer{}})
 	require.ErrorIs(t, err, retry.ErrNoDeadLetter)
-	assert.Contains(t, err.Error(), "poison.New", "the error names the step it needs")
+	assert.Contains(t, err.Error(), "Config.DeadLetterer", "the error names the setting it needs")
 }
 
 // The retry step (with its poison step) in a plain Watermill router: a failing message is
@@ -61,12 +60,10 @@ func TestMiddleware_AloneInAPlainWatermillRouter(t *testing.T) {
 	ps := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
 	b := gochannelBroker{ps: ps}
-	p, err := poison.New(poison.Config{DeadLetterer: b})
-	require.NoError(t, err)
 	cfg := testPolicy()
 	cfg.MaxRetries = 2
 	cfg.InitialDelay, cfg.MaxDelay = time.Millisecond, 5*time.Millisecond
-	cfg.Delayer, cfg.DeadLetter = b, p
+	cfg.Delayer, cfg.DeadLetterer = b, b
 	r, err := retry.New(cfg)
 	require.NoError(t, err)
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/middleware/retry"
@@ -289,7 +290,7 @@ func TestOverload_AdaptivePolicyReactsToALoadStep(t *testing.T) {
 	require.Len(t, calls, before+1)
 	assert.Equal(t, 800*time.Millisecond, calls[before].d, "under load: retry 2's delay quadrupled")
 	err := attempt(r, 2, failing(errBoom))
-	require.ErrorIs(t, err, retry.ErrRetriesExhausted, "under load: two retries, then the dead-letter queue")
+	require.ErrorIs(t, err, disposition.ErrRetriesExhausted, "under load: two retries, then the dead-letter queue")
 
 	// Calm again once the failures left the window, until the backlog grows.
 	c.Add(11 * time.Second)
@@ -310,7 +311,7 @@ func TestOverload_AdaptivePolicyReactsToALoadStep(t *testing.T) {
 	assert.Equal(t, queueName, last.Queue)
 	assert.Equal(t, 8000, last.Backlog)
 	assert.Equal(t, 1, last.InFlight)
-	assert.True(t, errors.Is(err, retry.ErrRetriesExhausted))
+	assert.True(t, errors.Is(err, disposition.ErrRetriesExhausted))
 }
 
 // A refused retry and an adapted plan are span events on the attempt's span.
@@ -385,7 +386,7 @@ func TestOverload_ObservesOutcomes(t *testing.T) {
 		{"ack", disposition.Disposition{Kind: disposition.Ack}, 1, 0},
 		{"retry", disposition.Disposition{Kind: disposition.Retry, Reason: errBoom}, 1, 1},
 		{"retries exhausted", disposition.Disposition{Kind: disposition.DeadLetter,
-			Reason: &retry.ExhaustedError{Retries: 5, Err: errBoom}}, 1, 1},
+			Reason: &decide.ExhaustedError{Retries: 5, Err: errBoom}}, 1, 1},
 		{"budget exhausted", disposition.Disposition{Kind: disposition.DeadLetter,
 			Reason: &retry.BudgetExhaustedError{Dependency: "gateway", Err: errBoom}}, 1, 1},
 		{"permanent", disposition.Disposition{Kind: disposition.DeadLetter, Reason: permanent}, 0, 0},

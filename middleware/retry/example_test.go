@@ -11,24 +11,23 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
 // The retry step used alone in a plain Watermill router. The embedded broker is the
 // subscriber, the delay (retries come back through it, not through a sleeping handler)
-// and the dead-letter queue (through the poison step the retry step requires).
+// and the dead-letter queue.
 func Example() {
 	quiet := slog.New(slog.DiscardHandler)
 	b := memory.New(memory.Config{Logger: quiet})
 	defer b.Close()
 	_ = b.DeclareQueue(context.Background(), "orders") // orders and orders.dlq
 
-	p, _ := poison.New(poison.Config{DeadLetterer: b, Logger: quiet})
 	r, err := retry.New(retry.Config{
-		Delayer:      b,
-		DeadLetter:   p,
+		Delayer:      b, // the broker's delay
+		DeadLetterer: b, // and its dead-letter queue
 		MaxRetries:   2,
 		InitialDelay: 10 * time.Millisecond,
 		Jitter:       retry.NoJitter,
@@ -40,7 +39,7 @@ func Example() {
 
 	wr, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	wr.AddMiddleware(r.Middleware)
-	wr.AddConsumerHandler("ship", "orders", b.Subscriber(memory.SubscribeOptions{}), func(msg *message.Message) error {
+	wr.AddConsumerHandler("ship", "orders", b.Subscriber(broker.SubscribeOptions{}), func(msg *message.Message) error {
 		fmt.Println("attempt", sluice.RetryCount(msg.Metadata)+1)
 		if string(msg.Payload) == "declined" {
 			return sluice.Permanent(errors.New("card declined")) // never retried
@@ -76,10 +75,9 @@ func Example() {
 func ExampleRetry_Backoff() {
 	b := memory.New(memory.Config{})
 	defer b.Close()
-	p, _ := poison.New(poison.Config{DeadLetterer: b})
 	r, err := retry.New(retry.Config{
 		Delayer:      b,
-		DeadLetter:   p,
+		DeadLetterer: b,
 		MaxRetries:   5,
 		InitialDelay: time.Second,
 		Multiplier:   3,

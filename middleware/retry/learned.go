@@ -2,7 +2,6 @@ package retry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -14,8 +13,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 // Defaults of Learned's zero fields.
@@ -63,7 +63,7 @@ const (
 // For a retryable failure whose error type has at least MinEvidence retried messages
 // that ended in the window, of which a share below UnlikelyBelow recovered, the message is
 // dead-lettered at once (disposition.Policy.Unlikely): its reason is a
-// *disposition.UnlikelyError (errors.Is disposition.ErrRetryUnlikely) whose text carries
+// *decide.UnlikelyError (errors.Is disposition.ErrRetryUnlikely) whose text carries
 // the evidence ("retry_unlikely: 0 of 312 recovered in the last hour (error type X): ..."),
 // and the record keeps the handler error's type and class, so it replays like any other
 // dead letter. The decision is a span event (sluice.retry.unlikely), a metric
@@ -135,42 +135,6 @@ type Learned struct {
 // before Learned.Shorten cuts its schedule: with fewer, the 99th percentile of the
 // recovery attempt is the latest recovery seen, or close to it, and says little.
 const MinShortenRecoveries = 100
-
-// ErrScheduleShortened matches the reason of a message whose retries Learned.Shorten cut
-// (a *ShortenedError); it matches disposition.ErrRetryUnlikely too.
-var ErrScheduleShortened = errors.New("retry schedule shortened")
-
-// ShortenedError is the reason of a message dead-lettered at the attempt Learned.Shorten
-// cut its error type's schedule to. It matches ErrScheduleShortened and
-// disposition.ErrRetryUnlikely (its dead-letter reason is retry_unlikely, so it replays
-// with the policy's other dead letters) and unwraps to the *ExhaustedError that ended it.
-type ShortenedError struct {
-	// To is the attempt the schedule was cut to: the last one the message was given.
-	To int
-	// Recoveries is how many recoveries of the type the window held; Evidence is the
-	// type's account over the window.
-	Recoveries int64
-	Evidence   disposition.Evidence
-	Err        error
-}
-
-// Error reads "retry_unlikely: schedule shortened to attempt 3, by which 99% of 312
-// recoveries came (error type X; 312 of 330 recovered in the last hour): <err>".
-func (e *ShortenedError) Error() string {
-	return fmt.Sprintf("retry_unlikely: schedule shortened to attempt %d, by which 99%% of %d recoveries came (error type %s; %s): %v",
-		e.To, e.Recoveries, e.Evidence.ErrorType, e.Evidence, e.Err)
-}
-
-// Unwrap returns the error that ended the retries.
-func (e *ShortenedError) Unwrap() error { return e.Err }
-
-// Is matches ErrScheduleShortened and disposition.ErrRetryUnlikely.
-func (e *ShortenedError) Is(target error) bool {
-	return target == ErrScheduleShortened || target == disposition.ErrRetryUnlikely
-}
-
-// DeadLetterReason names retry_unlikely (disposition.DeadLetterReasoner).
-func (e *ShortenedError) DeadLetterReason() string { return disposition.ReasonRetryUnlikely }
 
 func (l *Learned) setDefaults() error {
 	if l.MinEvidence == 0 {
@@ -289,29 +253,8 @@ func (l *learner) shortenTo(v View) int {
 // learnedPlan is what the learned policy makes of one failure: the evidence that retrying
 // is unlikely to help, or the attempt its type's schedule is cut to.
 type learnedPlan struct {
-	unlikely *disposition.Evidence
+	unlikely *decide.Evidence
 	view     View
-	cut      bool // maxRetries cut the base policy's retries
-}
-
-// maxRetries returns the retries the plan allows, given the base policy's.
-func (p *learnedPlan) maxRetries(base int) int {
-	if to := p.view.ShortenTo; to > 0 && to-1 < base {
-		p.cut = true
-		return to - 1
-	}
-	return base
-}
-
-// explain returns d with the cut named: a dead letter whose retries the cut exhausted
-// gets a *ShortenedError as its reason.
-func (p *learnedPlan) explain(d disposition.Disposition) disposition.Disposition {
-	var ex *ExhaustedError
-	if !p.cut || d.Kind != disposition.DeadLetter || !errors.As(d.Reason, &ex) || ex.Age > 0 {
-		return d
-	}
-	d.Reason = &ShortenedError{To: p.view.ShortenTo, Recoveries: p.view.Recovered, Evidence: p.view.Evidence(), Err: d.Reason}
-	return d
 }
 
 func (l *learner) isStopped(handler, errType string) bool {
@@ -393,7 +336,7 @@ func (l *learner) explore(k learnKey, msg *message.Message, marked bool, now tim
 
 // stop returns the evidence of a stopped view v, recorded as a span event; nil when v is
 // not stopped.
-func (l *learner) stop(ctx context.Context, v View) *disposition.Evidence {
+func (l *learner) stop(ctx context.Context, v View) *decide.Evidence {
 	if !v.Stopped {
 		return nil
 	}

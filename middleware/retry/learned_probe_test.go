@@ -18,7 +18,6 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -51,20 +50,18 @@ func newProbeWorld(t *testing.T, learned retry.Learned) *probeWorld {
 	w.clock.Store(now.UnixNano())
 	logger := watermill.NopLogger{}
 	w.pub = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 64}, logger)
-	p, err := poison.New(poison.Config{DeadLetterer: probeDead{w}, Logger: slog.New(slog.DiscardHandler), OnDeadLetter: func(ev poison.Event) {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.reason[ev.MessageID] = ev.Err
-	}})
-	require.NoError(t, err)
+	var err error
 	w.r, err = retry.New(retry.Config{
-		Delayer: probeDelayer{w}, DeadLetter: p, Logger: slog.New(slog.DiscardHandler), Jitter: retry.NoJitter,
+		Delayer: probeDelayer{w}, DeadLetterer: probeDead{w}, Logger: slog.New(slog.DiscardHandler), Jitter: retry.NoJitter,
 		MaxRetries: 2, InitialDelay: 100 * time.Millisecond, MaxDelay: time.Second, Learned: &learned,
 		Now: func() time.Time { return time.Unix(0, w.clock.Load()) },
 		// Told last, after the policy saw the outcome: the attempt has ended.
 		Observer: disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
 			w.mu.Lock()
 			defer w.mu.Unlock()
+			if o.Disposition.Kind == disposition.DeadLetter {
+				w.reason[o.MessageID] = o.Disposition.Reason
+			}
 			w.seen[o.MessageID]++
 		}),
 	})

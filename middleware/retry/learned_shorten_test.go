@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -51,11 +52,11 @@ func TestLearned_Shorten(t *testing.T) {
 			reason := l.dead[late[0]]
 			l.mu.Unlock()
 			assert.True(t, errors.Is(reason, retry.ErrScheduleShortened))
-			assert.True(t, errors.Is(reason, retry.ErrRetriesExhausted), "the base policy's exhaustion, wrapped")
-			assert.Equal(t, disposition.ReasonRetryUnlikely, disposition.DeadLetterReasonOf(reason))
+			assert.True(t, errors.Is(reason, disposition.ErrRetriesExhausted), "the base policy's exhaustion, wrapped")
+			assert.Equal(t, decide.ReasonRetryUnlikely, decide.ReasonOf(reason))
 			assert.Contains(t, reason.Error(), "retry_unlikely: schedule shortened to attempt 2, by which 99% of 100 recoveries came (error type timeout; 100 of 100 recovered in the last hour)")
 			assert.Equal(t, "timeout", sluice.ErrorType(reason), "the record keeps the type")
-			var se *retry.ShortenedError
+			var se *decide.ShortenedError
 			require.ErrorAs(t, reason, &se)
 			assert.Equal(t, 2, se.To)
 		})

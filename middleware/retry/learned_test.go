@@ -19,9 +19,8 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/middleware/poison"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 )
 
 // typed is a handler error naming its type.
@@ -60,18 +59,25 @@ func newLoop(t *testing.T, cfg retry.Config) *loop {
 	l := &loop{t: t, succeeded: map[string]int{}, dead: map[string]error{}, calls: map[string]int{}, probes: map[string]bool{}}
 	logger := watermill.NopLogger{}
 	l.pub = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, logger)
-	p, err := poison.New(poison.Config{DeadLetterer: loopDead{l}, Logger: slog.New(slog.DiscardHandler), OnDeadLetter: func(ev poison.Event) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.dead[ev.MessageID] = ev.Err
-	}})
-	require.NoError(t, err)
-	cfg.DeadLetter, cfg.Delayer = p, loopDelayer{l}
+	deadObs := disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
+		if o.Disposition.Kind == disposition.DeadLetter {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.dead[o.MessageID] = o.Disposition.Reason
+		}
+	})
+	if cfg.Observer != nil {
+		cfg.Observer = disposition.Observers{deadObs, cfg.Observer}
+	} else {
+		cfg.Observer = deadObs
+	}
+	cfg.DeadLetterer, cfg.Delayer = loopDead{l}, loopDelayer{l}
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Jitter = retry.NoJitter
 	if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = 3
 	}
+	var err error
 	l.r, err = retry.New(cfg)
 	require.NoError(t, err)
 

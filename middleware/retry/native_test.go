@@ -13,7 +13,6 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/headers"
-	"github.com/sluice-go/sluice/middleware/retry"
 )
 
 // native is the queue's schedule in these tests: 200 ms × n, at most 1 s.
@@ -69,18 +68,14 @@ func TestNativeFor(t *testing.T) {
 			}
 			all := observed.All()
 			require.NotEmpty(t, all)
-			assert.Equal(t, tt.wantRequeue, all[len(all)-1].HeldBack, "observers are told whether the queue holds the retry back")
+			assert.Equal(t, tt.wantRequeue, all[len(all)-1].Disposition.HeldBack, "observers are told whether the queue holds the retry back")
 			switch {
 			case tt.wantRequeue:
 				// Returned to be rejected (not Unprocessed, which would be a nack the
 				// queue does not delay), unchanged, and nothing published.
 				require.Error(t, res.err)
-				d, ok := disposition.Of(res.err)
-				require.True(t, ok, "a give-back decision: %v", res.err)
-				assert.Equal(t, disposition.GiveBack, d.Kind)
-				assert.False(t, d.Unprocessed)
-				assert.Empty(t, res.msg.Metadata.Get(headers.GivenBack))
-				assert.Equal(t, "1", res.msg.Metadata.Get(headers.HeldBack), "rejected at once, without the requeue backoff")
+				require.True(t, isGiveBack(res.err), "given back to be rejected: %v", res.err)
+				assert.Equal(t, broker.SettleHoldBack, res.settlement, "rejected at once, without the requeue backoff")
 				assert.ErrorIs(t, res.err, errBoom)
 				assert.Empty(t, delayer.Calls())
 				assert.Empty(t, dead.calls.All())
@@ -105,7 +100,7 @@ func TestNativeFor(t *testing.T) {
 func TestNativeFor_ExhaustedReasonCountsTheQueuesRetries(t *testing.T) {
 	r, _, _ := newStep(t, testPolicy(), nil)
 	res := run(t, r.NativeFor("", native), failing(errBoom), redelivered(5))
-	require.ErrorIs(t, res.dead, retry.ErrRetriesExhausted)
+	require.ErrorIs(t, res.dead, disposition.ErrRetriesExhausted)
 	assert.Contains(t, res.dead.Error(), "after 5 retries")
 }
 

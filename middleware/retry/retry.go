@@ -6,32 +6,26 @@
 // confirmed the copy. The copy carries the failure headers of docs/DESIGN.md, so the next
 // attempt knows its number and history.
 //
-// The decision is disposition.Decide, a plain function of the attempt's history, its error
-// and the policy (Config, adapted per attempt by Overload); by the error classes of package
-// sluice:
+// The fate comes from one decision (sluice's decision table, shown by router's Describe
+// and `sluice policy`) over the attempt's error, its history and the policy (Config,
+// adapted per attempt by Overload and Learned); by the error classes of package sluice:
 //
-//   - retryable (any plain error): attempts left → Retry after the backoff; exhausted (or
-//     older than MaxTotalAge) → DeadLetter, the reason an *ExhaustedError
-//     (ErrRetriesExhausted) wrapping the last error;
+//   - retryable (any plain error): attempts left → a retry after the backoff; exhausted (or
+//     older than MaxTotalAge) → the dead-letter queue, errors.Is(reason,
+//     disposition.ErrRetriesExhausted);
 //   - RetryAfter(d, err): as retryable, but the next attempt waits exactly d;
-//   - Permanent: DeadLetter at once;
+//   - Permanent: the dead-letter queue at once;
 //   - Discard: logged at warn level and acked;
-//   - Defer(d, reason): Defer after d without using an attempt, until the message is older
-//     than MaxTotalAge, then DeadLetter (a Permanent ErrDeferralExpired);
-//   - an inner step's own decision (the breaker's disposition.ReturnUnprocessedError): as decided.
+//   - Defer(d, reason): tried again after d without using an attempt, until the message is
+//     older than MaxTotalAge, then the dead-letter queue (disposition.ErrDeferralExpired);
+//   - a message an inner step returns unprocessed (the breaker pausing its handler), or
+//     one whose consumer is shutting down: back to its queue unacked, no attempt used.
 //
-// Opt-in, the learned policy (Config.Learned, learned.go) stops retrying an error type whose
-// retried messages have not been recovering, judged from the step's outcome statistics
-// (Config.Stats, package retrystats): such a failure is dead-lettered at once with reason
-// retry_unlikely and the evidence ("0 of 312 recovered in the last hour"), fed to Decide as
-// data (disposition.Policy.Unlikely).
-//
-// The disposition is carried out in one place (package internal/carry): the failure record
-// is built once, the one hand-off it needs is confirmed (the delayed copy, or the dead
-// letter through the poison step, Config.DeadLetter, which New requires), then the
-// message is acked; a failed hand-off, or a consumer shutting down, gives the message back
-// unacked (disposition.GiveBack), never lost, never dead-lettered. Config.Observer is told
-// each attempt's outcome once, after its hand-off.
+// Every fate is carried out in one place: the failure record is built once, the one
+// hand-off it needs is confirmed (the delayed copy, or the dead letter through
+// Config.DeadLetterer), then the message is acked; a failed hand-off gives the message back
+// unacked, never lost. Config.Observer is told each attempt's outcome once, after its
+// hand-off.
 package retry
 
 import (
@@ -39,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -49,11 +42,12 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
 	"github.com/sluice-go/sluice/internal/carry"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/lifecycle"
-	"github.com/sluice-go/sluice/middleware/poison"
-	"github.com/sluice-go/sluice/retrystats"
+	"github.com/sluice-go/sluice/internal/markers"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 // Errors the step returns for the poison step.
@@ -66,9 +60,12 @@ var (
 	ErrDeferralExpired = disposition.ErrDeferralExpired
 	// ErrNoDelayer is returned by New without a Delayer.
 	ErrNoDelayer = errors.New("retry: Config.Delayer is required")
-	// ErrNoDeadLetter is returned by New without the poison step that performs its dead
-	// letters.
-	ErrNoDeadLetter = errors.New("retry: Config.DeadLetter is required: the retry step dead-letters the messages it gives up on through the poison step (poison.New)")
+	// ErrNoDeadLetter is returned by New without a DeadLetterer: the step dead-letters the
+	// messages it gives up on.
+	ErrNoDeadLetter = errors.New("retry: Config.DeadLetterer is required: the step dead-letters the messages it gives up on")
+	// ErrScheduleShortened matches the reason of a message whose retries Learned.Shorten
+	// cut; it matches disposition.ErrRetryUnlikely too.
+	ErrScheduleShortened = decide.ErrScheduleShortened
 )
 
 // Delayer hands a message to the broker so it is delivered to queue after d. It returns
@@ -90,8 +87,15 @@ type Event struct {
 
 // Config configures the step. Zero values mean the defaults named on each field.
 type Config struct {
-	// Delayer is the broker's delay. Required.
+	// Delayer is the broker's delay (amqp.Broker and memory.Broker are ones). Required,
+	// except in router's stack, where nil means the stack's broker.
 	Delayer Delayer
+	// DeadLetterer publishes the messages the step gives up on to their queue's
+	// dead-letter queue, with their failure record (the broker's DLQ). Required, except in
+	// router's stack, where nil means the stack's broker.
+	DeadLetterer broker.DeadLetterer
+	// Host is recorded as a dead letter's x-failed-host. Empty means os.Hostname().
+	Host string
 	// MaxRetries is how many retries a message gets after its first attempt. Zero means
 	// 5; negative means none (the first failure is final).
 	MaxRetries int
@@ -109,9 +113,6 @@ type Config struct {
 	MaxTotalAge time.Duration
 	// MaxRetryAfter caps a RetryAfter wait and a single Defer. Zero means 24h.
 	MaxRetryAfter time.Duration
-	// DeadLetter is the poison step that publishes the messages the step gives up on.
-	// Required.
-	DeadLetter *poison.Poison
 	// Observer, if not nil, is told the outcome of every attempt (package disposition),
 	// once, after its hand-off.
 	Observer disposition.Observer
@@ -139,7 +140,7 @@ func (c *Config) setDefaults() error {
 	if c.Delayer == nil {
 		return ErrNoDelayer
 	}
-	if c.DeadLetter == nil {
+	if c.DeadLetterer == nil {
 		return ErrNoDeadLetter
 	}
 	if c.MaxRetries == 0 {
@@ -236,7 +237,11 @@ func New(cfg Config) (*Retry, error) {
 			}
 		}))
 	}
-	r.carrier = cfg.DeadLetter.Carrier(cfg.Delayer, cfg.Logger, obs)
+	c := carry.Carrier{Delayer: cfg.Delayer, DeadLetterer: cfg.DeadLetterer, Logger: cfg.Logger, Host: cfg.Host, Now: cfg.Now}
+	if len(obs) > 0 {
+		c.Observer = obs
+	}
+	r.carrier = carry.New(c)
 	return r, nil
 }
 
@@ -312,99 +317,75 @@ func (r *Retry) wrap(h message.HandlerFunc, dependency string, native *broker.Na
 		if native != nil {
 			count, redeliveries = headers.NativeRetries(msg.Metadata)
 		}
-		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: count, Number: count + 1, Dependency: dep}
+		a := carry.Attempt{Msg: msg, Queue: message.SubscribeTopicFromCtx(ctx), Retries: count, Number: count + 1, Dependency: dep,
+			Compensation: carry.CompensationFrom(ctx)}
 		if count == sluice.MaxRetryCountHeader {
 			a.Number = count
 		}
 		if err == nil {
-			_ = r.carrier.Carry(ctx, a, disposition.Disposition{Kind: disposition.Ack})
+			_ = r.carrier.Carry(ctx, a, decide.Input{})
 			return out, nil
 		}
 		a.Now = r.cfg.Now()
-		d := r.decide(ctx, &a, err, native)
-		if native != nil {
-			r.nativeHandOff(&a, d, err, *native, redeliveries)
+		if cerr := r.carrier.Carry(ctx, a, r.input(ctx, &a, err, native, redeliveries)); cerr != nil {
+			return nil, cerr
 		}
-		return nil, r.carrier.Carry(ctx, a, d)
+		return nil, nil
 	}
 }
 
-// nativeHandOff has the queue carry out a's retry d itself (Attempt.Requeue) when its
-// delay is the one the queue will hold the rejected delivery for, and nothing the queue
-// cannot carry rides on it (see NativeFor); it writes the retries made into a message
-// about to be dead-lettered, whose native retries left no x-retry-count of their own.
-func (r *Retry) nativeHandOff(a *carry.Attempt, d disposition.Disposition, err error, n broker.NativeRetry, redeliveries int) {
-	switch d.Kind {
-	case disposition.Retry:
-		if sluice.ClassOf(err) != sluice.ClassRetryable || d.Delay != n.Delay(redeliveries+1) || a.Msg.Metadata.Get(HeaderProbe) != "" {
-			return
-		}
-		if ra, ok := errors.AsType[*sluice.RetryAfterError](err); ok && ra.After > 0 {
-			return
-		}
-		a.Requeue = true
-	case disposition.DeadLetter:
-		if redeliveries > 0 {
-			a.Msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(a.Retries))
-		}
-	}
-}
-
-// decide returns the disposition of a's failure err: disposition.Decide under the step's
-// policy, adapted by the overload protection, and a stopping consumer's give-back.
-// A handler with a native delayed retry (NativeFor) gets the queue's linear schedule as
-// its backoff.
-func (r *Retry) decide(ctx context.Context, a *carry.Attempt, err error, native *broker.NativeRetry) disposition.Disposition {
-	if _, ok := disposition.Of(err); !ok && lifecycle.ShuttingDown(ctx) {
-		// Cancelled, not past a deadline: the consumer is stopping and the failure is an
-		// artifact of it, so the message goes back unacked without using an attempt. A
-		// deadline (a timeout middleware outside this step) is the handler failing.
-		return disposition.Disposition{Kind: disposition.GiveBack, Unprocessed: true,
-			Reason: fmt.Errorf("consumer shutting down while message %s was handled: %w", a.Msg.UUID, err)}
-	}
-	trip := headers.ReadTrip(a.Msg.Metadata)
-	hist := disposition.History{Retries: a.Retries, Arrived: trip.Arrived, Made: trip.Made, Now: a.Now}
+// input gathers what the decision reads of a's failure err: its history, the policy in
+// force (adapted by the overload protection and the learned policy), the retry budget's
+// admission, the queue's native delayed retry, and whether the consumer is stopping.
+func (r *Retry) input(ctx context.Context, a *carry.Attempt, err error, native *broker.NativeRetry, redeliveries int) decide.Input {
+	md := a.Msg.Metadata
+	// Cancelled, not past a deadline: the consumer is stopping and the failure is an
+	// artifact of it. A deadline (a timeout inside this step) is the handler failing.
+	in := decide.Input{Err: err, Stopping: lifecycle.ShuttingDown(ctx), Compensation: a.Compensation != nil}
+	trip := headers.ReadTrip(md)
+	in.History = decide.History{Retries: a.Retries, Arrived: trip.Arrived, Made: trip.Made, Now: a.Now}
 	class := sluice.ClassOf(err)
 	// Only sluice's own failure and replay times age a retried message: a producer's
 	// cannot. A deferral can only end sooner by an earlier time, so it reads both as sent.
-	hist.FirstFailure, _ = headers.AgeStart(a.Msg.Metadata, a.Now)
-	a.First = hist.FirstFailure
+	in.History.FirstFailure, _ = headers.AgeStart(md, a.Now)
+	a.First = in.History.FirstFailure
 	if a.First.IsZero() {
 		a.First = a.Now
 	}
 	if class == sluice.ClassDefer {
-		hist.FirstFailure, _ = failure.Time(a.Msg.Metadata, headers.FirstFailureTime, a.Now)
-		hist.FirstDefer, _ = failure.Time(a.Msg.Metadata, headers.FirstDeferTime, a.Now)
+		in.History.FirstFailure, _ = failure.Time(md, headers.FirstFailureTime, a.Now)
+		in.History.FirstDefer, _ = failure.Time(md, headers.FirstDeferTime, a.Now)
 	}
-	policy := disposition.Policy{MaxRetries: r.cfg.MaxRetries, MaxTotalAge: r.cfg.MaxTotalAge, MaxRetryAfter: r.cfg.MaxRetryAfter, Backoff: r.Backoff}
-	var plan Adjustment
-	var learned learnedPlan
-	if class == sluice.ClassRetryable {
-		plan = r.plan(ctx, a.Queue, a.Dependency)
-		policy.MaxRetries = plan.MaxRetries
-		backoff := r.Backoff
-		if native != nil {
-			backoff = native.Delay
-		}
-		policy.Backoff = func(n int) time.Duration { return stretch(backoff(n), plan) }
-		if r.learner != nil {
-			// The learned view goes into Decide as data, like the rest of the policy.
-			learned = r.learner.judge(ctx, message.HandlerNameFromCtx(ctx), sluice.ErrorType(err), a.Msg, a.Now)
-			policy.Unlikely = learned.unlikely
-			policy.MaxRetries = learned.maxRetries(policy.MaxRetries)
+	in.Policy = decide.Policy{MaxRetries: r.cfg.MaxRetries, MaxTotalAge: r.cfg.MaxTotalAge, MaxRetryAfter: r.cfg.MaxRetryAfter, Backoff: r.Backoff}
+	if _, unprocessed := markers.UnprocessedOf(err); class != sluice.ClassRetryable || in.Stopping || unprocessed {
+		// The table reads no adapted policy, budget or native hold for this error: the
+		// overload protection and the learned policy are not asked (they log and count).
+		return in
+	}
+	plan := r.plan(ctx, a.Queue, a.Dependency)
+	in.Policy.MaxRetries = plan.MaxRetries
+	backoff := r.Backoff
+	if native != nil {
+		backoff = native.Delay
+	}
+	in.Policy.Backoff = func(n int) time.Duration { return stretch(backoff(n), plan) }
+	if r.learner != nil {
+		// The learned view goes into the decision as data, like the rest of the policy.
+		learned := r.learner.judge(ctx, message.HandlerNameFromCtx(ctx), sluice.ErrorType(err), a.Msg, a.Now)
+		in.Policy.Unlikely = learned.unlikely
+		if to := learned.view.ShortenTo; to > 0 && to-1 < in.Policy.MaxRetries {
+			in.Policy.MaxRetries = to - 1
+			in.Policy.Shortened = &decide.Shortening{To: to, Recoveries: learned.view.Recovered, Evidence: learned.view.Evidence()}
 		}
 	}
-	d := learned.explain(disposition.Decide(policy, hist, err))
-	if d.Kind == disposition.Retry && class == sluice.ClassRetryable {
-		delay, berr := r.admit(ctx, a.Msg, d.Delay, plan, err, a.Dependency)
-		if berr != nil {
-			return disposition.Disposition{Kind: disposition.DeadLetter, Reason: berr}
+	if r.cfg.Overload != nil {
+		in.Admit = func(delay time.Duration) (time.Duration, error) {
+			return r.admit(ctx, a.Msg, delay, plan, err, a.Dependency)
 		}
-		d.Delay = delay
 	}
-	return d
+	if native != nil {
+		// Read after the learned policy, which may have marked the message as its probe.
+		in.Native = &decide.Native{Delay: native.Delay(redeliveries + 1), Probe: md.Get(HeaderProbe) != ""}
+	}
+	return in
 }
-
-// ExhaustedError is the reason of a message that used all its retries or outlived
-// MaxTotalAge (disposition.ExhaustedError).
-type ExhaustedError = disposition.ExhaustedError

@@ -17,12 +17,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/carry"
+	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
+	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sluice-go/sluice/internal/testkit/steptest"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/middleware/retry"
 )
 
@@ -95,17 +98,20 @@ func (f *fakeDeadLetterer) DeadLetter(_ context.Context, _ string, msg *message.
 var (
 	observed *steptest.Observer
 	dead     *fakeDeadLetterer
-	deadErrs *steptest.Log[poison.Event]
+	deadErrs *steptest.Log[deadLetter]
 )
 
-// newRetry is retry.New with a poison step of its own when cfg names none.
+// deadLetter is what an observer learns of one dead letter.
+type deadLetter struct {
+	Queue, MessageID, ErrorType string
+	Retries                     int
+	Err                         error
+}
+
+// newRetry is retry.New with a DeadLetterer of its own when cfg names none.
 func newRetry(cfg retry.Config) (*retry.Retry, error) {
-	if cfg.DeadLetter == nil {
-		p, err := poison.New(poison.Config{DeadLetterer: &fakeDeadLetterer{}})
-		if err != nil {
-			return nil, err
-		}
-		cfg.DeadLetter = p
+	if cfg.DeadLetterer == nil {
+		cfg.DeadLetterer = &fakeDeadLetterer{}
 	}
 	return retry.New(cfg)
 }
@@ -117,11 +123,13 @@ func newStep(t *testing.T, cfg retry.Config, delayErr error) (*retry.Retry, *fak
 	t.Helper()
 	d := &fakeDelayer{err: delayErr}
 	events := &eventLog{}
-	observed, dead, deadErrs = &steptest.Observer{}, &fakeDeadLetterer{}, &steptest.Log[poison.Event]{}
-	p, err := poison.New(poison.Config{DeadLetterer: dead, OnDeadLetter: deadErrs.Add, Now: func() time.Time { return now }, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	cfg.DeadLetter = p
-	cfg.Observer = observed
+	observed, dead, deadErrs = &steptest.Observer{}, &fakeDeadLetterer{}, &steptest.Log[deadLetter]{}
+	cfg.DeadLetterer = dead
+	cfg.Observer = disposition.Observers{observed, disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
+		if o.Disposition.Kind == disposition.DeadLetter {
+			deadErrs.Add(deadLetter{Queue: o.Queue, MessageID: o.MessageID, ErrorType: o.ErrorType, Retries: o.Attempt - 1, Err: o.Disposition.Reason})
+		}
+	})}
 	cfg.Delayer = d
 	cfg.Now = func() time.Time { return now }
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -141,6 +149,8 @@ type result struct {
 	reported bool
 	// dead is the reason of the message's dead letter, nil when it was not dead-lettered.
 	dead error
+	// settlement is how the subscriber settles the message when the step nacks it.
+	settlement broker.Settlement
 }
 
 // run sends a message with md through mw around h inside a real watermill router, as the
@@ -148,7 +158,7 @@ type result struct {
 func run(t *testing.T, mw message.HandlerMiddleware, h message.HandlerFunc, md message.Metadata) result {
 	t.Helper()
 	r := steptest.Run(t, mw, h, steptest.Message{Queue: queueName, Handler: handlerName, Payload: []byte(`{"order":"o-1"}`), Metadata: md})
-	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err}
+	res := result{msg: r.Msg, before: r.Before, out: r.Out, err: r.Err, settlement: r.Settlement}
 	if observed != nil {
 		res.report, res.reported = observed.Last()
 	}
@@ -346,7 +356,7 @@ func TestMiddleware_SuccessPassesThrough(t *testing.T) {
 	assert.Empty(t, d.Calls())
 	assert.Empty(t, events.All())
 	assert.False(t, res.reported, "a success is reported by telemetry as an ack, not by retry")
-	assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+	assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
 }
 
 func TestMiddleware_RetryHandsOffADelayedCopy(t *testing.T) {
@@ -619,7 +629,7 @@ func TestMiddleware_NotRetried(t *testing.T) {
 	wrappedPermanent := fmt.Errorf("validate: %w", sluice.Permanent(errBoom))
 	permanentRetryAfter := sluice.Permanent(sluice.RetryAfter(time.Second, errBoom))
 	discard := sluice.Discard(errBoom)
-	handoff := disposition.GiveBackError(errBroker)
+	unprocessed := markers.ReturnUnprocessed(errBroker)
 	tests := []struct {
 		name       string
 		err        error
@@ -632,14 +642,14 @@ func TestMiddleware_NotRetried(t *testing.T) {
 		{name: "Permanent wrapped", err: wrappedPermanent, wantDead: wrappedPermanent, wantReport: &steptest.Report{Outcome: disposition.DeadLetter, Attempt: 1, Err: wrappedPermanent}},
 		{name: "Permanent around RetryAfter", err: permanentRetryAfter, wantDead: permanentRetryAfter, wantReport: &steptest.Report{Outcome: disposition.DeadLetter, Attempt: 1, Err: permanentRetryAfter}},
 		{name: "Discard", err: discard, count: "2", wantReport: &steptest.Report{Outcome: disposition.Discard, Attempt: 3, Err: discard}},
-		{name: "hand-off failure from below", err: handoff, wantErr: errBroker, wantReport: &steptest.Report{Outcome: disposition.GiveBack, Attempt: 1, Err: errBroker}},
+		{name: "returned unprocessed from below", err: unprocessed, wantErr: errBroker, wantReport: &steptest.Report{Outcome: disposition.GiveBack, Attempt: 1, Err: errBroker}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, d, events := newStep(t, testPolicy(), nil)
 			res := run(t, r.Middleware, failing(tt.err), message.Metadata{sluice.HeaderRetryCount: tt.count})
 			if tt.wantErr != nil {
-				assert.True(t, disposition.IsGiveBack(res.err), "given back: %v", res.err)
+				assert.True(t, isGiveBack(res.err), "given back: %v", res.err)
 				assert.ErrorIs(t, res.err, tt.wantErr)
 			} else {
 				assert.NoError(t, res.err)
@@ -652,7 +662,10 @@ func TestMiddleware_NotRetried(t *testing.T) {
 			assert.Nil(t, res.out)
 			assert.Empty(t, d.Calls(), "no hand-off")
 			assert.Empty(t, events.All())
-			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
+			if tt.wantErr != nil {
+				assert.Equal(t, broker.SettleReturn, res.settlement, "returned unprocessed: at once, not counted as a failed delivery")
+			}
 			if tt.wantReport != nil {
 				assert.True(t, res.reported)
 				assert.Equal(t, *tt.wantReport, res.report)
@@ -729,9 +742,9 @@ func TestMiddleware_Exhausted(t *testing.T) {
 			}
 			require.NoError(t, res.err, "dead-lettered, then acked")
 			require.Error(t, res.dead)
-			assert.ErrorIs(t, res.dead, retry.ErrRetriesExhausted)
+			assert.ErrorIs(t, res.dead, disposition.ErrRetriesExhausted)
 			assert.ErrorIs(t, res.dead, errBoom, "the handler's error stays reachable")
-			var ee *retry.ExhaustedError
+			var ee *decide.ExhaustedError
 			require.ErrorAs(t, res.dead, &ee)
 			assert.Same(t, herr, ee.Err)
 			assert.Same(t, herr, errors.Unwrap(res.dead))
@@ -739,7 +752,7 @@ func TestMiddleware_Exhausted(t *testing.T) {
 			assert.Equal(t, tt.wantAge, ee.Age)
 			assert.Empty(t, d.Calls(), "no hand-off once exhausted")
 			assert.Empty(t, events.All())
-			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
 		})
 	}
 }
@@ -882,7 +895,7 @@ func TestMiddleware_DeferExpires(t *testing.T) {
 			}
 			require.NoError(t, res.err, "dead-lettered, then acked")
 			require.Error(t, res.dead)
-			assert.ErrorIs(t, res.dead, retry.ErrDeferralExpired)
+			assert.ErrorIs(t, res.dead, disposition.ErrDeferralExpired)
 			assert.ErrorIs(t, res.dead, reason)
 			assert.Equal(t, sluice.ClassPermanent, sluice.ClassOf(res.dead), "an expired deferral goes to the dead-letter queue: %v", res.dead)
 			assert.Empty(t, d.Calls())
@@ -907,9 +920,9 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			r, d, events := newStep(t, testPolicy(), errBroker)
 			res := run(t, r.Middleware, failing(tt.err), tt.md)
 			require.Error(t, res.err)
-			assert.True(t, disposition.IsGiveBack(res.err), "the original must be nacked, got %v", res.err)
+			assert.True(t, isGiveBack(res.err), "the original must be nacked, got %v", res.err)
 			assert.ErrorIs(t, res.err, errBroker)
-			assert.NotErrorIs(t, res.err, retry.ErrRetriesExhausted)
+			assert.NotErrorIs(t, res.err, disposition.ErrRetriesExhausted)
 			assert.NotEqual(t, sluice.ClassPermanent, sluice.ClassOf(res.err), "a failed hand-off must not be dead-lettered")
 			assert.Contains(t, res.err.Error(), res.msg.UUID)
 			assert.Contains(t, res.err.Error(), strconv.Quote(queueName))
@@ -919,7 +932,8 @@ func TestMiddleware_HandoffFails(t *testing.T) {
 			assert.Equal(t, disposition.GiveBack, res.report.Outcome)
 			assert.Equal(t, tt.wantAttempt, res.report.Attempt)
 			assert.ErrorIs(t, res.report.Err, errBroker)
-			assert.Equal(t, steptest.Original(res.before, false), res.msg.Metadata, "the original is unchanged but for a give-back's mark")
+			assert.Equal(t, res.before, res.msg.Metadata, "the original is unchanged")
+			assert.Equal(t, broker.SettleReject, res.settlement, "a failed hand-off is a failure: requeued after a pause, counted")
 		})
 	}
 }
@@ -940,7 +954,7 @@ func TestMiddleware_CountsUpToExhaustion(t *testing.T) {
 	}
 	res := run(t, r.Middleware, failing(errBoom), md)
 	require.NoError(t, res.err)
-	assert.ErrorIs(t, res.dead, retry.ErrRetriesExhausted)
+	assert.ErrorIs(t, res.dead, disposition.ErrRetriesExhausted)
 	assert.Len(t, d.Calls(), cfg.MaxRetries)
 	assert.Equal(t, []int{1, 2, 3}, attempts(failure.History(md)))
 }
@@ -979,8 +993,14 @@ func TestMiddleware_ExhaustedNamesAnArrivedRetryCount(t *testing.T) {
 			r, _, _ := newStep(t, cfg, nil)
 			res := run(t, r.Middleware, failing(errors.New("boom")), tt.md)
 			require.NoError(t, res.err)
-			require.ErrorIs(t, res.dead, retry.ErrRetriesExhausted)
+			require.ErrorIs(t, res.dead, disposition.ErrRetriesExhausted)
 			assert.Equal(t, tt.want, res.dead.Error())
 		})
 	}
+}
+
+// isGiveBack reports whether err has the subscriber give the message back unacked.
+func isGiveBack(err error) bool {
+	_, ok := errors.AsType[*carry.GiveBack](err)
+	return ok
 }

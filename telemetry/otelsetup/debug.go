@@ -14,7 +14,7 @@ const (
 	// RetriesPath serves the retry statistics per handler and error type, as JSON
 	// (retrystats.Report; ?handler=H keeps H's rows).
 	RetriesPath = DebugPrefix + "retries"
-	// PolicyPath serves the retry decision matrix (router.Description) as JSON, or as
+	// PolicyPath serves the retry decision matrix (policy.Description) as JSON, or as
 	// Markdown with ?format=markdown.
 	PolicyPath = DebugPrefix + "policy"
 )

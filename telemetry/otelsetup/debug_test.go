@@ -16,9 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice/broker/memory"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
@@ -48,7 +47,7 @@ func debugStack(t *testing.T, stats *retrystats.Stats) *router.Stack {
 	})
 	<-s.Running()
 	if stats != nil {
-		stats.Record("orders", disposition.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
+		stats.Record("orders", retrystats.RetryEvent{ErrorType: "timeout", NewMessage: true, Retried: true, Attempt: 1})
 	}
 	return s
 }

@@ -69,6 +69,10 @@ type Config struct {
 	// which is ready; a service that must not look ready while it starts passes one whose
 	// checks already fail, since the server answers from the moment Setup returns.
 	Health *telemetry.Health
+	// SpanProcessors also receive every span, beside the OTLP exporter (if there is one):
+	// an in-memory recorder, for a program that shows its own traces. Shutdown shuts them
+	// down with the tracer provider.
+	SpanProcessors []sdktrace.SpanProcessor
 }
 
 // Providers are the tracer and meter providers Setup built and installed globally.
@@ -128,6 +132,9 @@ func Setup(ctx context.Context, cfg Config) (*Providers, error) {
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	if exp != nil {
 		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
+	}
+	for _, sp := range cfg.SpanProcessors {
+		tpOpts = append(tpOpts, sdktrace.WithSpanProcessor(sp))
 	}
 	p.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)
 

@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
@@ -97,6 +99,36 @@ func TestSetup_NoEndpoint(t *testing.T) {
 
 	shutdown(t, p)
 	require.NoError(t, p.Shutdown(context.Background()), "a second Shutdown is harmless")
+}
+
+// A span processor in Config sees every span, with or without an exporter, and Shutdown
+// stops feeding it: what a program that prints its own traces (cmd/payments demo) relies on.
+func TestSetup_SpanProcessors(t *testing.T) {
+	for _, endpoint := range []string{"", "http://127.0.0.1:1"} {
+		t.Run("endpoint "+endpoint, func(t *testing.T) {
+			clearOTelEnv(t)
+			restoreGlobals(t)
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+			t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "100")
+			rec := tracetest.NewSpanRecorder()
+			p, err := otelsetup.Setup(context.Background(), otelsetup.Config{SpanProcessors: []sdktrace.SpanProcessor{rec}})
+			require.NoError(t, err)
+
+			_, span := otel.Tracer("test").Start(context.Background(), "recorded")
+			span.End()
+			ended := rec.Ended()
+			require.Len(t, ended, 1)
+			assert.Equal(t, "recorded", ended[0].Name())
+			assert.Equal(t, span.SpanContext().TraceID(), ended[0].SpanContext().TraceID())
+
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = p.Shutdown(ctx) // the unreachable endpoint may fail the flush
+			_, late := otel.Tracer("test").Start(context.Background(), "after shutdown")
+			late.End()
+			assert.Len(t, rec.Ended(), 1, "after Shutdown the provider sends it no span")
+		})
+	}
 }
 
 func TestSetup_ExporterFromEnv(t *testing.T) {

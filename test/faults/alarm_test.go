@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 )
@@ -98,7 +99,7 @@ func TestAlarms(t *testing.T) {
 			l.published(probe, err)
 			require.Error(t, err, "a publish under the %s alarm never reports success", a.name)
 			t.Logf("publish under the %s alarm: %v (after %s)", a.name, err, took.Round(time.Millisecond))
-			assert.ErrorIs(t, err, amqp.ErrBlocked)
+			assert.ErrorIs(t, err, broker.ErrBlocked)
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
 			assert.Less(t, took, probeDeadline+2*time.Second, "the publish returned at its deadline")
 
@@ -146,7 +147,7 @@ func closeBlocked(t *testing.T, node *testenv.Node, l *ledger, queue, alarm stri
 	err = b.Publisher().PublishTo(pctx, "", queue, msg(id))
 	pcancel()
 	l.published(id, err)
-	require.ErrorIs(t, err, amqp.ErrBlocked)
+	require.ErrorIs(t, err, broker.ErrBlocked)
 	begin := time.Now()
 	closed := make(chan error, 1)
 	go func() { closed <- b.Close() }()

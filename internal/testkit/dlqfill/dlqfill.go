@@ -15,10 +15,10 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/failure"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/poison"
 )
 
 // Failure is one dead letter to create.
@@ -49,16 +49,13 @@ func (noDeadLetterer) DeadLetter(context.Context, string, *message.Message) erro
 // Recorder makes the records of one queue.
 type Recorder struct {
 	queue string
-	p     *poison.Poison
+	p     *carry.Carrier
 }
 
 // NewRecorder returns a Recorder for queue's dead letters.
 func NewRecorder(tb testing.TB, queue string) *Recorder {
 	tb.Helper()
-	p, err := poison.New(poison.Config{DeadLetterer: noDeadLetterer{}, Host: "worker-1"})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	p := carry.New(carry.Carrier{Host: "worker-1"})
 	return &Recorder{queue: queue, p: p}
 }
 
@@ -74,7 +71,7 @@ func (r *Recorder) Publishing(tb testing.TB, f Failure) amqp091.Publishing {
 	for k, v := range f.Metadata {
 		msg.Metadata.Set(k, v)
 	}
-	rec := r.p.Record(msg, r.queue, f.Err)
+	rec := r.p.Record(msg, r.queue, sluice.RetryCount(msg.Metadata), f.Err)
 	rec.Metadata.Set(headers.Handler, f.Handler)
 	if !f.At.IsZero() {
 		rec.Metadata.Set(headers.FailedAt, failure.FormatTime(f.At))

@@ -12,9 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/disposition"
 )
 
 // Message is the message sent through the step and where it comes from.
@@ -31,6 +32,10 @@ type Result struct {
 	Before message.Metadata
 	Out    []*message.Message
 	Err    error
+	// Settlement is how a sluice subscriber would settle the message if nacked: what the
+	// step said on the message's broker.Delivery, which Run gives it as a sluice subscriber
+	// does (broker.SettleReject when it said nothing).
+	Settlement broker.Settlement
 }
 
 // Observer records the outcomes a step reports (disposition.Observer).
@@ -72,7 +77,10 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 	step := mw(h)
 	router.AddConsumerHandler(in.Handler, in.Queue, pubSub, func(msg *message.Message) error {
 		res := Result{Msg: msg, Before: msg.CopyWithContext().Metadata}
+		ctx, delivery := broker.WithDelivery(msg.Context())
+		msg.SetContext(ctx)
 		res.Out, res.Err = step(msg)
+		res.Settlement = delivery.Settlement()
 		results <- res
 		return nil
 	})
@@ -101,19 +109,4 @@ func Run(t testing.TB, mw message.HandlerMiddleware, h message.HandlerFunc, in M
 		t.Fatal("the handler was not called")
 		return Result{}
 	}
-}
-
-// Original returns what a step leaves of the original message's metadata before: the same
-// headers, plus the in-memory mark a message given back by decision gets (headers.GivenBack,
-// which tells the subscriber to return it with basic.nack) when marked is true.
-func Original(before message.Metadata, marked bool) message.Metadata {
-	if !marked {
-		return before
-	}
-	out := make(message.Metadata, len(before)+1)
-	for k, v := range before {
-		out[k] = v
-	}
-	out[headers.GivenBack] = "1"
-	return out
 }

@@ -4,10 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -63,6 +62,8 @@ type Node struct {
 	Dir string
 	// StartTime is how long the last start took, from launch to a booted node.
 	StartTime time.Duration
+	// Version is the RabbitMQ version the node wrote in its log as it booted ("4.3.6").
+	Version string
 
 	env     []string
 	run     launcher
@@ -103,18 +104,9 @@ func nodePrerequisites(t testing.TB) launcher {
 		}
 		return l
 	}
-	var l launcher
-	var err error
-	if l.server, err = exec.LookPath("rabbitmq-server"); err != nil {
-		miss("rabbitmq-server not found: %v", err)
-	}
-	if l.ctl, err = exec.LookPath("rabbitmqctl"); err != nil {
-		miss("rabbitmqctl not found: %v", err)
-	}
-	l.uid, l.gid = -1, -1
-	if u, err := user.Lookup("rabbitmq"); err == nil {
-		l.uid, _ = strconv.Atoi(u.Uid)
-		l.gid, _ = strconv.Atoi(u.Gid)
+	l, err := hostLauncher()
+	if err != nil {
+		miss("%v", err)
 	}
 	return l
 }
@@ -223,6 +215,13 @@ func (n *Node) Start() error {
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
 	defer cancel()
+	// The boot is read from the node's own log, from where it ends now (a restart appends).
+	logPath := n.logPath()
+	var offset int64
+	if fi, err := os.Stat(logPath); err == nil {
+		offset = fi.Size()
+	}
+	_ = os.Remove(n.pidFile()) // a pid file left by the last run would name a dead process
 	cmd := n.run.command(ctx, n.run.server, "-detached")
 	cmd.Env = n.env
 	cmd.Dir = n.Dir
@@ -231,16 +230,64 @@ func (n *Node) Start() error {
 	}
 	// Mark it running now: whatever happens next, Stop must try to stop it.
 	n.running = true
-	// `rabbitmqctl wait` follows the pid file the node writes, and returns once the node
-	// has booted, or fails if its process dies first.
-	secs := strconv.Itoa(int(time.Until(begin.Add(n.timeout)).Seconds()))
-	out, err := n.ctlContext(ctx, "wait", n.run.inside(n.pidFile()), "--timeout", secs)
-	if err != nil {
-		return fmt.Errorf("node %s did not boot within %s: %v: %s\n%s", n.Name, n.timeout, err, out, n.LogTail(40))
+	if err := n.awaitBoot(ctx, logPath, offset); err != nil {
+		return fmt.Errorf("node %s did not boot within %s: %v\n%s", n.Name, n.timeout, err, n.LogTail(40))
 	}
 	n.StartTime = time.Since(begin)
+	// The version the node itself says it runs, in the run's output (testsummary lists
+	// every node a run started), and of the series the tests run on.
+	n.Version = LoggedVersion(filepath.Join(n.Dir, "log"))
+	n.t.Logf("testenv: started RabbitMQ %s node %s on 127.0.0.1:%d in %s", n.Version, n.Name, n.Port, n.StartTime.Round(100*time.Millisecond))
+	if want := Series(); SeriesOf(n.Version) != want {
+		return fmt.Errorf("node %s is RabbitMQ %q, not %s.x, the series the tests run on (its log: %s)", n.Name, n.Version, want, filepath.Join(n.Dir, "log"))
+	}
 	return nil
 }
+
+// awaitBoot waits until the node's log, past offset, says its boot completed ("Server
+// startup complete", the line RabbitMQ writes once its listeners and plugins run, when
+// `rabbitmqctl wait` would return too), without the second or two an Erlang VM for
+// rabbitmqctl costs. It fails as soon as the log says the boot failed or the node's
+// process, once its pid file names it, is gone.
+func (n *Node) awaitBoot(ctx context.Context, logPath string, offset int64) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if tail := readFrom(logPath, offset); tail != "" {
+			switch {
+			case strings.Contains(tail, "Server startup complete"):
+				return nil
+			case strings.Contains(tail, "BOOT FAILED"):
+				return fmt.Errorf("its log says BOOT FAILED")
+			}
+		}
+		if pid := n.pid(); pid > 0 && !processAlive(pid) {
+			return fmt.Errorf("its process (pid %d) ended during the boot", pid)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// readFrom returns the file at path from offset on, or "" when it cannot be read.
+func readFrom(path string, offset int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return ""
+	}
+	b, _ := io.ReadAll(f)
+	return string(b)
+}
+
+// logPath is the node's main log: log/<name>@<host>.log.
+func (n *Node) logPath() string { return filepath.Join(n.Dir, "log", n.Name+".log") }
 
 // Stop stops the node and waits for its process to end; a node that does not stop is
 // killed. Stopping a stopped node does nothing.
@@ -252,10 +299,18 @@ func (n *Node) Stop() {
 	}
 	n.running = false
 	pid := n.pid()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if out, err := n.ctlContext(ctx, "stop"); err != nil {
-		n.t.Logf("rabbitmqctl -n %s stop: %v: %s", n.Name, err, out)
+	if pid > 0 && processAlive(pid) {
+		// SIGTERM is an orderly shutdown (the Erlang VM runs init:stop(), as rabbitmqctl
+		// stop does), without the Erlang VM rabbitmqctl would start first.
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			n.t.Logf("node %s: SIGTERM %d: %v", n.Name, pid, err)
+		}
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if out, err := n.ctlContext(ctx, "stop"); err != nil {
+			n.t.Logf("rabbitmqctl -n %s stop: %v: %s", n.Name, err, out)
+		}
 	}
 	if pid <= 0 {
 		return
@@ -280,8 +335,21 @@ func (n *Node) pid() int {
 	return pid
 }
 
+// processAlive reports whether pid runs: a zombie (ended, not yet reaped by its parent,
+// which for a detached node is init) does not.
 func processAlive(pid int) bool {
-	return syscall.Kill(pid, 0) == nil
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc to ask: kill's answer stands
+	}
+	// "pid (comm) S ...": the state follows the command's closing parenthesis.
+	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2] != 'Z'
+	}
+	return true
 }
 
 // Ctl runs `rabbitmqctl -n <node> args...` and returns its combined output.

@@ -4,8 +4,10 @@
 // skips on a developer's machine, and a run that skipped half the suite must not read like
 // one that tested everything.
 //
-//	go test -json ./... | testsummary -skips skips.jsonl   # prints the run, records its skips
-//	testsummary -report skips.jsonl                         # prints the skips of every run
+//	go test -json ./... | testsummary -skips run.jsonl   # prints the run, records its skips
+//	testsummary -report run.jsonl                         # the slowest packages and tests, the
+//	                                                      # RabbitMQ nodes the tests started (each
+//	                                                      # with the version it reported), the skips
 //
 // With -skips it exits 1 when a test or a build failed.
 package main
@@ -45,7 +47,15 @@ func main() {
 	}
 }
 
-// record streams events from r to w as terse text and appends the skips to path.
+// entry is one line of the record file: a skip, a node a test started, or a timing.
+type entry struct {
+	Skip   *Skip   `json:"skip,omitempty"`
+	Node   *Node   `json:"node,omitempty"`
+	Timing *Timing `json:"timing,omitempty"`
+}
+
+// record streams events from r to w as terse text and appends the skips, the nodes the
+// tests started and the timings to path.
 func record(r io.Reader, w io.Writer, path, label string) (failed bool, err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -59,12 +69,25 @@ func record(r io.Reader, w io.Writer, path, label string) (failed bool, err erro
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
 		for _, sk := range s.line(sc.Bytes()) {
-			if err := enc.Encode(sk); err != nil {
+			if err := enc.Encode(entry{Skip: &sk}); err != nil {
 				return s.failed, err
 			}
 		}
 	}
-	return s.failed, sc.Err()
+	if err := sc.Err(); err != nil {
+		return s.failed, err
+	}
+	for i := range s.nodes {
+		if err := enc.Encode(entry{Node: &s.nodes[i]}); err != nil {
+			return s.failed, err
+		}
+	}
+	for i := range s.timings {
+		if err := enc.Encode(entry{Timing: &s.timings[i]}); err != nil {
+			return s.failed, err
+		}
+	}
+	return s.failed, nil
 }
 
 func printReport(w io.Writer, path string) error {
@@ -76,15 +99,26 @@ func printReport(w io.Writer, path string) error {
 		return err
 	}
 	defer f.Close()
-	var skips []Skip
+	var (
+		skips   []Skip
+		nodes   []Node
+		timings []Timing
+	)
 	dec := json.NewDecoder(f)
 	for dec.More() {
-		var sk Skip
-		if err := dec.Decode(&sk); err != nil {
+		var e entry
+		if err := dec.Decode(&e); err != nil {
 			return fmt.Errorf("read %s: %w", path, err)
 		}
-		skips = append(skips, sk)
+		switch {
+		case e.Skip != nil:
+			skips = append(skips, *e.Skip)
+		case e.Node != nil:
+			nodes = append(nodes, *e.Node)
+		case e.Timing != nil:
+			timings = append(timings, *e.Timing)
+		}
 	}
-	_, err = io.WriteString(w, Report(skips))
+	_, err = io.WriteString(w, TimingReport(timings, 10)+NodesReport(nodes)+Report(skips))
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -14,7 +15,31 @@ type event struct {
 	Package string
 	Test    string
 	Output  string
+	Elapsed float64
 }
+
+// Node is a RabbitMQ node a test started, with the version it reported.
+type Node struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Package string `json:"package"`
+	Label   string `json:"label,omitempty"`
+}
+
+// startedNode matches the line testenv (and the node scripts) print for every node they
+// start: "started RabbitMQ 4.3.6 node sluice_123456@host".
+var startedNode = regexp.MustCompile(`started RabbitMQ (\S+) node (\S+@\S+)`)
+
+// Timing is how long one test or package took.
+type Timing struct {
+	Package string  `json:"package"`
+	Test    string  `json:"test,omitempty"`
+	Seconds float64 `json:"seconds"`
+	Label   string  `json:"label,omitempty"`
+}
+
+// slowTest is the least a top-level test takes to be recorded as slow.
+const slowTest = 5.0
 
 // Skip is one skipped test and the reason it gave.
 type Skip struct {
@@ -32,6 +57,10 @@ type stream struct {
 	failed  bool
 	// label, when set, ends every package's closing line and labels its skips.
 	label string
+	// nodes are the RabbitMQ nodes the tests said they started; timings the packages and
+	// the slow top-level tests, in the order they ended.
+	nodes   []Node
+	timings []Timing
 }
 
 func newStream(w io.Writer) *stream { return &stream{w: w, outputs: map[string][]string{}} }
@@ -45,6 +74,14 @@ func (s *stream) line(b []byte) []Skip {
 		return nil
 	}
 	key := ev.Package + "\x00" + ev.Test
+	if ev.Action == "output" {
+		if m := startedNode.FindStringSubmatch(ev.Output); m != nil {
+			s.nodes = append(s.nodes, Node{Name: m[2], Version: m[1], Package: ev.Package, Label: s.label})
+		}
+	}
+	if (ev.Action == "pass" || ev.Action == "fail") && (ev.Test == "" || (!strings.Contains(ev.Test, "/") && ev.Elapsed >= slowTest)) {
+		s.timings = append(s.timings, Timing{Package: ev.Package, Test: ev.Test, Seconds: ev.Elapsed, Label: s.label})
+	}
 	switch {
 	case ev.Action == "build-output":
 		fmt.Fprint(s.w, ev.Output)
@@ -155,8 +192,76 @@ func Report(skips []Skip) string {
 			fmt.Fprintf(&b, "  %s: %s\n", p, strings.Join(byPkg[p], ", "))
 		}
 	}
-	fmt.Fprintf(&b, "\nStart what they need (RabbitMQ: rabbitmq-server -detached, or docker compose up -d\n")
-	fmt.Fprintf(&b, "rabbitmq) and run make test again. SLUICE_REQUIRE_BROKER=1 and SLUICE_REQUIRE_JAEGER=1\n")
-	fmt.Fprintf(&b, "(set by .ci/run) make these tests fail instead of skipping.\n%s\n", rule)
+	fmt.Fprintf(&b, "\nmake test starts what they need when it can install and run it (see the top of its\n")
+	fmt.Fprintf(&b, "output for what it could not); go test alone needs them running (CONTRIBUTING.md).\n")
+	fmt.Fprintf(&b, "SLUICE_REQUIRE_BROKER=1 and SLUICE_REQUIRE_JAEGER=1 (set by .ci/run) make these tests\n")
+	fmt.Fprintf(&b, "fail instead of skipping.\n%s\n", rule)
+	return b.String()
+}
+
+// NodesReport says which RabbitMQ versions the nodes the tests started reported, per run
+// label, or "" when the tests started none.
+func NodesReport(nodes []Node) string {
+	if len(nodes) == 0 {
+		return ""
+	}
+	type key struct{ label, version string }
+	count := map[key]int{}
+	var keys []key
+	for _, n := range nodes {
+		k := key{n.Label, n.Version}
+		if count[k] == 0 {
+			keys = append(keys, k)
+		}
+		count[k]++
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nRabbitMQ nodes the tests started, as each reported its version (in run order):\n")
+	for _, k := range keys {
+		label := ""
+		if k.label != "" {
+			label = " [" + k.label + "]"
+		}
+		fmt.Fprintf(&b, "  %3d node(s) RabbitMQ %s%s\n", count[k], k.version, label)
+	}
+	return b.String()
+}
+
+// TimingReport lists the slowest packages and top-level tests, at most n of each.
+func TimingReport(timings []Timing, n int) string {
+	var pkgs, tests []Timing
+	for _, t := range timings {
+		if t.Test == "" {
+			pkgs = append(pkgs, t)
+		} else {
+			tests = append(tests, t)
+		}
+	}
+	if len(pkgs) == 0 && len(tests) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	list := func(title string, ts []Timing) {
+		if len(ts) == 0 {
+			return
+		}
+		sort.SliceStable(ts, func(i, j int) bool { return ts[i].Seconds > ts[j].Seconds })
+		if len(ts) > n {
+			ts = ts[:n]
+		}
+		fmt.Fprintf(&b, "\n%s:\n", title)
+		for _, t := range ts {
+			name := t.Package
+			if t.Test != "" {
+				name += " " + t.Test
+			}
+			if t.Label != "" {
+				name += " [" + t.Label + "]"
+			}
+			fmt.Fprintf(&b, "  %7.1f s  %s\n", t.Seconds, name)
+		}
+	}
+	list("slowest packages (each package's tests run in one process; packages run side by side)", pkgs)
+	list("slowest tests", tests)
 	return b.String()
 }

@@ -85,3 +85,35 @@ func TestStreamLabel(t *testing.T) {
 		"2 skipped: RabbitMQ is not reachable at 127.0.0.1:5672 (connection refused); set SLUICE_REQUIRE_BROKER=1 to make this a failure\n"+
 			"  example.com/a [RabbitMQ 3.10]: TestBroker\n  example.com/a [RabbitMQ 4.3]: TestBroker\n")
 }
+
+// Issue 56: every node a test starts reports its real version in the run's output, and the
+// run says where its time went.
+func TestStreamNodesAndTimings(t *testing.T) {
+	const events = `{"Action":"run","Package":"example.com/f","Test":"TestFault"}
+{"Action":"output","Package":"example.com/f","Test":"TestFault","Output":"    node.go:250: testenv: started RabbitMQ 4.3.6 node sluice_123456@vm on 127.0.0.1:40111 in 9.1s\n"}
+{"Action":"output","Package":"example.com/f","Test":"TestFault","Output":"    node.go:250: testenv: started RabbitMQ 4.3.6 node sluice_654321@vm on 127.0.0.1:40112 in 9.4s\n"}
+{"Action":"pass","Package":"example.com/f","Test":"TestFault","Elapsed":31.5}
+{"Action":"pass","Package":"example.com/f","Test":"TestFault/sub","Elapsed":30}
+{"Action":"pass","Package":"example.com/f","Test":"TestQuick","Elapsed":0.2}
+{"Action":"output","Package":"example.com/f","Output":"ok  \texample.com/f\t40.0s\n"}
+{"Action":"pass","Package":"example.com/f","Elapsed":40}`
+	var out strings.Builder
+	s := newStream(&out)
+	s.label = "RabbitMQ 4.3.6"
+	for _, l := range strings.Split(events, "\n") {
+		s.line([]byte(l))
+	}
+	require.Len(t, s.nodes, 2)
+	assert.Equal(t, Node{Name: "sluice_123456@vm", Version: "4.3.6", Package: "example.com/f", Label: "RabbitMQ 4.3.6"}, s.nodes[0])
+	assert.Contains(t, NodesReport(append(s.nodes, Node{Name: "n@vm", Version: "3.10.8", Label: "RabbitMQ 3.10.8"})),
+		"    2 node(s) RabbitMQ 4.3.6 [RabbitMQ 4.3.6]\n    1 node(s) RabbitMQ 3.10.8 [RabbitMQ 3.10.8]\n")
+	assert.Empty(t, NodesReport(nil), "no node started, nothing said")
+
+	assert.Equal(t, []Timing{
+		{Package: "example.com/f", Test: "TestFault", Seconds: 31.5, Label: "RabbitMQ 4.3.6"},
+		{Package: "example.com/f", Seconds: 40, Label: "RabbitMQ 4.3.6"},
+	}, s.timings, "packages, and top-level tests of 5 s or more")
+	report := TimingReport(s.timings, 10)
+	assert.Contains(t, report, "     40.0 s  example.com/f [RabbitMQ 4.3.6]\n")
+	assert.Contains(t, report, "     31.5 s  example.com/f TestFault [RabbitMQ 4.3.6]\n")
+}

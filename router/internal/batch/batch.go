@@ -8,12 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/sluice-go/sluice/internal/attempt"
+	"github.com/sluice-go/sluice/internal/panics"
 )
 
 // ErrResults is the (retryable) failure of every message of a batch whose handler
@@ -84,7 +85,7 @@ func (b *Batcher) Handle(msg *message.Message) ([]*message.Message, error) {
 	}
 	b.mu.Unlock()
 	if full != nil {
-		b.run(full)
+		b.run(msg.Context(), full)
 	}
 	r := <-it.done
 	return r.Out, r.Err
@@ -111,15 +112,21 @@ func (b *Batcher) flush(gen uint64) {
 	}
 	items := b.take()
 	b.mu.Unlock()
-	b.run(items)
+	b.run(nil, items)
 }
 
-// run calls the handler with items and gives each its result.
-func (b *Batcher) run(items []item) {
+// run calls the handler with items and gives each its result. self is the context of the
+// message whose goroutine runs it, nil on the timer's.
+func (b *Batcher) run(self context.Context, items []item) {
 	msgs := make([]*message.Message, len(items))
+	ctxs := make([]context.Context, len(items))
 	for i, it := range items {
 		msgs[i] = it.msg
+		ctxs[i] = it.msg.Context()
 	}
+	// An attempt of the batch abandoned at its handler timeout names where the batch is
+	// stuck: this goroutine's stack.
+	defer attempt.LabelBatch(self, ctxs...)()
 	ctx := msgs[0].Context()
 	end := func(error) {}
 	if b.tr != nil {
@@ -145,13 +152,13 @@ func (b *Batcher) run(items []item) {
 	}
 }
 
-// call calls the handler once, turning a panic into a RecoveredPanicError (as the
+// call calls the handler once, turning a panic into an error carrying its stack (as the
 // single-message recoverer does) and a wrong number of results into ErrResults for each
 // message.
 func (b *Batcher) call(ctx context.Context, msgs []*message.Message) (res []Result, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			res, err = nil, fmt.Errorf("batch handler %q on %d message(s): %w", b.name, len(msgs), middleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())})
+			res, err = nil, fmt.Errorf("batch handler %q on %d message(s): %w", b.name, len(msgs), panics.Of(r))
 		}
 	}()
 	res = b.h(ctx, msgs)

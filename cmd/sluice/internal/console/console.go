@@ -33,7 +33,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/sluice-go/sluice/internal/mask"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
 //go:embed templates/*.html
@@ -163,7 +163,7 @@ func (s *Server) parseTemplates() error {
 	s.pages = map[string]*template.Template{}
 	funcs := template.FuncMap{"ts": formatTime, "ago": ago, "path": url.PathEscape, "query": url.QueryEscape,
 		"add": func(a, b int) int { return a + b }, "fmtf": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
-		"decision": router.DecisionText}
+		"decision": retrystats.Verdict.Text}
 	for _, page := range []string{"overview", "queue", "message", "confirm", "result", "error", "edit", "edited", "audit", "retries", "policy", "journal"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {

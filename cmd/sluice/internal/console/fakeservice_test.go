@@ -16,10 +16,9 @@ import (
 
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
-	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
-	"github.com/sluice-go/sluice/retrystats"
 	"github.com/sluice-go/sluice/router"
 )
 
@@ -65,13 +64,13 @@ func newFakeService(t *testing.T) string {
 
 	// fail records a message that failed with typ at attempt 1 and, retried each time,
 	// ended at attempt at with end (EndNone: still retrying).
-	fail := func(handler, typ string, at int, end disposition.RetryEnd) {
-		stats.Record(handler, disposition.RetryEvent{ErrorType: typ, NewMessage: true, Retried: true, Attempt: 1})
+	fail := func(handler, typ string, at int, end retrystats.RetryEnd) {
+		stats.Record(handler, retrystats.RetryEvent{ErrorType: typ, NewMessage: true, Retried: true, Attempt: 1})
 		for a := 2; a < at; a++ {
-			stats.Record(handler, disposition.RetryEvent{ErrorType: typ, Resolved: typ, Retried: true, Attempt: a})
+			stats.Record(handler, retrystats.RetryEvent{ErrorType: typ, Resolved: typ, Retried: true, Attempt: a})
 		}
-		if end != disposition.EndNone {
-			stats.Record(handler, disposition.RetryEvent{ErrorType: typ, Resolved: typ, End: end, Attempt: at})
+		if end != retrystats.EndNone {
+			stats.Record(handler, retrystats.RetryEvent{ErrorType: typ, Resolved: typ, End: end, Attempt: at})
 		}
 	}
 	for i := range 25 {
@@ -82,30 +81,30 @@ func newFakeService(t *testing.T) string {
 		case i >= 15:
 			at = 3
 		}
-		fail("payments", "gateway_timeout", at, disposition.Recovered)
+		fail("payments", "gateway_timeout", at, retrystats.Recovered)
 	}
 	for range 10 {
-		fail("payments", "gateway_timeout", 6, disposition.Exhausted)
+		fail("payments", "gateway_timeout", 6, retrystats.Exhausted)
 	}
 	for range 3 {
-		fail("payments", "gateway_timeout", 2, disposition.EndNone)
+		fail("payments", "gateway_timeout", 2, retrystats.EndNone)
 	}
 	for range 12 {
-		stats.Record("payments", disposition.RetryEvent{ErrorType: "insufficient_funds", NewMessage: true, End: disposition.MadePermanent, Attempt: 1})
+		stats.Record("payments", retrystats.RetryEvent{ErrorType: "insufficient_funds", NewMessage: true, End: retrystats.MadePermanent, Attempt: 1})
 	}
 	for range 40 {
-		fail("payments", "ledger_unavailable", 6, disposition.Exhausted)
+		fail("payments", "ledger_unavailable", 6, retrystats.Exhausted)
 	}
 	for range 9 {
-		stats.Record("payments", disposition.RetryEvent{ErrorType: "ledger_unavailable", NewMessage: true, End: disposition.Unlikely, Attempt: 1})
+		stats.Record("payments", retrystats.RetryEvent{ErrorType: "ledger_unavailable", NewMessage: true, End: retrystats.Unlikely, Attempt: 1})
 	}
 	for range 8 {
-		fail("payments", "rate_limited", 2, disposition.Recovered)
+		fail("payments", "rate_limited", 2, retrystats.Recovered)
 	}
 	for range 5 {
-		fail("refunds", "psp_timeout", 3, disposition.Recovered)
+		fail("refunds", "psp_timeout", 3, retrystats.Recovered)
 	}
-	fail("refunds", "psp_timeout", 6, disposition.Exhausted)
+	fail("refunds", "psp_timeout", 6, retrystats.Exhausted)
 
 	mux := http.NewServeMux()
 	mux.Handle(retryview.RetriesPath, s.RetriesHandler())

@@ -17,10 +17,10 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/poison"
 )
 
 // hostile is text a producer could put in a payload, a header or an error message.
@@ -88,14 +88,13 @@ func (noDeadLetterer) DeadLetter(context.Context, string, *message.Message) erro
 // failure record package poison writes.
 func (fx *fixture) deadLetter(t *testing.T, id, payload string, err error, md map[string]string) {
 	t.Helper()
-	p, perr := poison.New(poison.Config{DeadLetterer: noDeadLetterer{}, Host: "worker-1"})
-	require.NoError(t, perr)
+	p := carry.New(carry.Carrier{Host: "worker-1"})
 	msg := message.NewMessage(id, []byte(payload))
 	msg.Metadata.Set(sluice.HeaderRetryCount, strconv.Itoa(3))
 	for k, v := range md {
 		msg.Metadata.Set(k, v)
 	}
-	fx.publishRecord(t, p.Record(msg, fx.queue, err))
+	fx.publishRecord(t, p.Record(msg, fx.queue, sluice.RetryCount(msg.Metadata), err))
 }
 
 // publishRecord puts rec, a failure record, into the DLQ.

@@ -16,16 +16,16 @@ import (
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/policy"
 	"github.com/sluice-go/sluice/telemetry"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
 // journalHandlers is a service's description with payments journaling its keys and
 // refunds keeping none.
-func journalHandlers(journal string) router.Description {
-	d := router.Description{Handlers: []router.HandlerDescription{
-		{Name: "payments", Queue: "payments.requested", Idempotency: &router.IdempotencyDescription{Step: "*idempotency.Guard", Key: "payment_id", Journal: journal}},
+func journalHandlers(journal string) policy.Description {
+	d := policy.Description{Handlers: []policy.HandlerDescription{
+		{Name: "payments", Queue: "payments.requested", Idempotency: &policy.IdempotencyDescription{Step: "*idempotency.Guard", Key: "payment_id", Journal: journal}},
 		{Name: "refunds", Queue: "refunds.requested"},
 	}}
 	return d
@@ -35,7 +35,7 @@ func journalHandlers(journal string) router.Description {
 // of state through the real exporter (otelsetup, so the names are the ones the console
 // must read) on /metrics, and desc on /debug/sluice/policy (nil: 404, an older service).
 // A nil state registers no journal metrics.
-func newFakeJournalService(t *testing.T, state *telemetry.JournalState, desc *router.Description) string {
+func newFakeJournalService(t *testing.T, state *telemetry.JournalState, desc *policy.Description) string {
 	t.Helper()
 	t.Setenv("OTEL_TRACES_EXPORTER", "none")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
@@ -179,8 +179,8 @@ func TestJournalPage_FromTheService(t *testing.T) {
 				assert.True(t, strings.HasSuffix(j.URL, retryview.MetricsPath), j.URL)
 				assert.Equal(t, []retryview.JournalHandler{{Name: "payments", Queue: "payments.requested", Journal: "sluice.idempotency.payments.requested"}}, j.Handlers)
 				require.Len(t, j.Instances, 1)
-				assert.Equal(t, retryview.JournalFigures{State: retryview.JournalReady, RestoredKeys: 1234, RestoreDuration: router.Duration(1500 * time.Millisecond),
-					Lag: router.Duration(35 * time.Millisecond), Appended: 77, Failures: 3, Skipped: 2, Recreated: 1}, j.Instances[0])
+				assert.Equal(t, retryview.JournalFigures{State: retryview.JournalReady, RestoredKeys: 1234, RestoreDuration: policy.Duration(1500 * time.Millisecond),
+					Lag: policy.Duration(35 * time.Millisecond), Appended: 77, Failures: 3, Skipped: 2, Recreated: 1}, j.Instances[0])
 			}},
 	}
 	for _, tc := range tests {

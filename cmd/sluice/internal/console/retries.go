@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
-	"github.com/sluice-go/sluice/retrystats"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/internal/retrystats"
+	"github.com/sluice-go/sluice/policy"
 )
 
 // defaultRetriesWindow is the window the retry pages count over when they read Prometheus
@@ -157,7 +157,7 @@ func retryRow(t retrystats.TypeReport, source string) RetryRow {
 		r.MedianAttempt = strconv.Itoa(t.MedianRecoveryAttempt)
 	}
 	if v := t.Learned; v != nil {
-		r.Learned, r.Why, r.Stopped = router.DecisionText(*v), v.Evidence, v.Decision == retrystats.DecisionStop
+		r.Learned, r.Why, r.Stopped = (*v).Text(), v.Evidence, v.Decision == retrystats.DecisionStop
 		if r.Why == "" {
 			r.Why = v.Reason
 		}
@@ -205,7 +205,7 @@ func (s *Server) retriesPage(w http.ResponseWriter, r *http.Request) {
 		s.render(w, r, code, "retries", data)
 		return
 	}
-	data["Window"] = router.Duration(window).String()
+	data["Window"] = policy.Duration(window).String()
 	ctx, cancel := s.ctx(r)
 	defer cancel()
 	rep, note, err := s.retries(ctx, handler, window)
@@ -217,7 +217,7 @@ func (s *Server) retriesPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Source"] = rep.Describe()
-	data["Window"] = router.Duration(rep.WindowDuration()).String()
+	data["Window"] = policy.Duration(rep.WindowDuration()).String()
 	data["Learned"] = learnedSettings(rep.Learned)
 	data["LearnedNote"] = note
 	data["Handlers"] = handlerRetries(rep)
@@ -269,20 +269,20 @@ type PolicyRow struct {
 type HandlerPolicy struct {
 	Name     string
 	Settings []PolicyRow
-	Classes  []router.ClassAction
-	Schedule []router.ScheduledRetry
+	Classes  []policy.ClassAction
+	Schedule []policy.ScheduledRetry
 	// Learned is nil without a learned policy, empty when it has seen no failure.
-	Learned    []router.LearnedView
+	Learned    []policy.LearnedView
 	HasLearned bool
 }
 
 // policySummary is h as the pages show it.
-func policySummary(h router.HandlerDescription) HandlerPolicy {
+func policySummary(h policy.HandlerDescription) HandlerPolicy {
 	p := h.Retry
 	out := HandlerPolicy{Name: h.Name, Classes: h.ErrorClasses, Schedule: p.Schedule, Learned: slices.Clone(h.Learned), HasLearned: p.Learned != nil}
 	// The types the policy stopped retrying first: they are what changed the handler's
 	// behaviour, and what an operator looks for.
-	slices.SortStableFunc(out.Learned, func(a, b router.LearnedView) int {
+	slices.SortStableFunc(out.Learned, func(a, b policy.LearnedView) int {
 		return cmp.Compare(stopRank(a.Decision), stopRank(b.Decision))
 	})
 	row := func(name, value, link string) { out.Settings = append(out.Settings, PolicyRow{name, value, link}) }
@@ -302,7 +302,8 @@ func policySummary(h router.HandlerDescription) HandlerPolicy {
 		archive = "/queues/" + url.PathEscape(h.Queue) + "?source=archive"
 	}
 	row("Archive", orUnknown(h.Archive), archive)
-	row("Handler timeout", h.HandlerTimeout.String(), "")
+	row("Handler timeout", fmt.Sprintf("%s, abandoned %s later (grace); at most %d abandoned still running, then paused", h.HandlerTimeout, h.AbandonGrace, h.MaxAbandoned), "")
+	row("Settle bound", h.SettleText(), "")
 	row("Maximum attempts", fmt.Sprintf("%d (%d retries)", p.MaxAttempts, p.MaxRetries), "")
 	row("Backoff", fmt.Sprintf("%s × %g up to %s, jitter ±%g%%", p.InitialDelay, p.Multiplier, p.MaxDelay, p.Jitter*100), "")
 	row("Maximum total age", p.MaxTotalAge.String()+" from the first failure", "")
@@ -419,7 +420,7 @@ func (s *Server) apiPolicy(w http.ResponseWriter, r *http.Request) {
 			s.writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("the service at %s has no handler %q", pol.URL, h), Status: http.StatusNotFound})
 			return
 		}
-		pol.Handlers = []router.HandlerDescription{d}
+		pol.Handlers = []policy.HandlerDescription{d}
 	}
 	s.writeJSON(w, http.StatusOK, pol)
 }

@@ -94,6 +94,7 @@ func TestRetriesPages_FromTheService(t *testing.T) {
 				`<a href="/queues/payments.requested"><code>payments.requested.dlq</code></a>`,
 				`<a href="/queues/payments.requested?source=archive"><code>payments.requested.dlq.archive</code></a>`,
 				"<th>Maximum attempts</th><td>6 (5 retries)</td>",
+				"<th>Settle bound</th><td>every delivery settled within 1m41s of its delivery, prefetch wait included; RabbitMQ&#39;s consumer timeout must not be lower</td>",
 				"<th>Backoff</th><td>500ms × 2 up to 10s, jitter ±20%</td>",
 				`<tr data-retry="3"><td class="num">3</td><td class="num">4</td><td class="num">2s</td><td>1.6s – 2.4s</td><td class="num">+3.5s</td></tr>`,
 				"<th>Retry budget</th><td>0.2 of first attempts over 10s (at least 1/s)",

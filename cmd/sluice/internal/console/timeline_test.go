@@ -18,10 +18,10 @@ import (
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/console"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/internal/carry"
 	"github.com/sluice-go/sluice/internal/headers"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/middleware/poison"
 	"github.com/sluice-go/sluice/telemetry/otelsetup"
 )
 
@@ -81,7 +81,7 @@ func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, fail
 	require.NoError(t, err)
 	in, err := p.Instrumentation()
 	require.NoError(t, err)
-	pois, err := poison.New(poison.Config{DeadLetterer: noDeadLetterer{}, Host: "worker-1"})
+	pois := carry.New(carry.Carrier{Host: "worker-1"})
 	require.NoError(t, err)
 
 	first := message.NewMessage(id, []byte(payload))
@@ -98,7 +98,7 @@ func (tr tracing) deadLetter(t *testing.T, fx *fixture, id, payload string, fail
 			in.Observe(m.Context(), disposition.Outcome{Disposition: disposition.Disposition{Kind: disposition.Retry, Delay: 50 * time.Millisecond, Reason: failure}})
 			return nil, nil
 		}
-		if err := in.WrapDeadLetterer(keep).DeadLetter(m.Context(), fx.queue, pois.Record(m, fx.queue, failure)); err != nil {
+		if err := in.WrapDeadLetterer(keep).DeadLetter(m.Context(), fx.queue, pois.Record(m, fx.queue, sluice.RetryCount(m.Metadata), failure)); err != nil {
 			return nil, err
 		}
 		in.Observe(m.Context(), disposition.Outcome{Disposition: disposition.Disposition{Kind: disposition.DeadLetter, Reason: failure}})

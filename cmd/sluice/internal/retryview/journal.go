@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/sluice-go/sluice/internal/mask"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/policy"
 )
 
 // MetricsPath is where the service's metrics server serves its metrics in Prometheus's
@@ -72,10 +72,10 @@ type JournalFigures struct {
 	// RestoredKeys is how many keys the restores at start read; RestoreDuration the
 	// longest restore.
 	RestoredKeys    int64           `json:"restored_keys"`
-	RestoreDuration router.Duration `json:"restore_duration"`
+	RestoreDuration policy.Duration `json:"restore_duration"`
 	// Lag is the age of the last record applied from the journal: how long a key done on
 	// another instance took to be known here (the tail's delay).
-	Lag router.Duration `json:"lag"`
+	Lag policy.Duration `json:"lag"`
 	// Unconfirmed is how many keys are done but not journaled yet.
 	Unconfirmed int64 `json:"unconfirmed"`
 	// Appended counts records confirmed, Failures appends that failed, Skipped journal
@@ -212,8 +212,8 @@ func (s Source) Journal(ctx context.Context) (Journal, error) {
 // set fills f's field of a journal metric name with v; false for a name it does not
 // know.
 func (f *JournalFigures) set(name string, v float64) bool {
-	seconds := func() router.Duration {
-		return router.Duration(time.Duration(v * float64(time.Second)).Round(time.Millisecond))
+	seconds := func() policy.Duration {
+		return policy.Duration(time.Duration(v * float64(time.Second)).Round(time.Millisecond))
 	}
 	n := int64(v + 0.5)
 	switch name {

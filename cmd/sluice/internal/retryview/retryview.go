@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/sluice-go/sluice/internal/mask"
-	"github.com/sluice-go/sluice/retrystats"
-	"github.com/sluice-go/sluice/router"
+	"github.com/sluice-go/sluice/internal/retrystats"
+	"github.com/sluice-go/sluice/policy"
 )
 
 // DefaultServiceURL is SLUICE_SERVICE_URL's default: the metrics server of a service run
@@ -137,7 +137,7 @@ func (r Retries) Handlers() []string {
 type Policy struct {
 	Source string `json:"source"`
 	URL    string `json:"url"`
-	router.Description
+	policy.Description
 }
 
 // Retries reads the retry statistics: from Prometheus, counted over the last window, when
@@ -185,19 +185,19 @@ func (s Source) Policy(ctx context.Context) (Policy, error) {
 		return out, maskErr(err, base)
 	}
 	if out.Handlers == nil {
-		out.Handlers = []router.HandlerDescription{}
+		out.Handlers = []policy.HandlerDescription{}
 	}
 	return out, nil
 }
 
 // Handler returns the description of the handler named name, and whether there is one.
-func (p Policy) Handler(name string) (router.HandlerDescription, bool) {
+func (p Policy) Handler(name string) (policy.HandlerDescription, bool) {
 	for _, h := range p.Handlers {
 		if h.Name == name {
 			return h, true
 		}
 	}
-	return router.HandlerDescription{}, false
+	return policy.HandlerDescription{}, false
 }
 
 // promRetries reads the retry outcomes of the last window from Prometheus's HTTP API.
