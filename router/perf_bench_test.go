@@ -35,7 +35,7 @@ import (
 )
 
 // Benchmarks of issue 27 (performance): a slow handler, the cost of tracing, the delay
-// cascade under load and how the stack's cost grows. See BENCHMARKS.md, "Performance targets".
+// cascade under load and how the stack's cost grows. What each compares is in BENCHMARKS.md.
 
 // slowHandlerWait is the slow handler's wait: a database call.
 const slowHandlerWait = 2 * time.Millisecond

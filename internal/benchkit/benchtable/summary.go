@@ -23,7 +23,7 @@ var headlines = []headline{
 	{"router Consume (nojournal)", "cpu-ms/kmsg", "consume, journal off: this process's CPU per 1,000 messages (ms)"},
 	{"router SlowHandler32", "msgs/s", "handler that waits 2 ms, 32 at a time (msgs/s)"},
 	{"router SlowHandler32 (nojournal)", "msgs/s", "the same, journal off (msgs/s)"},
-	{"router RetryPath vs raw-record", "msgs/s", "every message fails once: confirmed hand-off to the delay, retry (msgs/s)"},
+	{"router RetryPath vs raw-record", "msgs/s", "every message fails once: confirmed hand-off to the delay, retry (msgs/s; raw: the raw loop sending the same failure record)"},
 	{"broker/amqp DelayAccuracy", "p99-late-ms", "240 delays handed off at once by a new broker: p99 lateness (ms)"},
 	{"broker/amqp DelayAccuracy/warm", "p99-late-ms", "240 at once, a broker that delayed before: p99 lateness (ms)"},
 	{"broker/amqp DelayAccuracy/alone", "p99-late-ms", "one delay at a time: p99 lateness (ms)"},
