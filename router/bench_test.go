@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -65,6 +69,9 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	q := benchenv.SluiceQueue(b, r, br, "bench.consume.sluice")
 	benchPrefill(b, r, q, b.N)
 	count := benchCountTo(b.N)
+	if cfg.Idempotency == nil {
+		cfg.Idempotency = benchGuard(b, idempotency.Config{})
+	}
 	stack := benchStack(b, br, cfg, true)
 	if err := stack.Handle("bench", q, func(*message.Message) error {
 		count.handled()
@@ -75,45 +82,94 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	// The journal's cost is CPU on both sides of the connection (its stream appends and
 	// its follower on the broker, the held acks here), so both are reported.
 	cpu := newBenchCPU(url)
+	cpu.guard, _ = cfg.Idempotency.(*idempotency.Guard)
 	b.ReportAllocs()
 	b.ResetTimer()
-	benchRunFrom(b, stack, count, cpu.start, func(b *testing.B) {
+	benchRunFrom(b, stack, count, func() { cpu.start(b) }, func(b *testing.B) {
 		benchReportRate(b, count)
 		cpu.report(b)
 	})
 }
 
 // benchCPU measures the CPU the broker's process and this one use from start to report.
+// With SLUICE_BENCH_CPUPROFILE set to a directory, it also writes this process's CPU
+// profile of that span (the timed drain alone, not the prefill) into it, one file per
+// benchmark run, for go tool pprof.
 type benchCPU struct {
 	broker     func() time.Duration
 	cpu0, own0 time.Duration
+	guard      *idempotency.Guard // when set, its journal's records per append are reported
+	appended0  int64
+	batches0   int64
+	profile    *os.File
+	allocs     string // the allocation profiles' path prefix: .allocs0 at start, .allocs1 at report
+}
+
+// writeAllocsProfile writes the allocation profile so far to path: the difference of two
+// (go tool pprof -sample_index=alloc_objects -base a b) is what the span between allocated.
+func writeAllocsProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func newBenchCPU(url string) *benchCPU { return &benchCPU{broker: benchenv.BrokerCPU(url)} }
 
-func (c *benchCPU) start() { c.cpu0, c.own0 = c.broker(), benchenv.CPUTime() }
-
-// report reports both per 1,000 of b.N messages.
-func (c *benchCPU) report(b *testing.B) {
-	k := float64(b.N) / 1000
-	b.ReportMetric(float64((c.broker()-c.cpu0).Microseconds())/1000/k, "broker-cpu-ms/kmsg")
-	b.ReportMetric(float64((benchenv.CPUTime()-c.own0).Microseconds())/1000/k, "cpu-ms/kmsg")
+func (c *benchCPU) start(b *testing.B) {
+	if dir := os.Getenv("SLUICE_BENCH_CPUPROFILE"); dir != "" {
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(b.Name())
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.prof", name, b.N)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		c.profile = f
+		c.allocs = strings.TrimSuffix(f.Name(), ".prof")
+		writeAllocsProfile(b, c.allocs+".allocs0")
+	}
+	if c.guard != nil {
+		st := c.guard.Stats().Journal
+		c.appended0, c.batches0 = st.Appended, st.Batches
+	}
+	c.cpu0, c.own0 = c.broker(), benchenv.CPUTime()
 }
 
-// BenchmarkConsumeWithoutJournal is BenchmarkConsume's sluice variant with the
-// idempotency journal off (idempotency.Config.DisableJournal): BenchmarkConsume/sluice
-// journals every key, as a service on RabbitMQ does by default, so the two side by side
-// are the journal's cost.
-func BenchmarkConsumeWithoutJournal(b *testing.B) {
-	url := testenv.AMQPURL(b)
-	b.Run("sluice", func(b *testing.B) {
-		benchConsumeSluice(b, url, router.Config{Idempotency: benchGuardWithoutJournal(b)})
-	})
+// report reports both per 1,000 of b.N messages (and the journal's records per append).
+func (c *benchCPU) report(b *testing.B) {
+	brokerCPU, own := c.broker()-c.cpu0, benchenv.CPUTime()-c.own0
+	if c.profile != nil {
+		pprof.StopCPUProfile()
+		_ = c.profile.Close()
+		c.profile = nil
+		writeAllocsProfile(b, c.allocs+".allocs1")
+	}
+	k := float64(b.N) / 1000
+	b.ReportMetric(float64(brokerCPU.Microseconds())/1000/k, "broker-cpu-ms/kmsg")
+	b.ReportMetric(float64(own.Microseconds())/1000/k, "cpu-ms/kmsg")
+	if c.guard != nil {
+		st := c.guard.Stats().Journal
+		if n := st.Batches - c.batches0; n > 0 {
+			b.ReportMetric(float64(st.Appended-c.appended0)/float64(n), "records/append")
+		}
+	}
 }
 
 // benchGuardWithoutJournal is an idempotency guard with its journal off, closed with b.
 func benchGuardWithoutJournal(b *testing.B) *idempotency.Guard {
-	guard, err := idempotency.New(idempotency.Config{DisableJournal: true, Logger: benchLogger})
+	return benchGuard(b, idempotency.Config{DisableJournal: true})
+}
+
+// benchGuard is an idempotency guard with cfg, logging nothing, closed with b.
+func benchGuard(b *testing.B, cfg idempotency.Config) *idempotency.Guard {
+	cfg.Logger = benchLogger
+	guard, err := idempotency.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -125,8 +181,9 @@ func benchGuardWithoutJournal(b *testing.B) *idempotency.Guard {
 // handler that succeeds, with prefetch benchPrefetch and benchConcurrency messages at a
 // time; msgs/s is the rate from the first message handled to the last (benchReportRate):
 //   - sluice: router.New on the RabbitMQ broker, the full stack, WithConcurrency and
-//     WithPrefetch, the idempotency journal on (the default; BenchmarkConsumeWithoutJournal
-//     turns it off);
+//     WithPrefetch, the idempotency journal on (the default);
+//   - sluice-nojournal: the same with the journal off (idempotency.Config.DisableJournal),
+//     so the two side by side, beside the references of the same round, are its cost;
 //   - raw: amqp091-go, one channel, benchConcurrency goroutines receiving and acking;
 //   - watermill: watermill-amqp's subscriber (NewDurableQueueConfig) under a plain
 //     Watermill router. Its subscriber hands out one message at a time per subscription,
@@ -135,14 +192,19 @@ func benchGuardWithoutJournal(b *testing.B) *idempotency.Guard {
 func BenchmarkConsume(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) { benchConsumeSluice(b, url, router.Config{}) })
+	b.Run("sluice-nojournal", func(b *testing.B) {
+		benchConsumeSluice(b, url, router.Config{Idempotency: benchGuardWithoutJournal(b)})
+	})
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		q := benchenv.PlainQueue(b, r, "bench.consume.raw")
 		benchPrefill(b, r, q, b.N)
 		count := benchCountTo(b.N)
 		ch := benchConsumerChannel(b, r)
+		cpu := newBenchCPU(url)
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu.start(b)
 		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -164,6 +226,7 @@ func BenchmarkConsume(b *testing.B) {
 		benchWait(b, count.done)
 		b.StopTimer()
 		benchReportRate(b, count)
+		cpu.report(b)
 		_ = ch.Close()
 		wg.Wait()
 	})
@@ -188,14 +251,17 @@ func BenchmarkConsume(b *testing.B) {
 				return nil
 			})
 		}
+		cpu := newBenchCPU(url)
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu.start(b)
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan error, 1)
 		go func() { stopped <- wr.Run(ctx) }()
 		benchWait(b, count.done)
 		b.StopTimer()
 		benchReportRate(b, count)
+		cpu.report(b)
 		_ = wr.Close()
 		cancel()
 		<-stopped
@@ -217,19 +283,31 @@ func BenchmarkConsume(b *testing.B) {
 //   - raw-record: raw, each copy also carrying the failure record sluice writes (six
 //     headers and a traceparent, about 330 bytes). The broker's work grows with those
 //     bytes, so this is the cost of the record itself, apart from sluice's code; the
-//     target is measured against raw.
+//     target is measured against raw;
+//   - sluice-nojournal: sluice with the idempotency journal off (the raw loops journal
+//     nothing).
 func BenchmarkRetryPath(b *testing.B) {
 	url := testenv.AMQPURL(b)
-	b.Run("sluice", func(b *testing.B) {
+	sluiceRun := func(b *testing.B, guard *idempotency.Guard) {
 		r := testenv.NewRabbit(b)
 		br := benchenv.Broker(b, url)
-		stack, count := benchRetryLoad(b, r, br, "bench.retry.sluice", b.N, nil)
+		if guard == nil {
+			guard = benchGuard(b, idempotency.Config{})
+		}
+		stack, count := benchRetryLoad(b, r, br, "bench.retry.sluice", b.N, nil, guard)
+		cpu := newBenchCPU(url)
+		cpu.guard = guard
 		b.ReportAllocs()
 		b.ResetTimer()
 		// Over the whole run, not from the first success: every first attempt is queued
 		// ahead of every retried copy, so the first success comes half-way through.
-		benchRun(b, stack, count, benchenv.ReportRate)
-	})
+		benchRunFrom(b, stack, count, func() { cpu.start(b) }, func(b *testing.B) {
+			benchenv.ReportRate(b)
+			cpu.report(b)
+		})
+	}
+	b.Run("sluice", func(b *testing.B) { sluiceRun(b, nil) })
+	b.Run("sluice-nojournal", func(b *testing.B) { sluiceRun(b, benchGuardWithoutJournal(b)) })
 	b.Run("raw", func(b *testing.B) { benchRawRetry(b, url, "bench.retry.raw", false) })
 	b.Run("raw-record", func(b *testing.B) { benchRawRetry(b, url, "bench.retry.rawrecord", true) })
 }
@@ -264,8 +342,10 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 		dc *amqp091.DeferredConfirmation // nil: the second attempt, just ack
 	}
 	steps := make(chan step, benchPrefetch)
+	cpu := newBenchCPU(url)
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu.start(b)
 	deliveries, err := in.Consume(q, "", false, false, false, false, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -315,6 +395,7 @@ func benchRawRetry(b *testing.B, url, prefix string, record bool) {
 	benchWait(b, count.done)
 	b.StopTimer()
 	benchenv.ReportRate(b)
+	cpu.report(b)
 	_ = in.Close()
 	<-acked
 	_ = out.Close()
@@ -421,8 +502,9 @@ func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bo
 
 // benchRetryLoad returns a stack (not running) whose handler fails each of n messages
 // pre-filled in queue name once (BenchmarkRetryPath's), and its success counter; first,
-// when not nil, counts the failed first attempts.
-func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name string, n int, first *atomic.Int64) (*router.Stack, *benchCounter) {
+// when not nil, counts the failed first attempts; guard, when not nil, is the stack's
+// idempotency step.
+func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name string, n int, first *atomic.Int64, guard *idempotency.Guard) (*router.Stack, *benchCounter) {
 	b.Helper()
 	q := benchenv.SluiceQueue(b, r, br, name)
 	benchPrefill(b, r, q, n)
@@ -433,12 +515,16 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name strin
 	if err != nil {
 		b.Fatal(err)
 	}
-	stack := benchStack(b, br, router.Config{
+	cfg := router.Config{
 		Retry: retry.Config{
 			InitialDelay: time.Nanosecond, MaxDelay: time.Nanosecond, Multiplier: 1, Jitter: retry.NoJitter,
 		},
 		Breakers: reg,
-	}, true)
+	}
+	if guard != nil {
+		cfg.Idempotency = guard
+	}
+	stack := benchStack(b, br, cfg, true)
 	errOnce := errors.New("fails once")
 	if err := stack.Handle("bench", q, func(m *message.Message) error {
 		if sluice.RetryCount(m.Metadata) == 0 {

@@ -84,7 +84,7 @@ func benchRetryNative(b *testing.B, url string, native bool) {
 	}
 	benchPrefill(b, r, q, b.N)
 	cpu := newBenchCPU(url)
-	cpu.start()
+	cpu.start(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	benchRun(b, stack, count, func(b *testing.B) {

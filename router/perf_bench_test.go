@@ -29,12 +29,13 @@ import (
 	"github.com/sluice-go/sluice/internal/benchkit/delaybench"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
 	"github.com/sluice-go/sluice/internal/topology"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
 // Benchmarks of issue 27 (performance): a slow handler, the cost of tracing, the delay
-// cascade under load and how the stack's cost grows. See BENCHMARKS.md, "Performance targets".
+// cascade under load and how the stack's cost grows. What each compares is in BENCHMARKS.md.
 
 // slowHandlerWait is the slow handler's wait: a database call.
 const slowHandlerWait = 2 * time.Millisecond
@@ -42,6 +43,8 @@ const slowHandlerWait = 2 * time.Millisecond
 // BenchmarkSlowHandler8 and BenchmarkSlowHandler32 drain a pre-filled queue through a
 // handler that waits slowHandlerWait, at concurrency 8 and 32:
 //   - sluice: the full stack, WithConcurrency(c), WithPrefetch(2c);
+//   - sluice-nojournal: the same with the idempotency journal off, beside it the journal's
+//     cost with a handler that waits as a database call does;
 //   - raw: amqp091-go, one channel with prefetch 2c, c goroutines each waiting and acking:
 //     what the broker and the client allow on this machine, the ceiling sluice is held to;
 //   - watermill: watermill-amqp's subscriber under a plain Watermill router. It hands out
@@ -56,17 +59,6 @@ const slowHandlerWait = 2 * time.Millisecond
 func BenchmarkSlowHandler8(b *testing.B)  { benchSlowHandler(b, 8) }
 func BenchmarkSlowHandler32(b *testing.B) { benchSlowHandler(b, 32) }
 
-// BenchmarkSlowHandler8WithoutJournal is BenchmarkSlowHandler8's sluice variant with the
-// idempotency journal off, as BenchmarkConsumeWithoutJournal is BenchmarkConsume's: the
-// journal's cost beside a handler that waits as a database call does, where
-// BenchmarkConsume's is beside a handler that does nothing.
-func BenchmarkSlowHandler8WithoutJournal(b *testing.B) {
-	url := testenv.AMQPURL(b)
-	b.Run("sluice", func(b *testing.B) {
-		benchSlowHandlerSluice(b, url, 8, router.Config{Idempotency: benchGuardWithoutJournal(b)}, slowHandlerReport(8))
-	})
-}
-
 // benchSlowHandlerSluice is benchSlowHandler's sluice variant at concurrency c with cfg.
 func benchSlowHandlerSluice(b *testing.B, url string, c int, cfg router.Config, report func(*testing.B, *benchCounter)) {
 	r := testenv.NewRabbit(b)
@@ -74,6 +66,9 @@ func benchSlowHandlerSluice(b *testing.B, url string, c int, cfg router.Config, 
 	q := benchenv.SluiceQueue(b, r, br, fmt.Sprintf("bench.slow%d.sluice", c))
 	benchPrefill(b, r, q, b.N)
 	count := benchCountTo(b.N)
+	if cfg.Idempotency == nil {
+		cfg.Idempotency = benchGuard(b, idempotency.Config{})
+	}
 	stack := benchStack(b, br, cfg, true)
 	if err := stack.Handle("bench", q, func(*message.Message) error {
 		time.Sleep(slowHandlerWait)
@@ -82,9 +77,14 @@ func benchSlowHandlerSluice(b *testing.B, url string, c int, cfg router.Config, 
 	}, router.WithConcurrency(c), router.WithPrefetch(2*c)); err != nil {
 		b.Fatal(err)
 	}
+	cpu := newBenchCPU(url)
+	cpu.guard, _ = cfg.Idempotency.(*idempotency.Guard)
 	b.ReportAllocs()
 	b.ResetTimer()
-	benchRun(b, stack, count, func(b *testing.B) { report(b, count) })
+	benchRunFrom(b, stack, count, func() { cpu.start(b) }, func(b *testing.B) {
+		report(b, count)
+		cpu.report(b)
+	})
 }
 
 // slowHandlerReport reports a drain's rate and its share of the ideal at concurrency c.
@@ -102,6 +102,9 @@ func benchSlowHandler(b *testing.B, c int) {
 	url := testenv.AMQPURL(b)
 	report := slowHandlerReport(c)
 	b.Run("sluice", func(b *testing.B) { benchSlowHandlerSluice(b, url, c, router.Config{}, report) })
+	b.Run("sluice-nojournal", func(b *testing.B) {
+		benchSlowHandlerSluice(b, url, c, router.Config{Idempotency: benchGuardWithoutJournal(b)}, report)
+	})
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		q := benchenv.PlainQueue(b, r, fmt.Sprintf("bench.slow%d.raw", c))
@@ -114,8 +117,10 @@ func benchSlowHandler(b *testing.B, c int) {
 		if err := ch.Qos(2*c, 0, false); err != nil {
 			b.Fatal(err)
 		}
+		cpu := newBenchCPU(url)
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu.start(b)
 		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -138,6 +143,7 @@ func benchSlowHandler(b *testing.B, c int) {
 		benchWait(b, count.done)
 		b.StopTimer()
 		report(b, count)
+		cpu.report(b)
 		_ = ch.Close()
 		wg.Wait()
 	})
@@ -182,14 +188,17 @@ func benchSlowHandler(b *testing.B, c int) {
 				return nil
 			})
 		}
+		cpu := newBenchCPU(url)
 		b.ReportAllocs()
 		b.ResetTimer()
+		cpu.start(b)
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan error, 1)
 		go func() { stopped <- wr.Run(ctx) }()
 		benchWait(b, count.done)
 		b.StopTimer()
 		report(b, count)
+		cpu.report(b)
 		_ = wr.Close()
 		cancel()
 		<-stopped
@@ -399,7 +408,7 @@ func benchDelayBusy(b *testing.B, url string, parked int) {
 		benchPark(b, r, br, parked)
 	}
 	var handoffs atomic.Int64
-	stack, _ := benchRetryLoad(b, r, br, "bench.retryload", busyRetryMessages, &handoffs)
+	stack, _ := benchRetryLoad(b, r, br, "bench.retryload", busyRetryMessages, &handoffs, nil)
 	q := benchenv.SluiceQueue(b, r, br, "bench.delaybusy")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -487,7 +496,7 @@ func BenchmarkRetryPathParked(b *testing.B) {
 	b.Run("parked", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		br := benchenv.Broker(b, url)
-		stack, count := benchRetryLoad(b, r, br, "bench.retryload", b.N, nil)
+		stack, count := benchRetryLoad(b, r, br, "bench.retryload", b.N, nil, nil)
 		b.ReportAllocs()
 		b.ResetTimer()
 		benchRun(b, stack, count, benchenv.ReportRate)

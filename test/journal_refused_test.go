@@ -120,8 +120,11 @@ func TestJournalRefused_NackedAppendsDeferUntilJournalBack(t *testing.T) {
 	_, err = later.Journaled(ctx, e.amqp, journal, nil)
 	require.NoError(t, err)
 	// The first payment's record went with the stream this test deleted; the refused one
-	// was journaled into the stream declared again.
-	if !assert.EqualValues(t, 1, later.Stats().Journal.Restored, "a new instance restores the key journaled after the refusal") {
+	// was journaled into the stream declared again, once or twice: the committer's retry of
+	// unconfirmed records and the redelivered message can both append it at the same
+	// moment (two records of one key are harmless).
+	if restored := later.Stats().Journal.Restored; !assert.True(t, restored == 1 || restored == 2,
+		"a new instance restores the key journaled after the refusal (%d records)", restored) {
 		t.Logf("both instances' logs:\n%s", logs.String())
 	}
 }

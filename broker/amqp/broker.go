@@ -36,6 +36,11 @@ type Broker struct {
 	cascadeDigits int
 	// cascadeExchange is true once the cascade's delivery exchange is declared.
 	cascadeExchange bool
+	// cascadeBG counts background declarations of a cascade found declared (topology.go,
+	// cascadeFound); closing is closed by Close, which ends them and waits for them.
+	cascadeBG sync.WaitGroup
+	closing   chan struct{}
+	closeOnce sync.Once
 
 	unroutedMu       sync.Mutex // exchange.go
 	unroutedDeclared bool
@@ -78,7 +83,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		_ = conn.close()
 		return nil, err
 	}
-	return &Broker{cfg: cfg, conn: conn, pubConn: pubConn, pub: newPublisher(pubConn, cfg)}, nil
+	return &Broker{cfg: cfg, conn: conn, pubConn: pubConn, pub: newPublisher(pubConn, cfg), closing: make(chan struct{})}, nil
 }
 
 // Name returns "rabbitmq", the messaging.system of OpenTelemetry's conventions.
@@ -131,7 +136,7 @@ func (b *Broker) Delay(ctx context.Context, queue string, d time.Duration, msg *
 		return fmt.Errorf("delay %s for queue %q: %w (%s)", d, queue, ErrDelayTooLong, maxDelay)
 	}
 	units := delayUnits(d)
-	if err := b.cascadeUpTo(ctx, digitsFor(units)); err != nil {
+	if err := b.cascadeFor(ctx, digitsFor(units)); err != nil {
 		return fmt.Errorf("delay message %s: %w", msg.UUID, err)
 	}
 	return b.pub.PublishTo(ctx, delayEntryExchange(units), delayRoutingKey(units, queue), msg)
@@ -154,6 +159,8 @@ func (b *Broker) Close() error {
 	for _, s := range subs {
 		_ = s.Close()
 	}
+	b.closeOnce.Do(func() { close(b.closing) })
+	b.cascadeBG.Wait()
 	// The publishing connection goes first: closing it fails whatever still waits for a
 	// confirm and ends the confirm channel with it, where channel.close on a blocked
 	// connection would wait for an answer that never comes.

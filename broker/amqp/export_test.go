@@ -23,3 +23,6 @@ const MaxDelay = maxDelay
 
 // JournalStatsOf is journalStatsOf, for the tests of a journal's repairs.
 var JournalStatsOf = journalStatsOf
+
+// JournalStats is journalStats, for the tests of a journal's repairs.
+type JournalStats = journalStats

@@ -2,6 +2,8 @@ package amqp
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -37,6 +39,35 @@ const (
 	journalContentType = "application/vnd.sluice.journal"
 	// headerJournalMarker marks a Follow's own position marker, not a record.
 	headerJournalMarker = "x-sluice-journal-marker"
+	// headerJournalWriter names the Journal value an append came through (its writer id),
+	// headerJournalSeq numbers that writer's appends: a follower of the same Journal knows
+	// its own records by them (FollowOthers).
+	headerJournalWriter = "x-sluice-journal-writer"
+	headerJournalSeq    = "x-sluice-journal-seq"
+	// headerStreamFilterValue is RabbitMQ's stream filter value (3.13 and later): each
+	// chunk's Bloom filter holds its messages' values, and a consumer that names values
+	// (x-stream-filter) is sent only the chunks that may hold them.
+	headerStreamFilterValue = "x-stream-filter-value"
+	// The filter values of a record and of a marker.
+	journalFilterRecord = "sluice.record"
+	journalFilterMarker = "sluice.marker"
+	// journalHelloGap is H in "Reading only what others wrote" (FollowOthers): an append
+	// whose writer has not had an append confirmed for longer than this is preceded by a
+	// marker, which every follower reads.
+	journalHelloGap = 10 * time.Second
+	// journalOwnFresh bounds the age of the newest own append a follower must have read
+	// back before it stops reading records (FollowOthers): proof that it is not lagging.
+	journalOwnFresh = 10 * time.Second
+	// journalQuietCheck is how often a follower that reads everything checks whether it
+	// may read markers only.
+	journalQuietCheck = time.Second
+	// journalWriterSlots is how many of its own appends' start times a journal remembers
+	// until its follower reads them back.
+	journalWriterSlots = 1024
+	// journalProbeEvery is how often a follower reading markers only appends one: the
+	// offset it reads back is where a consumer lost meanwhile resumes, so that RabbitMQ does
+	// not scan every chunk of the hours it may have been reading markers only.
+	journalProbeEvery = 10 * time.Second
 )
 
 // settle waits, on RabbitMQ 3.x, for a new stream's writer. 3.x answers declare-ok
@@ -77,8 +108,19 @@ var errJournalDeclare = errors.New("amqp: declare journal stream")
 // read with a stream consumer (x-stream-offset) on the consuming connection. The stream is
 // declared on first use with x-max-age retention and journalMaxBytes; a stream deleted under
 // a running journal is declared again, logged at error level and counted (journalStats).
+//
+// Every append carries the writer id of the Journal value it came through, and its
+// follower started with FollowOthers delivers only the records other writers appended
+// (see FollowOthers).
 func (b *Broker) Journal(name string, retention time.Duration) broker.Journal {
-	return &streamJournal{b: b, name: name, retention: retention}
+	return &streamJournal{b: b, name: name, retention: retention, writer: newWriterID()}
+}
+
+// newWriterID returns a random journal writer id: 16 hex digits.
+func newWriterID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 var (
@@ -94,22 +136,54 @@ type streamJournal struct {
 	name      string
 	retention time.Duration
 	declared  atomic.Bool
+	writer    string // this Journal value's writer id, on every append
+
+	// appendMu serializes appends, so that each one knows whether the one before it was
+	// confirmed and when (the marker rule of FollowOthers).
+	appendMu sync.Mutex
+	seq      uint64    // the last append's number; under appendMu
+	lastOK   time.Time // when the last append's confirm arrived; zero if it failed; under appendMu
+	// started remembers when each of the last journalWriterSlots appends started, by
+	// number, for the follower that reads them back.
+	startedMu sync.Mutex
+	started   [journalWriterSlots]appendStart
 
 	recreated atomic.Int64
 	resumed   atomic.Int64
+	markers   atomic.Int64 // markers appended before a record (the writer had been quiet)
+	filtered  atomic.Bool  // the follower reads markers only
+	switches  atomic.Int64 // times the follower started reading markers only
+	ownRead   atomic.Int64 // own records the follower was sent back
+}
+
+// appendStart is when append number seq started.
+type appendStart struct {
+	seq uint64
+	at  time.Time
 }
 
 // JournalsRecreated counts the journal streams (of every Journal of b) found deleted under
 // a running journal and declared again.
 func (b *Broker) JournalsRecreated() int64 { return b.journalsRecreated.Load() }
 
-// journalStats counts what a journal had to repair.
+// journalStats counts what a journal had to repair, and how its follower reads.
 type journalStats struct {
 	// Recreated counts the times the stream was found deleted and declared again.
 	Recreated int64
 	// Resumed counts the times Follow consumed again after losing its consumer
 	// (connection loss, broker restart, stream deleted).
 	Resumed int64
+	// MarkersOnly says whether the follower (FollowOthers) reads only markers now, no
+	// other writer being active: RabbitMQ 3.13 and later leave this journal's own records
+	// out broker-side. MarkersOnlySwitches counts the times it started to.
+	MarkersOnly         bool
+	MarkersOnlySwitches int64
+	// HelloMarkers counts the markers appended before a record because this writer had had
+	// no append confirmed for journalHelloGap.
+	HelloMarkers int64
+	// OwnRecordsRead counts the records appended through this journal that RabbitMQ sent
+	// its follower back (FollowOthers leaves them out of what it delivers).
+	OwnRecordsRead int64
 }
 
 // journalStatsOf returns what j had to repair, and false when j did not come from
@@ -119,7 +193,9 @@ func journalStatsOf(j broker.Journal) (journalStats, bool) {
 	if !ok {
 		return journalStats{}, false
 	}
-	return journalStats{Recreated: sj.recreated.Load(), Resumed: sj.resumed.Load()}, true
+	return journalStats{Recreated: sj.recreated.Load(), Resumed: sj.resumed.Load(),
+		MarkersOnly: sj.filtered.Load(), MarkersOnlySwitches: sj.switches.Load(), HelloMarkers: sj.markers.Load(),
+		OwnRecordsRead: sj.ownRead.Load()}, true
 }
 
 func (j *streamJournal) args() amqp.Table {
@@ -192,12 +268,60 @@ func (j *streamJournal) Append(ctx context.Context, body []byte) error {
 	if err := j.b.pubConn.blockedErr(); err != nil {
 		return fmt.Errorf("append to journal %q: %w", j.name, err)
 	}
-	return j.publish(ctx, amqp.Publishing{
+	j.appendMu.Lock()
+	defer j.appendMu.Unlock()
+	if j.lastOK.IsZero() || time.Since(j.lastOK) > journalHelloGap {
+		// Followers of other instances that read markers only learn from it that this
+		// writer is active (FollowOthers).
+		if err := j.appendLocked(ctx, markerPublishing(uuid.NewString())); err != nil {
+			return err
+		}
+		j.markers.Add(1)
+	}
+	return j.appendLocked(ctx, amqp.Publishing{
 		ContentType:  journalContentType,
 		DeliveryMode: amqp.Persistent,
 		Timestamp:    time.Now(),
+		Headers:      amqp.Table{headerStreamFilterValue: journalFilterRecord},
 		Body:         body,
 	})
+}
+
+// markerPublishing is a position marker.
+func markerPublishing(marker string) amqp.Publishing {
+	return amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		Headers:      amqp.Table{headerJournalMarker: marker, headerStreamFilterValue: journalFilterMarker},
+	}
+}
+
+// appendLocked publishes pub as this writer's next append, its confirm awaited within
+// Config.PublishTimeout of its start whatever ctx's deadline (FollowOthers counts on that
+// bound). The caller holds appendMu.
+func (j *streamJournal) appendLocked(ctx context.Context, pub amqp.Publishing) error {
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(ctx, start.Add(j.b.cfg.PublishTimeout))
+	defer cancel()
+	j.seq++
+	pub.Headers[headerJournalWriter] = j.writer
+	pub.Headers[headerJournalSeq] = int64(j.seq)
+	j.startedMu.Lock()
+	j.started[j.seq%journalWriterSlots] = appendStart{seq: j.seq, at: start}
+	j.startedMu.Unlock()
+	if err := j.publish(ctx, pub); err != nil {
+		j.lastOK = time.Time{}
+		return err
+	}
+	j.lastOK = time.Now()
+	return nil
+}
+
+// startedAt returns when this writer's append seq started, if it is remembered.
+func (j *streamJournal) startedAt(seq uint64) (time.Time, bool) {
+	j.startedMu.Lock()
+	defer j.startedMu.Unlock()
+	a := j.started[seq%journalWriterSlots]
+	return a.at, a.seq == seq && !a.at.IsZero()
 }
 
 func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error {
@@ -223,7 +347,7 @@ func (j *streamJournal) publish(ctx context.Context, pub amqp.Publishing) error 
 // marker was stored before Follow was called. After a lost consumer it resumes after the
 // last offset it delivered, or from the start of a stream that had to be declared again.
 func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp func()) error {
-	return j.follow(ctx, since, deliver, caughtUp, nil)
+	return j.follow(ctx, since, deliver, caughtUp, nil, false)
 }
 
 // FollowResyncing is Follow that also reports when the follower lost its place and when it
@@ -236,16 +360,43 @@ func (j *streamJournal) Follow(ctx context.Context, since time.Time, deliver fun
 // queue's consumer, reconnected as well, is taking the redeliveries of the same keys: the
 // idempotency step uses behind and caughtUp to hold those until the follower is back.
 func (j *streamJournal) FollowResyncing(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
-	return j.follow(ctx, since, deliver, caughtUp, behind)
+	return j.follow(ctx, since, deliver, caughtUp, behind, false)
+}
+
+// FollowOthers is FollowResyncing that delivers only the records other writers appended:
+// not those appended through j itself, which its caller (the idempotency step) holds in
+// memory already.
+//
+// Reading only what others wrote. Reading one's own records back is most of a follower's
+// cost when an instance runs alone: each append is a stream chunk the broker reads and
+// delivers again, on the connection the queue's deliveries share. On RabbitMQ 3.13 and
+// later the follower stops reading records altogether while no other writer is active:
+// records carry the stream filter value journalFilterRecord and markers
+// journalFilterMarker, and the follower consumes with x-stream-filter journalFilterMarker
+// (x-stream-match-unfiltered keeps what older sluice versions appended, which carries no
+// value). A marker or record of another writer that it reads then makes it read
+// everything again from there. What makes that safe is the marker rule: an append whose
+// writer has had no append confirmed within journalHelloGap (H) is preceded by a marker,
+// and every append is confirmed within PublishTimeout (T) of its start or counted failed.
+// The follower reads markers only once it has read no other writer's append for
+// Q = 2T + H + journalOwnFresh while reading everything, and has read back one of its own
+// appends started within journalOwnFresh (so it is not lagging): any other writer's append
+// confirmed after that point was then started more than H after that writer's previous
+// confirm, or after a marker of its own past that point, which the follower reads. Right
+// after a restore that read no other writer's append at all, it reads markers only at
+// once: an active writer's previous append would have been in the restored span (the
+// retention is far longer than H + T). On RabbitMQ before 3.13, which has no stream
+// filters, it reads everything and skips its own records in the client.
+func (j *streamJournal) FollowOthers(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
+	return j.follow(ctx, since, deliver, caughtUp, behind, true)
 }
 
 // appendMarker appends a Follow's position marker, trying again until ctx ends.
 func (j *streamJournal) appendMarker(ctx context.Context, marker string) error {
 	for {
-		err := j.publish(ctx, amqp.Publishing{
-			DeliveryMode: amqp.Persistent,
-			Headers:      amqp.Table{headerJournalMarker: marker},
-		})
+		j.appendMu.Lock()
+		err := j.appendLocked(ctx, markerPublishing(marker))
+		j.appendMu.Unlock()
 		if err == nil {
 			return nil
 		}
@@ -262,13 +413,44 @@ func (j *streamJournal) appendMarker(ctx context.Context, marker string) error {
 	}
 }
 
-func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func()) error {
-	var marker atomic.Pointer[string] // the marker whose delivery means caught up
+// errReadMarkersOnly and errReadEverything end a consume that switches how it reads;
+// the follower consumes again from the next offset.
+var (
+	errReadMarkersOnly = errors.New("journal follower: no other writer active, reading markers only")
+	errReadEverything  = errors.New("journal follower: another writer is active, reading everything")
+)
+
+// followState is a follower's position and what it knows, across its consumes.
+type followState struct {
+	deliver  func([]byte)
+	caughtUp func()
+	marker   atomic.Pointer[string] // the marker whose delivery means caught up
+	last     int64                  // the last offset read, -1 before any
+	caught   bool
+	// others: deliver only other writers' records, and read markers only when allowed.
+	others bool
+	// markersOnly: the current consume reads markers only (x-stream-filter); filters: its
+	// node filters streams (RabbitMQ 3.13 and later).
+	markersOnly, filters bool
+	// fromStart: the current consume reads from since or from a new stream's first
+	// offset, not from where an earlier one stopped; foreign: it read another writer's
+	// append (or an unmarked one an older sluice made).
+	fromStart, foreign bool
+	// lastForeign is when this consume, or the one before it, last read another writer's
+	// append (its start when none); ownRead is the start of the newest own append it read
+	// back (zero: none).
+	lastForeign, ownRead time.Time
+}
+
+func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver func([]byte), caughtUp, behind func(), others bool) error {
+	st := &followState{deliver: deliver, caughtUp: caughtUp, last: -1, others: others}
 	first := uuid.NewString()
-	marker.Store(&first)
+	st.marker.Store(&first)
 	if err := j.appendMarker(ctx, first); err != nil {
 		return err
 	}
+	defer j.filtered.Store(false)
+
 	// A resync's marker is appended beside the consumer, not before it: a stream that
 	// refuses appends (replaced by a queue that nacks them, a full disk) must not stop the
 	// follower from reading what it can. Handlers wait for it only for a bounded time.
@@ -284,7 +466,7 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 		markerCancel()
 		markerWG.Wait()
 		m := uuid.NewString()
-		marker.Store(&m)
+		st.marker.Store(&m)
 		mctx, cancel := context.WithCancel(ctx)
 		markerCancel = cancel
 		markerWG.Add(1)
@@ -293,20 +475,29 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 			_ = j.appendMarker(mctx, m)
 		}()
 	}
+	if others {
+		var probeWG sync.WaitGroup
+		defer probeWG.Wait() // after ctx ended: follow returns only then
+		probeWG.Add(1)
+		go func() {
+			defer probeWG.Done()
+			j.probe(ctx)
+		}()
+	}
 	// A timestamp offset before the epoch (a zero since) makes RabbitMQ deliver nothing.
 	var from any = since
 	if since.Unix() <= 0 {
 		from = "first"
 	}
 	var (
-		next            = from // x-stream-offset of the next consume (a name, later an offset)
-		last      int64 = -1
-		caught    bool
+		next      = from // x-stream-offset of the next consume (a name, later an offset)
 		firstPass = true
+		switched  bool // the last consume ended to read otherwise: no pause, not a loss
 		resync    bool // behind was called: a new marker is due
 	)
+	st.fromStart = true
 	for {
-		if !firstPass {
+		if !firstPass && !switched {
 			j.resumed.Add(1)
 			select {
 			case <-ctx.Done():
@@ -314,7 +505,7 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 			case <-time.After(journalRetry):
 			}
 		}
-		firstPass = false
+		firstPass, switched = false, false
 		created, err := j.declare(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -323,27 +514,37 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 			j.b.cfg.Logger.Warn("idempotency journal: cannot declare its stream; trying again", "stream", j.name, "error", err)
 			continue
 		}
-		if created && last >= 0 {
+		if created && st.last >= 0 {
 			// A new stream numbers its offsets from 0 again.
-			next, last = "first", -1
+			next, st.last = "first", -1
+			st.fromStart, st.markersOnly = true, false
 		}
 		switch {
 		case resync:
 			// Whatever precedes the new marker (records confirmed while this follower
 			// was away) is delivered before caughtUp.
 			resyncMarker()
-			resync, caught = false, false
-		case created && !caught:
+			resync, st.caught = false, false
+		case created && !st.caught:
 			// The marker went with the deleted stream: nothing before it can be read.
-			caught = true
+			st.caught = true
 			caughtUp()
 		}
-		err = j.consume(ctx, next, &last, &marker, &caught, deliver, caughtUp)
+		err = j.consume(ctx, next, st)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if errors.Is(err, errReadMarkersOnly) || errors.Is(err, errReadEverything) {
+			st.markersOnly = errors.Is(err, errReadMarkersOnly)
+			st.fromStart, switched = false, true
+			if st.markersOnly {
+				j.switches.Add(1)
+			}
+			next = st.last + 1
+			continue
+		}
 		cancelled := errors.Is(err, errJournalCancelled)
-		if behind != nil && (caught || cancelled) {
+		if behind != nil && (st.caught || cancelled) {
 			// Lost while caught up; or the stream deleted, which may have taken the
 			// marker still ahead with it.
 			behind()
@@ -353,20 +554,75 @@ func (j *streamJournal) follow(ctx context.Context, since time.Time, deliver fun
 			// RabbitMQ cancels a stream's consumers when the stream is deleted; whoever
 			// declares it again (this process or another instance), its offsets start
 			// from 0, so read it from its start. Records read twice are harmless.
-			next, last = "first", -1
+			next, st.last = "first", -1
+			st.fromStart, st.markersOnly = true, false
 			j.b.cfg.Logger.Warn("idempotency journal: RabbitMQ cancelled the stream consumer (stream deleted?); reading the stream again from its start",
 				"stream", j.name, "error", err)
 			continue
 		}
+		// Resumed where it stopped, reading as it did: markers only is as safe after a
+		// reconnect as before it (every marker since is read).
+		st.fromStart = false
 		j.b.cfg.Logger.Warn("idempotency journal: lost its stream consumer; consuming again after the last record read",
-			"stream", j.name, "last_offset", last, "error", err)
-		if last >= 0 {
-			next = last + 1
+			"stream", j.name, "last_offset", st.last, "error", err)
+		if st.last >= 0 {
+			next = st.last + 1
 		}
 	}
 }
 
-func (j *streamJournal) consume(ctx context.Context, from any, last *int64, marker *atomic.Pointer[string], caught *bool, deliver func([]byte), caughtUp func()) error {
+// probe appends a marker every journalProbeEvery while the follower reads markers only,
+// until ctx ends.
+func (j *streamJournal) probe(ctx context.Context) {
+	t := time.NewTicker(journalProbeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !j.filtered.Load() {
+			continue
+		}
+		j.appendMu.Lock()
+		// A failure is the next tick's to make good.
+		_ = j.appendLocked(ctx, markerPublishing(uuid.NewString()))
+		j.appendMu.Unlock()
+	}
+}
+
+// quietFor is Q of FollowOthers: how long a follower reading everything reads no other
+// writer's append before it reads markers only.
+func (j *streamJournal) quietFor() time.Duration {
+	return 2*j.b.cfg.PublishTimeout + journalHelloGap + journalOwnFresh
+}
+
+// mayReadMarkersOnly reports whether st, reading everything, may read markers only now
+// (FollowOthers): it has read no other writer's append for quietFor and has read back
+// an own append started within journalOwnFresh.
+func (j *streamJournal) mayReadMarkersOnly(st *followState) bool {
+	if !st.others || !st.caught || st.markersOnly || time.Since(st.lastForeign) < j.quietFor() ||
+		st.ownRead.IsZero() || time.Since(st.ownRead) > journalOwnFresh {
+		return false
+	}
+	return st.filters
+}
+
+// restoredAlone reports whether st, reading everything, has caught up on a restore (or a
+// new stream) that held no other writer's append, with a retention far longer than H+T:
+// then it may read markers only at once (FollowOthers).
+func (j *streamJournal) restoredAlone(st *followState) bool {
+	return st.filters && st.others && st.caught && !st.markersOnly && st.fromStart && !st.foreign &&
+		j.retention >= 2*j.quietFor()
+}
+
+// streamFilters reports whether conn's node filters streams (RabbitMQ 3.13 and later).
+func streamFilters(conn *amqp.Connection) bool {
+	return conn != nil && atLeast(nodeVersion(conn), [2]int{3, 13})
+}
+
+func (j *streamJournal) consume(ctx context.Context, from any, st *followState) error {
 	ch, err := j.b.conn.channel(ctx)
 	if err != nil {
 		return err
@@ -375,12 +631,19 @@ func (j *streamJournal) consume(ctx context.Context, from any, last *int64, mark
 		_ = ch.Close()
 		return fmt.Errorf("qos on journal %q: %w", j.name, err)
 	}
+	args := amqp.Table{"x-stream-offset": from}
+	if st.markersOnly {
+		args["x-stream-filter"] = journalFilterMarker
+		args["x-stream-match-unfiltered"] = true
+	}
+	st.filters = streamFilters(j.b.conn.current())
 	// Not ConsumeWithContext: its basic.cancel on ctx's end races the Close below.
-	deliveries, err := ch.Consume(j.name, "", false, false, false, false, amqp.Table{"x-stream-offset": from})
+	deliveries, err := ch.Consume(j.name, "", false, false, false, false, args)
 	if err != nil {
 		_ = ch.Close()
 		return fmt.Errorf("consume journal %q: %w", j.name, err)
 	}
+	j.filtered.Store(st.markersOnly)
 	defer func() {
 		// amqp091 hands deliveries over unbuffered: until they are drained, its reader
 		// cannot take the channel.close-ok, and Close would wait forever.
@@ -401,6 +664,14 @@ func (j *streamJournal) consume(ctx context.Context, from any, last *int64, mark
 	}()
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	cancelled := ch.NotifyCancel(make(chan string, 1))
+	// A consume that reads everything counts its quiet time from its start.
+	st.lastForeign = time.Now()
+	var quiet <-chan time.Time
+	if st.others && !st.markersOnly {
+		t := time.NewTicker(journalQuietCheck)
+		defer t.Stop()
+		quiet = t.C
+	}
 	unacked := 0 // deliveries since the last ack
 	for {
 		select {
@@ -410,24 +681,15 @@ func (j *streamJournal) consume(ctx context.Context, from any, last *int64, mark
 			return fmt.Errorf("journal %q channel closed: %w", j.name, errorOrNil(e))
 		case tag := <-cancelled:
 			return fmt.Errorf("journal %q consumer %s: %w", j.name, tag, errJournalCancelled)
+		case <-quiet:
+			if j.mayReadMarkersOnly(st) {
+				return errReadMarkersOnly
+			}
 		case d, ok := <-deliveries:
 			if !ok {
 				return fmt.Errorf("journal %q: deliveries ended", j.name)
 			}
-			off, _ := d.Headers["x-stream-offset"].(int64)
-			switch m, isMarker := d.Headers[headerJournalMarker].(string); {
-			case off <= *last:
-				// Read before the consumer was lost: applied already.
-			case isMarker:
-				*last = off
-				if m == *marker.Load() && !*caught {
-					*caught = true
-					caughtUp()
-				}
-			default:
-				*last = off
-				deliver(d.Body)
-			}
+			other := j.read(d, st)
 			// A stream consumer's ack only grants credit, so one multiple ack a quarter of
 			// the prefetch keeps deliveries coming. (It was meant to be so before, but the
 			// test for an empty deliveries channel was always true: amqp091's is
@@ -436,6 +698,50 @@ func (j *streamJournal) consume(ctx context.Context, from any, last *int64, mark
 				_ = d.Ack(true)
 				unacked = 0
 			}
+			if other && st.markersOnly {
+				// Another writer is active: read everything from here on.
+				return errReadEverything
+			}
+			if j.restoredAlone(st) {
+				return errReadMarkersOnly
+			}
 		}
 	}
+}
+
+// read handles one stream delivery: a record is delivered (unless it is this writer's own
+// and st.others), a marker is this follower's own (caught up) or another writer's; it
+// reports whether the delivery came from another writer of this sluice version, which a
+// follower reading markers only must read everything after.
+func (j *streamJournal) read(d amqp.Delivery, st *followState) (other bool) {
+	off, _ := d.Headers["x-stream-offset"].(int64)
+	if off <= st.last {
+		return false // read before the consumer was lost: applied already
+	}
+	st.last = off
+	writer, marked := d.Headers[headerJournalWriter].(string)
+	own := marked && writer == j.writer
+	if own {
+		if seq, ok := d.Headers[headerJournalSeq].(int64); ok && !st.markersOnly {
+			if at, ok := j.startedAt(uint64(seq)); ok && at.After(st.ownRead) {
+				st.ownRead = at
+			}
+		}
+	} else {
+		st.lastForeign, st.foreign = time.Now(), true
+	}
+	if m, isMarker := d.Headers[headerJournalMarker].(string); isMarker {
+		if m == *st.marker.Load() && !st.caught {
+			st.caught = true
+			st.caughtUp()
+		}
+		return marked && !own
+	}
+	if own {
+		j.ownRead.Add(1)
+	}
+	if !own || !st.others {
+		st.deliver(d.Body)
+	}
+	return marked && !own
 }

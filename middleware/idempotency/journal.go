@@ -100,6 +100,13 @@ type journalStats struct {
 	blockedAcks  atomic.Int64 // messages acked unjournaled under a resource alarm
 }
 
+// othersJournal is a broker.ResyncingJournal whose follower can leave out the records
+// appended through the same Journal value (RabbitMQ's stream journal): FollowOthers is
+// FollowResyncing delivering only the records other writers appended.
+type othersJournal interface {
+	FollowOthers(ctx context.Context, since time.Time, deliver func(body []byte), caughtUp, behind func()) error
+}
+
 // journalResyncWait bounds how long handlers wait for a follower that lost its place to
 // catch up again (broker.ResyncingJournal), counted from the first message that waits
 // (not from the loss: a broker restart can outlast it, and messages arrive only once the
@@ -251,6 +258,12 @@ func (g *Guard) follow(ctx context.Context, name string, j broker.Journal) (*jou
 				g.jst.restoreNanos.Store(int64(d))
 			}
 			close(caught)
+		}
+		if oj, ok := j.(othersJournal); ok {
+			// This step's own records are in its store already (completeAs before the
+			// append): reading them back would only cost the broker and this process.
+			_ = oj.FollowOthers(runCtx, since, deliver, caughtUp, jd.behind)
+			return
 		}
 		if rj, ok := j.(broker.ResyncingJournal); ok {
 			_ = rj.FollowResyncing(runCtx, since, deliver, caughtUp, jd.behind)

@@ -18,6 +18,8 @@
 // <!-- benchtable:begin --> and <!-- benchtable:end --> (with -section S, the markers
 // named S: BENCHMARKS.md has one section per RabbitMQ version), with the date, the machine
 // and the broker's version as RabbitMQ at AMQP_URL reports it; the rest of FILE is kept.
+// With -section S it also writes the headline rows (summary.go) between the markers named
+// "summary S", when FILE has them: BENCHMARKS.md opens with one such summary per version.
 package main
 
 import (
@@ -80,11 +82,29 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *recordTo != "" && len(p.results) > 0 {
-		if err := record(*recordTo, *section, brokerVersion(os.Getenv("AMQP_URL")), table.Bytes(), *rounds, time.Now()); err != nil {
+		broker, now := brokerVersion(os.Getenv("AMQP_URL")), time.Now()
+		if err := record(*recordTo, *section, broker, table.Bytes(), *rounds, now); err != nil {
 			fmt.Fprintf(stderr, "benchtable: %v\n", err)
 			return 1
 		}
 		fmt.Fprintf(stdout, "benchtable: table recorded in %s\n", *recordTo)
+		// The summary of this broker's headline rows, at the top of the file, when it has
+		// a place for it.
+		var summary bytes.Buffer
+		if err := renderSummary(&summary, groupResults(p.results)); err != nil {
+			fmt.Fprintf(stderr, "benchtable: %v\n", err)
+			return 1
+		}
+		if *section != "" && summary.Len() > 0 {
+			switch err := record(*recordTo, summarySection(*section), broker, summary.Bytes(), *rounds, now); {
+			case errors.Is(err, errNoMarkers):
+			case err != nil:
+				fmt.Fprintf(stderr, "benchtable: %v\n", err)
+				return 1
+			default:
+				fmt.Fprintf(stdout, "benchtable: summary recorded in %s\n", *recordTo)
+			}
+		}
 	}
 	return status
 }

@@ -29,6 +29,9 @@ func markers(section string) (begin, end string) {
 	return strings.TrimSuffix(recordBegin, " -->") + " " + section + " -->", strings.TrimSuffix(recordEnd, " -->") + " " + section + " -->"
 }
 
+// summarySection names the markers of section's summary ("summary RabbitMQ 4.3").
+func summarySection(section string) string { return "summary " + section }
+
 // record replaces the text between section's markers in the file at path with table,
 // headed by when, where and against which broker it was measured.
 func record(path, section, broker string, table []byte, rounds int, now time.Time) error {

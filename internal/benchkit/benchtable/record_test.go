@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,4 +84,35 @@ func TestRecordSection(t *testing.T) {
 	err = record(path, "RabbitMQ 4.0", "RabbitMQ 4.0.9", table, 1, time.Now())
 	require.ErrorIs(t, err, errNoMarkers)
 	assert.Contains(t, err.Error(), "benchtable:begin RabbitMQ 4.0")
+}
+
+// make bench-record on one broker fills that version's table and, when the file has its
+// markers, that version's summary at the top; the other version's are kept.
+func TestRunRecordsTableAndSummary(t *testing.T) {
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("needs /bin/sh")
+	}
+	t.Setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/") // no broker: the heading says so
+	sb43, se43 := markers(summarySection("RabbitMQ 4.3"))
+	sb310, se310 := markers(summarySection("RabbitMQ 3.10"))
+	b43, e43 := markers("RabbitMQ 4.3")
+	doc := sb43 + "\n" + se43 + "\n" + sb310 + "\n| old 3.10 summary |\n" + se310 + "\n\n## Reproducing\n\n" + b43 + "\n" + e43 + "\n"
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	require.NoError(t, os.WriteFile(path, []byte(doc), 0o644))
+	script := `echo "pkg: github.com/sluice-go/sluice/router"
+printf 'BenchmarkConsume/sluice-2\t10\t80 msgs/s\n'
+printf 'BenchmarkConsume/raw-2\t10\t100 msgs/s\n'
+printf 'BenchmarkStackInProcess/sluice-2\t10\t5 ns/op\n'`
+	var out bytes.Buffer
+	status := run([]string{"-record", path, "-section", "RabbitMQ 4.3", "--", "/bin/sh", "-c", script}, strings.NewReader(""), &out, &bytes.Buffer{})
+	require.Equal(t, 0, status, out.String())
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	summary := string(got[strings.Index(string(got), sb43):strings.Index(string(got), se43)])
+	assert.Contains(t, summary, "| consume, handler that does nothing, 8 at a time, prefetch 64 (msgs/s) | 80.00 | 100.0 |  | 0.80x |  |")
+	assert.NotContains(t, summary, "StackInProcess", "only the headline rows")
+	full := string(got[strings.Index(string(got), b43):strings.Index(string(got), e43)])
+	assert.Contains(t, full, "StackInProcess")
+	assert.Contains(t, string(got), "| old 3.10 summary |", "the 3.10 summary is kept")
+	assert.Contains(t, out.String(), "summary recorded in")
 }

@@ -100,9 +100,11 @@ type row struct {
 // rows turns a group into table rows. A group with a sluice sub-benchmark gives one row per
 // unit with its references beside it, and one more set of rows per variant of the raw
 // reference (a sub-benchmark named "raw-<variant>", e.g. raw-record: the raw loop doing
-// more of what sluice does), sluice's figure beside the variant's in the raw column. Any
-// other sub-benchmark, or a benchmark without sub-benchmarks, gives rows of its own with
-// its figure in the sluice column.
+// more of what sluice does), sluice's figure beside the variant's in the raw column. A
+// variant of sluice (a sub-benchmark named "sluice-<variant>", e.g. sluice-nojournal: the
+// stack with a default turned off) gets rows of its own right after sluice's, beside the
+// same references of the same rounds. Any other sub-benchmark, or a benchmark without
+// sub-benchmarks, gives rows of its own with its figure in the sluice column.
 func (g *group) rows() []row {
 	label := g.label()
 	var out []row
@@ -111,7 +113,12 @@ func (g *group) rows() []row {
 		out = append(out, g.unitRows(label, subSluice, references)...)
 	}
 	for _, sub := range g.order {
-		if sub == subSluice || (isReference(sub) && hasSluice) {
+		if variant, ok := strings.CutPrefix(sub, subSluice+"-"); ok {
+			out = append(out, g.unitRows(label+" ("+variant+")", sub, references)...)
+		}
+	}
+	for _, sub := range g.order {
+		if sub == subSluice || strings.HasPrefix(sub, subSluice+"-") || (isReference(sub) && hasSluice) {
 			continue
 		}
 		if hasSluice && strings.HasPrefix(sub, subRaw+"-") {

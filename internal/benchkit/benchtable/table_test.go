@@ -240,3 +240,42 @@ printf 'BenchmarkA/raw-2\t10\t50 msgs/s\n'`
 	assert.Contains(t, out.String(), "median of 3 rounds")
 	assert.Regexp(t, `\| A +\| msgs/s +\| +40\.00 \| +50\.00 \| +\| +0\.80x \|`, out.String())
 }
+
+// A variant of sluice (the stack with a default off) is compared with the same references
+// of the same rounds, in rows right after sluice's.
+func TestGroupRowsSluiceVariant(t *testing.T) {
+	var got []row
+	for _, g := range groupResults([]result{
+		res("", "BenchmarkConsume/sluice", map[string]float64{"msgs/s": 80}),
+		res("", "BenchmarkConsume/sluice-nojournal", map[string]float64{"msgs/s": 90}),
+		res("", "BenchmarkConsume/raw", map[string]float64{"msgs/s": 100}),
+		res("", "BenchmarkConsume/watermill", map[string]float64{"msgs/s": 80}),
+	}) {
+		got = append(got, g.rows()...)
+	}
+	assert.Equal(t, []row{
+		{benchmark: "Consume", unit: "msgs/s", sluice: "80.00", refs: []string{"100.0", "80.00"}, ratios: []string{"0.80x", "1.00x"}},
+		{benchmark: "Consume (nojournal)", unit: "msgs/s", sluice: "90.00", refs: []string{"100.0", "80.00"}, ratios: []string{"0.90x", "1.12x"}},
+	}, got)
+}
+
+// The summary takes the headline rows, in its own order and with its titles; the rest of
+// the table stays out of it.
+func TestRenderSummary(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, renderSummary(&buf, groupResults([]result{
+		res("github.com/sluice-go/sluice/router", "BenchmarkSlowHandler32/sluice", map[string]float64{"msgs/s": 95}),
+		res("github.com/sluice-go/sluice/router", "BenchmarkSlowHandler32/raw", map[string]float64{"msgs/s": 100}),
+		res("github.com/sluice-go/sluice/router", "BenchmarkConsume/sluice", map[string]float64{"msgs/s": 80, "allocs/op": 90}),
+		res("github.com/sluice-go/sluice/router", "BenchmarkConsume/raw", map[string]float64{"msgs/s": 100}),
+		res("github.com/sluice-go/sluice/router", "BenchmarkConsume/watermill", map[string]float64{"msgs/s": 80}),
+	})))
+	assert.Equal(t, "| what | sluice | raw amqp091 | watermill-amqp | sluice÷raw | sluice÷watermill |\n"+
+		"| --- | ---: | ---: | ---: | ---: | ---: |\n"+
+		"| consume, handler that does nothing, 8 at a time, prefetch 64 (msgs/s) | 80.00 | 100.0 | 80.00 | 0.80x | 1.00x |\n"+
+		"| handler that waits 2 ms, 32 at a time (msgs/s) | 95.00 | 100.0 |  | 0.95x |  |\n", buf.String())
+
+	buf.Reset()
+	require.NoError(t, renderSummary(&buf, groupResults([]result{res("", "BenchmarkX/sluice", map[string]float64{"ns/op": 1})})))
+	assert.Empty(t, buf.String(), "no headline row, no summary")
+}
