@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"time"
@@ -40,7 +41,7 @@ func Example() {
 	s, done := newStack()
 	defer done()
 	rec := httptest.NewRecorder() // stands for the HTTP round trip
-	s.PolicyHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/sluice/policy", nil))
+	s.PolicyHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/sluice/policy", nil))
 
 	var d policy.Description
 	if err := json.NewDecoder(rec.Body).Decode(&d); err != nil {
