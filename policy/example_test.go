@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"time"
 
@@ -34,17 +32,19 @@ func newStack() (*router.Stack, func()) {
 	return s, func() { _ = s.Close(); _ = b.Close() }
 }
 
-// A tool's side: the service serves its stack's Description as JSON (router's
-// PolicyHandler, on GET /debug/sluice/policy), and the tool reads it back into a
-// Description, durations included.
+// A tool's side: the service serves its stack's Description as JSON (otelsetup's debug
+// handler, on GET /debug/sluice/policy), and the tool reads it back into a Description,
+// durations included.
 func Example() {
 	s, done := newStack()
 	defer done()
-	rec := httptest.NewRecorder() // stands for the HTTP round trip
-	s.PolicyHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/sluice/policy", nil))
+	body, err := json.Marshal(s.Describe()) // what the endpoint serves, without the HTTP round trip
+	if err != nil {
+		panic(err)
+	}
 
 	var d policy.Description
-	if err := json.NewDecoder(rec.Body).Decode(&d); err != nil {
+	if err := json.Unmarshal(body, &d); err != nil {
 		panic(err)
 	}
 	for _, h := range d.Handlers {

@@ -72,9 +72,9 @@ func (s *Stack) judge() retrystats.Judge {
 	}
 }
 
-// RetryReport returns the retry step's statistics (Config.Retry.Stats, or the ones the
+// retryReport returns the retry step's statistics (Config.Retry.Stats, or the ones the
 // learned policy keeps) with the learned policy's verdicts; false when it keeps none.
-func (s *Stack) RetryReport() (retrystats.Report, bool) {
+func (s *Stack) retryReport() (retrystats.Report, bool) {
 	stats := s.retry.Stats()
 	if stats == nil {
 		return retrystats.Report{}, false
@@ -95,9 +95,9 @@ func (s *Stack) consumes(name, queue string) {
 	s.topics[name] = queue
 }
 
-// PolicyHandler serves Describe on GET: JSON, or Markdown with ?format=markdown (or an
+// policyHandler serves Describe on GET: JSON, or Markdown with ?format=markdown (or an
 // Accept header asking for text/markdown).
-func (s *Stack) PolicyHandler() http.Handler {
+func (s *Stack) policyHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != http.MethodGet && req.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
@@ -122,14 +122,14 @@ func (s *Stack) PolicyHandler() http.Handler {
 	})
 }
 
-// RetriesHandler serves RetryReport as JSON on GET (?handler=H: H's rows only); nil when
+// retriesHandler serves retryReport as JSON on GET (?handler=H: H's rows only); nil when
 // the retry step keeps no statistics (neither Config.Retry.Stats nor Config.Retry.Learned).
-func (s *Stack) RetriesHandler() http.Handler {
+func (s *Stack) retriesHandler() http.Handler {
 	if s.retry.Stats() == nil {
 		return nil
 	}
 	return retrystats.ReportHandler(func() retrystats.Report {
-		r, _ := s.RetryReport()
+		r, _ := s.retryReport()
 		return r
 	})
 }

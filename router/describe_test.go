@@ -357,7 +357,7 @@ func TestStack_RetriesHandlerWithoutStats(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	assert.Nil(t, s.RetriesHandler(), "no statistics, no endpoint")
-	_, ok := s.RetryReport()
+	ok := s.HasRetryReport()
 	assert.False(t, ok)
 }
 

@@ -1,9 +1,23 @@
 package router
 
-import "github.com/sluice-go/sluice/router/internal/rebalance"
+import (
+	"net/http"
+
+	"github.com/sluice-go/sluice/router/internal/rebalance"
+)
 
 // AssignPartitions exposes the rendezvous assignment of partitions to members.
 var AssignPartitions = rebalance.Assign
 
 // PartitionHandlerName exposes the name of partition k's handler.
 var PartitionHandlerName = partitionHandlerName
+
+// PolicyHandler exposes the stack's policy endpoint (otelsetup serves it on
+// /debug/sluice/policy).
+func (s *Stack) PolicyHandler() http.Handler { return s.policyHandler() }
+
+// RetriesHandler exposes the stack's retry statistics endpoint, nil without statistics.
+func (s *Stack) RetriesHandler() http.Handler { return s.retriesHandler() }
+
+// HasRetryReport reports whether the stack keeps retry statistics.
+func (s *Stack) HasRetryReport() bool { _, ok := s.retryReport(); return ok }

@@ -32,8 +32,8 @@ func view(x any) (stackview.View, bool) {
 		Broker:    s.broker,
 		Telemetry: s.tel,
 		Pauses:    &s.pauses,
-		Policy:    s.PolicyHandler(),
-		Retries:   s.RetriesHandler(),
+		Policy:    s.policyHandler(),
+		Retries:   s.retriesHandler(),
 		Journal:   s.journalState,
 		Queues: func() (consumed, deadLettered []string) {
 			s.mu.Lock()

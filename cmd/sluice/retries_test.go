@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/internal/retrystats"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 )
@@ -73,9 +74,10 @@ func fakeService(t *testing.T) string {
 		rec("ship", retrystats.RetryEvent{ErrorType: "down", NewMessage: true, Retried: true, Attempt: 1})
 		rec("ship", retrystats.RetryEvent{ErrorType: "down", Resolved: "down", End: retrystats.Exhausted, Attempt: 4})
 	}
+	view, _ := stackview.Of(s)
 	mux := http.NewServeMux()
-	mux.Handle(retriesPath, s.RetriesHandler())
-	mux.Handle(policyPath, s.PolicyHandler())
+	mux.Handle(retriesPath, view.Retries)
+	mux.Handle(policyPath, view.Policy)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv.URL

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/cmd/sluice/internal/retryview"
 	"github.com/sluice-go/sluice/internal/retrystats"
+	"github.com/sluice-go/sluice/internal/stackview"
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
@@ -111,9 +112,10 @@ func newFakeService(t *testing.T) string {
 	}
 	fail("refunds", "psp_timeout", 6, retrystats.Exhausted)
 
+	view, _ := stackview.Of(s)
 	mux := http.NewServeMux()
-	mux.Handle(retryview.RetriesPath, s.RetriesHandler())
-	mux.Handle(retryview.PolicyPath, s.PolicyHandler())
+	mux.Handle(retryview.RetriesPath, view.Retries)
+	mux.Handle(retryview.PolicyPath, view.Policy)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv.URL
