@@ -174,7 +174,10 @@ func TestManagementDepthAndReadiness(t *testing.T) {
 		require.NoError(t, err, "%s", out2)
 		require.Eventually(t, func() bool { c, _ := get("/readyz"); return c == http.StatusOK }, 60*time.Second, 50*time.Millisecond,
 			"ready again once reconnected")
-		assert.True(t, metric(`sluice_connection_reconnects_total\{[^}]*\} 1\n`), "one reconnect counted")
+		// At least one reconnect is counted: on 4.3 a stream consumer started while the
+		// node's stream coordinator is still starting can be refused with INTERNAL_ERROR,
+		// which closes the connection once more (a second, accurate, reconnect).
+		assert.True(t, metric(`sluice_connection_reconnects_total\{[^}]*\} [1-9][0-9]*\n`), "the reconnect counted")
 		assert.True(t, metric(`sluice_connection_up\{[^}]*\} 1\n`))
 		if t.Failed() {
 			t.Logf("payments logs:\n%s", svc.logs.String())
