@@ -204,10 +204,12 @@ func TestBreaker_OutageThenRecovery(t *testing.T) {
 		assert.LessOrEqual(t, halfOpensInOutage, int(outage/openTimeout)+1)
 
 		// Calls already let through when the breaker trips (up to concurrency-1 besides the
-		// tripping one) still reach the dependency; after that only the probes do.
-		maxDown := threshold + (concurrency - 1) + probes*halfOpensInOutage
+		// tripping one) still reach the dependency; after that only the probes do, in each
+		// half-open period of the outage and in the one during which the dependency comes
+		// back (its probe may reach it an instant before upAt: CI saw 13 against 12).
+		maxDown := threshold + (concurrency - 1) + probes*(halfOpensInOutage+1)
 		assert.LessOrEqual(t, downCalls, maxDown,
-			"dependency calls during the outage: trip threshold %d + %d in flight + %d probes x %d half-open periods",
+			"dependency calls during the outage: trip threshold %d + %d in flight + %d probes x (%d half-open periods + the one it recovered in)",
 			threshold, concurrency-1, probes, halfOpensInOutage)
 		assert.Positive(t, deferrals.Load(), "messages were deferred while the breaker was open")
 
