@@ -205,6 +205,18 @@ func matrixRows(queue, victim string) []matrixRow {
 			},
 		},
 		{
+			// A forged compensation would make replay ask for --compensated for an event
+			// no handler sent.
+			name: "x-compensation-id, x-compensation-to and x-compensation-error", perm: true,
+			forged: amqp091.Table{headers.CompensationID: "forged-event", headers.CompensationTo: "queue billing",
+				headers.CompensationError: "forged"},
+			record: func(t *testing.T, r dlq.Record) {
+				assert.Empty(t, r.CompensationID, "this handler has no compensation")
+				assert.Empty(t, r.CompensationTo)
+				assert.Empty(t, r.CompensationError)
+			},
+		},
+		{
 			name: "x-handler", perm: true,
 			forged: amqp091.Table{headers.Handler: "billing"},
 			record: func(t *testing.T, r dlq.Record) { assert.Equal(t, "dlq-cli", r.Handler) },

@@ -235,6 +235,11 @@ func (c *Carrier) Record(msg *message.Message, queue string, retries int, err er
 	now := c.Now()
 	rec := headers.CopyWithRoom(msg, len(headers.FailureRecord)+len(headers.RetryState)+2)
 	md := rec.Metadata
+	// Only this fate's compensation may be named (compensate sets them again): a producer's
+	// x-compensation-* would make the DLQ tools refuse a replay for an event never sent.
+	delete(md, headers.CompensationID)
+	delete(md, headers.CompensationTo)
+	delete(md, headers.CompensationError)
 	md.Set(sluice.HeaderErrorType, sluice.ErrorType(err))
 	md.Set(headers.ErrorClass, sluice.ClassOf(err).String())
 	md.Set(headers.DeadLetterReason, decide.ReasonOf(err))
