@@ -356,6 +356,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	wr.AddPlugin(cfg.Plugins...)
 	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, output: output, tel: tel, names: map[string]bool{},
 		closing: make(chan struct{}), cut: make(chan struct{})}
+	s.plan.Delays(r.Config().MaxDelay)
 	if tel != nil {
 		// The first part, so closed last: the stack's instrumentation and what remains on it.
 		s.parts = append(s.parts, part{close: func() { _ = tel.Close() }})

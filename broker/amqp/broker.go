@@ -108,10 +108,12 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 func (b *Broker) DeclareCascade(ctx context.Context) error { return b.cascadeUpTo(ctx, delayDigits) }
 
 // DeclareDelays declares the part of the delay cascade that delays up to max need, ahead of
-// the first retry that needs it (Delay would declare it then). A policy whose longest delay
-// is 30 s needs the digits up to 40.95 s: 45 queues, where the whole cascade is 93.
+// the first retry that needs it (Delay would declare it then; the stack's Run calls this
+// with its retry policy's MaxDelay). A policy whose longest delay is 30 s needs the digits
+// up to 40.95 s: 45 queues, where the whole cascade is 93. Digits found declared already
+// are declared again in the background, as on a delay.
 func (b *Broker) DeclareDelays(ctx context.Context, max time.Duration) error {
-	return b.cascadeUpTo(ctx, digitsFor(delayUnits(min(max, maxDelay))))
+	return b.cascadeFor(ctx, digitsFor(delayUnits(min(max, maxDelay))))
 }
 
 // Subscriber returns a subscriber (a *Subscriber) with opts. Close closes it with the broker.

@@ -206,6 +206,43 @@ func (c *connection) dialSide(ctx context.Context) (*amqp.Connection, string, er
 	return nil, "", errors.Join(errs...)
 }
 
+// onEachNode runs fn on a channel of a short-lived connection of its own (as dialSide's),
+// node after node in the URLs' order until fn succeeds: a node in a partition's minority
+// answers connections but cannot commit a declaration, which its peers can. A refusal
+// another node would repeat (the object exists with other arguments, access refused) ends
+// the walk.
+func (c *connection) onEachNode(ctx context.Context, fn func(*amqp.Channel) error) error {
+	var errs []error
+	for _, u := range c.urls {
+		if err := ctx.Err(); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		conn, err := c.dial(u)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("connect to %s: %w", mask.URL(u), maskErr(err, c.urls)))
+			continue
+		}
+		err = func() error {
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				return err
+			}
+			defer ch.Close()
+			return fn(ch)
+		}()
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("on %s: %w", mask.URL(u), maskErr(err, c.urls)))
+		var amqpErr *amqp.Error
+		if errors.As(err, &amqpErr) && (amqpErr.Code == amqp.PreconditionFailed || amqpErr.Code == amqp.AccessRefused) {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // ConsumerCount returns how many consumers queue has, as RabbitMQ reports it: all of them
 // on a classic queue; on a quorum queue with single-active-consumer only the active one,
 // so 0 means nobody consumes it. The stack uses it to claim partitions (see

@@ -189,17 +189,11 @@ func (b *Broker) cascadeFound(ctx context.Context, n int) bool {
 	// A passive declare is a read, but on a quorum queue it asks the queue's leader: on a
 	// connection of its own, as cascadeUpTo's declarations (a refusal during a partition
 	// can close the connection).
-	conn, _, err := b.conn.dialSide(ctx)
+	err := b.conn.onEachNode(ctx, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(last, true, false, false, false, nil)
+		return err
+	})
 	if err != nil {
-		return false
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return false
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclarePassive(last, true, false, false, false, nil); err != nil {
 		return false
 	}
 	from := b.cascadeDigits
@@ -263,30 +257,28 @@ func (b *Broker) cascadeUpToLocked(ctx context.Context, n int) error {
 
 // declareDigits declares the delivery exchange and the cascade's digits from … to-1.
 func (b *Broker) declareDigits(ctx context.Context, from, to int) error {
-	var ch *amqp.Channel
+	declare := func(ch *amqp.Channel) error {
+		d := newDeclarer(ch)
+		b.cascadeOn(d, from, to)
+		return d.fence(ctx)
+	}
+	var err error
 	if to > from {
 		// Quorum queues, declared while the broker may be in trouble (the first delay into
 		// a digit can come during a partition, where RabbitMQ 4.3 answers with a
-		// connection-level INTERNAL_ERROR): on a connection of their own, so that a refusal
-		// never takes the consumers and publishes with it.
-		conn, _, err := b.conn.dialSide(ctx)
-		if err != nil {
-			return fmt.Errorf("declare delay cascade up to digit %d: %w", to-1, err)
-		}
-		defer conn.Close()
-		if ch, err = conn.Channel(); err != nil {
-			return fmt.Errorf("declare delay cascade up to digit %d: %w", to-1, err)
-		}
+		// connection-level INTERNAL_ERROR, or cluster_not_formed from a node in the
+		// minority): on a connection of their own, so that a refusal never takes the
+		// consumers and publishes with it, and on the next node when one refuses.
+		err = b.conn.onEachNode(ctx, declare)
 	} else {
-		var err error
+		var ch *amqp.Channel
 		if ch, err = b.conn.channel(ctx); err != nil {
 			return err
 		}
+		defer ch.Close()
+		err = declare(ch)
 	}
-	defer ch.Close()
-	d := newDeclarer(ch)
-	b.cascadeOn(d, from, to)
-	if err := d.fence(ctx); err != nil {
+	if err != nil {
 		return fmt.Errorf("declare delay cascade up to digit %d (queue type %s): %w", to-1, b.cfg.DelayQueueType, err)
 	}
 	return nil

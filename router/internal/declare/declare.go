@@ -25,6 +25,7 @@ type Plan struct {
 	parted    []partitioned
 	subscribe []subscription
 	exchanges []exchange
+	delays    time.Duration // the longest delay a retry hands off
 }
 
 type nativeQueue struct {
@@ -77,11 +78,23 @@ func (p *Plan) OutputExchange(name string, kind broker.ExchangeKind, adopt bool)
 	p.exchanges = append(p.exchanges, exchange{name: name, kind: kind, adopt: adopt})
 }
 
+// Delays sets the longest delay the stack's retry step hands off (its policy's cap). A
+// broker that declares its delay routes on demand (RabbitMQ's cascade, on the first delay
+// that needs each part) declares them up to it at Run, while the cluster is whole: the
+// first retry of a long delay can come during a partition, when a node in the minority
+// accepts the declaration's connection but cannot commit it.
+func (p *Plan) Delays(max time.Duration) { p.delays = max }
+
+// delayDeclarer is a broker that can declare its delay routes ahead (amqp.Broker).
+type delayDeclarer interface {
+	DeclareDelays(ctx context.Context, max time.Duration) error
+}
+
 // Copy returns a copy of p to declare without the owner's lock.
 func (p *Plan) Copy() Plan {
 	return Plan{
 		queues: slices.Clone(p.queues), native: slices.Clone(p.native), outputs: slices.Clone(p.outputs), parted: slices.Clone(p.parted),
-		subscribe: slices.Clone(p.subscribe), exchanges: slices.Clone(p.exchanges),
+		subscribe: slices.Clone(p.subscribe), exchanges: slices.Clone(p.exchanges), delays: p.delays,
 	}
 }
 
@@ -102,6 +115,11 @@ func (p Plan) Declare(ctx context.Context, b broker.Broker) error {
 		})
 		if err != nil {
 			return fmt.Errorf("declare queue %q: %w", q, err)
+		}
+	}
+	if dd, ok := b.(delayDeclarer); ok && p.delays > 0 && len(p.queues)+len(p.parted) > 0 {
+		if err := within(ctx, func(ctx context.Context) error { return dd.DeclareDelays(ctx, p.delays) }); err != nil {
+			return fmt.Errorf("declare the delay routes of retries up to %s: %w", p.delays, err)
 		}
 	}
 	for _, nq := range p.native {
