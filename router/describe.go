@@ -30,10 +30,8 @@ func (s *Stack) Describe() policy.Description {
 		HandlerTimeout: s.cfg.HandlerTimeout, AbandonGrace: s.cfg.AbandonGrace, MaxAbandoned: s.cfg.MaxAbandoned, Settle: maps.Clone(s.settle),
 		Compensations: maps.Clone(s.compensations),
 	}
-	for _, p := range s.parts {
-		if p.paused != nil {
-			in.Pausing[p.handler] = true
-		}
+	for handler := range s.parts.Paused() {
+		in.Pausing[handler] = true
 	}
 	for _, sl := range s.slots {
 		in.Journals = append(in.Journals, describe.Journal{Queue: sl.Queue(), WithKey: sl.WithKey()})

@@ -3,6 +3,7 @@ package router
 import (
 	"net/http"
 
+	"github.com/sluice-go/sluice/router/internal/partition"
 	"github.com/sluice-go/sluice/router/internal/rebalance"
 )
 
@@ -10,7 +11,7 @@ import (
 var AssignPartitions = rebalance.Assign
 
 // PartitionHandlerName exposes the name of partition k's handler.
-var PartitionHandlerName = partitionHandlerName
+var PartitionHandlerName = partition.HandlerName
 
 // PolicyHandler exposes the stack's policy endpoint (otelsetup serves it on
 // /debug/sluice/policy).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/disposition"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/router/internal/journal"
 )
 
@@ -65,4 +66,13 @@ func (s *Stack) restoreJournals(ctx context.Context) error {
 	s.pauses.Pause(pauser, fmt.Sprintf("restoring idempotency keys from %d journal(s)", len(slots)))
 	defer s.pauses.Resume(pauser)
 	return journal.Restore(ctx, slots)
+}
+
+// guardStore is the idempotency store whose done keys a rebalanced handler hands over;
+// nil without one.
+func (s *Stack) guardStore() *idempotency.Store {
+	if ks, ok := s.cfg.Idempotency.(interface{ Store() *idempotency.Store }); ok {
+		return ks.Store()
+	}
+	return nil
 }

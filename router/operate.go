@@ -66,7 +66,7 @@ func (s *Stack) Consuming() bool {
 // (otelsetup.Operate), named as stuck.
 func (s *Stack) PausedHandlers() []string {
 	var out []string
-	for name, paused := range s.pausedHandlers() {
+	for name, paused := range s.parts.Paused() {
 		if paused {
 			out = append(out, name)
 		}

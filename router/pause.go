@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router/internal/parts"
 	"github.com/sluice-go/sluice/router/internal/pause"
 )
 
@@ -35,13 +36,13 @@ func (s *Stack) initOverload() error {
 	if o := s.cfg.Retry.Overload; o != nil {
 		budget = o.BudgetLeft
 	}
-	m, err := s.tel.NewOverloadMetrics(s.pausedHandlers, budget)
+	m, err := s.tel.NewOverloadMetrics(s.parts.Paused, budget)
 	if err != nil {
 		return err
 	}
-	s.addPart(part{close: func() { _ = m.Close() }})
+	s.parts.Add(parts.Part{Close: func() { _ = m.Close() }})
 	if o := s.cfg.Retry.Overload; o != nil {
-		s.addPart(part{close: o.NotifyRefused(func(ev retry.RefusedEvent) {
+		s.parts.Add(parts.Part{Close: o.NotifyRefused(func(ev retry.RefusedEvent) {
 			m.RetryRefused(context.Background(), ev.Dependency, ev.Queue, ev.Reason)
 		})})
 	}
@@ -55,7 +56,7 @@ func (s *Stack) pauseFor(handler string, hc handlerConfig, sub broker.Subscriber
 		return nil
 	}
 	c := pause.New(handler, s.cfg.Breakers.Breaker(hc.breaker), sub, &s.pauses, s.logger)
-	s.parts = append(s.parts, part{handler: handler, close: c.Close, paused: c.Paused})
+	s.parts.Add(parts.Part{Handler: handler, Close: c.Close, Paused: c.Paused})
 	return c
 }
 

@@ -54,7 +54,10 @@ func (s *Stack) compose(h message.HandlerFunc, outputTopic string, hc handlerCon
 	for i := len(mws) - 1; i >= 0; i-- {
 		h = mws[i](h)
 	}
-	return s.track(h) // attempts in flight, for Config.StopWhenIdle (idle.go)
+	if s.cfg.StopWhenIdle > 0 {
+		h = s.idle.Track(h) // attempts in flight, for Config.StopWhenIdle
+	}
+	return h
 }
 
 // steps lists the stack's steps, outermost first; see the package documentation for the

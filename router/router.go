@@ -39,10 +39,12 @@
 //
 // The stack orders the steps and runs the handlers. What a handler's options add lives in
 // packages of their own under router/internal, each composed through a small interface:
-// batch (HandleBatch's batches), claim (WithPartitions' start-up claiming), rebalance and
-// handover (WithRebalancing and its hand-over of done idempotency keys), pause (a breaker's
-// pause), declare (what Run declares). The broker is reached through package broker's
-// contract alone.
+// batch (HandleBatch's batches), partition (WithPartitions' handlers, through claim's
+// start-up claiming or, with WithRebalancing, rebalance and handover's hand-over of done
+// idempotency keys), pause (a breaker's pause), idle (Config.StopWhenIdle's watch),
+// journal (restoring idempotency journals), declare (what Run declares) and parts (what
+// the stack holds until Close). The broker is reached through package broker's contract
+// alone.
 //
 // Options that cannot take effect are errors at registration: WithIdempotencyKey without
 // Config.Idempotency, WithBreaker without Config.Breakers and WithNativeRetry on a broker
@@ -70,7 +72,9 @@ import (
 	"github.com/sluice-go/sluice/middleware/breaker"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
+	"github.com/sluice-go/sluice/router/internal/idle"
 	"github.com/sluice-go/sluice/router/internal/journal"
+	"github.com/sluice-go/sluice/router/internal/parts"
 	"github.com/sluice-go/sluice/router/internal/pause"
 	"github.com/sluice-go/sluice/telemetry"
 )
@@ -189,8 +193,8 @@ type handlerConfig struct {
 	batch          batchConfig       // WithBatch (batch.go)
 	batched        bool              // registered by HandleBatch (batch.go)
 
-	rebalance bool          // WithRebalancing (rebalance.go)
-	heartbeat time.Duration // WithRebalancing (rebalance.go)
+	rebalance bool          // WithRebalancing (partition.go)
+	heartbeat time.Duration // WithRebalancing (partition.go)
 
 	native *broker.NativeRetry // WithNativeRetry (nativeretry.go)
 
@@ -244,7 +248,7 @@ type Stack struct {
 	names   map[string]bool
 	started bool
 	plan    declare.Plan                  // what Run declares
-	parts   []part                        // what the options and the configuration hold until Close
+	parts   parts.List                    // what the options and the configuration hold until Close
 	slots   []*journal.Slot               // idempotency steps Run restores before handling (journal.go)
 	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
 	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
@@ -260,7 +264,7 @@ type Stack struct {
 	routerRun   bool
 	stopRestore context.CancelFunc
 	restoreDone chan struct{}
-	idle        idle // attempts in flight, for Config.StopWhenIdle (idle.go)
+	idle        idle.Counter // attempts in flight, for Config.StopWhenIdle
 }
 
 // New builds a stack on b.
@@ -286,7 +290,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
 	}
-	if err := checkStopWhenIdle(cfg.StopWhenIdle); err != nil {
+	if err := idle.Check(cfg.StopWhenIdle); err != nil {
 		return nil, err
 	}
 	for i, m := range cfg.Middleware {
@@ -358,12 +362,12 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		closing: make(chan struct{}), cut: make(chan struct{})}
 	if tel != nil {
 		// The first part, so closed last: the stack's instrumentation and what remains on it.
-		s.parts = append(s.parts, part{close: func() { _ = tel.Close() }})
+		s.parts.Add(parts.Part{Close: func() { _ = tel.Close() }})
 	}
 	s.attempts = attempt.New(attempt.Config{Timeout: cfg.HandlerTimeout, Grace: cfg.AbandonGrace, HandoffTimeout: lifecycle.HandoffTimeout,
 		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)
 	if gauge != nil {
-		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
+		s.parts.Add(parts.Part{Close: func() { _ = gauge.Unregister() }})
 	}
 	if tel != nil {
 		running, err := tel.RegisterAbandoned(func() map[string]int {
@@ -377,7 +381,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 		if err != nil {
 			return nil, fmt.Errorf("router: abandoned attempts metric: %w", err)
 		}
-		s.parts = append(s.parts, part{close: func() { _ = running.Unregister() }})
+		s.parts.Add(parts.Part{Close: func() { _ = running.Unregister() }})
 	}
 	if err := s.initOverload(); err != nil {
 		return nil, fmt.Errorf("router: overload metrics: %w", err)
@@ -471,8 +475,8 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 // Run declares every queue the handlers use (Declare) and consumes until ctx is done or
 // Close is called, or, with Config.StopWhenIdle, until the stack has been idle that long.
 func (s *Stack) Run(ctx context.Context) (err error) {
-	ctx, idle := s.watchIdle(ctx) // Config.StopWhenIdle (idle.go)
-	defer func() { err = idle.end(s, err) }()
+	ctx, watch := s.watchIdle().Start(ctx) // Config.StopWhenIdle (package internal/idle)
+	defer func() { err = watch.End(s.Close, err) }()
 	s.mu.Lock()
 	s.started = true
 	s.mu.Unlock()
@@ -541,6 +545,31 @@ func (s *Stack) Declare(ctx context.Context) error {
 	return plan.Declare(ctx, s.broker)
 }
 
+// watchIdle is Config.StopWhenIdle's watch of the stack.
+func (s *Stack) watchIdle() idle.Watch {
+	return idle.Watch{After: s.cfg.StopWhenIdle, Counter: &s.idle, Queues: s.ConsumedQueues, Depth: s.broker.QueueDepth, Logger: s.logger,
+		Consuming: func(ctx context.Context) bool {
+			select {
+			case <-s.router.Running():
+			case <-ctx.Done():
+				return false
+			}
+			// Run sets restoreDone before it starts the router: it is set by now, or never.
+			s.mu.Lock()
+			restored := s.restoreDone
+			s.mu.Unlock()
+			if restored == nil {
+				return true
+			}
+			select {
+			case <-restored:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}}
+}
+
 // Running is closed once every handler consumes.
 func (s *Stack) Running() chan struct{} { return s.router.Running() }
 
@@ -562,7 +591,7 @@ func (s *Stack) Close() error {
 		stop()
 		<-done
 	}
-	s.closeParts()
+	s.parts.Close()
 	if !ran {
 		return nil
 	}
