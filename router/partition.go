@@ -52,7 +52,7 @@ func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.par
 //
 // A join is followed within about a heartbeat, a graceful leave (Close) at once, and an
 // instance killed (connection lost, no goodbye) within three heartbeats and one more.
-// With Config.Idempotency an idempotency.Guard, an instance giving a partition up
+// With Config.Idempotency (or Config.Guard), an instance giving a partition up
 // broadcasts its done keys to the others (before cancelling its consumer and again once
 // what it held settled), so the new owner knows them; a killed instance hands nothing
 // over: see docs/scaling.md (Scaling out). It needs WithPartitions; it replaces the start-up
