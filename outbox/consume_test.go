@@ -41,7 +41,7 @@ func consumeOnce(t testing.TB, b *amqp.Broker, queue string, want int) received 
 	guard, err := idempotency.New(idempotency.Config{OnDuplicate: dup})
 	require.NoError(t, err)
 	stack, err := router.New(b, router.Config{
-		Idempotency: guard, Concurrency: 1, Prefetch: 200, Logger: quietLogger(),
+		Guard: guard, Concurrency: 1, Prefetch: 200, Logger: quietLogger(),
 	})
 	require.NoError(t, err)
 	require.NoError(t, stack.Handle("outbox-consumer", queue, func(m *message.Message) error {

@@ -57,8 +57,8 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 type Description struct {
 	// Handlers are the stack's handlers, by name.
 	Handlers []HandlerDescription `json:"handlers"`
-	// Breakers are the stack's circuit breakers created so far (Config.Breakers), by
-	// dependency name.
+	// Breakers are the stack's circuit breakers created so far (Config.Breaker or
+	// Config.Breakers), by dependency name.
 	Breakers []BreakerState `json:"breakers,omitempty"`
 	// Notes say what the description could not tell.
 	Notes []string `json:"notes,omitempty"`
@@ -92,7 +92,7 @@ type HandlerDescription struct {
 	ErrorClasses []ClassAction `json:"error_classes"`
 	// Retry is the retry policy.
 	Retry RetryPolicy `json:"retry"`
-	// Breaker is the handler's circuit breaker; nil without Config.Breakers.
+	// Breaker is the handler's circuit breaker; nil without Config.Breaker (or Breakers).
 	Breaker *BreakerDescription `json:"breaker,omitempty"`
 	// Idempotency is the idempotency step; nil without Config.Idempotency.
 	Idempotency *IdempotencyDescription `json:"idempotency,omitempty"`

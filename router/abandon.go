@@ -68,7 +68,3 @@ func (s *Stack) trackAbandoned(handler string, sub broker.Subscriber) {
 		s.logger.Info("handler resumed: abandoned attempts returned", "handler", handler, "running", b.Running, "stuck_for", time.Since(b.Since))
 	})
 }
-
-// abandonObserver logs each abandoned attempt and each late return (at most 10 lines a
-// second: a stuck dependency abandons many at once).
-func (s *Stack) abandonObserver() attempt.Observer { return attempt.NewLog(s.logger) }

@@ -169,7 +169,7 @@ func runBatchScenario(t *testing.T, url string, batch bool) (*scenarioLedger, ma
 	guard, err := idempotency.New(idempotency.Config{InFlightDeferral: 50 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = guard.Close() })
-	s, err := router.New(br, router.Config{Logger: silentLogger, Retry: fastRetries(batchScenarioRetries), Idempotency: guard})
+	s, err := router.New(br, router.Config{Logger: silentLogger, Retry: fastRetries(batchScenarioRetries), Guard: guard})
 	require.NoError(t, err)
 
 	ledger := newScenarioLedger()

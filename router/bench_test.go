@@ -69,8 +69,8 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	q := benchenv.SluiceQueue(b, r, br, "bench.consume.sluice")
 	benchPrefill(b, r, q, b.N)
 	count := benchCountTo(b.N)
-	if cfg.Idempotency == nil {
-		cfg.Idempotency = benchGuard(b, idempotency.Config{})
+	if cfg.Guard == nil {
+		cfg.Guard = benchGuard(b, idempotency.Config{})
 	}
 	stack := benchStack(b, br, cfg, true)
 	if err := stack.Handle("bench", q, func(*message.Message) error {
@@ -82,7 +82,7 @@ func benchConsumeSluice(b *testing.B, url string, cfg router.Config) {
 	// The journal's cost is CPU on both sides of the connection (its stream appends and
 	// its follower on the broker, the held acks here), so both are reported.
 	cpu := newBenchCPU(url)
-	cpu.guard, _ = cfg.Idempotency.(*idempotency.Guard)
+	cpu.guard = cfg.Guard
 	b.ReportAllocs()
 	b.ResetTimer()
 	benchRunFrom(b, stack, count, func() { cpu.start(b) }, func(b *testing.B) {
@@ -193,7 +193,7 @@ func BenchmarkConsume(b *testing.B) {
 	url := testenv.AMQPURL(b)
 	b.Run("sluice", func(b *testing.B) { benchConsumeSluice(b, url, router.Config{}) })
 	b.Run("sluice-nojournal", func(b *testing.B) {
-		benchConsumeSluice(b, url, router.Config{Idempotency: benchGuardWithoutJournal(b)})
+		benchConsumeSluice(b, url, router.Config{Guard: benchGuardWithoutJournal(b)})
 	})
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
@@ -485,13 +485,13 @@ func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bo
 		}
 		cfg.Breakers = reg
 	}
-	if cfg.Idempotency == nil {
+	if cfg.Guard == nil {
 		guard, err := idempotency.New(idempotency.Config{Logger: benchLogger})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = guard.Close() })
-		cfg.Idempotency = guard
+		cfg.Guard = guard
 	}
 	s, err := router.New(broker, cfg)
 	if err != nil {
@@ -522,7 +522,7 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name strin
 		Breakers: reg,
 	}
 	if guard != nil {
-		cfg.Idempotency = guard
+		cfg.Guard = guard
 	}
 	stack := benchStack(b, br, cfg, true)
 	errOnce := errors.New("fails once")

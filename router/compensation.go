@@ -55,14 +55,11 @@ func (s *Stack) compensation(name string, hc handlerConfig) (*carry.Compensation
 	case c.Exchange == "" && c.Queue == "":
 		return nil, fmt.Errorf("%w: handler %q has WithCompensation without an Exchange or a Queue", ErrInvalidOption, name)
 	}
-	pub := s.output
+	pub := s.chain.Queues
 	to, dest := c.Queue, "queue "+c.Queue
 	var prepare func(*message.Message)
 	if c.Exchange != "" {
-		pub = output.Exchange{B: s.broker}
-		if s.tel != nil {
-			pub = s.tel.WrapPublisher(pub)
-		}
+		pub = s.chain.Exchanges
 		to, dest, prepare = c.Exchange, fmt.Sprintf("exchange %s, key %s", c.Exchange, c.RoutingKey), output.DefaultKey(c.RoutingKey)
 		s.plan.OutputExchange(c.Exchange, broker.Topic, false)
 	} else {

@@ -50,7 +50,7 @@ func describedStack(t *testing.T) (*router.Stack, string, string) {
 			Stats: stats, Learned: &retry.Learned{MinEvidence: 10}},
 		HandlerTimeout: 5 * time.Second,
 		Breakers:       breakers,
-		Idempotency:    guard,
+		Guard:          guard,
 	})
 	require.NoError(t, err)
 	orders, ledger := uniqueQueue("describe.orders"), uniqueQueue("describe.ledger")

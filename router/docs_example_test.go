@@ -91,16 +91,16 @@ func receive(b *memory.Broker, queue string, n int) []string {
 
 // docs/migrating.md, "Using sluice in your own Watermill router": sluice's steps, in the
 // stack's order, in a message.Router of your own.
-func ownRouter(b *amqp.Broker, r *message.Router, retryCfg retry.Config, guard *idempotency.Guard, breakers *breaker.Registry, handle message.HandlerFunc) error {
+func ownRouter(b *amqp.Broker, r *message.Router, retryCfg retry.Config, handle message.HandlerFunc) error {
 	ctx := context.Background()
 	if err := b.DeclareQueue(ctx, "payments.requested"); err != nil {
 		return err
 	}
-	mws, closeSteps, err := router.Middlewares(b, router.Config{Retry: retryCfg, Idempotency: guard, Breakers: breakers})
+	mws, closeSteps, err := router.Middlewares(b, router.Config{Retry: retryCfg, Idempotency: &idempotency.Config{}, Breaker: &breaker.Config{}})
 	if err != nil {
 		return err
 	}
-	defer closeSteps()      // after r.Close: unregisters the steps' gauges and listeners
+	defer closeSteps()      // after r.Close: closes the guard, unregisters gauges and listeners
 	r.AddMiddleware(mws...) // first added is outermost
 	r.AddHandler("payments", "payments.requested", b.Subscriber(broker.SubscribeOptions{Concurrency: 8, Prefetch: 16}),
 		"payments.succeeded", b.Publisher(), handle)
@@ -111,13 +111,10 @@ func ownRouter(b *amqp.Broker, r *message.Router, retryCfg retry.Config, guard *
 func ExampleMiddlewares_ownRouter() {
 	broker, _ := connectForDocs()
 	defer broker.Close()
-	guard, _ := idempotency.New(idempotency.Config{})
-	defer guard.Close()
-	breakers, _ := breaker.New(breaker.Config{})
 	r, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	retryCfg := retry.Config{MaxRetries: 5, InitialDelay: time.Second}
 	handle := func(msg *message.Message) ([]*message.Message, error) { return nil, nil }
-	if err := ownRouter(broker, r, retryCfg, guard, breakers, handle); err != nil {
+	if err := ownRouter(broker, r, retryCfg, handle); err != nil {
 		panic(err)
 	}
 }
@@ -154,9 +151,8 @@ func ExampleWithSubscription() {
 // key-partitioned queues.
 func ExampleWithPartitions() {
 	duplicates := make(chan string, 1)
-	guard, _ := idempotency.New(idempotency.Config{OnDuplicate: func(_ *message.Message, key string) { duplicates <- key }})
-	defer guard.Close()
-	broker, stack := docsStack(router.Config{Idempotency: guard})
+	onDuplicate := func(_ *message.Message, key string) { duplicates <- key }
+	broker, stack := docsStack(router.Config{Idempotency: &idempotency.Config{OnDuplicate: onDuplicate}})
 	defer broker.Close()
 	handler := example_payment.NewHandler(example_payment.NewGateway())
 	stack.HandleWithOutput("payments", "payments.requested", "payments.succeeded", handler.Handle,

@@ -27,20 +27,17 @@ func Example() {
 	b := memory.New(memory.Config{Logger: quiet}) // swap for amqp.Connect in production
 	defer b.Close()
 
-	breakers, _ := breaker.New(breaker.Config{ConsecutiveFailures: 5, Logger: quiet})
 	duplicates := make(chan string, 1)
-	guard, _ := idempotency.New(idempotency.Config{
-		OnDuplicate: func(msg *message.Message, key string) { duplicates <- key },
-	})
-	defer guard.Close()
 
 	s, err := router.New(b, router.Config{
 		Logger: quiet,
 		// Short delays for the example; the retry itself is a broker-side delay,
 		// the handler goroutine never sleeps.
-		Retry:       retry.Config{MaxRetries: 3, InitialDelay: 20 * time.Millisecond, Jitter: retry.NoJitter},
-		Breakers:    breakers,
-		Idempotency: guard,
+		Retry:   retry.Config{MaxRetries: 3, InitialDelay: 20 * time.Millisecond, Jitter: retry.NoJitter},
+		Breaker: &breaker.Config{ConsecutiveFailures: 5, Logger: quiet},
+		Idempotency: &idempotency.Config{
+			OnDuplicate: func(msg *message.Message, key string) { duplicates <- key },
+		},
 	})
 	if err != nil {
 		panic(err)
@@ -71,7 +68,7 @@ func Example() {
 	fmt.Println("duplicate acked:", <-duplicates)
 
 	_ = s.Close()
-	fmt.Println("breaker:", breakers.State("charge"))
+	fmt.Println("breaker:", s.Describe().Breakers[0].State)
 	fmt.Println("dead letters:", b.Len("payments.dlq"))
 	// Output:
 	// attempt 1 of pay-1

@@ -3,6 +3,8 @@ package router
 import (
 	"net/http"
 
+	"github.com/sluice-go/sluice/internal/describe"
+	"github.com/sluice-go/sluice/router/internal/partition"
 	"github.com/sluice-go/sluice/router/internal/rebalance"
 )
 
@@ -10,14 +12,14 @@ import (
 var AssignPartitions = rebalance.Assign
 
 // PartitionHandlerName exposes the name of partition k's handler.
-var PartitionHandlerName = partitionHandlerName
+var PartitionHandlerName = partition.HandlerName
 
 // PolicyHandler exposes the stack's policy endpoint (otelsetup serves it on
 // /debug/sluice/policy).
-func (s *Stack) PolicyHandler() http.Handler { return s.policyHandler() }
+func (s *Stack) PolicyHandler() http.Handler { return describe.PolicyHandler(s.Describe) }
 
 // RetriesHandler exposes the stack's retry statistics endpoint, nil without statistics.
-func (s *Stack) RetriesHandler() http.Handler { return s.retriesHandler() }
+func (s *Stack) RetriesHandler() http.Handler { return describe.RetriesHandler(s.retry) }
 
 // HasRetryReport reports whether the stack keeps retry statistics.
-func (s *Stack) HasRetryReport() bool { _, ok := s.retryReport(); return ok }
+func (s *Stack) HasRetryReport() bool { _, ok := describe.RetryReport(s.retry); return ok }

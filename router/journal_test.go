@@ -67,7 +67,7 @@ func TestRun_ConsumesWhileRestoringHandlesAfter(t *testing.T) {
 		guard, err := idempotency.New(idempotency.Config{Logger: silentLogger})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = guard.Close() })
-		s, err := router.New(b, router.Config{Logger: silentLogger, Retry: fastRetries(3), Idempotency: guard})
+		s, err := router.New(b, router.Config{Logger: silentLogger, Retry: fastRetries(3), Guard: guard})
 		require.NoError(t, err)
 		require.NoError(t, s.Handle("charge", "payments", func(msg *message.Message) error {
 			handled <- msg.UUID
@@ -161,7 +161,7 @@ func TestJournal_OffIsNeitherRestoredNorDescribed(t *testing.T) {
 			guard, err := idempotency.New(idempotency.Config{DisableJournal: tt.off, Logger: silentLogger})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = guard.Close() })
-			s, err := router.New(jb, router.Config{Logger: silentLogger, Idempotency: guard})
+			s, err := router.New(jb, router.Config{Logger: silentLogger, Guard: guard})
 			require.NoError(t, err)
 			handled := make(chan struct{}, 1)
 			require.NoError(t, s.Handle("payments", "payments", func(*message.Message) error {

@@ -5,9 +5,9 @@ import (
 	"slices"
 
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/describe"
 	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/internal/stackview"
-	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -32,8 +32,8 @@ func view(x any) (stackview.View, bool) {
 		Broker:    s.broker,
 		Telemetry: s.tel,
 		Pauses:    &s.pauses,
-		Policy:    s.policyHandler(),
-		Retries:   s.retriesHandler(),
+		Policy:    describe.PolicyHandler(s.Describe),
+		Retries:   describe.RetriesHandler(s.retry),
 		Journal:   s.journalState,
 		Queues: func() (consumed, deadLettered []string) {
 			s.mu.Lock()
@@ -66,7 +66,7 @@ func (s *Stack) Consuming() bool {
 // (otelsetup.Operate), named as stuck.
 func (s *Stack) PausedHandlers() []string {
 	var out []string
-	for name, paused := range s.pausedHandlers() {
+	for name, paused := range s.parts.Paused() {
 		if paused {
 			out = append(out, name)
 		}
@@ -84,22 +84,15 @@ func (s *Stack) ConsumedQueues() []string {
 	return s.plan.Consumed()
 }
 
-// journalStats is an idempotency step that reports its journal (package idempotency's Guard).
-type journalStats interface {
-	Stats() idempotency.Stats
-}
-
 // journalState returns the idempotency journal's figures, as the
-// sluice.idempotency.journal.* metrics report them, and false when the stack's
-// idempotency step keeps none (no Config.Idempotency, or one that is not package
-// idempotency's Guard). Streams declared again are counted when the broker reports them
+// sluice.idempotency.journal.* metrics report them, and false when the stack has no
+// idempotency step. Streams declared again are counted when the broker reports them
 // (RabbitMQ's does).
 func (s *Stack) journalState() (otelstep.JournalState, bool) {
-	g, ok := s.cfg.Idempotency.(journalStats)
-	if !ok {
+	if s.guard == nil {
 		return otelstep.JournalState{}, false
 	}
-	j := g.Stats().Journal
+	j := s.guard.Stats().Journal
 	st := otelstep.JournalState{
 		Restoring: j.Restoring, Restored: j.Restored, RestoreDuration: j.RestoreDuration,
 		Appended: j.Appended, Failures: j.Failures, Skipped: j.Skipped, Lag: j.Lag, Unconfirmed: j.Unconfirmed,

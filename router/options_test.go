@@ -36,10 +36,10 @@ func TestHandle_OptionWithoutItsStepFails(t *testing.T) {
 		wantMsg string
 	}{
 		{name: "idempotency key without Config.Idempotency", opt: router.WithIdempotencyKey(key), wantErr: router.ErrInvalidOption, wantMsg: "Config.Idempotency is nil"},
-		{name: "breaker without Config.Breakers", opt: router.WithBreaker("gateway"), wantErr: router.ErrInvalidOption, wantMsg: `WithBreaker("gateway") but Config.Breakers and Config.Retry.Overload are nil`},
+		{name: "breaker without Config.Breaker", opt: router.WithBreaker("gateway"), wantErr: router.ErrInvalidOption, wantMsg: `WithBreaker("gateway") but Config.Breaker, Config.Breakers and Config.Retry.Overload are nil`},
 		{name: "zero concurrency", opt: router.WithConcurrency(0), wantErr: router.ErrInvalidOption, wantMsg: "WithConcurrency(0)"},
 		{name: "negative prefetch", opt: router.WithPrefetch(-1), wantErr: router.ErrInvalidOption, wantMsg: "WithPrefetch(-1)"},
-		{name: "idempotency key with its step", cfg: router.Config{Idempotency: guard}, opt: router.WithIdempotencyKey(key)},
+		{name: "idempotency key with its step", cfg: router.Config{Guard: guard}, opt: router.WithIdempotencyKey(key)},
 		{name: "breaker with its step", cfg: router.Config{Breakers: reg}, opt: router.WithBreaker("gateway")},
 	}
 	for _, tt := range tests {

@@ -2,15 +2,14 @@ package router
 
 import (
 	"fmt"
-	"strconv"
+	"slices"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/internal/carry"
-	"github.com/sluice-go/sluice/internal/topology"
-	"github.com/sluice-go/sluice/router/internal/claim"
-	"github.com/sluice-go/sluice/router/internal/rebalance"
+	"github.com/sluice-go/sluice/router/internal/partition"
+	"github.com/sluice-go/sluice/router/internal/parts"
 )
 
 // WithPartitions consumes the handler's queue Q as p key-partitioned queues Q.p0 …
@@ -38,19 +37,42 @@ import (
 // handler unless WithBreaker says otherwise). Zero means no partitions.
 func WithPartitions(p int) HandlerOption { return func(c *handlerConfig) { c.partitions = p } }
 
-// partitionHandlerName returns the name of the handler of partition k, "<name>#<k>".
-func partitionHandlerName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
+// WithRebalancing makes the instances of a partitioned handler (WithPartitions) share its
+// partitions fairly and move them when an instance joins or leaves, on a broker that
+// keeps a membership (broker.Joiner: RabbitMQ's amqp.Broker.Join says how instances hear
+// of each other;
+// heartbeat is its interval, zero meaning 500 ms). All instances compute the same
+// assignment from the member list (rendezvous hashing with bounded loads) and each
+// consumes only its own partitions. An instance gives a partition up between messages: it
+// cancels its consumer, hands the router what was already delivered or gives it back,
+// waits for the handlers of what it holds, and lets the partition pass to its new owner,
+// which subscribed as soon as it computed the assignment (how RabbitMQ passes it: package
+// package amqp, "Partitioned queues"). The rebalancing itself is package
+// router/internal/rebalance's; the hand-over of done keys, router/internal/handover's.
+//
+// A join is followed within about a heartbeat, a graceful leave (Close) at once, and an
+// instance killed (connection lost, no goodbye) within three heartbeats and one more.
+// With Config.Idempotency (or Config.Guard), an instance giving a partition up
+// broadcasts its done keys to the others (before cancelling its consumer and again once
+// what it held settled), so the new owner knows them; a killed instance hands nothing
+// over: see docs/scaling.md (Scaling out). It needs WithPartitions; it replaces the start-up
+// claiming of WithPartitions.
+func WithRebalancing(heartbeat time.Duration) HandlerOption {
+	return func(c *handlerConfig) { c.rebalance, c.heartbeat = true, heartbeat }
+}
 
-// addPartitioned registers one handler per partition; s.mu is held.
+// addPartitioned registers one handler per partition (package internal/partition); s.mu
+// is held.
 func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.HandlerFunc, hc handlerConfig, comp *carry.Compensation) error {
-	if hc.partitions < 0 {
-		return fmt.Errorf("%w: handler %q has %d partitions, want 1 or more", ErrInvalidOption, name, hc.partitions)
+	set, err := partition.New(partition.Config{Name: name, Queue: queue, Partitions: hc.partitions, Rebalance: hc.rebalance,
+		Heartbeat: hc.heartbeat, Broker: s.broker, Keys: s.guardStore(), Logger: s.logger})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOption, err)
 	}
-	names := make([]string, hc.partitions)
-	for k := range names {
-		names[k] = partitionHandlerName(name, k)
-		if s.names[names[k]] {
-			return fmt.Errorf("%w: %q", ErrDuplicateHandler, names[k])
+	handlers := set.Handlers()
+	for _, ph := range handlers {
+		if s.names[ph.Name] {
+			return fmt.Errorf("%w: %q", ErrDuplicateHandler, ph.Name)
 		}
 	}
 	s.names[name] = true
@@ -58,32 +80,22 @@ func (s *Stack) addPartitioned(name, queue, outputTopic string, h message.Handle
 		s.plan.Output(outputTopic)
 	}
 	s.plan.Partitioned(queue, hc.partitions)
-	var claimer *claim.Claimer
-	var reb *rebalance.Rebalancer
-	if hc.rebalance {
-		r, err := s.newRebalancer(name, queue, hc)
-		if err != nil {
-			return err
-		}
-		reb = r
-	} else if counter, ok := s.broker.(broker.ConsumerCounter); ok {
-		claimer = claim.New(queue, hc.partitions, counter, claim.Interval, s.logger)
+	if held := set.Held(); held != nil {
+		s.parts.Add(parts.Part{Handler: name, Held: held})
 	}
-	for k, hname := range names {
-		s.names[hname] = true
-		hc.journal = topology.Partition(queue, k)
+	for _, ph := range handlers {
+		s.names[ph.Name] = true
+		hc.journal = ph.Queue
 		stack := withCompensation(s.compose(h, outputTopic, hc), comp)
-		var sub message.Subscriber = s.subscriber(name, hc)
-		if reb != nil {
-			sub = reb.Subscriber(sub, k, s.logger)
-		} else if claimer != nil {
-			sub = claimer.Subscriber(sub, k, s.logger)
-		}
-		s.consumes(hname, topology.Partition(queue, k))
-		s.router.AddConsumerHandler(hname, topology.Partition(queue, k), sub, func(m *message.Message) error {
+		s.consumes(ph.Name, ph.Queue)
+		s.router.AddConsumerHandler(ph.Name, ph.Queue, set.Subscriber(s.subscriber(name, hc), ph.K), func(m *message.Message) error {
 			_, err := stack(m)
 			return err
 		})
 	}
 	return nil
 }
+
+// HeldPartitions returns the partitions of the rebalanced handler name (WithRebalancing)
+// that this instance consumes now, sorted; nil for another handler.
+func (s *Stack) HeldPartitions(name string) []int { return slices.Clone(s.parts.Held(name)) }

@@ -2,11 +2,11 @@ package router
 
 import (
 	"context"
-
-	"github.com/ThreeDotsLabs/watermill/message"
+	"fmt"
 
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router/internal/parts"
 	"github.com/sluice-go/sluice/router/internal/pause"
 )
 
@@ -18,30 +18,60 @@ import (
 // broken dependency: pausing would hold those up too.
 func WithDeferWhileOpen() HandlerOption { return func(c *handlerConfig) { c.deferWhileOpen = true } }
 
-// initOverload wires the retry step's overload protection to the broker and telemetry;
-// what it registers is released by Close.
-func (s *Stack) initOverload() error {
-	if o := s.cfg.Retry.Overload; o != nil {
-		d := s.broker // a passive declare on RabbitMQ
+// initMetrics registers, with telemetry, the breaker state, abandoned attempts and
+// overload metrics, and wires the retry step's overload protection to the broker; what
+// it registers is released by Close.
+func (c *core) initMetrics() error {
+	o := c.cfg.Retry.Overload
+	if o != nil {
+		d := c.broker // a passive declare on RabbitMQ
 		o.UseBacklog(func(ctx context.Context, queue string) (int, error) {
 			depth, err := d.QueueDepth(ctx, queue)
 			return int(depth.Ready), err
 		})
 	}
-	if s.tel == nil || (s.cfg.Breakers == nil && s.cfg.Retry.Overload == nil) {
+	if c.tel == nil {
+		return nil
+	}
+	if reg := c.breakers; reg != nil {
+		gauge, err := c.tel.RegisterBreakerState(func() map[string]int {
+			out := map[string]int{}
+			for name, st := range reg.States() {
+				out[name] = int(st)
+			}
+			return out
+		})
+		if err != nil {
+			return fmt.Errorf("router: breaker state metric: %w", err)
+		}
+		c.parts.Add(parts.Part{Close: func() { _ = gauge.Unregister() }})
+	}
+	running, err := c.tel.RegisterAbandoned(func() map[string]int {
+		out := map[string]int{}
+		for _, t := range c.attempts.Trackers() {
+			b := t.Snapshot()
+			out[b.Handler] = b.Running
+		}
+		return out
+	})
+	if err != nil {
+		return fmt.Errorf("router: abandoned attempts metric: %w", err)
+	}
+	c.parts.Add(parts.Part{Close: func() { _ = running.Unregister() }})
+	if c.breakers == nil && o == nil {
 		return nil
 	}
 	var budget func() map[string]float64
-	if o := s.cfg.Retry.Overload; o != nil {
+	if o != nil {
 		budget = o.BudgetLeft
 	}
-	m, err := s.tel.NewOverloadMetrics(s.pausedHandlers, budget)
+	m, err := c.tel.NewOverloadMetrics(c.parts.Paused, budget)
 	if err != nil {
-		return err
+		return fmt.Errorf("router: overload metrics: %w", err)
 	}
-	s.addPart(part{close: func() { _ = m.Close() }})
-	if o := s.cfg.Retry.Overload; o != nil {
-		s.addPart(part{close: o.NotifyRefused(func(ev retry.RefusedEvent) {
+	c.parts.Add(parts.Part{Close: func() { _ = m.Close() }})
+	if o != nil {
+		c.parts.Add(parts.Part{Close: o.NotifyRefused(func(ev retry.RefusedEvent) {
 			m.RetryRefused(context.Background(), ev.Dependency, ev.Queue, ev.Reason)
 		})})
 	}
@@ -51,18 +81,10 @@ func (s *Stack) initOverload() error {
 // pauseFor returns the pause controller of a handler consuming with sub, or nil when the
 // handler defers instead (no breaker, or WithDeferWhileOpen). s.mu is held.
 func (s *Stack) pauseFor(handler string, hc handlerConfig, sub broker.Subscriber) *pause.Controller {
-	if s.cfg.Breakers == nil || hc.deferWhileOpen {
+	if s.breakers == nil || hc.deferWhileOpen {
 		return nil
 	}
-	c := pause.New(handler, s.cfg.Breakers.Breaker(hc.breaker), sub, &s.pauses, s.logger)
-	s.parts = append(s.parts, part{handler: handler, close: c.Close, paused: c.Paused})
+	c := pause.New(handler, s.breakers.Breaker(hc.breaker), sub, &s.pauses, s.logger)
+	s.parts.Add(parts.Part{Handler: handler, Close: c.Close, Paused: c.Paused})
 	return c
-}
-
-// breakerStep is the breaker step of a handler: pausing unless it defers.
-func (s *Stack) breakerStep(hc handlerConfig) message.HandlerMiddleware {
-	if hc.pause != nil {
-		return hc.pause.Middleware()
-	}
-	return s.cfg.Breakers.NewMiddleware(hc.breaker)
 }

@@ -66,8 +66,8 @@ func benchSlowHandlerSluice(b *testing.B, url string, c int, cfg router.Config, 
 	q := benchenv.SluiceQueue(b, r, br, fmt.Sprintf("bench.slow%d.sluice", c))
 	benchPrefill(b, r, q, b.N)
 	count := benchCountTo(b.N)
-	if cfg.Idempotency == nil {
-		cfg.Idempotency = benchGuard(b, idempotency.Config{})
+	if cfg.Guard == nil {
+		cfg.Guard = benchGuard(b, idempotency.Config{})
 	}
 	stack := benchStack(b, br, cfg, true)
 	if err := stack.Handle("bench", q, func(*message.Message) error {
@@ -78,7 +78,7 @@ func benchSlowHandlerSluice(b *testing.B, url string, c int, cfg router.Config, 
 		b.Fatal(err)
 	}
 	cpu := newBenchCPU(url)
-	cpu.guard, _ = cfg.Idempotency.(*idempotency.Guard)
+	cpu.guard = cfg.Guard
 	b.ReportAllocs()
 	b.ResetTimer()
 	benchRunFrom(b, stack, count, func() { cpu.start(b) }, func(b *testing.B) {
@@ -103,7 +103,7 @@ func benchSlowHandler(b *testing.B, c int) {
 	report := slowHandlerReport(c)
 	b.Run("sluice", func(b *testing.B) { benchSlowHandlerSluice(b, url, c, router.Config{}, report) })
 	b.Run("sluice-nojournal", func(b *testing.B) {
-		benchSlowHandlerSluice(b, url, c, router.Config{Idempotency: benchGuardWithoutJournal(b)}, report)
+		benchSlowHandlerSluice(b, url, c, router.Config{Guard: benchGuardWithoutJournal(b)}, report)
 	})
 	b.Run("raw", func(b *testing.B) {
 		r := testenv.NewRabbit(b)

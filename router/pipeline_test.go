@@ -1,20 +1,25 @@
 package router_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+	"go.uber.org/goleak"
 
 	"github.com/sluice-go/sluice/broker/memory"
 	"github.com/sluice-go/sluice/middleware/breaker"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router"
 	"github.com/sluice-go/sluice/telemetry"
@@ -96,4 +101,63 @@ func TestMiddlewares_RegistersNothingItDoesNotClose(t *testing.T) {
 	assert.Equal(t, baseMeters, meters.live.Load(), "meter registrations after 1,000 calls")
 	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= baseGoroutines+2 },
 		5*time.Second, 10*time.Millisecond, "goroutines after 1,000 calls: %d, before %d", runtime.NumGoroutine(), baseGoroutines)
+}
+
+// Issue 53: Middlewares builds its steps from the Config alone, no Stack around them. The
+// guard it builds from Config.Idempotency (here with a snapshot goroutine) is closed by
+// closeSteps, which writes its snapshot, and nothing it started keeps running.
+func TestMiddlewares_BuildsAndClosesItsOwnSteps(t *testing.T) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b := memory.New(memory.Config{Logger: logger})
+	defer b.Close()
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	snapshot := filepath.Join(t.TempDir(), "keys")
+	mws, closeSteps, err := router.Middlewares(b, router.Config{
+		Logger:      logger,
+		Idempotency: &idempotency.Config{SnapshotPath: snapshot, SnapshotInterval: time.Hour},
+		Breaker:     &breaker.Config{Logger: logger},
+	})
+	require.NoError(t, err)
+	h := message.HandlerFunc(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for i := len(mws) - 1; i >= 0; i-- {
+		h = mws[i](h)
+	}
+	msg := message.NewMessage("pay-1", nil)
+	msg.SetContext(context.Background())
+	_, err = h(msg)
+	require.NoError(t, err)
+	require.NoFileExists(t, snapshot, "the snapshot is written when the guard closes")
+	require.NoError(t, closeSteps())
+	require.FileExists(t, snapshot, "closeSteps closed the guard Middlewares built")
+}
+
+// Config.Idempotency and Config.Guard (Config.Breaker and Config.Breakers) are one setting
+// given two ways: both at once is an error, not a silent choice.
+func TestNew_RefusesBothWaysOfOneSetting(t *testing.T) {
+	b := memory.New(memory.Config{Logger: silentLogger})
+	defer b.Close()
+	guard, err := idempotency.New(idempotency.Config{})
+	require.NoError(t, err)
+	defer guard.Close()
+	reg, err := breaker.New(breaker.Config{})
+	require.NoError(t, err)
+	_, err = router.New(b, router.Config{Idempotency: &idempotency.Config{}, Guard: guard})
+	assert.ErrorContains(t, err, "Config.Idempotency and Config.Guard are both set")
+	_, _, err = router.Middlewares(b, router.Config{Breaker: &breaker.Config{}, Breakers: reg})
+	assert.ErrorContains(t, err, "Config.Breaker and Config.Breakers are both set")
+}
+
+// The guard a stack builds from Config.Idempotency is the stack's: Close closes it,
+// writing its snapshot.
+func TestNew_ClosesTheGuardItBuilds(t *testing.T) {
+	b := memory.New(memory.Config{Logger: silentLogger})
+	defer b.Close()
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	snapshot := filepath.Join(t.TempDir(), "keys")
+	s, err := router.New(b, router.Config{Logger: silentLogger,
+		Idempotency: &idempotency.Config{SnapshotPath: snapshot, SnapshotInterval: time.Hour}})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.FileExists(t, snapshot)
+	require.NoError(t, s.Close(), "a second Close closes nothing again")
 }

@@ -113,7 +113,7 @@ func startRebalanced(t *testing.T, url, name, queue string, bank *rebalanceBank)
 	guard, err := idempotency.New(idempotency.Config{InFlightDeferral: 50 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = guard.Close() })
-	s, err := router.New(br, router.Config{Logger: silentLogger, Retry: fastRetries(3), Idempotency: guard})
+	s, err := router.New(br, router.Config{Logger: silentLogger, Retry: fastRetries(3), Guard: guard})
 	require.NoError(t, err)
 	require.NoError(t, s.Handle("payments", queue, func(m *message.Message) error {
 		time.Sleep(time.Millisecond) // the payment gateway

@@ -39,13 +39,15 @@
 //
 // The stack orders the steps and runs the handlers. What a handler's options add lives in
 // packages of their own under router/internal, each composed through a small interface:
-// batch (HandleBatch's batches), claim (WithPartitions' start-up claiming), rebalance and
-// handover (WithRebalancing and its hand-over of done idempotency keys), pause (a breaker's
-// pause), declare (what Run declares). The broker is reached through package broker's
-// contract alone.
+// batch (HandleBatch's batches), partition (WithPartitions' handlers, through claim's
+// start-up claiming or, with WithRebalancing, rebalance and handover's hand-over of done
+// idempotency keys), pause (a breaker's pause), idle (Config.StopWhenIdle's watch),
+// journal (restoring idempotency journals), declare (what Run declares) and parts (what
+// the stack holds until Close). The broker is reached through package broker's contract
+// alone.
 //
 // Options that cannot take effect are errors at registration: WithIdempotencyKey without
-// Config.Idempotency, WithBreaker without Config.Breakers and WithNativeRetry on a broker
+// Config.Idempotency, WithBreaker without Config.Breaker and WithNativeRetry on a broker
 // without native delayed retry make Handle fail.
 package router
 
@@ -59,17 +61,14 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"go.opentelemetry.io/otel/metric"
-
 	"github.com/sluice-go/sluice/broker"
-	"github.com/sluice-go/sluice/disposition"
-	"github.com/sluice-go/sluice/internal/attempt"
 	"github.com/sluice-go/sluice/internal/health"
 	"github.com/sluice-go/sluice/internal/lifecycle"
-	"github.com/sluice-go/sluice/internal/otelstep"
 	"github.com/sluice-go/sluice/middleware/breaker"
+	"github.com/sluice-go/sluice/middleware/idempotency"
 	"github.com/sluice-go/sluice/middleware/retry"
 	"github.com/sluice-go/sluice/router/internal/declare"
+	"github.com/sluice-go/sluice/router/internal/idle"
 	"github.com/sluice-go/sluice/router/internal/journal"
 	"github.com/sluice-go/sluice/router/internal/pause"
 	"github.com/sluice-go/sluice/telemetry"
@@ -87,7 +86,7 @@ var (
 	// of range (a negative partition count), options that contradict each other (an
 	// output queue and an output exchange, partitions with a subscription), or an option
 	// whose step the Config does not have (WithIdempotencyKey without Config.Idempotency,
-	// WithBreaker without Config.Breakers: it would silently do nothing). The error names
+	// WithBreaker without Config.Breaker: it would silently do nothing). The error names
 	// the handler and the option.
 	ErrInvalidOption = errors.New("router: invalid handler option")
 )
@@ -133,10 +132,30 @@ type Config struct {
 	// idempotency journal and the queue depths). Nil means no telemetry: the per-message
 	// work it costs is left out.
 	Telemetry *telemetry.Config
-	// Breakers, when set, gives each handler a circuit breaker (see WithBreaker).
+	// Breaker, when set, gives each handler a circuit breaker (see WithBreaker), from a
+	// registry the stack builds with it (breaker.New). Nil means no breakers.
+	Breaker *breaker.Config
+	// Breakers is a registry shared with other stacks, used instead of Breaker (giving
+	// both is an error): one stack per cluster whose handlers share their dependencies'
+	// breakers. Nil means the stack's own, from Breaker.
 	Breakers *breaker.Registry
-	// Idempotency, when set, adds the idempotency step to every handler.
-	Idempotency Idempotency
+	// Idempotency, when set, adds the idempotency step to every handler, with a guard the
+	// stack builds with it (idempotency.New) and closes last on Close, so that its
+	// snapshot holds every completion. Nil means no idempotency step.
+	//
+	// When the guard journals (idempotency.Config.DisableJournal false) and the broker
+	// keeps journals (broker.Journaler: RabbitMQ), Run gives every handler's step the
+	// journal sluice.idempotency.<queue> of the queue it consumes (one per partition).
+	// Consuming starts at once (a partitioned handler claims its partitions as early as
+	// its peers), but no message is handled until every journal has restored the keys done
+	// within their TTL: a message that arrives meanwhile waits, unacknowledged, and is
+	// returned unprocessed (ErrRestoring) when the stack closes first. /readyz
+	// (otelsetup.Operate) says "restoring" meanwhile. Middlewares does not journal.
+	Idempotency *idempotency.Config
+	// Guard is a guard shared with other stacks, used instead of Idempotency (giving both
+	// is an error), and closed by its owner after them: one stack per cluster, so that a
+	// message on both is handled once. Nil means the stack's own, from Idempotency.
+	Guard *idempotency.Guard
 	// Middleware is the user's own steps (logging, auth, validation, Watermill's
 	// CorrelationID or Throttle), first outermost, placed inside retry,
 	// idempotency and output confirmation and outside the breaker and the handler
@@ -163,13 +182,6 @@ type Config struct {
 	StopWhenIdle time.Duration
 }
 
-// Idempotency is the idempotency step (package idempotency's Guard): NewMiddleware builds
-// the step with a handler's key function (router.WithIdempotencyKey), nil meaning the
-// step's own default, and the observers it tells about the duplicates it acks.
-type Idempotency interface {
-	NewMiddleware(key func(*message.Message) (string, error), observers ...disposition.Observer) message.HandlerMiddleware
-}
-
 // HandlerOption tunes one handler.
 type HandlerOption func(*handlerConfig)
 
@@ -189,8 +201,8 @@ type handlerConfig struct {
 	batch          batchConfig       // WithBatch (batch.go)
 	batched        bool              // registered by HandleBatch (batch.go)
 
-	rebalance bool          // WithRebalancing (rebalance.go)
-	heartbeat time.Duration // WithRebalancing (rebalance.go)
+	rebalance bool          // WithRebalancing (partition.go)
+	heartbeat time.Duration // WithRebalancing (partition.go)
 
 	native *broker.NativeRetry // WithNativeRetry (nativeretry.go)
 
@@ -212,7 +224,7 @@ func WithIdempotencyKey(f func(*message.Message) (string, error)) HandlerOption 
 
 // WithBreaker names the dependency whose breaker guards the handler; handlers naming the
 // same dependency share one breaker. Without it the handler's name is used. It needs
-// Config.Breakers (or Config.Retry.Overload, whose retry budget it names): without either,
+// Config.Breaker (or Config.Retry.Overload, whose retry budget it names): without either,
 // Handle returns ErrInvalidOption.
 func WithBreaker(dependency string) HandlerOption {
 	return func(c *handlerConfig) { c.breaker, c.breakerSet = dependency, true }
@@ -223,20 +235,12 @@ func WithBreaker(dependency string) HandlerOption {
 // comes from packages of their own (router/internal/...), composed through the broker
 // contract, the declaration plan and the stack's parts.
 type Stack struct {
-	cfg    Config
-	broker Broker
-	logger *slog.Logger
+	*core  // the steps and what they hold (pipeline.go)
 	router *message.Router
-	retry  *retry.Retry
-	// attempts is the attempt step (internal/attempt); cut is closed once CloseTimeout
-	// has run out after Close or the end of Run's context, and every attempt still running
-	// is abandoned then.
-	attempts *attempt.Step
-	cut      chan struct{}
+	// cutTimer closes cut once CloseTimeout has run out after Close or the end of Run's
+	// context: every attempt still running is abandoned then.
 	cutOnce  sync.Once
 	cutTimer *time.Timer
-	output   message.Publisher
-	tel      *otelstep.Instrumentation // from Config.Telemetry, nil without (operate.go)
 	// pauses are what paused consuming, for readiness (otelsetup.Operate reads them).
 	pauses health.Pauses
 
@@ -244,146 +248,39 @@ type Stack struct {
 	names   map[string]bool
 	started bool
 	plan    declare.Plan                  // what Run declares
-	parts   []part                        // what the options and the configuration hold until Close
 	slots   []*journal.Slot               // idempotency steps Run restores before handling (journal.go)
 	topics  map[string]string             // the queue each Watermill handler consumes, for Describe
 	native  map[string]broker.NativeRetry // WithNativeRetry's schedule per handler, for Describe
 	settle  map[string]time.Duration      // each handler's settle bound (broker.go), for Describe
 	// compensations names where each compensated handler's event goes, for Describe.
 	compensations map[string]string
-	// closing is closed by Close; stopRestore and restoreDone end Run's restore.
+	// closing is closed by Close; restoring is Run's restore of the journals.
 	closing   chan struct{}
 	closeOnce sync.Once
 	// routerRun is set, under mu, once Run hands over to Watermill's router: before that,
 	// Close has nothing to wait for (Watermill's Close would wait CloseTimeout for handlers
 	// that never started, e.g. after a declaration failed).
-	routerRun   bool
-	stopRestore context.CancelFunc
-	restoreDone chan struct{}
-	idle        idle // attempts in flight, for Config.StopWhenIdle (idle.go)
+	routerRun bool
+	restoring *journal.Restoring
+	idle      idle.Counter // attempts in flight, for Config.StopWhenIdle
 }
 
 // New builds a stack on b.
 func New(b Broker, cfg Config) (*Stack, error) {
-	if b == nil {
-		return nil, ErrNoBroker
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.HandlerTimeout <= 0 {
-		cfg.HandlerTimeout = 30 * time.Second
-	}
-	if cfg.CloseTimeout <= 0 {
-		cfg.CloseTimeout = 30 * time.Second
-	}
-	if cfg.AbandonGrace <= 0 {
-		cfg.AbandonGrace = attempt.DefaultGrace
-	}
-	if cfg.MaxAbandoned <= 0 {
-		cfg.MaxAbandoned = attempt.DefaultMaxAbandoned
-	}
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 1
-	}
-	if err := checkStopWhenIdle(cfg.StopWhenIdle); err != nil {
-		return nil, err
-	}
-	for i, m := range cfg.Middleware {
-		if m == nil {
-			return nil, fmt.Errorf("router: Config.Middleware[%d] is nil", i)
-		}
-	}
-	// The broker does the hand-offs unless the caller gave the retry step its own. The
-	// steps get copies: the caller's Config is never changed.
-	rcfg := cfg.Retry
-	if rcfg.Delayer == nil {
-		rcfg.Delayer = b
-	}
-	if rcfg.DeadLetterer == nil {
-		rcfg.DeadLetterer = b
-	}
-	var output message.Publisher = broker.QueuePublisher(b)
-	tel, err := newTelemetry(cfg.Telemetry) // operate.go
+	c, err := build(b, cfg) // pipeline.go
 	if err != nil {
 		return nil, err
-	}
-	built := false
-	defer func() {
-		if !built && tel != nil {
-			_ = tel.Close() // every registration made on it below goes with it
-		}
-	}()
-	if tel != nil {
-		rcfg.Delayer = tel.WrapDelayer(rcfg.Delayer)
-		rcfg.DeadLetterer = tel.WrapDeadLetterer(rcfg.DeadLetterer)
-		output = tel.WrapPublisher(output)
-		// Telemetry observes every attempt's outcome beside the caller's observer.
-		obs := disposition.Observers{tel}
-		if rcfg.Observer != nil {
-			obs = disposition.Observers{rcfg.Observer, tel}
-		}
-		rcfg.Observer = obs
-	}
-	if rcfg.Logger == nil {
-		rcfg.Logger = cfg.Logger
-	}
-	r, err := retry.New(rcfg)
-	if err != nil {
-		return nil, err
-	}
-	var gauge metric.Registration // the breaker state metric, a part of the stack
-	if tel != nil && cfg.Breakers != nil {
-		reg := cfg.Breakers
-		gauge, err = tel.RegisterBreakerState(func() map[string]int {
-			states := reg.States()
-			out := make(map[string]int, len(states))
-			for name, st := range states {
-				out[name] = int(st)
-			}
-			return out
-		})
-		if err != nil {
-			return nil, fmt.Errorf("router: breaker state metric: %w", err)
-		}
 	}
 	// Watermill waits for its handlers past CloseTimeout only as long as a hand-off of the
 	// attempts abandoned at it may take: the attempt step returns them at CloseTimeout.
-	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout + lifecycle.HandoffTimeout}, newWatermillLogger(cfg.Logger))
+	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: c.cfg.CloseTimeout + lifecycle.HandoffTimeout}, newWatermillLogger(c.logger))
 	if err != nil {
+		_ = c.close()
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	wr.AddPlugin(cfg.Plugins...)
-	s := &Stack{cfg: cfg, broker: b, logger: cfg.Logger, router: wr, retry: r, output: output, tel: tel, names: map[string]bool{},
-		closing: make(chan struct{}), cut: make(chan struct{})}
-	s.plan.Delays(r.Config().MaxDelay)
-	if tel != nil {
-		// The first part, so closed last: the stack's instrumentation and what remains on it.
-		s.parts = append(s.parts, part{close: func() { _ = tel.Close() }})
-	}
-	s.attempts = attempt.New(attempt.Config{Timeout: cfg.HandlerTimeout, Grace: cfg.AbandonGrace, HandoffTimeout: lifecycle.HandoffTimeout,
-		Cut: s.cut, Observer: s.abandonObserver()}, cfg.MaxAbandoned)
-	if gauge != nil {
-		s.parts = append(s.parts, part{close: func() { _ = gauge.Unregister() }})
-	}
-	if tel != nil {
-		running, err := tel.RegisterAbandoned(func() map[string]int {
-			out := map[string]int{}
-			for _, t := range s.attempts.Trackers() {
-				b := t.Snapshot()
-				out[b.Handler] = b.Running
-			}
-			return out
-		})
-		if err != nil {
-			return nil, fmt.Errorf("router: abandoned attempts metric: %w", err)
-		}
-		s.parts = append(s.parts, part{close: func() { _ = running.Unregister() }})
-	}
-	if err := s.initOverload(); err != nil {
-		return nil, fmt.Errorf("router: overload metrics: %w", err)
-	}
-	built = true
+	wr.AddPlugin(c.cfg.Plugins...)
+	s := &Stack{core: c, router: wr, names: map[string]bool{}, closing: make(chan struct{})}
+	s.plan.Delays(c.retry.Config().MaxDelay)
 	return s, nil
 }
 
@@ -472,8 +369,8 @@ func (s *Stack) add(name, queue, outputTopic string, h message.HandlerFunc, opts
 // Run declares every queue the handlers use (Declare) and consumes until ctx is done or
 // Close is called, or, with Config.StopWhenIdle, until the stack has been idle that long.
 func (s *Stack) Run(ctx context.Context) (err error) {
-	ctx, idle := s.watchIdle(ctx) // Config.StopWhenIdle (idle.go)
-	defer func() { err = idle.end(s, err) }()
+	ctx, watch := s.watchIdle().Start(ctx) // Config.StopWhenIdle (package internal/idle)
+	defer func() { err = watch.End(s.Close, err) }()
 	s.mu.Lock()
 	s.started = true
 	s.mu.Unlock()
@@ -497,38 +394,12 @@ func (s *Stack) Run(ctx context.Context) (err error) {
 	if journals == 0 {
 		return s.router.Run(ctx)
 	}
-	// Consume and restore at once (see JournalingIdempotency); the restore ends with Run.
-	restoreCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	restored, done := make(chan error, 1), make(chan struct{})
-	s.mu.Lock()
-	s.stopRestore, s.restoreDone = cancel, done
-	s.mu.Unlock()
-	go func() {
-		defer close(done)
-		restored <- s.restoreJournals(restoreCtx)
-	}()
-	ran := make(chan error, 1)
-	go func() { ran <- s.router.Run(ctx) }()
-	select {
-	case err := <-restored:
-		select {
-		case <-s.closing:
-			return <-ran // Close ended the restore: not a failure
-		default:
-		}
-		if err != nil {
-			// The messages waiting for the restore go back unprocessed.
-			_ = s.router.Close()
-			<-ran //nolint:errcheck // Run's own end is superseded by the restore's failure, err
-			return err
-		}
-		return <-ran
-	case err := <-ran:
-		cancel()
-		<-restored //nolint:errcheck // the caller hears Run's end, not the cancelled restore's
-		return err
-	}
+	// Consume and restore at once (see Config.Idempotency); the restore ends with Run.
+	return journal.Run(ctx, s.router.Run, s.restoreJournals, s.router.Close, s.closing, func(r *journal.Restoring) {
+		s.mu.Lock()
+		s.restoring = r
+		s.mu.Unlock()
+	})
 }
 
 // Declare declares the queues of the handlers registered so far — consumed queues with
@@ -540,6 +411,31 @@ func (s *Stack) Declare(ctx context.Context) error {
 	plan := s.plan.Copy()
 	s.mu.Unlock()
 	return plan.Declare(ctx, s.broker)
+}
+
+// watchIdle is Config.StopWhenIdle's watch of the stack.
+func (s *Stack) watchIdle() idle.Watch {
+	return idle.Watch{After: s.cfg.StopWhenIdle, Counter: &s.idle, Queues: s.ConsumedQueues, Depth: s.broker.QueueDepth, Logger: s.logger,
+		Consuming: func(ctx context.Context) bool {
+			select {
+			case <-s.router.Running():
+			case <-ctx.Done():
+				return false
+			}
+			// Run sets restoring before it starts the router: it is set by now, or never.
+			s.mu.Lock()
+			restoring := s.restoring
+			s.mu.Unlock()
+			if restoring == nil {
+				return true
+			}
+			select {
+			case <-restoring.Done():
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}}
 }
 
 // Running is closed once every handler consumes.
@@ -557,15 +453,16 @@ func (s *Stack) Close() error {
 	s.armCut()
 	defer s.stopCut()
 	s.mu.Lock()
-	stop, done, ran := s.stopRestore, s.restoreDone, s.routerRun
+	restoring, ran := s.restoring, s.routerRun
 	s.mu.Unlock()
-	if stop != nil {
-		stop()
-		<-done
+	if restoring != nil {
+		restoring.Stop()
 	}
-	s.closeParts()
-	if !ran {
-		return nil
+	s.parts.Close()
+	var err error
+	if ran {
+		err = errors.Join(s.router.Close(), s.stillRunning())
 	}
-	return errors.Join(s.router.Close(), s.stillRunning())
+	// The guard the stack built goes last, so its snapshot holds every completion.
+	return errors.Join(err, s.closeGuard())
 }

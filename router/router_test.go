@@ -280,7 +280,7 @@ func TestOrder_FailedOutputPublishIsRetriedNotMarkedDone(t *testing.T) {
 	guard, err := idempotency.New(idempotency.Config{OnDuplicate: func(msg *message.Message, _ string) { duplicates <- msg.UUID }})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = guard.Close() })
-	s, err := router.New(b, router.Config{Logger: silentLogger, Retry: fastRetries(3), Idempotency: guard})
+	s, err := router.New(b, router.Config{Logger: silentLogger, Retry: fastRetries(3), Guard: guard})
 	require.NoError(t, err)
 	var rec recorder
 	require.NoError(t, s.HandleWithOutput("settle", "payments", "ledger", func(msg *message.Message) ([]*message.Message, error) {

@@ -257,7 +257,7 @@ func startHostileStack(t *testing.T) *hostileStack {
 		Logger:      logger,
 		Retry:       retry.Config{MaxRetries: hostileMaxRetries, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter},
 		Telemetry:   in,
-		Idempotency: guard,
+		Guard:       guard,
 		Concurrency: 4,
 	}
 	gateway := ep.NewGateway()

@@ -201,7 +201,7 @@ func TestHung_LateReturn(t *testing.T) {
 			t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
 			var calls, charges atomic.Int64
 			cfg := hungPolicy()
-			cfg.Idempotency = guard
+			cfg.Guard = guard
 			cfg.Retry = retry.Config{MaxRetries: 5, InitialDelay: 500 * time.Millisecond, MaxDelay: 500 * time.Millisecond, Jitter: retry.NoJitter}
 			start(t, e, cfg, func(s *router.Stack) {
 				require.NoError(t, s.HandleWithOutput("payments", queue, output, func(m *message.Message) ([]*message.Message, error) {

@@ -55,8 +55,8 @@ func TestIdempotencyThroughTheStack(t *testing.T) {
 			return p.PaymentID, nil
 		}
 		start(t, e, router.Config{
-			Idempotency: guard,
-			Retry:       retry.Config{MaxRetries: 5, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter},
+			Guard: guard,
+			Retry: retry.Config{MaxRetries: 5, InitialDelay: 50 * time.Millisecond, Jitter: retry.NoJitter},
 		}, func(s *router.Stack) {
 			require.NoError(t, s.Handle("charge", queue, func(msg *message.Message) error {
 				calls.Add(1)

@@ -60,7 +60,7 @@ func TestJournalConcurrentDuplicates_TwoInstances(t *testing.T) {
 		}})
 		require.NoError(t, err)
 		t.Cleanup(func() { assert.NoError(t, g.Close()) })
-		start(t, e, router.Config{Idempotency: g}, func(s *router.Stack) {
+		start(t, e, router.Config{Guard: g}, func(s *router.Stack) {
 			require.NoError(t, s.Handle("charge", queue, func(m *message.Message) error {
 				begin := time.Now()
 				time.Sleep(work)

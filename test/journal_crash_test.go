@@ -118,7 +118,7 @@ func TestJournalCrashChild(t *testing.T) {
 	defer func() { assert.NoError(t, g.Close()) }()
 
 	s, err := router.New(&hangingJournals{Broker: b, hang: mode == "hang"},
-		router.Config{Logger: testLogger(), Idempotency: g, CloseTimeout: 5 * time.Second})
+		router.Config{Logger: testLogger(), Guard: g, CloseTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	require.NoError(t, s.Handle("charge", queue, func(m *message.Message) error {
 		// The side effect, durable before the handler returns: what a payment provider

@@ -59,7 +59,7 @@ func TestJournalRefused_NackedAppendsDeferUntilJournalBack(t *testing.T) {
 		defer mu.Unlock()
 		return m[key]
 	}
-	start(t, e, router.Config{Idempotency: g}, func(s *router.Stack) {
+	start(t, e, router.Config{Guard: g}, func(s *router.Stack) {
 		require.NoError(t, s.Handle("charge", queue, func(m *message.Message) error {
 			mu.Lock()
 			charged[m.Metadata.Get(sluice.HeaderIdempotencyKey)]++

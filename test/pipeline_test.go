@@ -94,7 +94,7 @@ func TestPipeline_UnroutableOutputIsRetriedNeverLost(t *testing.T) {
 		run  func(t *testing.T, e *env, q, outQ string, g *idempotency.Guard, calls *atomic.Int64)
 	}{
 		{name: "stack", run: func(t *testing.T, e *env, q, outQ string, g *idempotency.Guard, calls *atomic.Int64) {
-			start(t, e, router.Config{Retry: pipelineRetry(maxRetries), Idempotency: g}, func(s *router.Stack) {
+			start(t, e, router.Config{Retry: pipelineRetry(maxRetries), Guard: g}, func(s *router.Stack) {
 				require.NoError(t, s.HandleWithOutput("receipts", q, outQ, output(calls)))
 			})
 			// Run declared the output queue: take it away so the output is unroutable.
@@ -106,7 +106,7 @@ func TestPipeline_UnroutableOutputIsRetriedNeverLost(t *testing.T) {
 		}},
 		{name: "plain router with router.Middlewares", run: func(t *testing.T, e *env, q, outQ string, g *idempotency.Guard, calls *atomic.Int64) {
 			declare(t, e, q)
-			mws, closeSteps, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries), Idempotency: g})
+			mws, closeSteps, err := router.Middlewares(e.broker, router.Config{Logger: testLogger(), Retry: pipelineRetry(maxRetries), Guard: g})
 			require.NoError(t, err)
 			t.Cleanup(func() { assert.NoError(t, closeSteps()) })
 			runPlainRouter(t, func(r *message.Router) {

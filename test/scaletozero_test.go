@@ -98,7 +98,7 @@ func (z *zeroScaler) instance(ctx context.Context, idx int) {
 	}
 	defer func() { _ = guard.Close() }() // before the broker's, as cmd/payments closes them
 	s, err := router.New(b, router.Config{
-		Idempotency: guard,
+		Guard:       guard,
 		Logger:      testLogger(),
 		Concurrency: 4,
 		Retry: retry.Config{MaxRetries: 3, InitialDelay: retryDelay, MaxDelay: retryDelay, Jitter: retry.NoJitter,

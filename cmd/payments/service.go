@@ -160,7 +160,7 @@ func newService(ctx context.Context, cfg config, logger *slog.Logger, h hooks) (
 	newStack := func(b router.Broker) (*router.Stack, error) {
 		stack, err := router.New(b, router.Config{
 			Telemetry:   &telemetry.Config{EventLog: logger}, // on the providers Setup installed
-			Idempotency: guard,
+			Guard:       guard,
 			Logger:      logger,
 			Retry:       rcfg,
 			Concurrency: cfg.concurrency,

@@ -8,13 +8,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
+	"log"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice"
@@ -31,42 +30,30 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Getenv("METRICS_ADDR"), "orders", "payments.requested", "payments.succeeded"); err != nil {
-		slog.Error("quickstart stopped", "error", err)
-		os.Exit(1)
+		log.Fatalf("quickstart stopped: %v", err)
 	}
 }
 
-// run consumes queue, bound to the topic exchange orders for payment.requested events, and
-// publishes a succeeded event per payment to output, until ctx ends.
+// run handles exchange orders' payment.requested events on queue, publishing to output.
 func run(ctx context.Context, metricsAddr, orders, queue, output string) error {
 	broker, err := amqp.Connect(ctx, os.Getenv("AMQP_URL"), nil) // RabbitMQ at AMQP_URL
 	if err != nil {
 		return fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
 	defer broker.Close()
-	guard, err := idempotency.New(idempotency.Config{MaxKeys: 1_000_000, TTL: 24 * time.Hour})
-	if err != nil {
-		return err
-	}
-	defer guard.Close()
-	// The breaker opens when half the gateway calls of at least 20 in a minute fail.
-	breakers, err := breaker.New(breaker.Config{FailureRatio: 0.5, MinRequests: 20, Interval: time.Minute})
-	if err != nil {
-		return err
-	}
 	stack, err := router.New(broker, router.Config{
 		Retry:       retry.Config{MaxRetries: 5, InitialDelay: time.Second, MaxDelay: time.Minute},
-		Telemetry:   &telemetry.Config{}, // traces and metrics through what otelsetup installs
-		Idempotency: guard,
-		Breakers:    breakers,
+		Telemetry:   &telemetry.Config{},                     // traces and metrics through what otelsetup installs
+		Idempotency: &idempotency.Config{KeyFunc: paymentID}, // a payment requested twice is charged once
+		// The breaker opens when half the gateway calls of at least 20 in a minute fail.
+		Breaker: &breaker.Config{FailureRatio: 0.5, MinRequests: 20, Interval: time.Minute},
 	})
 	if err != nil {
 		return err
 	}
 	defer stack.Close()
 	err = stack.HandleWithOutput("payments", queue, output, handle,
-		router.WithIdempotencyKey(paymentID), // a payment requested twice is charged once
-		router.WithBreaker("gateway"),        // handlers calling the gateway share its breaker
+		router.WithBreaker("gateway"), // handlers calling the gateway share its breaker
 		router.WithConcurrency(8),
 		router.WithSubscription(router.Binding{Exchange: orders, Keys: []string{"payment.requested"}}))
 	if err != nil {
@@ -81,32 +68,23 @@ type request struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
-func decode(msg *message.Message) (req request, err error) {
-	if err = json.Unmarshal(msg.Payload, &req); err == nil && (req.PaymentID == "" || req.AmountCents <= 0) {
+// paymentID is the idempotency key; without one, a request goes to the DLQ, unretried.
+func paymentID(msg *message.Message) (string, error) {
+	var req request
+	err := json.Unmarshal(msg.Payload, &req)
+	if err == nil && (req.PaymentID == "" || req.AmountCents <= 0) {
 		err = fmt.Errorf("invalid payment request %s", msg.Payload)
 	}
-	if err != nil { // to the DLQ at once, unretried; its error type names the cause
-		return req, sluice.Permanent(fmt.Errorf("decode payment request: %w", err))
-	}
-	return req, nil
-}
-
-func paymentID(msg *message.Message) (string, error) {
-	req, err := decode(msg)
 	return req.PaymentID, err
 }
 
 func handle(msg *message.Message) ([]*message.Message, error) {
-	req, err := decode(msg)
-	if err != nil {
-		return nil, err
-	}
-	if req.AmountCents > 1_000_000 { // the gateway's rate limit says when to come back
+	var req request
+	_ = json.Unmarshal(msg.Payload, &req) // paymentID ran first and dead-lettered what does not decode
+	if req.AmountCents > 1_000_000 {      // the gateway's rate limit says when to come back
 		return nil, sluice.RetryAfter(2*time.Second, fmt.Errorf("gateway rate limit for %s", req.PaymentID))
 	}
-	if err := msg.Context().Err(); err != nil { // stands for the gateway call
-		return nil, err // retried with backoff, then dead-lettered
-	}
+	// The gateway call goes here: its error is retried with backoff, then dead-lettered.
 	event, _ := json.Marshal(map[string]any{"payment_id": req.PaymentID, "status": "succeeded"})
-	return []*message.Message{message.NewMessage(watermill.NewUUID(), event)}, nil // confirmed, then acked
+	return []*message.Message{message.NewMessage(msg.UUID+".succeeded", event)}, nil // confirmed, then acked
 }

@@ -119,7 +119,8 @@ func TestRunAgainstRabbitMQ(t *testing.T) {
 	assert.Equal(t, "m-3", dead.MessageId)
 	assert.Equal(t, "json.SyntaxError", dead.Headers[sluice.HeaderErrorType])
 	assert.Equal(t, "permanent", dead.Headers[headers.ErrorClass])
-	assert.Contains(t, dead.Headers[sluice.HeaderErrorMessage], "permanent: decode payment request: unexpected end of JSON input")
+	// The key function fails first: the idempotency step dead-letters the request as bad input.
+	assert.Contains(t, dead.Headers[sluice.HeaderErrorMessage], "permanent: unexpected end of JSON input (no idempotency key for message m-3)")
 }
 
 // deployMetric is a metric (or label) name in a PromQL expression of deploy/.

@@ -185,9 +185,8 @@ func (g *Guard) Middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // NewMiddleware returns the idempotency step as a watermill message.HandlerMiddleware whose
-// key function is keyFunc, or Config.KeyFunc when keyFunc is nil; it is the
-// router.Idempotency the stack takes, calling it with each handler's
-// router.WithIdempotencyKey.
+// key function is keyFunc, or Config.KeyFunc when keyFunc is nil; the stack calls it with
+// each handler's router.WithIdempotencyKey.
 //
 // A message's key is its idempotency-key metadata, else the key function's result, else
 // the message id, scoped by the handler name in the message context (so two handlers that

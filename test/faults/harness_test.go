@@ -355,7 +355,7 @@ func newScenario(t *testing.T, name string) *scenario {
 // config is the router config of a scenario's stack: the suite's retry policy, the
 // scenario's guard, and concurrency and prefetch.
 func (sc *scenario) config(concurrency, prefetch int) router.Config {
-	return router.Config{Retry: retryConfig(), Idempotency: sc.guard, Concurrency: concurrency, Prefetch: prefetch}
+	return router.Config{Retry: retryConfig(), Guard: sc.guard, Concurrency: concurrency, Prefetch: prefetch}
 }
 
 // start runs the scenario's workload (each message takes work) on a stack of cfg.

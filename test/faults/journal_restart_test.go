@@ -343,7 +343,7 @@ func (jr *journalRestart) start(node *testenv.Node, name string) *journalInstanc
 	tap := &journalTap{confirmed: map[[16]byte]time.Time{}}
 	jr.taps[name] = tap
 	s, err := router.New(&tappedBroker{Broker: b, tap: tap}, router.Config{
-		Retry: retryConfig(), Idempotency: g, Concurrency: 4, Prefetch: 16, Logger: logger(),
+		Retry: retryConfig(), Guard: g, Concurrency: 4, Prefetch: 16, Logger: logger(),
 	})
 	require.NoError(t, err)
 	h := func(m *message.Message) error {

@@ -1,5 +1,5 @@
 // Package journal holds a handler's journaled idempotency step until the stack has
-// restored its journal (router.JournalingIdempotency): the handler is composed at
+// restored its journal (router.Config.Idempotency): the handler is composed at
 // registration, its journal read only when the stack runs, and no message is handled
 // before the keys done within their TTL are known again.
 package journal
@@ -116,4 +116,58 @@ func Restore(ctx context.Context, slots []*Slot) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// Restoring is one Run's restore of its journals, beside consuming.
+type Restoring struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Stop ends the restore and waits for it: the stack's Close.
+func (r *Restoring) Stop() {
+	r.cancel()
+	<-r.done
+}
+
+// Done is closed once the restore has ended.
+func (r *Restoring) Done() <-chan struct{} { return r.done }
+
+// Run consumes (run, the stack's router) and restores the journals (restore) at once: a
+// partitioned handler claims its partitions as early as its peers, while its messages wait
+// at their slot's Gate. It returns run's result; or, when the restore fails, restore's
+// error, once closeRouter has given the messages waiting for it back unprocessed. A
+// restore that closing (the stack's Close) ended is not a failure. started is given the
+// Restoring before either begins.
+func Run(ctx context.Context, run func(context.Context) error, restore func(context.Context) error, closeRouter func() error,
+	closing <-chan struct{}, started func(*Restoring)) error {
+	restoreCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := &Restoring{cancel: cancel, done: make(chan struct{})}
+	started(r)
+	restored := make(chan error, 1)
+	go func() {
+		defer close(r.done)
+		restored <- restore(restoreCtx)
+	}()
+	ran := make(chan error, 1)
+	go func() { ran <- run(ctx) }()
+	select {
+	case err := <-restored:
+		select {
+		case <-closing:
+			return <-ran // Close ended the restore: not a failure
+		default:
+		}
+		if err != nil {
+			_ = closeRouter()
+			<-ran //nolint:errcheck // run's own end is superseded by the restore's failure, err
+			return err
+		}
+		return <-ran
+	case err := <-ran:
+		cancel()
+		<-restored //nolint:errcheck // the caller hears run's end, not the cancelled restore's
+		return err
+	}
 }

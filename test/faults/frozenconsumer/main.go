@@ -77,7 +77,7 @@ func run() error {
 	s, err := router.New(b, router.Config{
 		Logger:      logger,
 		Retry:       retry.Config{MaxRetries: 3, InitialDelay: 2 * time.Second, Multiplier: 1, Jitter: -1},
-		Idempotency: guard,
+		Guard:       guard,
 		Concurrency: *concurrency,
 		Prefetch:    *prefetch,
 	})

@@ -49,7 +49,7 @@ func startJournalStack(t *testing.T, url, queue string, operate func(*router.Sta
 	require.NoError(t, err)
 	guard, err := idempotency.New(idempotency.Config{Logger: logger})
 	require.NoError(t, err)
-	s, err := router.New(b, router.Config{Logger: logger, Idempotency: guard, CloseTimeout: time.Second})
+	s, err := router.New(b, router.Config{Logger: logger, Guard: guard, CloseTimeout: time.Second})
 	require.NoError(t, err)
 	js := &journalStack{stack: s, handled: make(chan string, 100), done: make(chan error, 1)}
 	require.NoError(t, s.Handle("payments", queue, func(msg *message.Message) error {
