@@ -15,6 +15,8 @@ import (
 	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/internal/testkit/testenv"
+	"github.com/sluice-go/sluice/middleware/retry"
+	"github.com/sluice-go/sluice/router"
 )
 
 // freshVhost makes a vhost of its own for t (deleted when t ends) and returns its URL:
@@ -142,4 +144,34 @@ func TestCascadeFoundDeclaredIsRepairedInTheBackground(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the delayed message never arrived")
 	}
+}
+
+// A stack's Run declares the delay routes its retry policy can reach (up to MaxDelay)
+// before anything consumes, while the cluster is whole: the first retry of a long delay
+// may come during a partition, when a node in the minority accepts the declaration's
+// connection but cannot commit it (cluster_not_formed on RabbitMQ 4.3). A delay beyond
+// MaxDelay (a handler's RetryAfter) still declares what it needs on its first use.
+func TestRunDeclaresTheDelaysItsPolicyReaches(t *testing.T) {
+	url, vhost := freshVhost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := amqp.New(ctx, amqp.Config{URLs: []string{url}})
+	require.NoError(t, err)
+	defer b.Close()
+	s, err := router.New(b, router.Config{Retry: retry.Config{InitialDelay: 100 * time.Millisecond, MaxDelay: 30 * time.Second}})
+	require.NoError(t, err)
+	require.NoError(t, s.Handle("orders", "orders", func(*message.Message) error { return nil }))
+	assert.Zero(t, cascadeQueues(t, vhost), "nothing before Run")
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(runCtx) }()
+	select {
+	case <-s.Running():
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	}
+	assert.Equal(t, 45, cascadeQueues(t, vhost), "digits 0-2 (delays up to 40.95 s) for a 30 s MaxDelay, before any retry")
+	stop()
+	require.NoError(t, <-done)
+	require.NoError(t, s.Close())
 }
