@@ -84,7 +84,8 @@ var (
 	// ErrClosed is wrapped by what is called on a closed broker.
 	ErrClosed = errors.New("broker: closed")
 	// ErrInequivalent is wrapped by a declaration refused because the queue or exchange
-	// exists with other arguments (another exchange kind, another queue type).
+	// exists with other arguments (another exchange kind, another queue type, more
+	// partitions than declared now).
 	ErrInequivalent = errors.New("broker: declared before with other arguments")
 	// ErrPartitionKey is wrapped by PublishPartitioned's error for a key the broker cannot
 	// route: empty (or, on RabbitMQ, longer than 255 bytes).
@@ -144,8 +145,10 @@ type NativeRetry struct {
 	MaxRetries int
 }
 
-// ErrNativeRetry is wrapped by NativeRetry.Validate's errors.
-var ErrNativeRetry = errors.New("broker: invalid native retry")
+// ErrNativeRetry is wrapped by the refusal of a native delayed retry: an invalid schedule
+// (NativeRetry.Validate), or a broker that cannot carry it out (DeclareNativeRetryQueue on
+// a node, queue type or delivery limit without room for it, the error naming which).
+var ErrNativeRetry = errors.New("broker: native delayed retry refused")
 
 // Validate returns an error wrapping ErrNativeRetry, naming the value, when r is not a
 // schedule a broker can carry out.

@@ -107,5 +107,5 @@ func ExampleNativeRetry() {
 	// retry 2 held back 400ms
 	// retry 3 held back 500ms
 	// retry 4 held back 500ms
-	// true broker: invalid native retry: Min 1.5ms and Max 1s must be whole milliseconds
+	// true broker: native delayed retry refused: Min 1.5ms and Max 1s must be whole milliseconds
 }

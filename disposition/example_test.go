@@ -51,7 +51,7 @@ func ExampleObserverFunc() {
 	for range 2 {
 		o := <-outcomes
 		d := o.Disposition
-		fmt.Printf("%s attempt %d: %s after %v (%s)\n", o.MessageID, o.Attempt, d.Kind, o.Delay(), d.Reason)
+		fmt.Printf("%s attempt %d: %s after %v (%s)\n", o.MessageID, o.Attempt, d.Kind, d.Delay, d.Reason)
 		if d.Kind == disposition.DeadLetter {
 			fmt.Println("retries exhausted:", errors.Is(d.Reason, disposition.ErrRetriesExhausted))
 		}

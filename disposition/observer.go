@@ -2,7 +2,6 @@ package disposition
 
 import (
 	"context"
-	"time"
 )
 
 // Outcome is what one delivery attempt ended in, as observers see it.
@@ -41,9 +40,6 @@ const (
 	// still run, so nothing was compensated; the record says so.
 	CompensationWithheld = "withheld"
 )
-
-// Delay is the broker-side delay of a Retry or Defer.
-func (o Outcome) Delay() time.Duration { return o.Disposition.Delay }
 
 // Observer is told the Outcome of every attempt the step it is given to carries out, once,
 // after the hand-off. Observe runs on the handler's goroutine: it must be quick and must not

@@ -18,9 +18,11 @@ var (
 	ErrFull = outboxstore.ErrFull
 	// ErrClosed is returned by a closed publisher.
 	ErrClosed = outboxstore.ErrClosed
-	// ErrNoDir is returned when Config.Dir is empty.
-	ErrNoDir = errors.New("outbox: no directory configured")
 )
+
+// errNoDir refuses a Config without Dir: a program fixes its configuration, it does not
+// branch on it.
+var errNoDir = errors.New("outbox: no directory configured")
 
 // Config configures a Publisher. Only Dir is required.
 type Config struct {
@@ -53,7 +55,7 @@ type Config struct {
 // validate fills in the defaults and checks the values.
 func (c *Config) validate() error {
 	if c.Dir == "" {
-		return ErrNoDir
+		return errNoDir
 	}
 	if c.DirectTimeout == 0 {
 		c.DirectTimeout = 2 * time.Second

@@ -220,7 +220,7 @@ func TestNativeRetryRefused(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		err = s.Run(ctx)
-		require.ErrorIs(t, err, amqp.ErrNativeRetryUnsupported)
+		require.ErrorIs(t, err, broker.ErrNativeRetry)
 		assert.Contains(t, err.Error(), want)
 		assert.Equal(t, -1, e.rabbit.Count(queue), "the queue was not declared")
 		closed := make(chan error, 1)

@@ -381,7 +381,7 @@ func TestPipeline_WatermillAMQPSubscriber(t *testing.T) {
 
 	t.Run("the default marshaler is refused", func(t *testing.T) {
 		_, err := amqp.NewWatermillSubscriber(wamqp.NewDurableQueueConfig(e.rabbit.URL), watermill.NopLogger{})
-		require.ErrorIs(t, err, amqp.ErrWatermillMarshaler)
+		assert.ErrorContains(t, err, "must use sluice's marshaler")
 		assert.ErrorContains(t, err, "Config.Marshaler = amqp.Marshaler{}")
 	})
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,7 +177,7 @@ func TestDeclaresNoDeniedFeatureOn43(t *testing.T) {
 			exchange := testenv.Name("test.denied43.events")
 			r.DeleteQueues(queue, topology.DLQ(queue), topology.DLQ(queue)+".archive", sub, topology.DLQ(sub), parts+".p0", parts+".p1", topology.DLQ(parts))
 			require.NoError(t, b.DeclareQueue(ctx, queue))
-			require.NoError(t, b.DeclareCascade(ctx))
+			require.NoError(t, b.DeclareDelays(ctx, math.MaxInt64))
 			require.NoError(t, b.Delay(ctx, queue, 100*time.Millisecond, message.NewMessage("delayed", []byte("x"))))
 			require.NoError(t, b.DeclarePartitioned(ctx, parts, 2))
 			require.NoError(t, b.DeclareSubscription(ctx, sub, []broker.Binding{{Exchange: exchange, Keys: []string{"payments.#"}}}, false))

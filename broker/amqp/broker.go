@@ -15,9 +15,10 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// ErrDelayTooLong is returned for a delay beyond the cascade's maximum,
-// (1<<DelayLevels - 1) × DelayResolution: about 7.8 days.
-var ErrDelayTooLong = errors.New("amqp: delay longer than the cascade's maximum")
+// errDelayTooLong refuses a delay beyond the cascade's maximum, (1<<DelayLevels - 1) ×
+// DelayResolution: about 7.8 days. The retry step caps its delays far below, so only a
+// program calling Delay itself meets it, as error type delay_too_long.
+var errDelayTooLong = errors.New("amqp: delay longer than the cascade's maximum")
 
 // Broker is sluice's RabbitMQ broker: one connection for consuming and declaring, another
 // for the confirmed publisher shared by every hand-off, and subscribers made per handler.
@@ -102,16 +103,12 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
-// DeclareCascade declares the whole shared delay cascade (every digit, up to the longest
-// delay, ErrDelayTooLong's). Delay declares only the digits a delay needs, on its first use:
-// see DeclareDelays.
-func (b *Broker) DeclareCascade(ctx context.Context) error { return b.cascadeUpTo(ctx, delayDigits) }
-
-// DeclareDelays declares the part of the delay cascade that delays up to max need, ahead of
-// the first retry that needs it (Delay would declare it then; the stack's Run calls this
-// with its retry policy's MaxDelay). A policy whose longest delay is 30 s needs the digits
-// up to 40.95 s: 45 queues, where the whole cascade is 93. Digits found declared already
-// are declared again in the background, as on a delay.
+// DeclareDelays declares the part of the shared delay cascade that delays up to max need,
+// ahead of the first retry that needs it (Delay declares only the digits a delay needs, on
+// its first use; the stack's Run calls this with its retry policy's MaxDelay). A policy
+// whose longest delay is 30 s needs the digits up to 40.95 s: 45 queues, where the whole
+// cascade is 93; a max at or beyond the longest delay, about 7.8 days, declares all of it.
+// Digits found declared already are declared again in the background, as on a delay.
 func (b *Broker) DeclareDelays(ctx context.Context, max time.Duration) error {
 	return b.cascadeFor(ctx, digitsFor(delayUnits(min(max, maxDelay))))
 }
@@ -135,7 +132,7 @@ func (b *Broker) Delay(ctx context.Context, queue string, d time.Duration, msg *
 		d = 0
 	}
 	if d > maxDelay {
-		return fmt.Errorf("delay %s for queue %q: %w (%s)", d, queue, ErrDelayTooLong, maxDelay)
+		return fmt.Errorf("delay %s for queue %q: %w (%s)", d, queue, errDelayTooLong, maxDelay)
 	}
 	units := delayUnits(d)
 	if err := b.cascadeFor(ctx, digitsFor(units)); err != nil {

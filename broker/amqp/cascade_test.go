@@ -3,6 +3,7 @@ package amqp_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -87,7 +88,7 @@ func TestCascadeDeclaresOnlyTheLevelsItsDelaysReach(t *testing.T) {
 	}
 	require.NoError(t, b.DeclareDelays(ctx, 30*time.Second))
 	assert.Equal(t, 45, cascadeQueues(t, vhost), "a 30 s policy needs nothing more")
-	require.NoError(t, b.DeclareCascade(ctx))
+	require.NoError(t, b.DeclareDelays(ctx, math.MaxInt64))
 	assert.Equal(t, 93, cascadeQueues(t, vhost), "the whole cascade, up to %s", amqp.MaxDelay)
 	t.Logf("RabbitMQ %s: delay queues per vhost: 0 without delays, 15/30/45 for delays up to 150 ms/2.55 s/40.95 s, 93 for the whole cascade", testenv.Version())
 }

@@ -65,7 +65,7 @@
 //
 // Changing the count: declaring more partitions adds bindings, and the consistent hash
 // moves a share of the keys to the new partitions, where their idempotency history is not
-// known. Declaring fewer is refused (ErrPartitionCount) while partition P exists, since
+// known. Declaring fewer is refused (broker.ErrInequivalent) while partition P exists, since
 // the exchange would keep routing keys to it: drain and delete the surplus partitions
 // first. Quorum queues with single-active-consumer refuse basic.get (RESOURCE_LOCKED), so
 // a partition is inspected by consuming it or through the management UI.

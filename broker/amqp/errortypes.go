@@ -8,5 +8,5 @@ import "github.com/sluice-go/sluice"
 func init() {
 	sluice.RegisterErrorType(ErrUnroutable, "unroutable")
 	sluice.RegisterErrorType(ErrNacked, "broker_nack")
-	sluice.RegisterErrorType(ErrDelayTooLong, "delay_too_long")
+	sluice.RegisterErrorType(errDelayTooLong, "delay_too_long")
 }

@@ -26,3 +26,9 @@ var JournalStatsOf = journalStatsOf
 
 // JournalStats is journalStats, for the tests of a journal's repairs.
 type JournalStats = journalStats
+
+// The cascade's and the watermill config's refusals, for their tests.
+var (
+	ErrDelayTooLong       = errDelayTooLong
+	ErrWatermillMarshaler = errWatermillMarshaler
+)

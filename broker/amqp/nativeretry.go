@@ -2,7 +2,6 @@ package amqp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,12 +10,6 @@ import (
 
 	"github.com/sluice-go/sluice/broker"
 )
-
-// ErrNativeRetryUnsupported is wrapped by DeclareNativeRetryQueue's error when the node or
-// the configuration cannot carry a native delayed retry: a node older than RabbitMQ 4.3,
-// a queue type other than quorum, or a retry policy that would reach the queue's delivery
-// limit.
-var ErrNativeRetryUnsupported = errors.New("amqp: native delayed retry unavailable")
 
 // nativeRetryVersion is the first RabbitMQ release with delayed retry on quorum queues.
 var nativeRetryVersion = [2]int{4, 3}
@@ -32,7 +25,7 @@ var _ broker.NativeRetrier = (*Broker)(nil)
 // It needs a RabbitMQ 4.3 node, Config.QueueType quorum, and r.MaxRetries below
 // Config.DeliveryLimit, since every retry is a rejection the limit counts (what is left
 // of it is the margin for failed dead-letter publishes and lost connections); otherwise
-// it declares nothing and returns an error wrapping ErrNativeRetryUnsupported naming what
+// it declares nothing and returns an error wrapping broker.ErrNativeRetry naming what
 // is missing. A queue declared before with other delays is an *InequivalentError naming
 // the argument.
 func (b *Broker) DeclareNativeRetryQueue(ctx context.Context, queue string, r broker.NativeRetry) error {
@@ -40,17 +33,17 @@ func (b *Broker) DeclareNativeRetryQueue(ctx context.Context, queue string, r br
 		return err
 	}
 	if b.cfg.QueueType != QueueQuorum {
-		return fmt.Errorf("queue %q: %w: it needs quorum queues (Config.QueueType is %s)", queue, ErrNativeRetryUnsupported, b.cfg.QueueType)
+		return fmt.Errorf("queue %q: %w: it needs quorum queues (Config.QueueType is %s)", queue, broker.ErrNativeRetry, b.cfg.QueueType)
 	}
 	if b.cfg.DeliveryLimit > 0 && r.MaxRetries >= b.cfg.DeliveryLimit {
-		return fmt.Errorf("queue %q: %w: MaxRetries %d must be below Config.DeliveryLimit %d, which counts every retry", queue, ErrNativeRetryUnsupported, r.MaxRetries, b.cfg.DeliveryLimit)
+		return fmt.Errorf("queue %q: %w: MaxRetries %d must be below Config.DeliveryLimit %d, which counts every retry", queue, broker.ErrNativeRetry, r.MaxRetries, b.cfg.DeliveryLimit)
 	}
 	conn, err := b.conn.get(ctx)
 	if err != nil {
 		return fmt.Errorf("queue %q: native delayed retry: %w", queue, err)
 	}
 	if v := nodeVersion(conn); !atLeast(v, nativeRetryVersion) {
-		return fmt.Errorf("queue %q: %w: it needs RabbitMQ %d.%d or later, the node is %q", queue, ErrNativeRetryUnsupported, nativeRetryVersion[0], nativeRetryVersion[1], v)
+		return fmt.Errorf("queue %q: %w: it needs RabbitMQ %d.%d or later, the node is %q", queue, broker.ErrNativeRetry, nativeRetryVersion[0], nativeRetryVersion[1], v)
 	}
 	native := amqp.Table{
 		// "failed" only: RabbitMQ accepts any value here without a word, and the others

@@ -30,9 +30,6 @@ var (
 	// type: the plugin is not enabled there.
 	ErrConsistentHashUnavailable = errors.New("amqp: RabbitMQ's consistent-hash exchange is not available: " +
 		"enable it with rabbitmq-plugins enable rabbitmq_consistent_hash_exchange (on every node of a cluster)")
-	// ErrPartitionCount means the broker holds more partitions of a queue than declared:
-	// the exchange would keep routing keys to partitions that nobody consumes.
-	ErrPartitionCount = errors.New("amqp: more partitions exist than declared")
 )
 
 // unknownExchangeType reports whether the broker refused an exchange type it does not
@@ -61,7 +58,9 @@ var consistentHashType = consistentHashExchangeType
 // The declarations run on a connection of their own: RabbitMQ answers an exchange type it
 // does not know (the plugin is off) by closing the whole connection, which must not take
 // the broker's consumers and publishes with it. That case is ErrConsistentHashUnavailable;
-// a queue that exists with partition number partitions or above is ErrPartitionCount.
+// a queue that exists with partition number partitions or above is a declaration
+// inequivalent to the one before (broker.ErrInequivalent): the exchange would keep routing
+// keys to partitions that nobody consumes.
 func (b *Broker) DeclarePartitioned(ctx context.Context, queue string, partitions int) error {
 	if partitions < 1 {
 		return fmt.Errorf("amqp: partitions of queue %q: %d, want at least 1", queue, partitions)
@@ -170,7 +169,7 @@ func checkNoPartition(conn *amqp.Connection, queue string, partitions int) error
 	if err == nil {
 		return fmt.Errorf("queue %q exists beside the %d partitions declared for %q: %w; "+
 			"move its messages and delete it (and any later partition) before running with fewer partitions",
-			extra, partitions, queue, ErrPartitionCount)
+			extra, partitions, queue, broker.ErrInequivalent)
 	}
 	var amqpErr *amqp.Error
 	if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {

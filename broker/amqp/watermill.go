@@ -9,12 +9,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// ErrWatermillMarshaler is returned by NewWatermillSubscriber for a config whose
+// errWatermillMarshaler is returned by NewWatermillSubscriber for a config whose
 // Marshaler is not sluice's: watermill-amqp's DefaultMarshaler fails on the x-death table
 // RabbitMQ adds when the delay cascade hands a retried message back, and watermill-amqp
 // nacks with requeue a message it cannot unmarshal, so every retried message would loop
 // between the broker and the consumer thousands of times a second.
-var ErrWatermillMarshaler = errors.New("amqp: watermill-amqp's config must use sluice's marshaler on queues with sluice's retries (set Config.Marshaler = amqp.Marshaler{} from github.com/sluice-go/sluice/broker/amqp, or start from amqp.WatermillConfig)")
+var errWatermillMarshaler = errors.New("amqp: watermill-amqp's config must use sluice's marshaler on queues with sluice's retries (set Config.Marshaler = amqp.Marshaler{} from github.com/sluice-go/sluice/broker/amqp, or start from amqp.WatermillConfig)")
 
 // WatermillConfig returns a watermill-amqp/v2 configuration for consuming queues that
 // sluice declared (Broker.DeclareQueue, router.Stack.Run) with watermill-amqp's
@@ -32,8 +32,8 @@ func WatermillConfig(amqpURI string) wamqp.Config {
 }
 
 // NewWatermillSubscriber returns watermill-amqp's subscriber for cfg after checking that
-// cfg can consume sluice's retries: a Marshaler other than sluice's is refused with
-// ErrWatermillMarshaler.
+// cfg can consume sluice's retries: a Marshaler other than sluice's is refused, with an
+// error saying how to set it.
 func NewWatermillSubscriber(cfg wamqp.Config, logger watermill.LoggerAdapter) (*wamqp.Subscriber, error) {
 	if err := checkWatermillConfig(cfg); err != nil {
 		return nil, err
@@ -41,13 +41,13 @@ func NewWatermillSubscriber(cfg wamqp.Config, logger watermill.LoggerAdapter) (*
 	return wamqp.NewSubscriber(cfg, logger)
 }
 
-// checkWatermillConfig returns ErrWatermillMarshaler when cfg's Marshaler is not sluice's.
+// checkWatermillConfig returns errWatermillMarshaler when cfg's Marshaler is not sluice's.
 func checkWatermillConfig(cfg wamqp.Config) error {
 	switch cfg.Marshaler.(type) {
 	case Marshaler, *Marshaler:
 		return nil
 	default:
-		return fmt.Errorf("%w; it is %T", ErrWatermillMarshaler, cfg.Marshaler)
+		return fmt.Errorf("%w; it is %T", errWatermillMarshaler, cfg.Marshaler)
 	}
 }
 

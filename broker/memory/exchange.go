@@ -20,11 +20,9 @@ import (
 // its exchange and routing key in metadata (internal/binding.MetadataExchange and
 // MetadataRoutingKey, the keys broker/amqp uses too).
 
-// Exchange errors.
-var (
-	// ErrNoExchange means a publish named an exchange that was never declared.
-	ErrNoExchange = errors.New("memory: no such exchange")
-)
+// errNoExchange refuses a publish to an exchange never declared (RabbitMQ closes the
+// channel): a program declares its exchanges, it does not branch on this.
+var errNoExchange = errors.New("memory: no such exchange")
 
 // exchanges is the broker's set of exchanges. The zero value is empty.
 type exchanges struct {
@@ -161,7 +159,7 @@ func (b *Broker) route(name, key string, md message.Metadata) ([]string, error) 
 	defer b.ex.mu.Unlock()
 	e, ok := b.ex.all[name]
 	if !ok {
-		return nil, fmt.Errorf("publish to exchange %q: %w", name, ErrNoExchange)
+		return nil, fmt.Errorf("publish to exchange %q: %w", name, errNoExchange)
 	}
 	var queues []string
 	for _, bd := range e.bindings {

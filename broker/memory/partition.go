@@ -13,14 +13,14 @@ import (
 	"github.com/sluice-go/sluice/internal/topology"
 )
 
-// Partition errors.
+// A publish that mixes up a partitioned queue and a plain one is a program's mistake, named
+// in the error's text; RabbitMQ returns both as unroutable.
 var (
-	// ErrNotPartitioned means a partitioned publish named a queue that was not declared
-	// partitioned.
-	ErrNotPartitioned = errors.New("memory: queue not declared partitioned")
-	// ErrPartitioned means a plain publish named a partitioned queue, which has no queue of
-	// its own name (RabbitMQ returns such a publish as unroutable).
-	ErrPartitioned = errors.New("memory: queue is partitioned; publish with PublishPartitioned")
+	// errNotPartitioned: a partitioned publish named a queue not declared partitioned.
+	errNotPartitioned = errors.New("memory: queue not declared partitioned")
+	// errPartitioned: a plain publish named a partitioned queue, which has no queue of its
+	// own name.
+	errPartitioned = errors.New("memory: queue is partitioned; publish with PublishPartitioned")
 )
 
 // partitionSet remembers the partitioned queues: queue → partition count, and each
@@ -73,7 +73,7 @@ func (b *Broker) DeclarePartitioned(_ context.Context, queue string, partitions 
 		return fmt.Errorf("memory: partitions of queue %q: %d, want at least 1", queue, partitions)
 	}
 	if n := b.parts.count(queue); n > partitions {
-		return fmt.Errorf("memory: queue %q has %d partitions, declared again with %d", queue, n, partitions)
+		return fmt.Errorf("memory: queue %q has %d partitions, declared again with %d: %w", queue, n, partitions, broker.ErrInequivalent)
 	}
 	b.parts.set(queue, partitions)
 	for k := 0; k < partitions; k++ {
@@ -94,7 +94,7 @@ func (b *Broker) PublishPartitioned(_ context.Context, queue, key string, messag
 	}
 	n := b.parts.count(queue)
 	if n == 0 {
-		return fmt.Errorf("publish to queue %q with key %q: %w", queue, key, ErrNotPartitioned)
+		return fmt.Errorf("publish to queue %q with key %q: %w", queue, key, errNotPartitioned)
 	}
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(key))

@@ -77,7 +77,7 @@ func TestPartitionedQueueErrors(t *testing.T) {
 		t.Cleanup(func() { _ = b.Close() })
 		require.NoError(t, b.DeclarePartitioned(ctx, "q", 4))
 		require.NoError(t, b.DeclarePartitioned(ctx, "q", 4), "declaring is idempotent")
-		require.Error(t, b.DeclarePartitioned(ctx, "q", 3))
+		require.ErrorIs(t, b.DeclarePartitioned(ctx, "q", 3), broker.ErrInequivalent)
 	})
 	t.Run("no partitions", func(t *testing.T) {
 		b := memory.New(memory.Config{})

@@ -15,7 +15,7 @@ func (b *Broker) Publish(topic string, messages ...*message.Message) error {
 		return broker.ErrClosed
 	}
 	if b.parts.count(topic) > 0 {
-		return fmt.Errorf("publish to queue %q: %w", topic, ErrPartitioned)
+		return fmt.Errorf("publish to queue %q: %w", topic, errPartitioned)
 	}
 	q := b.queue(topic)
 	for _, m := range messages {

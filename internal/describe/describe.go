@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-go/sluice"
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/breakerhook"
 	"github.com/sluice-go/sluice/internal/decide"
 	"github.com/sluice-go/sluice/internal/retrystats"
 	"github.com/sluice-go/sluice/internal/topology"
@@ -236,7 +237,7 @@ func breakerStates(reg *breaker.Registry) []policy.BreakerState {
 	states := reg.States()
 	out := make([]policy.BreakerState, 0, len(states))
 	for name, st := range states {
-		b := reg.Breaker(name) // exists: States lists created ones only
+		b := breakerhook.Of(reg.Breaker(name)) // exists: States lists created ones only
 		out = append(out, policy.BreakerState{Dependency: name, State: st.String(), OpenTimeout: policy.Duration(b.OpenTimeout()), HalfOpenProbes: b.Probes()})
 	}
 	slices.SortFunc(out, func(a, b policy.BreakerState) int { return strings.Compare(a.Dependency, b.Dependency) })

@@ -119,14 +119,14 @@ type Breaker struct {
 	openUntil time.Time
 	pending   []transition
 	// deferring and pausing say how the handlers it guards take an open breaker
-	// (Middleware, ReturningMiddleware), so the log line says what actually happens.
+	// (Middleware, returningMiddleware), so the log line says what actually happens.
 	deferring, pausing atomic.Bool
 
 	// announcing is held by the one goroutine announcing pending transitions, so that
 	// announcements run in order and outside gobreaker's lock.
 	announcing sync.Mutex
 
-	watchers watchers // Watch (pause.go)
+	watchers watchers // watch (pause.go)
 }
 
 func newBreaker(name string, cfg *Config) *Breaker {

@@ -96,8 +96,8 @@ type Config struct {
 	OnStateChange func(name string, from, to State)
 }
 
-// Validate reports the first invalid field of c. Zero values are valid.
-func (c *Config) Validate() error {
+// validate reports the first invalid field of c, for New. Zero values are valid.
+func (c *Config) validate() error {
 	if c.ConsecutiveFailures < 0 || int64(c.ConsecutiveFailures) > math.MaxUint32 {
 		return fmt.Errorf("breaker: ConsecutiveFailures %d out of range [0, %d]", c.ConsecutiveFailures, uint32(math.MaxUint32))
 	}

@@ -23,12 +23,13 @@
 // # Pausing instead of deferring
 //
 // Deferral still moves every message of a backlog through the delay cascade once per open
-// timeout. Breaker.ReturningMiddleware is the other way, which the router uses by default:
-// a rejected message goes back to its queue unacked (a GiveBack disposition wrapping ErrOpen)
-// and the caller's hook stops the handler's consumer, so the backlog waits in the queue.
-// Breaker.Watch tells the caller when to resume (half-open: with Probes deliveries; closed:
-// fully), and Breaker.OpenRemaining when to look again, since an open breaker turns half-open
-// only when someone reads its state.
+// timeout. Pausing is the other way, which the router uses by default (router's
+// WithDeferWhileOpen turns it off): a rejected message goes back to its queue unacked (a
+// GiveBack disposition wrapping ErrOpen) and the router stops the handler's consumer, so the
+// backlog waits in the queue. It resumes at half-open with Config.HalfOpenProbes deliveries
+// and fully once closed, and looks at the breaker again when its open timeout ends, since an
+// open breaker turns half-open only when someone reads its state. The mechanism is the
+// router's alone (internal/breakerhook): a plain Watermill router defers.
 //
 // # States and what counts as a failure
 //

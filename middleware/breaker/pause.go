@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sluice-go/sluice/internal/breakerhook"
 	"github.com/sluice-go/sluice/internal/markers"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/trace"
@@ -17,7 +18,32 @@ import (
 // ErrOpenState or ErrTooManyRequests.
 type rejecter func(ctx context.Context, msg *message.Message, verdict error) ([]*message.Message, error)
 
-// watchers are the functions Watch registered, called on every announced state change.
+// Only the router pauses a handler while its breaker is open, so what pausing needs of a
+// Breaker is reached through breakerhook rather than learned by every user.
+func init() {
+	breakerhook.Of = func(b any) breakerhook.Breaker { return hooked{b.(*Breaker)} }
+}
+
+// hooked is a Breaker as breakerhook.Breaker.
+type hooked struct{ b *Breaker }
+
+func (h hooked) Watch(f func(from, to int)) (stop func()) {
+	return h.b.watch(func(from, to State) { f(int(from), int(to)) })
+}
+
+func (h hooked) OpenRemaining() time.Duration { return h.b.openLeft() }
+func (h hooked) OpenTimeout() time.Duration   { return h.b.cfg.OpenTimeout }
+func (h hooked) Probes() int                  { return h.b.cfg.HalfOpenProbes }
+
+func (h hooked) ReturningMiddleware(onReturn func(state int)) message.HandlerMiddleware {
+	var f func(State)
+	if onReturn != nil {
+		f = func(s State) { onReturn(int(s)) }
+	}
+	return h.b.returningMiddleware(f)
+}
+
+// watchers are the functions watch registered, called on every announced state change.
 type watchers struct {
 	mu   sync.Mutex
 	next int
@@ -52,33 +78,19 @@ func (w *watchers) notify(_ string, from, to State) {
 	}
 }
 
-// Watch registers f to be called on each state change of the breaker, in order, after the
-// change was logged and passed to Config.OnStateChange, under the same rules as that hook
-// (outside the breaker's lock, on the goroutine that observed the change, so quick). The
-// returned function unregisters f.
-func (b *Breaker) Watch(f func(from, to State)) (stop func()) { return b.watchers.add(f) }
+// watch is breakerhook.Breaker's Watch.
+func (b *Breaker) watch(f func(from, to State)) (stop func()) { return b.watchers.add(f) }
 
-// OpenRemaining is how long the breaker stays open before it lets its probes through:
-// zero when it is not open (or its OpenTimeout has passed and nobody looked at it yet).
-func (b *Breaker) OpenRemaining() time.Duration {
+// openLeft is breakerhook.Breaker's OpenRemaining.
+func (b *Breaker) openLeft() time.Duration {
 	if b.cb.State() != gobreaker.StateOpen {
 		return 0
 	}
 	return b.openRemaining(time.Now())
 }
 
-// OpenTimeout is how long the breaker stays open before it lets probes through.
-func (b *Breaker) OpenTimeout() time.Duration { return b.cfg.OpenTimeout }
-
-// Probes is the number of calls the breaker lets through when half-open.
-func (b *Breaker) Probes() int { return b.cfg.HalfOpenProbes }
-
-// ReturningMiddleware guards h like Middleware, except that a call the breaker rejects is
-// neither deferred nor handed to Config.Fallback: onReturn is called with the breaker's
-// state (so its caller can stop consuming) and the message goes back to its queue
-// unacked, as an unprocessed GiveBack disposition (disposition.ReturnUnprocessedError) wrapping ErrOpen, without using an attempt. It is the
-// breaker step of a handler that pauses while its breaker is open.
-func (b *Breaker) ReturningMiddleware(onReturn func(State)) message.HandlerMiddleware {
+// returningMiddleware is breakerhook.Breaker's ReturningMiddleware.
+func (b *Breaker) returningMiddleware(onReturn func(State)) message.HandlerMiddleware {
 	reject := func(ctx context.Context, msg *message.Message, verdict error) ([]*message.Message, error) {
 		state := StateOpen
 		if verdict == gobreaker.ErrTooManyRequests {

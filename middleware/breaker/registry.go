@@ -18,7 +18,7 @@ type Registry struct {
 
 // New validates cfg, applies its defaults and returns an empty Registry.
 func New(cfg Config) (*Registry, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()

@@ -35,7 +35,7 @@ const (
 // maxDuration bounds TTL and Lease so that now plus either stays within int64 nanoseconds.
 const maxDuration = 100 * 365 * 24 * time.Hour
 
-// ErrInvalidConfig is wrapped by every error Validate returns.
+// ErrInvalidConfig is wrapped by every error New returns for an invalid Config.
 var ErrInvalidConfig = errors.New("idempotency: invalid config")
 
 // Config configures the idempotency step and its store. Every zero value means the default
@@ -124,9 +124,9 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field after defaults are applied to a copy of c, so a
-// zero Config is valid.
-func (c Config) Validate() error {
+// validate reports the first invalid field after defaults are applied to a copy of c, so a
+// zero Config is valid. New is the one place a Config is checked.
+func (c Config) validate() error {
 	c.setDefaults()
 	switch {
 	case c.TTL < minTTL:

@@ -28,3 +28,13 @@ func JournalBatch(handler string, keys []string, exp time.Time) []byte {
 }
 
 const MaxJournalBatch = maxJournalBatch
+
+// The store's claim on a plain key, which the step itself only makes on scoped digests.
+type Lease = keyLease
+
+func (s *Store) Begin(key string) (Lease, Status, time.Duration) { return s.beginKey(key) }
+func (s *Store) Complete(l Lease)                                { s.complete(l) }
+func (s *Store) Release(l Lease)                                 { s.release(l) }
+
+// Validate is what New does with a Config.
+func (c Config) Validate() error { return c.validate() }

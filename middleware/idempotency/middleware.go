@@ -130,8 +130,7 @@ func (g *Guard) snapshotLoop() {
 	}
 }
 
-// Store returns the Guard's store. Keys the middleware holds are scoped and namespaced, so
-// they do not match keys given to Store.Begin directly.
+// Store returns the Guard's store, for its counters, size and sweep.
 func (g *Guard) Store() *Store { return g.store }
 
 // Stats returns the store's counters and the Guard's own.
@@ -249,7 +248,7 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 		if status != keyDone && g.heldByAbandoned(d) {
 			// In flight, or free only because the abandoned holder's lease ran out.
 			if status == keyAcquired {
-				g.store.Release(lease)
+				g.store.release(lease)
 			}
 			return nil, &stillRunningError{id: msg.UUID}
 		}
@@ -295,9 +294,9 @@ func (g *Guard) wrap(h message.HandlerFunc, keyFunc func(*message.Message) (stri
 			switch {
 			case pending:
 			case succeeded:
-				g.store.Complete(lease)
+				g.store.complete(lease)
 			default:
-				g.store.Release(lease)
+				g.store.release(lease)
 			}
 			if endHold != nil && endHold() {
 				g.hold(d, -1)
@@ -389,7 +388,7 @@ func keyAttrs(key, source string) []attribute.KeyValue {
 // journaledDone completes lease once its record's append returned jerr: nil to acknowledge
 // the message, else what unconfirmed says (the deferral that keeps it unacknowledged until
 // the record is journaled; nil under a resource alarm).
-func (g *Guard) journaledDone(jd *journaled, lease Lease, rec record, jerr error) error {
+func (g *Guard) journaledDone(jd *journaled, lease keyLease, rec record, jerr error) error {
 	g.store.completeAs(lease, rec)
 	if jerr != nil {
 		return g.unconfirmed(jd, rec, jerr)
@@ -400,7 +399,7 @@ func (g *Guard) journaledDone(jd *journaled, lease Lease, rec record, jerr error
 // completeOnAck marks lease done when the router acks msg and releases it when the router
 // nacks it, or when the Guard closes first. It reports false, leaving the lease to the
 // caller, when the Guard is closed already.
-func (g *Guard) completeOnAck(msg *message.Message, lease Lease, jd *journaled) bool {
+func (g *Guard) completeOnAck(msg *message.Message, lease keyLease, jd *journaled) bool {
 	g.waitMu.Lock()
 	defer g.waitMu.Unlock()
 	if g.closed {
@@ -412,7 +411,7 @@ func (g *Guard) completeOnAck(msg *message.Message, lease Lease, jd *journaled) 
 		select {
 		case <-msg.Acked():
 			if jd == nil {
-				g.store.Complete(lease)
+				g.store.complete(lease)
 				return
 			}
 			// The router publishes the outputs after this step, so the record can only
@@ -425,9 +424,9 @@ func (g *Guard) completeOnAck(msg *message.Message, lease Lease, jd *journaled) 
 				g.logJournalFailure(err)
 			}
 		case <-msg.Nacked():
-			g.store.Release(lease)
+			g.store.release(lease)
 		case <-g.closing:
-			g.store.Release(lease)
+			g.store.release(lease)
 		}
 	}()
 	return true

@@ -20,12 +20,12 @@ func sumBytes(b []byte) digest {
 	return digest(s[:16])
 }
 
-// keyStatus is what Begin found for a key.
+// keyStatus is what beginKey found for a key.
 type keyStatus uint8
 
 const (
-	// keyAcquired means the caller now holds the key and must end its Lease with Complete
-	// or Release.
+	// keyAcquired means the caller now holds the key and must end its keyLease with
+	// complete or release.
 	keyAcquired keyStatus = iota + 1
 	// keyDone means the key completed within its TTL: the message is a duplicate.
 	keyDone
@@ -47,9 +47,9 @@ func (s keyStatus) String() string {
 	}
 }
 
-// Lease is a holder's claim on a key, returned by Begin with keyAcquired. Its zero value is no
-// claim: Complete and Release ignore it.
-type Lease struct {
+// keyLease is a holder's claim on a key, returned by beginKey with keyAcquired. Its zero
+// value is no claim: complete and release ignore it.
+type keyLease struct {
 	key digest
 	// token is the in-flight record's exp when it was acquired; a later holder of the
 	// same key gets a different one, so a stale holder cannot release it.
@@ -75,7 +75,7 @@ type Store struct {
 // newStore returns an empty store configured by cfg (KeyFunc, InFlightDeferral and
 // OnDuplicate are not used by the store), with cfg.SnapshotPath loaded if that file exists.
 func newStore(cfg Config) (*Store, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()
@@ -109,17 +109,18 @@ func (s *Store) shardOf(d digest) *shard {
 	return &s.shards[binary.LittleEndian.Uint64(d[:8])&s.mask]
 }
 
-// Begin claims key. With keyAcquired, the caller holds key until it calls Complete or
-// Release with the returned Lease, or the lease runs out. With keyDone, key completed within
-// its TTL. With keyInFlight, another holder has it; the duration is what is left of that lease.
-func (s *Store) Begin(key string) (Lease, keyStatus, time.Duration) {
+// beginKey claims key. With keyAcquired, the caller holds key until it calls complete or
+// release with the returned keyLease, or the lease runs out. With keyDone, key completed
+// within its TTL. With keyInFlight, another holder has it; the duration is what is left of
+// that lease. Only the tests claim plain keys: the step claims scoped digests (begin).
+func (s *Store) beginKey(key string) (keyLease, keyStatus, time.Duration) {
 	// A plain []byte(key) allocates for keys over 32 bytes (a UUID is 36); a larger stack
 	// buffer does not for usual key sizes.
 	var buf [128]byte
 	return s.begin(sumBytes(append(buf[:0], key...)))
 }
 
-func (s *Store) begin(d digest) (Lease, keyStatus, time.Duration) {
+func (s *Store) begin(d digest) (keyLease, keyStatus, time.Duration) {
 	now := s.now().UnixNano()
 	sh := s.shardOf(d)
 	sh.mu.Lock()
@@ -130,10 +131,10 @@ func (s *Store) begin(d digest) (Lease, keyStatus, time.Duration) {
 		switch {
 		case r.live(now) && r.done():
 			sh.st.hits++
-			return Lease{}, keyDone, 0
+			return keyLease{}, keyDone, 0
 		case r.live(now):
 			sh.st.inFlight++
-			return Lease{}, keyInFlight, time.Duration(r.until() - now)
+			return keyLease{}, keyInFlight, time.Duration(r.until() - now)
 		case r.done():
 			sh.st.expired++
 		default:
@@ -145,13 +146,13 @@ func (s *Store) begin(d digest) (Lease, keyStatus, time.Duration) {
 	token := sh.nextToken(now + s.lease)
 	sh.insert(record{key: d, exp: token}, now)
 	sh.st.acquired++
-	return Lease{key: d, token: token}, keyAcquired, 0
+	return keyLease{key: d, token: token}, keyAcquired, 0
 }
 
-// Complete marks the leased key done for the TTL from now. It does so even if the lease ran
+// complete marks the leased key done for the TTL from now. It does so even if the lease ran
 // out and another holder took the key meanwhile: the caller's work did happen, so later
 // duplicates must be acknowledged. A key forgotten meanwhile (capacity) is added back.
-func (s *Store) Complete(l Lease) {
+func (s *Store) complete(l keyLease) {
 	if l.token == 0 {
 		return
 	}
@@ -169,14 +170,14 @@ func (s *Store) Complete(l Lease) {
 	sh.insert(record{key: l.key, exp: exp}, now)
 }
 
-// doneRecord is the record Complete would write for l now, for the journal to carry
+// doneRecord is the record complete would write for l now, for the journal to carry
 // before the store is changed.
-func (s *Store) doneRecord(l Lease) record {
+func (s *Store) doneRecord(l keyLease) record {
 	return record{key: l.key, exp: (s.now().UnixNano()+s.ttl)&^1 | 1}
 }
 
-// completeAs ends l as Complete does, with rec's expiry (the one journaled).
-func (s *Store) completeAs(l Lease, rec record) {
+// completeAs ends l as complete does, with rec's expiry (the one journaled).
+func (s *Store) completeAs(l keyLease, rec record) {
 	if l.token == 0 {
 		return
 	}
@@ -195,7 +196,7 @@ func (s *Store) completeAs(l Lease, rec record) {
 
 // markDone records a journaled key as done until rec's expiry, unless the store knows it
 // done for longer. A key in flight here is marked done too: its work happened elsewhere,
-// and this attempt's Release then leaves it done. Records arrive oldest first, so when
+// and this attempt's release then leaves it done. Records arrive oldest first, so when
 // the journal holds more than MaxKeys the newest are the ones kept.
 func (s *Store) markDone(rec record, now int64) {
 	if !rec.live(now) {
@@ -214,10 +215,10 @@ func (s *Store) markDone(rec record, now int64) {
 	sh.insert(rec, now)
 }
 
-// Release gives the leased key up without marking it, so that the next attempt runs. It
+// release gives the leased key up without marking it, so that the next attempt runs. It
 // does nothing if the key is no longer held under this lease (it ran out and another
 // holder took the key, or the key completed).
-func (s *Store) Release(l Lease) {
+func (s *Store) release(l keyLease) {
 	if l.token == 0 {
 		return
 	}
@@ -275,11 +276,11 @@ type Stats struct {
 	Hits uint64
 	// InFlightHits counts duplicates of keys in flight: deferred broker-side.
 	InFlightHits uint64
-	// Acquired counts keys claimed by Begin.
+	// Acquired counts keys claimed by an attempt.
 	Acquired uint64
-	// Completed counts leases ended by Complete.
+	// Completed counts leases ended by a done attempt.
 	Completed uint64
-	// Released counts leases ended by Release (a failed attempt).
+	// Released counts leases given up by a failed attempt.
 	Released uint64
 	// Takeovers counts keys claimed after their holder's lease ran out.
 	Takeovers uint64

@@ -38,8 +38,9 @@ import (
 	"github.com/sluice-go/sluice/internal/decide"
 )
 
-// ErrNoDeadLetterer is returned by Middleware without a DeadLetterer.
-var ErrNoDeadLetterer = errors.New("poison: Config.DeadLetterer is required")
+// errNoDeadLetterer refuses a Config without a DeadLetterer: a program fixes its code, it
+// does not branch on it.
+var errNoDeadLetterer = errors.New("poison: Config.DeadLetterer is required")
 
 // Config configures the step.
 type Config struct {
@@ -62,10 +63,10 @@ type Config struct {
 // Middleware returns the dead-letter step: every failure is dead-lettered at once (a
 // retryable or deferred error too: there is no delay to retry it with), a Discard is acked,
 // and a message an inner step returns unprocessed is given back unacked. It returns
-// ErrNoDeadLetterer without a DeadLetterer.
+// an error without a DeadLetterer.
 func Middleware(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.DeadLetterer == nil {
-		return nil, ErrNoDeadLetterer
+		return nil, errNoDeadLetterer
 	}
 	c := carry.New(carry.Carrier{DeadLetterer: cfg.DeadLetterer, Observer: cfg.Observer, Logger: cfg.Logger, Host: cfg.Host, Now: cfg.Now})
 	return func(h message.HandlerFunc) message.HandlerFunc {

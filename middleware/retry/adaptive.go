@@ -39,12 +39,6 @@ type AdaptivePolicy interface {
 	Adjust(load Load, plan Adjustment) Adjustment
 }
 
-// AdaptiveFunc is an AdaptivePolicy written as a function.
-type AdaptiveFunc func(load Load, plan Adjustment) Adjustment
-
-// Adjust calls f.
-func (f AdaptiveFunc) Adjust(load Load, plan Adjustment) Adjustment { return f(load, plan) }
-
 // Thresholds and effects of DefaultAdaptive's zero fields.
 const (
 	// defaultElevatedPressure is the pressure from which retries are trimmed.
@@ -85,8 +79,8 @@ type DefaultAdaptive struct {
 	MinAttempts int64
 }
 
-// Pressure returns the load's pressure in [0, 1] as Adjust computes it.
-func (p DefaultAdaptive) Pressure(load Load) float64 {
+// pressure returns the load's pressure in [0, 1] as Adjust computes it.
+func (p DefaultAdaptive) pressure(load Load) float64 {
 	minAttempts := p.MinAttempts
 	if minAttempts == 0 {
 		minAttempts = defaultMinAttempts
@@ -114,7 +108,7 @@ func (p DefaultAdaptive) Adjust(load Load, plan Adjustment) Adjustment {
 	if high == 0 {
 		high = defaultHighPressure
 	}
-	switch pressure := p.Pressure(load); {
+	switch pressure := p.pressure(load); {
 	case pressure >= high:
 		plan.MaxRetries = min(plan.MaxRetries, 2)
 		plan.DelayFactor *= 4

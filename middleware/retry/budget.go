@@ -97,8 +97,8 @@ type RefusedEvent struct {
 	DeadLettered bool
 }
 
-// Validate reports the first invalid field of c. Zero values are valid.
-func (c *OverloadConfig) Validate() error {
+// validate reports the first invalid field of c, for NewOverload. Zero values are valid.
+func (c *OverloadConfig) validate() error {
 	switch {
 	case math.IsNaN(c.BudgetRatio) || math.IsInf(c.BudgetRatio, 0):
 		return fmt.Errorf("retry: BudgetRatio %v is not a number", c.BudgetRatio)
@@ -176,7 +176,7 @@ type dependency struct {
 
 // NewOverload validates cfg and applies its defaults.
 func NewOverload(cfg OverloadConfig) (*Overload, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()

@@ -50,27 +50,17 @@ import (
 	"github.com/sluice-go/sluice/internal/retrystats"
 )
 
-// Errors the step returns for the poison step.
-var (
-	// ErrRetriesExhausted matches the reason of a message that used all its retries or
-	// grew older than MaxTotalAge (disposition.ErrRetriesExhausted).
-	ErrRetriesExhausted = disposition.ErrRetriesExhausted
-	// ErrDeferralExpired is the reason of a message deferred for longer than MaxTotalAge
-	// (disposition.ErrDeferralExpired).
-	ErrDeferralExpired = disposition.ErrDeferralExpired
-	// ErrNoDelayer is returned by New without a Delayer.
-	ErrNoDelayer = errors.New("retry: Config.Delayer is required")
-	// ErrNoDeadLetter is returned by New without a DeadLetterer: the step dead-letters the
-	// messages it gives up on.
-	ErrNoDeadLetter = errors.New("retry: Config.DeadLetterer is required: the step dead-letters the messages it gives up on")
-	// ErrScheduleShortened matches the reason of a message whose retries Learned.Shorten
-	// cut; it matches disposition.ErrRetryUnlikely too.
-	ErrScheduleShortened = decide.ErrScheduleShortened
-)
+// ErrScheduleShortened matches the reason of a message whose retries Learned.Shorten cut;
+// it matches disposition.ErrRetryUnlikely too. The step's other reasons are disposition's
+// (ErrRetriesExhausted, ErrDeferralExpired), which the poison step and observers share.
+var ErrScheduleShortened = decide.ErrScheduleShortened
 
-// Delayer hands a message to the broker so it is delivered to queue after d. It returns
-// only once the broker confirmed the copy. It is package broker's capability.
-type Delayer = broker.Delayer
+// New's refusals of a Config missing a required broker capability: a program fixes its
+// code, it does not branch on them.
+var (
+	errNoDelayer    = errors.New("retry: Config.Delayer is required")
+	errNoDeadLetter = errors.New("retry: Config.DeadLetterer is required: the step dead-letters the messages it gives up on")
+)
 
 // Event describes one retry or deferral, for OnRetry.
 type Event struct {
@@ -89,7 +79,7 @@ type Event struct {
 type Config struct {
 	// Delayer is the broker's delay (amqp.Broker and memory.Broker are ones). Required,
 	// except in router's stack, where nil means the stack's broker.
-	Delayer Delayer
+	Delayer broker.Delayer
 	// DeadLetterer publishes the messages the step gives up on to their queue's
 	// dead-letter queue, with their failure record (the broker's DLQ). Required, except in
 	// router's stack, where nil means the stack's broker.
@@ -138,10 +128,10 @@ type Config struct {
 
 func (c *Config) setDefaults() error {
 	if c.Delayer == nil {
-		return ErrNoDelayer
+		return errNoDelayer
 	}
 	if c.DeadLetterer == nil {
-		return ErrNoDeadLetter
+		return errNoDeadLetter
 	}
 	if c.MaxRetries == 0 {
 		c.MaxRetries = 5

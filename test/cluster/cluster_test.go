@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluice-go/sluice"
+	"github.com/sluice-go/sluice/broker"
 	"github.com/sluice-go/sluice/broker/amqp"
 	"github.com/sluice-go/sluice/dlq"
 	"github.com/sluice-go/sluice/internal/headers"
@@ -235,7 +236,7 @@ func TestPartitionTopology(t *testing.T) {
 
 	t.Run("fewer partitions than exist is refused", func(t *testing.T) {
 		err := first.DeclarePartitioned(ctx, n.queue, partitions-1)
-		require.ErrorIs(t, err, amqp.ErrPartitionCount)
+		require.ErrorIs(t, err, broker.ErrInequivalent)
 		assert.Contains(t, err.Error(), topology.Partition(n.queue, partitions-1))
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-go/sluice/broker"
+	"github.com/sluice-go/sluice/internal/breakerhook"
 	"github.com/sluice-go/sluice/middleware/breaker"
 )
 
@@ -28,6 +29,7 @@ type Health interface {
 type Controller struct {
 	handler   string
 	b         *breaker.Breaker
+	hook      breakerhook.Breaker // b's pausing side
 	sub       broker.Subscriber
 	logger    *slog.Logger
 	health    Health // nil: nobody is told
@@ -44,8 +46,8 @@ type Controller struct {
 // New returns the controller of handler, pausing sub while b is open, telling health (nil:
 // nobody) and logger; it follows b until Close.
 func New(handler string, b *breaker.Breaker, sub broker.Subscriber, health Health, logger *slog.Logger) *Controller {
-	c := &Controller{handler: handler, b: b, sub: sub, logger: logger, health: health}
-	c.stopWatch = b.Watch(c.onState)
+	c := &Controller{handler: handler, b: b, hook: breakerhook.Of(b), sub: sub, logger: logger, health: health}
+	c.stopWatch = c.hook.Watch(c.onState)
 	return c
 }
 
@@ -55,25 +57,25 @@ func (c *Controller) Handler() string { return c.handler }
 // Middleware is the handler's breaker step: a message the open breaker rejects goes back
 // to its queue and pauses the handler.
 func (c *Controller) Middleware() message.HandlerMiddleware {
-	return c.b.ReturningMiddleware(c.onReturn)
+	return c.hook.ReturningMiddleware(c.onReturn)
 }
 
 // onState follows the breaker's announced state changes.
-func (c *Controller) onState(from, to breaker.State) {
-	c.apply(to, from.String())
+func (c *Controller) onState(from, to int) {
+	c.apply(breaker.State(to), breaker.State(from).String())
 }
 
 // onReturn is called when the breaker rejected a message of this handler, which goes back
 // to its queue: no more should follow until the breaker changes state. A rejection at
 // half-open means the probes are out; the timer looks again after an open timeout in case
 // they end without changing the state.
-func (c *Controller) onReturn(state breaker.State) {
+func (c *Controller) onReturn(state int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return
 	}
-	c.pauseLocked(state)
+	c.pauseLocked(breaker.State(state))
 }
 
 func (c *Controller) apply(state breaker.State, from string) {
@@ -87,10 +89,10 @@ func (c *Controller) apply(state breaker.State, from string) {
 		c.pauseLocked(state)
 	case breaker.StateHalfOpen:
 		c.stopTimerLocked()
-		c.sub.Resume(c.b.Probes())
+		c.sub.Resume(c.hook.Probes())
 		if !c.probing {
 			c.probing = true
-			c.logger.Info("handler probing its dependency", "handler", c.handler, "breaker", c.b.Name(), "probes", c.b.Probes(), "from", from)
+			c.logger.Info("handler probing its dependency", "handler", c.handler, "breaker", c.b.Name(), "probes", c.hook.Probes(), "from", from)
 		}
 	case breaker.StateClosed:
 		c.stopTimerLocked()
@@ -109,9 +111,9 @@ func (c *Controller) apply(state breaker.State, from string) {
 func (c *Controller) pauseLocked(state breaker.State) {
 	c.sub.Pause()
 	c.probing = false
-	wait := c.b.OpenRemaining()
+	wait := c.hook.OpenRemaining()
 	if state != breaker.StateOpen || wait <= 0 {
-		wait = c.b.OpenTimeout()
+		wait = c.hook.OpenTimeout()
 	}
 	if !c.paused {
 		c.paused = true
