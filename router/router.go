@@ -71,6 +71,7 @@ import (
 	"github.com/sluice-go/sluice/router/internal/idle"
 	"github.com/sluice-go/sluice/router/internal/journal"
 	"github.com/sluice-go/sluice/router/internal/pause"
+	"github.com/sluice-go/sluice/router/internal/wmlog"
 	"github.com/sluice-go/sluice/telemetry"
 )
 
@@ -273,7 +274,7 @@ func New(b Broker, cfg Config) (*Stack, error) {
 	}
 	// Watermill waits for its handlers past CloseTimeout only as long as a hand-off of the
 	// attempts abandoned at it may take: the attempt step returns them at CloseTimeout.
-	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: c.cfg.CloseTimeout + lifecycle.HandoffTimeout}, newWatermillLogger(c.logger))
+	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: c.cfg.CloseTimeout + lifecycle.HandoffTimeout}, wmlog.New(c.logger))
 	if err != nil {
 		_ = c.close()
 		return nil, fmt.Errorf("router: %w", err)

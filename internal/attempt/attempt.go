@@ -122,7 +122,8 @@ type Step struct {
 	seq      atomic.Uint64
 	trackers sync.Map // handler name → *Tracker
 	// bound makes a handler's Tracker on first use when the router did not.
-	bound int
+	bound   int
+	workers pool
 }
 
 // New returns the step. max is the bound of a handler's Tracker made on first use (a
@@ -187,10 +188,14 @@ func (s *Step) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		hm.SetContext(&stateCtx{Context: ctx, st: st})
 		done := make(chan result, 1)
-		go s.run(st, h, hm, handler, done)
+		s.dispatch(job{st: st, h: h, hm: hm, handler: handler, done: done})
 
-		timer := time.NewTimer(s.cfg.Timeout + s.cfg.Grace)
-		defer timer.Stop()
+		timer := timers.Get().(*time.Timer)
+		timer.Reset(s.cfg.Timeout + s.cfg.Grace)
+		defer func() {
+			timer.Stop()
+			timers.Put(timer)
+		}()
 		extended := false
 		for {
 			select {
@@ -231,8 +236,10 @@ func (s *Step) abandon(ctx context.Context, st *State, handler string, shutdown 
 	return nil, a
 }
 
-// run runs the attempt on its own goroutine, labelled so that its stack can be found.
-func (s *Step) run(st *State, h message.HandlerFunc, hm *message.Message, handler string, done chan<- result) {
+// run runs attempt j on the calling goroutine (a worker's), labelled so that its stack can
+// be found.
+func (s *Step) run(j job) {
+	st, h, hm, handler, done := j.st, j.h, j.hm, j.handler, j.done
 	pprof.SetGoroutineLabels(st.labels())
 	var r result
 	func() {

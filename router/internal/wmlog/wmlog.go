@@ -1,4 +1,6 @@
-package router
+// Package wmlog adapts the stack's slog.Logger to Watermill's router, checking the level
+// before the adapter builds a record's fields.
+package wmlog
 
 import (
 	"context"
@@ -15,7 +17,8 @@ type levelCheckedLogger struct {
 	logger *slog.Logger
 }
 
-func newWatermillLogger(l *slog.Logger) watermill.LoggerAdapter {
+// New returns Watermill's slog adapter over l with a level check first.
+func New(l *slog.Logger) watermill.LoggerAdapter {
 	return levelCheckedLogger{LoggerAdapter: watermill.NewSlogLogger(l), logger: l}
 }
 
