@@ -170,7 +170,7 @@ func build(b Broker, cfg Config) (_ *core, err error) {
 	// dependency abandons many at once.
 	c.attempts = attempt.New(attempt.Config{Timeout: cfg.HandlerTimeout, Grace: cfg.AbandonGrace, HandoffTimeout: lifecycle.HandoffTimeout,
 		Cut: c.cut, Observer: attempt.NewLog(c.logger)}, cfg.MaxAbandoned)
-	c.parts.Add(parts.Part{Close: c.attempts.Close}) // its idle workers
+	c.parts.Add(parts.Part{Close: c.attempts.Close})
 	if err := c.initMetrics(); err != nil { // pause.go
 		return nil, err
 	}
