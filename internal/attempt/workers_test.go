@@ -3,6 +3,7 @@ package attempt_test
 import (
 	"errors"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,22 +22,24 @@ import (
 func stuckHere(release <-chan struct{}) { <-release }
 
 func TestWorkers(t *testing.T) {
-	t.Run("attempts run one after the other on the same goroutine, which Close ends", func(t *testing.T) {
+	t.Run("attempts one after the other reuse a few goroutines, which Close ends", func(t *testing.T) {
 		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 		s := attempt.New(attempt.Config{Timeout: time.Second}, 0)
-		var stacks []string
+		goroutines := map[string]bool{}
 		h := s.Middleware(func(*message.Message) ([]*message.Message, error) {
 			buf := make([]byte, 64)
-			stacks = append(stacks, strings.Fields(string(buf[:runtime.Stack(buf, false)]))[1]) // "goroutine N [running]"
+			goroutines[strings.Fields(string(buf[:runtime.Stack(buf, false)]))[1]] = true // "goroutine N [running]"
 			return nil, nil
 		})
-		for i := range 20 {
-			_, err := h(message.NewMessage(string(rune('a'+i)), nil))
+		const attempts = 50
+		for i := range attempts {
+			_, err := h(message.NewMessage(strconv.Itoa(i), nil))
 			require.NoError(t, err)
 		}
-		for _, g := range stacks {
-			assert.Equal(t, stacks[0], g, "every attempt on goroutine %s", stacks[0])
-		}
+		// The worker that ran an attempt parks itself just after the attempt's result is
+		// handed back, so the next attempt may find it still busy and start one more
+		// worker; from then on the two take turns. A goroutine per attempt would be 50.
+		assert.Less(t, len(goroutines), 10, "goroutines that ran %d attempts one after the other", attempts)
 		s.Close()
 		s.Close() // idempotent
 		// After Close an attempt still runs, on a goroutine that ends with it.
