@@ -208,8 +208,9 @@ func (c *connection) dialSide(ctx context.Context) (*amqp.Connection, string, er
 // onEachNode runs fn on a channel of a short-lived connection of its own (as dialSide's),
 // node after node in the URLs' order until fn succeeds: a node in a partition's minority
 // answers connections but cannot commit a declaration, which its peers can. A refusal
-// another node would repeat (the object exists with other arguments, access refused) ends
-// the walk.
+// another node would repeat (the object is missing, or exists with other arguments; access
+// refused) ends the walk: a passive check of a cascade not declared yet dials one node,
+// not every one.
 func (c *connection) onEachNode(ctx context.Context, fn func(*amqp.Channel) error) error {
 	var errs []error
 	for _, u := range c.urls {
@@ -235,7 +236,7 @@ func (c *connection) onEachNode(ctx context.Context, fn func(*amqp.Channel) erro
 		}
 		errs = append(errs, fmt.Errorf("on %s: %w", mask.URL(u), maskErr(err, c.urls)))
 		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && (amqpErr.Code == amqp.PreconditionFailed || amqpErr.Code == amqp.AccessRefused) {
+		if errors.As(err, &amqpErr) && (amqpErr.Code == amqp.NotFound || amqpErr.Code == amqp.PreconditionFailed || amqpErr.Code == amqp.AccessRefused) {
 			break
 		}
 	}
