@@ -106,7 +106,9 @@ func (d *Delivery) Settlement() Settlement {
 // record's confirm. wait runs once, off the handler's goroutine, whether the message was
 // acked or nacked (a nack stands whatever wait returns); it must return once stop is
 // closed, which the subscriber does when it closes and the wait has outlasted its drain
-// timeout.
+// timeout. The RabbitMQ subscriber runs the waits of one consumer one after the other, in
+// the order their messages were handled, so a wait that blocks longer than its own
+// condition needs holds back the acks of the messages handled after it.
 //
 // HoldAck reports false, holding nothing, on a nil Delivery, when an ack is held already,
 // or once the subscriber is settling the delivery (HeldAck was called: an attempt

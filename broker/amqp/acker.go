@@ -46,6 +46,12 @@ type acker struct {
 	gated     sync.WaitGroup
 	gateGrace time.Duration
 	gateStop  chan struct{}
+	// gates are the waits not run yet, in order; gating says a runGates goroutine runs
+	// them (gateRunner counts it, for close).
+	gateMu     sync.Mutex
+	gates      []heldAck
+	gating     bool
+	gateRunner sync.WaitGroup
 
 	// Owned by the run goroutine.
 	hi    uint64              // highest settled tag seen
@@ -76,12 +82,49 @@ func newAcker(ch acknowledger, batch int, delay time.Duration, logger *slog.Logg
 
 // gate runs wait, a step's broker.Delivery.HoldAck, off the caller's goroutine, then settle with
 // its result; close waits for it. Meanwhile tag is unsettled, a gap no multiple ack covers.
+//
+// The waits of one channel run one after the other, in the order they came, on one
+// goroutine that lives while any is queued: the idempotency journal confirms its records
+// in the order they were sent, so when one round's confirm arrives the waits behind the
+// first of it return at once, and a round costs one wake-up instead of a goroutine and a
+// wake-up per message.
 func (a *acker) gate(wait func(stop <-chan struct{}) error, settle func(error)) {
 	a.gated.Add(1)
-	go func() {
-		defer a.gated.Done()
-		settle(wait(a.gateStop))
-	}()
+	a.gateMu.Lock()
+	a.gates = append(a.gates, heldAck{wait: wait, settle: settle})
+	if a.gating {
+		a.gateMu.Unlock()
+		return
+	}
+	a.gating = true
+	a.gateRunner.Add(1)
+	a.gateMu.Unlock()
+	go a.runGates()
+}
+
+// heldAck is a queued gate.
+type heldAck struct {
+	wait   func(stop <-chan struct{}) error
+	settle func(error)
+}
+
+// runGates runs the queued gates in order until none is left.
+func (a *acker) runGates() {
+	defer a.gateRunner.Done()
+	for {
+		a.gateMu.Lock()
+		if len(a.gates) == 0 {
+			a.gating = false
+			a.gateMu.Unlock()
+			return
+		}
+		g := a.gates[0]
+		a.gates[0] = heldAck{}
+		a.gates = a.gates[1:]
+		a.gateMu.Unlock()
+		g.settle(g.wait(a.gateStop))
+		a.gated.Done()
+	}
 }
 
 // ack queues tag's basic.ack.
@@ -137,6 +180,7 @@ func (a *acker) close() {
 		<-gated
 	}
 	grace.Stop()
+	a.gateRunner.Wait() // it returns just after the last gate it ran
 	if a.batch > 1 {
 		close(a.stop)
 	}

@@ -157,3 +157,65 @@ func TestAckerSendsAcksAboveASlowDeliveryAtOnce(t *testing.T) {
 	defer ch.mu.Unlock()
 	assert.Empty(t, ch.errs)
 }
+
+// TestAcker_GatesRunInOrderOneAtATime checks the held acks' waits of one channel: they
+// run in the order they came, one at a time, and a wait still blocked when the acker
+// closes is ended by its grace, after which no gate goroutine is left.
+func TestAcker_GatesRunInOrderOneAtATime(t *testing.T) {
+	t.Run("in order, one at a time", func(t *testing.T) {
+		a := newAcker(newFakeChannel(0), 1, 0, slog.New(slog.DiscardHandler), "q")
+		a.gateGrace = time.Minute
+		const n = 50
+		release := make([]chan struct{}, n)
+		var mu sync.Mutex
+		var settled []int
+		running, most := 0, 0
+		for i := range n {
+			release[i] = make(chan struct{})
+			a.gate(func(<-chan struct{}) error {
+				mu.Lock()
+				running++
+				most = max(most, running)
+				mu.Unlock()
+				<-release[i]
+				mu.Lock()
+				running--
+				mu.Unlock()
+				return nil
+			}, func(error) {
+				mu.Lock()
+				settled = append(settled, i)
+				mu.Unlock()
+			})
+		}
+		// Released last to first: a wait that ran ahead of its turn would settle early.
+		for i := n - 1; i >= 0; i-- {
+			close(release[i])
+		}
+		a.close()
+		want := make([]int, n)
+		for i := range want {
+			want[i] = i
+		}
+		assert.Equal(t, want, settled)
+		assert.Equal(t, 1, most, "waits running at once")
+	})
+	t.Run("a blocked wait ends at the close's grace", func(t *testing.T) {
+		a := newAcker(newFakeChannel(0), 1, 0, slog.New(slog.DiscardHandler), "q")
+		a.gateGrace = 20 * time.Millisecond
+		var got []error
+		errStopped := fmt.Errorf("stopped")
+		for range 2 {
+			a.gate(func(stop <-chan struct{}) error {
+				<-stop
+				return errStopped
+			}, func(err error) { got = append(got, err) })
+		}
+		a.close()
+		assert.Equal(t, []error{errStopped, errStopped}, got)
+		a.gateMu.Lock()
+		defer a.gateMu.Unlock()
+		assert.False(t, a.gating, "a gate goroutine outlived close")
+		assert.Empty(t, a.gates)
+	})
+}
