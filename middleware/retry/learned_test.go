@@ -42,6 +42,9 @@ type loop struct {
 	dead      map[string]error // payload -> dead-letter reason
 	calls     map[string]int   // payload -> handler calls
 	probes    map[string]bool  // the messages that arrived marked as the learned policy's probe
+	// acked: the messages whose success the retry step has reported to its observers, which
+	// it does after the learned policy counted it.
+	acked map[string]bool
 }
 
 type loopDelayer struct{ l *loop }
@@ -56,14 +59,19 @@ func (d loopDead) DeadLetter(context.Context, string, *message.Message) error { 
 
 func newLoop(t *testing.T, cfg retry.Config) *loop {
 	t.Helper()
-	l := &loop{t: t, succeeded: map[string]int{}, dead: map[string]error{}, calls: map[string]int{}, probes: map[string]bool{}}
+	l := &loop{t: t, succeeded: map[string]int{}, dead: map[string]error{}, calls: map[string]int{}, probes: map[string]bool{}, acked: map[string]bool{}}
 	logger := watermill.NopLogger{}
 	l.pub = gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1024}, logger)
 	deadObs := disposition.ObserverFunc(func(_ context.Context, o disposition.Outcome) {
-		if o.Disposition.Kind == disposition.DeadLetter {
+		switch o.Disposition.Kind {
+		case disposition.DeadLetter:
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			l.dead[o.MessageID] = o.Disposition.Reason
+		case disposition.Ack:
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.acked[o.MessageID] = true
 		}
 	})
 	if cfg.Observer != nil {
@@ -141,7 +149,9 @@ func (l *loop) handle(msg *message.Message) ([]*message.Message, error) {
 	return nil, err
 }
 
-// send publishes n messages of kind and waits until every one ended; it returns their ids.
+// send publishes n messages of kind and waits until every one ended, as the retry step's
+// observers are told (after the learned policy counted it: the handler's own return comes
+// before that); it returns their ids.
 func (l *loop) send(kind string, n int) []string {
 	l.t.Helper()
 	ids := make([]string, n)
@@ -154,9 +164,8 @@ func (l *loop) send(kind string, n int) []string {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		for _, id := range ids {
-			_, ok := l.succeeded[id]
 			_, dead := l.dead[id]
-			if !ok && !dead {
+			if !l.acked[id] && !dead {
 				return false
 			}
 		}
