@@ -41,13 +41,12 @@ type acker struct {
 	wake    chan struct{}
 	stop    chan struct{}
 	stopped chan struct{}
-	// gated counts the deliveries whose ack waits for a gate (see gate); close waits for
-	// them, up to gateGrace, then closes gateStop to end their waits.
-	gated     sync.WaitGroup
+
 	gateGrace time.Duration
 	gateStop  chan struct{}
-	// gates are the waits not run yet, in order; gating says a runGates goroutine runs
-	// them (gateRunner counts it, for close).
+	// gates are the deliveries whose ack waits for a gate (see gate), in order; gating
+	// says a runGates goroutine runs them, and gateRunner counts it: close waits for it
+	// up to gateGrace, then closes gateStop to end the waits left.
 	gateMu     sync.Mutex
 	gates      []heldAck
 	gating     bool
@@ -89,7 +88,6 @@ func newAcker(ch acknowledger, batch int, delay time.Duration, logger *slog.Logg
 // first of it return at once, and a round costs one wake-up instead of a goroutine and a
 // wake-up per message.
 func (a *acker) gate(wait func(stop <-chan struct{}) error, settle func(error)) {
-	a.gated.Add(1)
 	a.gateMu.Lock()
 	a.gates = append(a.gates, heldAck{wait: wait, settle: settle})
 	if a.gating {
@@ -123,7 +121,6 @@ func (a *acker) runGates() {
 		a.gates = a.gates[1:]
 		a.gateMu.Unlock()
 		g.settle(g.wait(a.gateStop))
-		a.gated.Done()
 	}
 }
 
@@ -169,7 +166,7 @@ func (a *acker) settle(tag uint64, ack bool) {
 func (a *acker) close() {
 	gated := make(chan struct{})
 	go func() {
-		a.gated.Wait()
+		a.gateRunner.Wait() // it returns once no gate is left
 		close(gated)
 	}()
 	grace := time.NewTimer(a.gateGrace)
@@ -180,7 +177,6 @@ func (a *acker) close() {
 		<-gated
 	}
 	grace.Stop()
-	a.gateRunner.Wait() // it returns just after the last gate it ran
 	if a.batch > 1 {
 		close(a.stop)
 	}

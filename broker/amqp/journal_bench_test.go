@@ -74,9 +74,9 @@ func BenchmarkJournalAppend(b *testing.B) {
 			}
 		}
 		elapsed := time.Since(start)
+		b.StopTimer()
 		// The follower's reads of the last appends come just after their confirms.
 		time.Sleep(100 * time.Millisecond)
-		b.StopTimer()
 		brokerUsed, own := brokerCPU()-cpu0, benchenv.CPUTime()-own0
 		st, _ := amqp.JournalStatsOf(j)
 		n := float64(b.N)
