@@ -285,16 +285,19 @@ func BenchmarkConsume(b *testing.B) {
 //     bytes, so this is the cost of the record itself, apart from sluice's code; the
 //     target is measured against raw;
 //   - sluice-nojournal: sluice with the idempotency journal off (the raw loops journal
-//     nothing).
+//     nothing);
+//   - sluice-untraced: sluice without telemetry (the journal on). Every message makes three
+//     spans here (two attempts and the hand-off) and the raw loops none, so this row
+//     separates what tracing costs on this path from what the rest of the stack costs.
 func BenchmarkRetryPath(b *testing.B) {
 	url := testenv.AMQPURL(b)
-	sluiceRun := func(b *testing.B, guard *idempotency.Guard) {
+	sluiceRun := func(b *testing.B, guard *idempotency.Guard, traced bool) {
 		r := testenv.NewRabbit(b)
 		br := benchenv.Broker(b, url)
 		if guard == nil {
 			guard = benchGuard(b, idempotency.Config{})
 		}
-		stack, count := benchRetryLoad(b, r, br, "bench.retry.sluice", b.N, nil, guard)
+		stack, count := benchRetryLoad(b, r, br, "bench.retry.sluice", b.N, nil, guard, traced)
 		cpu := newBenchCPU(url)
 		cpu.guard = guard
 		b.ReportAllocs()
@@ -306,8 +309,9 @@ func BenchmarkRetryPath(b *testing.B) {
 			cpu.report(b)
 		})
 	}
-	b.Run("sluice", func(b *testing.B) { sluiceRun(b, nil) })
-	b.Run("sluice-nojournal", func(b *testing.B) { sluiceRun(b, benchGuardWithoutJournal(b)) })
+	b.Run("sluice", func(b *testing.B) { sluiceRun(b, nil, true) })
+	b.Run("sluice-nojournal", func(b *testing.B) { sluiceRun(b, benchGuardWithoutJournal(b), true) })
+	b.Run("sluice-untraced", func(b *testing.B) { sluiceRun(b, nil, false) })
 	b.Run("raw", func(b *testing.B) { benchRawRetry(b, url, "bench.retry.raw", false) })
 	b.Run("raw-record", func(b *testing.B) { benchRawRetry(b, url, "bench.retry.rawrecord", true) })
 }
@@ -503,8 +507,8 @@ func benchStack(b *testing.B, broker router.Broker, cfg router.Config, traced bo
 // benchRetryLoad returns a stack (not running) whose handler fails each of n messages
 // pre-filled in queue name once (BenchmarkRetryPath's), and its success counter; first,
 // when not nil, counts the failed first attempts; guard, when not nil, is the stack's
-// idempotency step.
-func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name string, n int, first *atomic.Int64, guard *idempotency.Guard) (*router.Stack, *benchCounter) {
+// idempotency step; traced runs it with telemetry.
+func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name string, n int, first *atomic.Int64, guard *idempotency.Guard, traced bool) (*router.Stack, *benchCounter) {
 	b.Helper()
 	q := benchenv.SluiceQueue(b, r, br, name)
 	benchPrefill(b, r, q, n)
@@ -524,7 +528,7 @@ func benchRetryLoad(b *testing.B, r *testenv.Rabbit, br *amqp.Broker, name strin
 	if guard != nil {
 		cfg.Guard = guard
 	}
-	stack := benchStack(b, br, cfg, true)
+	stack := benchStack(b, br, cfg, traced)
 	errOnce := errors.New("fails once")
 	if err := stack.Handle("bench", q, func(m *message.Message) error {
 		if sluice.RetryCount(m.Metadata) == 0 {

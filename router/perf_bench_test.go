@@ -408,7 +408,7 @@ func benchDelayBusy(b *testing.B, url string, parked int) {
 		benchPark(b, r, br, parked)
 	}
 	var handoffs atomic.Int64
-	stack, _ := benchRetryLoad(b, r, br, "bench.retryload", busyRetryMessages, &handoffs, nil)
+	stack, _ := benchRetryLoad(b, r, br, "bench.retryload", busyRetryMessages, &handoffs, nil, true)
 	q := benchenv.SluiceQueue(b, r, br, "bench.delaybusy")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -496,7 +496,7 @@ func BenchmarkRetryPathParked(b *testing.B) {
 	b.Run("parked", func(b *testing.B) {
 		r := testenv.NewRabbit(b)
 		br := benchenv.Broker(b, url)
-		stack, count := benchRetryLoad(b, r, br, "bench.retryload", b.N, nil, nil)
+		stack, count := benchRetryLoad(b, r, br, "bench.retryload", b.N, nil, nil, true)
 		b.ReportAllocs()
 		b.ResetTimer()
 		benchRun(b, stack, count, benchenv.ReportRate)

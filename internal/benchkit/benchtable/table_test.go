@@ -57,6 +57,21 @@ func TestGroupRows(t *testing.T) {
 			},
 		},
 		{
+			name: "a variant of sluice is set beside a variant of raw too",
+			results: []result{
+				res("", "BenchmarkRetryPath/sluice", map[string]float64{"msgs/s": 400}),
+				res("", "BenchmarkRetryPath/sluice-untraced", map[string]float64{"msgs/s": 420}),
+				res("", "BenchmarkRetryPath/raw", map[string]float64{"msgs/s": 500}),
+				res("", "BenchmarkRetryPath/raw-record", map[string]float64{"msgs/s": 450}),
+			},
+			want: []row{
+				{benchmark: "RetryPath", unit: "msgs/s", sluice: "400.0", refs: []string{"500.0", ""}, ratios: []string{"0.80x", ""}},
+				{benchmark: "RetryPath (untraced)", unit: "msgs/s", sluice: "420.0", refs: []string{"500.0", ""}, ratios: []string{"0.84x", ""}},
+				{benchmark: "RetryPath vs raw-record", unit: "msgs/s", sluice: "400.0", refs: []string{"450.0", ""}, ratios: []string{"0.89x", ""}},
+				{benchmark: "RetryPath (untraced) vs raw-record", unit: "msgs/s", sluice: "420.0", refs: []string{"450.0", ""}, ratios: []string{"0.93x", ""}},
+			},
+		},
+		{
 			name: "a variant of raw without a sluice figure stands alone",
 			results: []result{
 				res("", "BenchmarkV/raw-record", map[string]float64{"msgs/s": 450}),
