@@ -103,8 +103,9 @@ type row struct {
 // more of what sluice does), sluice's figure beside the variant's in the raw column. A
 // variant of sluice (a sub-benchmark named "sluice-<variant>", e.g. sluice-nojournal: the
 // stack with a default turned off) gets rows of its own right after sluice's, beside the
-// same references of the same rounds, and beside each variant of raw after sluice's. Any other sub-benchmark, or a benchmark without
-// sub-benchmarks, gives rows of its own with its figure in the sluice column.
+// same references of the same rounds, and beside each variant of raw after sluice's. Any
+// other sub-benchmark, or a benchmark without sub-benchmarks, gives rows of its own with
+// its figure in the sluice column.
 func (g *group) rows() []row {
 	label := g.label()
 	var out []row
