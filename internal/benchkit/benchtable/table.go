@@ -108,15 +108,21 @@ type row struct {
 // its figure in the sluice column.
 func (g *group) rows() []row {
 	label := g.label()
-	var out []row
+	// sluices are sluice's sub-benchmark and its variants, each with its rows' label.
+	type labelled struct{ sub, label string }
+	var sluices []labelled
 	_, hasSluice := g.subs[subSluice]
 	if hasSluice {
-		out = append(out, g.unitRows(label, subSluice, references)...)
+		sluices = append(sluices, labelled{subSluice, label})
 	}
 	for _, sub := range g.order {
 		if variant, ok := strings.CutPrefix(sub, subSluice+"-"); ok {
-			out = append(out, g.unitRows(label+" ("+variant+")", sub, references)...)
+			sluices = append(sluices, labelled{sub, label + " (" + variant + ")"})
 		}
+	}
+	var out []row
+	for _, s := range sluices {
+		out = append(out, g.unitRows(s.label, s.sub, references)...)
 	}
 	for _, sub := range g.order {
 		if sub == subSluice || strings.HasPrefix(sub, subSluice+"-") || (isReference(sub) && hasSluice) {
@@ -125,11 +131,8 @@ func (g *group) rows() []row {
 		if hasSluice && strings.HasPrefix(sub, subRaw+"-") {
 			refs := make([]string, len(references))
 			refs[slices.Index(references, subRaw)] = sub
-			out = append(out, g.unitRows(label+" vs "+sub, subSluice, refs)...)
-			for _, v := range g.order {
-				if variant, ok := strings.CutPrefix(v, subSluice+"-"); ok {
-					out = append(out, g.unitRows(label+" ("+variant+") vs "+sub, v, refs)...)
-				}
+			for _, s := range sluices {
+				out = append(out, g.unitRows(s.label+" vs "+sub, s.sub, refs)...)
 			}
 			continue
 		}
